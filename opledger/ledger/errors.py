@@ -1,0 +1,91 @@
+"""Every error the ledger raises, under one root.
+
+Each leaf carries structured fields; its docstring is the default message. Callers catch
+`LedgerError` to handle everything the ledger refuses; none of these leave the database
+half-written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LedgerError(Exception):
+    """The ledger refused the request."""
+
+    def __init__(self, message: str | None = None, **fields: Any) -> None:
+        self.fields = fields
+        for name, value in fields.items():
+            setattr(self, name, value)
+        super().__init__(message or (self.__doc__ or self.__class__.__name__).strip())
+
+
+class InvalidInput(LedgerError, ValueError):
+    """The input is malformed; nothing was written."""
+
+
+class MalformedOperationId(InvalidInput):
+    """Not an operation id: expected 'op_' followed by a 26-character ULID."""
+
+
+class InvalidIdentifier(InvalidInput):
+    """An identifier is empty, too long or contains control characters."""
+
+
+class UnknownAction(InvalidInput):
+    """The action is not a registered, versioned action."""
+
+
+class PayloadNotCanonicalizable(InvalidInput):
+    """The payload cannot be written as canonical JSON (RFC 8785)."""
+
+
+class PayloadTooLarge(InvalidInput):
+    """The canonical payload is larger than the configured limit."""
+
+
+class IntentConflict(LedgerError):
+    """This intent key already names a different action, target, payload or authorization.
+
+    A changed recipient, amount or business intent is a new intent key under its own
+    authorization, never an edit of the old one.
+    """
+
+
+class OperationNotFound(LedgerError, LookupError):
+    """No operation with this id."""
+
+
+class AuthorizationError(LedgerError):
+    """The authorization does not allow this write."""
+
+
+class UnknownAuthorization(AuthorizationError):
+    """No authorization with this reference for this tenant."""
+
+
+class AuthorizationRevoked(AuthorizationError):
+    """The authorization was revoked or has expired; no new write may be made under it."""
+
+
+class OutOfScope(AuthorizationError):
+    """The authorization does not cover this action."""
+
+
+class ForbiddenTransition(LedgerError):
+    """The operation's status does not allow this transition."""
+
+
+class FenceError(LedgerError):
+    """The claim no longer (or never did) hold the operation; nothing was moved."""
+
+
+class StaleFence(FenceError):
+    """A newer claim holds the operation: this claim's writes are refused.
+
+    Its outcome, if it reported one, was kept as evidence.
+    """
+
+
+class ForgedFence(FenceError):
+    """This claim was never issued by the ledger for this operation."""

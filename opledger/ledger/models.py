@@ -1,0 +1,222 @@
+"""The ledger's records: immutable, keyword-only, timezone-aware."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+
+class Record(BaseModel):
+    """Base of every record the ledger hands out: frozen, strict about unknown fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Status(StrEnum):
+    """Where an operation stands. The database holds the same enum (`op_status`)."""
+
+    PREPARED = "prepared"  #: Recorded before anything crossed the boundary; not yet claimed.
+    DISPATCHING = "dispatching"  #: A worker holds a fenced claim and may be calling the provider.
+    CONFIRMED = "confirmed"  #: Evidence binding this operation says the effect happened.
+    REJECTED = "rejected"  #: The provider definitively refused this request.
+    UNKNOWN = "unknown"  #: The effect may or may not have happened; evidence is still needed.
+    CANCELLED = "cancelled"  #: Stopped before any effect (revoked authority or an operator).
+
+    @property
+    def final(self) -> bool:
+        return self in FINAL_STATUSES
+
+
+FINAL_STATUSES = frozenset({Status.CONFIRMED, Status.REJECTED, Status.CANCELLED})
+
+#: Every status change the ledger allows; the database trigger enforces the same table.
+ALLOWED_TRANSITIONS: frozenset[tuple[Status, Status]] = frozenset(
+    {
+        (Status.PREPARED, Status.DISPATCHING),
+        (Status.PREPARED, Status.CANCELLED),
+        (Status.DISPATCHING, Status.CONFIRMED),
+        (Status.DISPATCHING, Status.REJECTED),
+        (Status.DISPATCHING, Status.UNKNOWN),
+        (Status.UNKNOWN, Status.CONFIRMED),
+        (Status.UNKNOWN, Status.REJECTED),
+        (Status.UNKNOWN, Status.DISPATCHING),
+        (Status.UNKNOWN, Status.CANCELLED),
+    }
+)
+
+
+class Operation(Record):
+    """One intended external effect, recorded before dispatch."""
+
+    id: str
+    tenant: str
+    workflow_id: str
+    intent_key: str
+    action: str
+    target: str
+    provider: str
+    payload_digest: str
+    payload_size: int
+    authorization_ref: str
+    status: Status
+    fence: int
+    lease_owner: str | None
+    lease_expires_at: AwareDatetime | None
+    provider_request_id: str
+    provider_result_id: str | None
+    evidence_checked_at: AwareDatetime | None
+    next_check_at: AwareDatetime | None
+    record_version: int
+    created_at: AwareDatetime
+    updated_at: AwareDatetime
+
+
+class Claim(Record):
+    """A fenced hold on an operation, returned by `Ledger.claim`.
+
+    Every write made under it is conditional on `fence` and `token`; the attempt row was
+    committed before this object was returned, so the provider call may start.
+    """
+
+    op_id: str
+    fence: int
+    token: str
+    owner: str
+    lease_expires_at: AwareDatetime
+    attempt_n: int
+    started_at: AwareDatetime
+    deadline_at: AwareDatetime
+    key: str
+    payload: dict[str, Any]
+    payload_canonical: str
+    operation: Operation
+
+
+class Binding(Record):
+    """What a piece of evidence ties together. A confirmation must bind this operation."""
+
+    key: str | None = None
+    receipt_id: str | None = None
+    target: str | None = None
+    payload_digest: str | None = None
+    resulting_version: str | None = None
+
+
+class Confirmed(Record):
+    """The provider says the effect happened, and says it about this request."""
+
+    kind: Literal["confirmed"] = "confirmed"
+    receipt_id: str
+    binding: Binding = Binding()
+    accepted_only: bool = False  #: custody (queued, accepted), not final delivery
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class Rejected(Record):
+    """The provider definitively refused this request; it will not take effect."""
+
+    kind: Literal["rejected"] = "rejected"
+    code: str
+    reason: str
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class Ambiguous(Record):
+    """The effect may or may not have happened (timeout, reset, unexplained 5xx, in flight)."""
+
+    kind: Literal["ambiguous"] = "ambiguous"
+    code: str
+    reason: str
+    replayed: bool = False  #: the provider replayed a stored response for this key
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+Outcome = Annotated[Confirmed | Rejected | Ambiguous, Field(discriminator="kind")]
+
+
+class Attempt(Record):
+    """One crossing of the boundary, written before the provider call."""
+
+    op_id: str
+    n: int
+    fence: int
+    owner: str
+    key: str
+    started_at: AwareDatetime
+    deadline_at: AwareDatetime
+    finished_at: AwareDatetime | None
+    outcome: Literal["confirmed", "rejected", "ambiguous"] | None
+    response: dict[str, Any] | None
+    authorized_by: str | None
+
+
+class Evidence(Record):
+    """A fact learned about an operation. Kept even when it could not move the status."""
+
+    id: int
+    op_id: str
+    attempt_n: int | None
+    fence: int | None
+    source: str
+    verdict: str
+    binding: Binding
+    detail: dict[str, Any]
+    applied: bool
+    recorded_at: AwareDatetime
+
+
+class Transition(Record):
+    """An audited status change."""
+
+    id: int
+    op_id: str
+    from_status: Status | None
+    to_status: Status
+    fence: int
+    actor: str
+    reason: str
+    at: AwareDatetime
+
+
+class Review(Record):
+    """A request for a person to decide what no evidence could."""
+
+    id: int
+    op_id: str
+    reason: str
+    opened_at: AwareDatetime
+    snapshot: dict[str, Any]
+    resolution: str | None
+    resolved_by: str | None
+    resolved_at: AwareDatetime | None
+    note: str | None
+
+
+class Authorization(Record):
+    """A grant under which a tenant's operations may write to providers."""
+
+    ref: str
+    tenant: str
+    scope: tuple[str, ...]  #: action patterns, e.g. ``crm.*`` or ``email.send.v1``
+    granted_by: str
+    granted_at: AwareDatetime
+    expires_at: AwareDatetime | None
+    revoked_at: AwareDatetime | None
+    revoked_by: str | None
+    revoke_reason: str | None
+
+    def active_at(self, now: datetime) -> bool:
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)
+
+
+class History(Record):
+    """Everything the ledger knows about one operation, oldest first."""
+
+    operation: Operation
+    attempts: tuple[Attempt, ...]
+    evidence: tuple[Evidence, ...]
+    transitions: tuple[Transition, ...]
+    reviews: tuple[Review, ...]

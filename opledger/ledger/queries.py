@@ -1,0 +1,260 @@
+"""Every statement the ledger runs, named, in one place.
+
+Each status change is one conditional UPDATE on (id, fence or expected status); the
+companion rows (attempt, evidence, transition) are written by data-modifying CTEs of the
+same statement, so a change and its audit trail commit together in one round trip.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import TextClause, bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.types import Text
+
+
+def _cols(alias: str) -> str:
+    return ", ".join(f"{alias}.{c}" for c in OPERATION_COLUMNS)
+
+
+OPERATION_COLUMNS = (
+    "id",
+    "tenant",
+    "workflow_id",
+    "intent_key",
+    "action",
+    "target",
+    "provider",
+    "payload_digest",
+    "payload_size",
+    "authorization_ref",
+    "status",
+    "fence",
+    "lease_owner",
+    "lease_expires_at",
+    "provider_request_id",
+    "provider_result_id",
+    "evidence_checked_at",
+    "next_check_at",
+    "record_version",
+    "created_at",
+    "updated_at",
+)
+
+AUTH_COLUMNS = (
+    "ref, tenant, scope, granted_by, granted_at, expires_at, revoked_at, revoked_by, "
+    "revoke_reason, (revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())) AS active"
+)
+
+INSERT_AUTHORIZATION: TextClause = text(
+    f"""
+    INSERT INTO authorizations (ref, tenant, scope, granted_by, expires_at)
+    VALUES (:ref, :tenant, :scope, :granted_by, :expires_at)
+    ON CONFLICT (ref) DO NOTHING
+    RETURNING {AUTH_COLUMNS}
+    """
+).bindparams(bindparam("scope", type_=ARRAY(Text)))
+
+SELECT_AUTHORIZATION = text(f"SELECT {AUTH_COLUMNS} FROM authorizations WHERE ref = :ref")
+
+REVOKE_AUTHORIZATION = text(
+    f"""
+    UPDATE authorizations
+    SET revoked_at = now(), revoked_by = :by, revoke_reason = :reason
+    WHERE ref = :ref AND revoked_at IS NULL
+    RETURNING {AUTH_COLUMNS}
+    """
+)
+
+INSERT_OPERATION = text(
+    f"""
+    WITH ins AS (
+        INSERT INTO operations (
+            id, tenant, workflow_id, intent_key, action, target, provider,
+            payload_digest, payload_size, authorization_ref, provider_request_id
+        )
+        VALUES (
+            :id, :tenant, :workflow_id, :intent_key, :action, :target, :provider,
+            :payload_digest, :payload_size, :authorization_ref, :provider_request_id
+        )
+        ON CONFLICT (tenant, workflow_id, intent_key) DO NOTHING
+        RETURNING *
+    ),
+    payload AS (
+        INSERT INTO operation_payloads (op_id, canonical) SELECT id, :canonical FROM ins
+    ),
+    transition AS (
+        INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
+        SELECT id, NULL, 'prepared', 0, :actor, 'prepared' FROM ins
+    )
+    SELECT {_cols("ins")} FROM ins
+    """
+)
+
+SELECT_OPERATION = text(f"SELECT {_cols('o')} FROM operations AS o WHERE o.id = :op_id")
+
+SELECT_OPERATION_BY_INTENT = text(
+    f"""
+    SELECT {_cols("o")} FROM operations AS o
+    WHERE o.tenant = :tenant AND o.workflow_id = :workflow_id AND o.intent_key = :intent_key
+    """
+)
+
+SELECT_PAYLOAD = text("SELECT canonical FROM operation_payloads WHERE op_id = :op_id")
+
+LIST_OPERATIONS = text(
+    f"""
+    SELECT {_cols("o")} FROM operations AS o
+    WHERE (CAST(:statuses AS text[]) IS NULL OR o.status::text = ANY(CAST(:statuses AS text[])))
+      AND (CAST(:tenant AS text) IS NULL OR o.tenant = :tenant)
+    ORDER BY o.id DESC
+    LIMIT :limit
+    """
+).bindparams(bindparam("statuses", type_=ARRAY(Text)))
+
+SELECT_ATTEMPTS = text(
+    """
+    SELECT op_id, n, fence, owner, provider_key AS key, started_at, deadline_at, finished_at,
+           outcome, response, authorized_by
+    FROM attempts WHERE op_id = :op_id ORDER BY n
+    """
+)
+
+SELECT_EVIDENCE = text(
+    """
+    SELECT id, op_id, attempt_n, fence, source, verdict, binding, detail, applied, recorded_at
+    FROM evidence WHERE op_id = :op_id ORDER BY id
+    """
+)
+
+SELECT_TRANSITIONS = text(
+    """
+    SELECT id, op_id, from_status, to_status, fence, actor, reason, at
+    FROM transitions WHERE op_id = :op_id ORDER BY id
+    """
+)
+
+SELECT_REVIEWS = text(
+    """
+    SELECT id, op_id, reason, opened_at, snapshot, resolution, resolved_by, resolved_at, note
+    FROM reviews WHERE op_id = :op_id ORDER BY id
+    """
+)
+
+# The claim: fence + 1, lease, attempt row and frozen payload in one statement. The grant
+# is re-checked in the same WHERE, so a revoked authorization can never win a claim.
+CLAIM = text(
+    f"""
+    WITH op AS (
+        UPDATE operations AS o
+        SET status = 'dispatching', fence = o.fence + 1,
+            lease_owner = :owner, lease_token = :token, lease_expires_at = now() + :lease,
+            next_check_at = NULL, record_version = o.record_version + 1, updated_at = now()
+        FROM authorizations AS a
+        WHERE o.id = :op_id
+          AND o.status = CAST(:from_status AS op_status)
+          AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
+          AND a.ref = o.authorization_ref
+          AND a.revoked_at IS NULL AND (a.expires_at IS NULL OR a.expires_at > now())
+        RETURNING o.*
+    ),
+    attempt AS (
+        INSERT INTO attempts (
+            op_id, n, fence, owner, claim_token, provider_key, started_at, deadline_at,
+            authorized_by
+        )
+        SELECT op.id,
+               coalesce((SELECT max(n) FROM attempts WHERE op_id = op.id), 0) + 1,
+               op.fence, :owner, :token, op.provider_request_id, now(), now() + :in_flight,
+               :authorized_by
+        FROM op
+        RETURNING n, started_at, deadline_at
+    ),
+    transition AS (
+        INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
+        SELECT op.id, CAST(:from_status AS op_status), 'dispatching', op.fence, :owner, :reason
+        FROM op
+    )
+    SELECT {_cols("op")}, attempt.n AS attempt_n, attempt.started_at AS attempt_started_at,
+           attempt.deadline_at AS attempt_deadline_at, p.canonical
+    FROM op
+    CROSS JOIN attempt
+    LEFT JOIN operation_payloads AS p ON p.op_id = op.id
+    """
+)
+
+CLAIM_REFUSAL = text(
+    """
+    SELECT o.status::text AS status, o.authorization_ref,
+           (a.revoked_at IS NULL AND (a.expires_at IS NULL OR a.expires_at > now()))
+               AS grant_active
+    FROM operations AS o JOIN authorizations AS a ON a.ref = o.authorization_ref
+    WHERE o.id = :op_id
+    """
+)
+
+# The outcome: attempt closed, evidence kept, status moved, all under the claim's fence and
+# token. The evidence row is written whenever the claim's own attempt is still open, even
+# when the fence has moved on (a stale worker's late result is a fact worth keeping); the
+# status moves only while the claim still holds the operation.
+RECORD_OUTCOME = text(
+    f"""
+    WITH attempt AS (
+        UPDATE attempts
+        SET finished_at = now(), outcome = :kind, response = CAST(:response AS jsonb)
+        WHERE op_id = :op_id AND fence = :fence AND claim_token = :token
+          AND finished_at IS NULL
+        RETURNING n
+    ),
+    op AS (
+        UPDATE operations AS o
+        SET status = CAST(:to_status AS op_status),
+            lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+            provider_result_id = coalesce(CAST(:receipt_id AS text), o.provider_result_id),
+            evidence_checked_at = now(),
+            next_check_at = CASE WHEN CAST(:to_status AS text) = 'unknown'
+                                 THEN now() + :recheck END,
+            record_version = o.record_version + 1, updated_at = now()
+        WHERE o.id = :op_id AND o.fence = :fence AND o.lease_token = :token
+          AND o.status = 'dispatching' AND EXISTS (SELECT 1 FROM attempt)
+        RETURNING o.*
+    ),
+    evidence_row AS (
+        INSERT INTO evidence (op_id, attempt_n, fence, source, verdict, binding, detail, applied)
+        SELECT :op_id, attempt.n, :fence, :source, :kind, CAST(:binding AS jsonb),
+               CAST(:detail AS jsonb), EXISTS (SELECT 1 FROM op)
+        FROM attempt
+    ),
+    transition AS (
+        INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
+        SELECT op.id, 'dispatching', op.status, op.fence, :actor, :reason FROM op
+    )
+    SELECT (SELECT n FROM attempt) AS attempt_n, {_cols("op")}
+    FROM (SELECT 1) AS one LEFT JOIN op ON true
+    """
+)
+
+FENCE_STATE = text(
+    """
+    SELECT o.fence, o.status::text AS status, a.claim_token AS attempt_token
+    FROM operations AS o
+    LEFT JOIN attempts AS a ON a.op_id = o.id AND a.fence = :fence
+    WHERE o.id = :op_id
+    """
+)
+
+CANCEL = text(
+    f"""
+    WITH op AS (
+        UPDATE operations AS o
+        SET status = 'cancelled', fence = o.fence + 1, next_check_at = NULL,
+            record_version = o.record_version + 1, updated_at = now()
+        WHERE o.id = :op_id AND o.status = 'prepared'
+        RETURNING o.*
+    ),
+    transition AS (
+        INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
+        SELECT op.id, 'prepared', 'cancelled', op.fence, :actor, :reason FROM op
+    )
+    SELECT {_cols("op")} FROM op
+    """
+)

@@ -1,0 +1,200 @@
+"""The ledger's tables, as SQLAlchemy Core metadata (the migrations must match it)."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Enum,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+
+from .models import Status
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+op_status = Enum(
+    Status,
+    name="op_status",
+    values_callable=lambda enum: [member.value for member in enum],
+    validate_strings=True,
+)
+
+
+authorizations = Table(
+    "authorizations",
+    metadata,
+    Column("ref", Text, primary_key=True),
+    Column("tenant", Text, nullable=False),
+    Column("scope", ARRAY(Text), nullable=False),
+    Column("granted_by", Text, nullable=False),
+    Column("granted_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("expires_at", DateTime(timezone=True)),
+    Column("revoked_at", DateTime(timezone=True)),
+    Column("revoked_by", Text),
+    Column("revoke_reason", Text),
+)
+Index("ix_authorizations_tenant", authorizations.c.tenant)
+
+operations = Table(
+    "operations",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("tenant", Text, nullable=False),
+    Column("workflow_id", Text, nullable=False),
+    Column("intent_key", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("target", Text, nullable=False),
+    Column("provider", Text, nullable=False),
+    Column("payload_digest", Text, nullable=False),
+    Column("payload_size", Integer, nullable=False),
+    Column(
+        "authorization_ref",
+        Text,
+        ForeignKey("authorizations.ref"),
+        nullable=False,
+    ),
+    Column("status", op_status, nullable=False, server_default=Status.PREPARED.value),
+    Column("fence", BigInteger, nullable=False, server_default=text("0")),
+    Column("lease_owner", Text),
+    Column("lease_token", Text),
+    Column("lease_expires_at", DateTime(timezone=True)),
+    Column("provider_request_id", Text, nullable=False),
+    Column("provider_result_id", Text),
+    Column("evidence_checked_at", DateTime(timezone=True)),
+    Column("next_check_at", DateTime(timezone=True)),
+    Column("record_version", Integer, nullable=False, server_default=text("1")),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    UniqueConstraint("tenant", "workflow_id", "intent_key", name="uq_operations_intent"),
+    CheckConstraint("id ~ '^op_[0-9A-HJKMNP-TV-Z]{26}$'", name="id_format"),
+    CheckConstraint("payload_digest ~ '^[0-9a-f]{64}$'", name="digest_format"),
+    CheckConstraint("fence >= 0", name="fence_nonnegative"),
+    # Only a claim holds a lease: always while dispatching, while reconciling an unknown one.
+    CheckConstraint(
+        "status = 'unknown'"
+        " OR (status = 'dispatching') = (lease_token IS NOT NULL AND lease_expires_at IS NOT NULL)",
+        name="lease_matches_status",
+    ),
+)
+# What the sweeps look for; each index holds only the rows of one status.
+Index(
+    "ix_operations_stale_lease",
+    operations.c.lease_expires_at,
+    postgresql_where=text("status = 'dispatching'"),
+)
+Index(
+    "ix_operations_due_check",
+    operations.c.next_check_at,
+    postgresql_where=text("status = 'unknown'"),
+)
+Index(
+    "ix_operations_prepared",
+    operations.c.created_at,
+    postgresql_where=text("status = 'prepared'"),
+)
+Index("ix_operations_tenant_status", operations.c.tenant, operations.c.status)
+Index("ix_operations_authorization_ref", operations.c.authorization_ref)
+
+operation_payloads = Table(
+    "operation_payloads",
+    metadata,
+    Column("op_id", Text, ForeignKey("operations.id", ondelete="CASCADE"), primary_key=True),
+    Column("canonical", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+)
+
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("op_id", Text, ForeignKey("operations.id", ondelete="CASCADE"), nullable=False),
+    Column("n", Integer, nullable=False),
+    Column("fence", BigInteger, nullable=False),
+    Column("owner", Text, nullable=False),
+    Column("claim_token", Text, nullable=False),
+    Column("provider_key", Text, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("deadline_at", DateTime(timezone=True), nullable=False),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("outcome", Text),
+    Column("response", JSONB),
+    Column("authorized_by", Text),
+    UniqueConstraint("op_id", "n", name="uq_attempts_op_n"),
+    UniqueConstraint("op_id", "fence", name="uq_attempts_op_fence"),
+    CheckConstraint(
+        "outcome IS NULL OR outcome IN ('confirmed', 'rejected', 'ambiguous')",
+        name="outcome_kind",
+    ),
+)
+
+evidence = Table(
+    "evidence",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("op_id", Text, ForeignKey("operations.id", ondelete="CASCADE"), nullable=False),
+    Column("attempt_n", Integer),
+    Column("fence", BigInteger),
+    Column("source", Text, nullable=False),
+    Column("verdict", Text, nullable=False),
+    Column("binding", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("applied", Boolean, nullable=False),
+    Column("recorded_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+)
+Index("ix_evidence_op_id", evidence.c.op_id)
+
+transitions = Table(
+    "transitions",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("op_id", Text, ForeignKey("operations.id", ondelete="CASCADE"), nullable=False),
+    Column("from_status", op_status),
+    Column("to_status", op_status, nullable=False),
+    Column("fence", BigInteger, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+)
+Index("ix_transitions_op_id", transitions.c.op_id)
+
+reviews = Table(
+    "reviews",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("op_id", Text, ForeignKey("operations.id", ondelete="CASCADE"), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("opened_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("snapshot", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("resolution", Text),
+    Column("resolved_by", Text),
+    Column("resolved_at", DateTime(timezone=True)),
+    Column("note", Text),
+)
+Index("ix_reviews_op_id", reviews.c.op_id)
+Index(
+    "uq_reviews_one_open",
+    reviews.c.op_id,
+    unique=True,
+    postgresql_where=text("resolved_at IS NULL"),
+)

@@ -1,0 +1,93 @@
+"""Shared fixtures: a real Postgres database for the ledger, migrated once per session.
+
+The server is the one `opledger.devstack` finds: OPLEDGER_DATABASE_URL, the local server on
+127.0.0.1:5432, or an embedded Postgres started from the dev extra. Each test session gets
+its own database, and each test starts from empty tables.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from opledger import devstack
+from opledger.ledger import Ledger
+from opledger.ledger.migrate import upgrade
+
+TABLES = "reviews, transitions, evidence, attempts, operation_payloads, operations, authorizations"
+
+
+def _libpq(url: str) -> str:
+    """The URL psycopg connects with (no SQLAlchemy driver suffix)."""
+    parsed = make_url(url).set(drivername="postgresql")
+    return parsed.render_as_string(hide_password=False)
+
+
+def _with_database(url: str, database: str) -> str:
+    return make_url(url).set(database=database).render_as_string(hide_password=False)
+
+
+class PostgresServer:
+    """An admin handle on the test server: create and drop throwaway databases."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def create_database(self, prefix: str = "opledger_test") -> str:
+        name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(_libpq(self.url), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return _with_database(self.url, name)
+
+    def drop_database(self, url: str) -> None:
+        name = make_url(url).database
+        with psycopg.connect(_libpq(self.url), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> PostgresServer:
+    try:
+        url = devstack.postgres_url()
+        with psycopg.connect(_libpq(url), connect_timeout=5):
+            pass
+    except Exception as exc:  # a missing service is a skip on a laptop, a failure in CI
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"no Postgres available: {exc}")
+    return PostgresServer(url)
+
+
+@pytest.fixture(scope="session")
+def database_url(pg_server: PostgresServer) -> Iterator[str]:
+    url = pg_server.create_database()
+    upgrade(url)
+    yield url
+    pg_server.drop_database(url)
+
+
+@pytest.fixture(scope="session")
+def session_ledger(database_url: str) -> Iterator[Ledger]:
+    ledger = Ledger.from_url(database_url, pool_size=10)
+    yield ledger
+    ledger.engine.dispose()
+
+
+@pytest.fixture
+def ledger(session_ledger: Ledger, database_url: str) -> Ledger:
+    with psycopg.connect(_libpq(database_url), autocommit=True) as conn:
+        conn.execute(f"TRUNCATE {TABLES}")
+    return session_ledger
+
+
+@pytest.fixture
+def grant(ledger: Ledger) -> str:
+    """A live authorization for tenant 'acme' covering every crm and email action."""
+    return ledger.grant(
+        tenant="acme", scope=["crm.*", "email.*"], granted_by="test", ref="auth_acme"
+    ).ref
