@@ -82,3 +82,21 @@ def embedded_redis_url() -> str:
     )
     _embedded_redis = server
     return f"redis://127.0.0.1:{port}/0"
+
+
+def ledger_database_url(database: str = "opledger") -> str:
+    """The ledger's database: the configured URL, or `database` on the server found above
+    (created when missing)."""
+    configured = os.environ.get("OPLEDGER_DATABASE_URL")
+    if configured:
+        return configured
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    server = make_url(postgres_url())
+    libpq = server.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(libpq, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone()
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{database}"')
+    return server.set(database=database).render_as_string(hide_password=False)

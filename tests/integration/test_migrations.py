@@ -1,0 +1,74 @@
+"""Migrations: upgrade on an empty database equals the models; down and up again work."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import create_engine, inspect
+
+from opledger.ledger.migrate import downgrade, sqlalchemy_url, upgrade
+from opledger.ledger.schema import metadata
+from tests.conftest import PostgresServer, _libpq
+
+
+@pytest.fixture
+def empty_db(pg_server: PostgresServer) -> Iterator[str]:
+    url = pg_server.create_database("opledger_migr")
+    yield url
+    pg_server.drop_database(url)
+
+
+def _diff(url: str) -> list[object]:
+    engine = create_engine(sqlalchemy_url(url))
+    try:
+        with engine.connect() as conn:
+            return list(compare_metadata(MigrationContext.configure(conn), metadata))
+    finally:
+        engine.dispose()
+
+
+def _tables(url: str) -> set[str]:
+    engine = create_engine(sqlalchemy_url(url))
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_head_matches_the_models_then_down_and_up_again(empty_db: str) -> None:
+    upgrade(empty_db)
+    assert _diff(empty_db) == []
+    assert {"operations", "operation_payloads", "attempts", "evidence"} <= _tables(empty_db)
+    downgrade(empty_db, "base")
+    assert _tables(empty_db) <= {"alembic_version"}
+    with psycopg.connect(_libpq(empty_db)) as conn:
+        assert (
+            conn.execute("SELECT count(*) FROM pg_type WHERE typname = 'op_status'").fetchone()[0]
+            == 0
+        )
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM pg_proc WHERE proname = 'opledger_guard_operation'"
+            ).fetchone()[0]
+            == 0
+        )
+    upgrade(empty_db)
+    assert _diff(empty_db) == []
+
+
+def test_the_cli_migrates_the_configured_database(
+    empty_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from opledger.cli.main import app
+
+    monkeypatch.setenv("OPLEDGER_DATABASE_URL", empty_db)
+    result = CliRunner().invoke(app, ["migrate"])
+    assert result.exit_code == 0, result.output
+    assert "head" in result.output
+    assert _diff(empty_db) == []

@@ -1,0 +1,88 @@
+"""The worker's happy path costs two round trips to Postgres: claim, then outcome.
+
+Counted on the wire: libpq traces every protocol message, and each ReadyForQuery from the
+server ends one round trip. BEGIN, COMMIT, pool pings and resets would all show up here.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from psycopg import pq
+from sqlalchemy import event
+
+from opledger.ledger import Ambiguous, Binding, Confirmed, Ledger
+
+
+class WireCounter:
+    def __init__(self) -> None:
+        self.file = tempfile.TemporaryFile()
+        self.mark = 0
+
+    def attach(self, dbapi_connection: Any, _record: Any) -> None:
+        pgconn = dbapi_connection.pgconn
+        pgconn.trace(self.file.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+
+    def start(self) -> None:
+        self.file.seek(0, 2)
+        self.mark = self.file.tell()
+
+    def messages(self) -> list[str]:
+        self.file.seek(self.mark)
+        return self.file.read().decode(errors="replace").splitlines()
+
+    def round_trips(self) -> int:
+        return sum(1 for line in self.messages() if "\tReadyForQuery" in line)
+
+
+@pytest.fixture
+def traced(database_url: str, ledger: Ledger) -> Iterator[tuple[Ledger, WireCounter]]:
+    counter = WireCounter()
+    traced_ledger = Ledger.from_url(database_url, pool_size=1)
+    event.listen(traced_ledger.engine, "connect", counter.attach)
+    yield traced_ledger, counter
+    traced_ledger.engine.dispose()
+    counter.file.close()
+
+
+def _prepare(ledger: Ledger, key: str) -> str:
+    return ledger.prepare(
+        tenant="acme",
+        workflow_id="wf",
+        intent_key=key,
+        action="crm.close_case.v1",
+        target="case-1",
+        payload={"status": "closed"},
+        authorization_ref="auth_acme",
+    ).id
+
+
+def test_claim_and_outcome_are_two_round_trips(
+    traced: tuple[Ledger, WireCounter], grant: str
+) -> None:
+    ledger, counter = traced
+    warm = _prepare(ledger, "warm-up")  # first connect and dialect checks happen here
+    claim = ledger.claim(warm, owner="w")
+    assert claim is not None
+    ledger.record_outcome(claim, Ambiguous(code="t", reason="warm-up"))
+
+    op_id = _prepare(ledger, "measured")
+    counter.start()
+    claim = ledger.claim(op_id, owner="w")
+    assert claim is not None
+    ledger.record_outcome(claim, Confirmed(receipt_id="r", binding=Binding(key=claim.key)))
+    assert counter.round_trips() == 2, "\n".join(counter.messages())
+
+
+def test_the_counter_sees_every_round_trip(traced: tuple[Ledger, WireCounter], grant: str) -> None:
+    """The instrument itself: prepare runs in a transaction (BEGIN, grant check, insert,
+    COMMIT), so the counter must see four."""
+    ledger, counter = traced
+    _prepare(ledger, "warm-up")
+    counter.start()
+    _prepare(ledger, "counted")
+    assert counter.round_trips() == 4, "\n".join(counter.messages())

@@ -1,0 +1,100 @@
+"""Every status pair: the database allows exactly ALLOWED_TRANSITIONS, whoever writes."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+
+from opledger.ledger import ALLOWED_TRANSITIONS, Ledger, Status
+
+PAIRS = [(a, b) for a, b in itertools.product(Status, Status) if a is not b]
+
+
+def _force(ledger: Ledger, op_id: str, status: Status) -> None:
+    """Put a row into `status` without the trigger (test set-up only)."""
+    with ledger.engine.begin() as conn:
+        conn.execute(text("ALTER TABLE operations DISABLE TRIGGER opledger_guard_operation"))
+        conn.execute(
+            text(
+                "UPDATE operations SET status = CAST(:s AS op_status),"
+                " lease_token = CASE WHEN :s = 'dispatching' THEN 'x' END,"
+                " lease_expires_at = CASE WHEN :s = 'dispatching' THEN now() END"
+                " WHERE id = :id"
+            ),
+            {"s": status.value, "id": op_id},
+        )
+        conn.execute(text("ALTER TABLE operations ENABLE TRIGGER opledger_guard_operation"))
+
+
+@pytest.mark.parametrize(("before", "after"), PAIRS, ids=[f"{a}->{b}" for a, b in PAIRS])
+def test_the_database_enforces_the_state_machine(
+    ledger: Ledger, grant: str, before: Status, after: Status
+) -> None:
+    op = ledger.prepare(
+        tenant="acme",
+        workflow_id="wf",
+        intent_key="k",
+        action="crm.close_case.v1",
+        target="case-1",
+        payload={},
+        authorization_ref=grant,
+    )
+    _force(ledger, op.id, before)
+    move = text(
+        "UPDATE operations SET status = CAST(:s AS op_status), lease_token = NULL,"
+        " lease_expires_at = NULL, fence = fence + 1 WHERE id = :id"
+    )
+    if after is Status.DISPATCHING:
+        move = text(
+            "UPDATE operations SET status = 'dispatching', lease_token = 't',"
+            " lease_expires_at = now(), fence = fence + 1 WHERE id = :id AND :s = :s"
+        )
+    allowed = (before, after) in ALLOWED_TRANSITIONS
+    if allowed:
+        with ledger.engine.begin() as conn:
+            conn.execute(move, {"s": after.value, "id": op.id})
+        assert ledger.get(op.id).status is after
+    else:
+        with pytest.raises(DBAPIError) as info, ledger.engine.begin() as conn:
+            conn.execute(move, {"s": after.value, "id": op.id})
+        assert getattr(info.value.orig, "sqlstate", None) == "OL001"
+        assert ledger.get(op.id).status is before
+
+
+def test_final_statuses_have_no_way_out() -> None:
+    for final in (Status.CONFIRMED, Status.REJECTED, Status.CANCELLED):
+        assert final.final
+        assert not any(a is final for a, _ in ALLOWED_TRANSITIONS)
+
+
+def test_a_fence_never_goes_back(ledger: Ledger, grant: str) -> None:
+    op = ledger.prepare(
+        tenant="acme",
+        workflow_id="wf",
+        intent_key="k",
+        action="crm.close_case.v1",
+        target="case-1",
+        payload={},
+        authorization_ref=grant,
+    )
+    assert ledger.claim(op.id, owner="w") is not None
+    with pytest.raises(DBAPIError) as info, ledger.engine.begin() as conn:
+        conn.execute(text("UPDATE operations SET fence = 0 WHERE id = :id"), {"id": op.id})
+    assert getattr(info.value.orig, "sqlstate", None) == "OL002"
+
+
+def test_an_unknown_status_string_is_refused_by_the_enum(ledger: Ledger, grant: str) -> None:
+    op = ledger.prepare(
+        tenant="acme",
+        workflow_id="wf",
+        intent_key="k",
+        action="crm.close_case.v1",
+        target="case-1",
+        payload={},
+        authorization_ref=grant,
+    )
+    with pytest.raises(DBAPIError), ledger.engine.begin() as conn:
+        conn.execute(text("UPDATE operations SET status = 'failed' WHERE id = :id"), {"id": op.id})
