@@ -19,7 +19,7 @@ from opledger.ledger import Ambiguous, Binding, Confirmed, Ledger
 
 class WireCounter:
     def __init__(self) -> None:
-        self.file = tempfile.TemporaryFile()
+        self.file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the fixture
         self.mark = 0
 
     def attach(self, dbapi_connection: Any, _record: Any) -> None:
