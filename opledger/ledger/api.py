@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.exc import DBAPIError
@@ -353,15 +353,22 @@ class Ledger:
         owner: str,
         lease: timedelta = DEFAULT_LEASE,
         in_flight: timedelta | None = None,
+        in_flight_by_provider: Mapping[str, timedelta] | None = None,
         retry: bool = False,
+        expected_fence: int | None = None,
         authorized_by: str | None = None,
     ) -> Claim | None:
         """Take a fenced claim so the caller may cross the boundary, or None.
 
         One statement, committed before returning: the fence grows by one, the lease is
         set, the attempt row (with its in-flight deadline) is written and the frozen
-        payload comes back. `retry=False` claims a prepared operation (first dispatch);
+        payload comes back. The deadline is the operation's provider's entry in
+        `in_flight_by_provider` (an adapter contract's `max_in_flight`), else `in_flight`,
+        else the lease. `retry=False` claims a prepared operation (first dispatch);
         `retry=True` claims an unknown one whose retry the decision allowed.
+
+        With `expected_fence`, the claim succeeds only if nobody moved the operation since
+        the caller read it (the decision that allowed a retry saw that fence).
 
         Returns None when the operation is not in that status (claimed by someone else,
         finished, ...). Raises `AuthorizationRevoked` when its grant is no longer active:
@@ -385,7 +392,11 @@ class Ledger:
                     "token": token,
                     "lease": lease,
                     "in_flight": deadline,
+                    "in_flight_map": _json(
+                        {p: t.total_seconds() for p, t in (in_flight_by_provider or {}).items()}
+                    ),
                     "from_status": from_status.value,
+                    "expected_fence": expected_fence,
                     "authorized_by": authorized_by,
                     "reason": "retry" if retry else "claim",
                 },
@@ -492,6 +503,128 @@ class Ledger:
             fence=claim.fence,
             current_fence=state.fence,
             evidence_kept=evidence_kept,
+        )
+
+    # -- reconciliation -----------------------------------------------------------------
+
+    def record_evidence(
+        self,
+        op_id: str,
+        *,
+        source: str,
+        verdict: str,
+        binding: Binding | None = None,
+        detail: Mapping[str, Any] | None = None,
+        attempt_n: int | None = None,
+        fence: int | None = None,
+    ) -> Evidence:
+        """Append a fact learned about `op_id` (a lookup result, an operator's note).
+
+        Evidence never moves the status by itself: `resolve` does, citing it.
+        """
+        check_operation_id(op_id)
+        check_identifier("source", source, max_length=40)
+        check_identifier("verdict", verdict, max_length=40)
+        with self._single() as conn:
+            row = conn.execute(
+                q.INSERT_EVIDENCE,
+                {
+                    "op_id": op_id,
+                    "attempt_n": attempt_n,
+                    "fence": fence,
+                    "source": source,
+                    "verdict": verdict,
+                    "binding": _json(
+                        (binding or Binding()).model_dump(mode="json", exclude_none=True)
+                    ),
+                    "detail": _json(dict(detail or {})),
+                },
+            ).one_or_none()
+        if row is None:
+            raise OperationNotFound(f"no operation {op_id}", op_id=op_id)
+        return _evidence(row)
+
+    def resolve(
+        self,
+        op_id: str,
+        *,
+        fence: int,
+        to: Status,
+        evidence_id: int,
+        actor: str,
+        reason: str,
+        receipt_id: str | None = None,
+    ) -> Operation:
+        """Settle an unknown operation as confirmed or rejected, citing the evidence.
+
+        Conditional on `fence` (what the caller saw when it decided): when anyone moved
+        the operation since, `StaleFence` is raised and nothing changes.
+        """
+        check_operation_id(op_id)
+        if to not in (Status.CONFIRMED, Status.REJECTED):
+            raise ForbiddenTransition(f"resolve settles as confirmed or rejected, not {to}")
+        with self._single() as conn:
+            row = conn.execute(
+                q.RESOLVE,
+                {
+                    "op_id": op_id,
+                    "fence": fence,
+                    "to_status": to.value,
+                    "evidence_id": evidence_id,
+                    "receipt_id": receipt_id,
+                    "actor": actor,
+                    "reason": reason,
+                },
+            ).one_or_none()
+        if row is None:
+            self._raise_moved(op_id, fence)
+        return _operation(row)
+
+    def schedule_check(self, op_id: str, *, fence: int, at: datetime) -> Operation:
+        """Ask the sweeper to reconcile an unknown operation again at `at`."""
+        check_operation_id(op_id)
+        with self._single() as conn:
+            row = conn.execute(
+                q.SCHEDULE_CHECK, {"op_id": op_id, "fence": fence, "next_check_at": at}
+            ).one_or_none()
+        if row is None:
+            self._raise_moved(op_id, fence)
+        return _operation(row)
+
+    def open_review(
+        self, op_id: str, *, fence: int, reason: str, snapshot: Mapping[str, Any] | None = None
+    ) -> Review | None:
+        """Hand an unknown operation to a person; None if a review is already open.
+
+        The status stays unknown until the review is resolved; the sweeper stops checking it.
+        """
+        check_operation_id(op_id)
+        check_identifier("reason", reason, max_length=2000)
+        with self._single() as conn:
+            row = conn.execute(
+                q.OPEN_REVIEW,
+                {
+                    "op_id": op_id,
+                    "fence": fence,
+                    "reason": reason,
+                    "snapshot": _json(dict(snapshot or {})),
+                },
+            ).one_or_none()
+        if row is None:
+            current = self.get(op_id)
+            if current.status is not Status.UNKNOWN or current.fence != fence:
+                self._raise_moved(op_id, fence)
+            return None
+        return _review(row)
+
+    def _raise_moved(self, op_id: str, fence: int) -> NoReturn:
+        current = self.get(op_id)
+        raise StaleFence(
+            f"{op_id} moved since fence {fence} (now {current.status}, fence {current.fence})",
+            op_id=op_id,
+            fence=fence,
+            current_fence=current.fence,
+            evidence_kept=False,
         )
 
     # -- cancel ------------------------------------------------------------------------

@@ -153,6 +153,7 @@ CLAIM = text(
         WHERE o.id = :op_id
           AND o.status = CAST(:from_status AS op_status)
           AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
+          AND (CAST(:expected_fence AS bigint) IS NULL OR o.fence = :expected_fence)
           AND a.ref = o.authorization_ref
           AND a.revoked_at IS NULL AND (a.expires_at IS NULL OR a.expires_at > now())
         RETURNING o.*
@@ -164,7 +165,13 @@ CLAIM = text(
         )
         SELECT op.id,
                coalesce((SELECT max(n) FROM attempts WHERE op_id = op.id), 0) + 1,
-               op.fence, :owner, :token, op.provider_request_id, now(), now() + :in_flight,
+               op.fence, :owner, :token, op.provider_request_id, now(),
+               now() + coalesce(
+                   make_interval(
+                       secs => (CAST(:in_flight_map AS jsonb) ->> op.provider)::double precision
+                   ),
+                   :in_flight
+               ),
                :authorized_by
         FROM op
         RETURNING n, started_at, deadline_at
@@ -256,5 +263,70 @@ CANCEL = text(
         SELECT op.id, 'prepared', 'cancelled', op.fence, :actor, :reason FROM op
     )
     SELECT {_cols("op")} FROM op
+    """
+)
+
+INSERT_EVIDENCE = text(
+    """
+    WITH op AS (
+        UPDATE operations SET evidence_checked_at = now(), updated_at = now()
+        WHERE id = :op_id
+        RETURNING id
+    )
+    INSERT INTO evidence (op_id, attempt_n, fence, source, verdict, binding, detail, applied)
+    SELECT op.id, :attempt_n, :fence, :source, :verdict, CAST(:binding AS jsonb),
+           CAST(:detail AS jsonb), false
+    FROM op
+    RETURNING id, op_id, attempt_n, fence, source, verdict, binding, detail, applied, recorded_at
+    """
+)
+
+# Settle an unknown operation on evidence, conditional on the fence the decision saw.
+RESOLVE = text(
+    f"""
+    WITH op AS (
+        UPDATE operations AS o
+        SET status = CAST(:to_status AS op_status), fence = o.fence + 1,
+            lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+            next_check_at = NULL, evidence_checked_at = now(),
+            provider_result_id = coalesce(CAST(:receipt_id AS text), o.provider_result_id),
+            record_version = o.record_version + 1, updated_at = now()
+        WHERE o.id = :op_id AND o.fence = :fence AND o.status = 'unknown'
+        RETURNING o.*
+    ),
+    applied AS (
+        UPDATE evidence SET applied = true
+        WHERE id = :evidence_id AND op_id = :op_id AND EXISTS (SELECT 1 FROM op)
+    ),
+    transition AS (
+        INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
+        SELECT op.id, 'unknown', op.status, op.fence, :actor, :reason FROM op
+    )
+    SELECT {_cols("op")} FROM op
+    """
+)
+
+SCHEDULE_CHECK = text(
+    f"""
+    UPDATE operations AS o
+    SET next_check_at = :next_check_at, updated_at = now()
+    WHERE o.id = :op_id AND o.fence = :fence AND o.status = 'unknown'
+    RETURNING {", ".join(f"o.{c}" for c in OPERATION_COLUMNS)}
+    """
+)
+
+# Open a review (at most one open per operation); the sweeper stops re-checking it.
+OPEN_REVIEW = text(
+    """
+    WITH op AS (
+        UPDATE operations AS o
+        SET next_check_at = NULL, updated_at = now()
+        WHERE o.id = :op_id AND o.fence = :fence AND o.status = 'unknown'
+        RETURNING o.id
+    )
+    INSERT INTO reviews (op_id, reason, snapshot)
+    SELECT op.id, :reason, CAST(:snapshot AS jsonb) FROM op
+    ON CONFLICT (op_id) WHERE resolved_at IS NULL DO NOTHING
+    RETURNING id, op_id, reason, opened_at, snapshot, resolution, resolved_by, resolved_at, note
     """
 )

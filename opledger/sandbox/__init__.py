@@ -1,0 +1,125 @@
+"""Simulated providers as real servers on loopback, for tests, the demo and chaos runs.
+
+`Sandbox` starts them in a subprocess and talks to their admin endpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+
+class Sandbox:
+    """The sandbox providers in a child process: `with Sandbox() as sb: sb.http_url ...`."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, smtp_port: int = 0) -> None:
+        self._args = ["--host", host, "--port", str(port), "--smtp-port", str(smtp_port)]
+        self._proc: subprocess.Popen[str] | None = None
+        self.http_url = ""
+        self.smtp_host = host
+        self.smtp_port = 0
+        self._client: httpx.Client | None = None
+
+    def start(self) -> Sandbox:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "opledger.sandbox", *self._args],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the sandbox providers did not start")
+        info = json.loads(line)
+        self.http_url, self.smtp_host, self.smtp_port = (
+            info["http"],
+            info["smtp_host"],
+            info["smtp_port"],
+        )
+        self._client = httpx.Client(base_url=self.http_url, timeout=10)
+        for _ in range(100):
+            try:
+                self._client.get("/_admin/truth")
+                break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if self._proc is not None and self._proc.stdout is not None:
+            self._proc.stdout.close()
+
+    def __enter__(self) -> Sandbox:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- admin ------------------------------------------------------------------------------
+
+    def _post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        assert self._client is not None, "start the sandbox first"
+        response = self._client.post(path, json=body or {})
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
+    def reset(self) -> None:
+        """Forget everything: keys, cases, messages, faults, counters; default config."""
+        self._post("/_admin/reset")
+
+    def configure(self, **settings: Any) -> dict[str, Any]:
+        """Switch protections and knobs (see `opledger.sandbox.server.Config`)."""
+        return self._post("/_admin/config", settings)
+
+    def fault(
+        self,
+        provider: str,
+        mode: str,
+        *,
+        times: int = 1,
+        delay_s: float = 0.0,
+        key: str | None = None,
+    ) -> None:
+        """Inject a fault into the next `times` matching requests."""
+        self._post(
+            "/_admin/faults",
+            {"provider": provider, "mode": mode, "times": times, "delay_s": delay_s, "key": key},
+        )
+
+    def close_by_other(self, account: str, case_id: str) -> None:
+        """Someone else closes the case (not through opledger)."""
+        self._post(f"/_admin/crm/{account}/cases/{case_id}/close_by_other")
+
+    def truth(self) -> dict[str, Any]:
+        """Ground truth: effects applied per key and every request received per key."""
+        assert self._client is not None, "start the sandbox first"
+        result: dict[str, Any] = self._client.get("/_admin/truth").json()
+        return result
+
+    def effects(self, effect: str) -> int:
+        """How many times `effect` (e.g. 'crm:op_...') was applied."""
+        return int(self.truth()["effects"].get(effect, 0))

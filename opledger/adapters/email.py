@@ -1,0 +1,158 @@
+"""The email adapter: send over an HTTP API (Resend-like).
+
+A 202 with a message id means the provider *accepted* the message (custody), not that it
+was delivered; it is recorded as exactly that. Keys are optional; the provider answers a
+reused key with a 409 whose error code tells "in progress" from "different payload". The
+only lookup is a search of sent mail by a deterministic marker, which lags.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+import httpx
+
+from opledger.ledger import (
+    Ambiguous,
+    Attempt,
+    Binding,
+    Claim,
+    Confirmed,
+    Operation,
+    Outcome,
+    Rejected,
+)
+
+from .base import (
+    CONFIRMED,
+    IDEMPOTENCY_MISMATCH,
+    IN_FLIGHT,
+    INCONCLUSIVE,
+    SERVER_ERROR,
+    Contract,
+    Idempotency,
+    Lookup,
+    LookupResult,
+    error_code,
+    http_client,
+    outcome_for_http_error,
+)
+
+ACTIONS = ("email.send.v1",)
+DEFINITIVE = {"validation_error", "invalid_idempotency_key", "invalid_json"}
+
+
+def email_contract(
+    *,
+    keys: bool = True,
+    retention: timedelta = timedelta(hours=24),
+    request_timeout: timedelta = timedelta(seconds=10),
+    max_in_flight: timedelta | None = None,
+    search_lag: timedelta = timedelta(seconds=30),
+    lookup_interval: timedelta = timedelta(seconds=5),
+    retention_margin: timedelta = timedelta(minutes=5),
+) -> Contract:
+    return Contract(
+        provider="email",
+        idempotency=Idempotency(
+            kind="keyed",
+            scope="account",
+            retention=retention,
+            errors_replayed=False,
+            replay_returns="stored_response",
+            concurrent_conflict=True,
+            max_key_length=256,
+        )
+        if keys
+        else Idempotency(kind="none"),
+        lookup=Lookup(kind="search", lag=search_lag, interval=lookup_interval),
+        success_proves="accepted",
+        request_timeout=request_timeout,
+        max_in_flight=max_in_flight or request_timeout * 2,
+        retention_margin=retention_margin,
+        source="opledger sandbox email API (Resend-like: 24 h keys, 409 codes; accepted is not "
+        "delivered)",
+    )
+
+
+def marker_for(operation: Operation) -> str:
+    """The deterministic marker carried by the message: our operation id, nothing else."""
+    return operation.id
+
+
+class EmailAdapter:
+    actions = ACTIONS
+
+    def __init__(self, base_url: str, *, account: str, contract: Contract | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.account = account
+        self.contract = contract or email_contract()
+        self._client = http_client(self.contract.request_timeout.total_seconds())
+
+    def dispatch(self, claim: Claim) -> Outcome:
+        body = {**claim.payload, "marker": marker_for(claim.operation)}
+        headers = {"Content-Type": "application/json"}
+        if self.contract.idempotency.kind == "keyed":
+            headers["Idempotency-Key"] = claim.key
+        try:
+            response = self._client.post(
+                f"{self.base_url}/email/{self.account}/send", json=body, headers=headers
+            )
+            return self._outcome(claim, response)
+        except Exception as exc:
+            return outcome_for_http_error(exc)
+
+    def _outcome(self, claim: Claim, response: httpx.Response) -> Outcome:
+        status, code = response.status_code, error_code(response)
+        replayed = response.headers.get("idempotent-replayed") == "true"
+        detail = {"status": status, "code": code, "replayed": replayed}
+        if status in (200, 202):
+            return Confirmed(
+                receipt_id=str(response.json()["id"]),
+                binding=Binding(key=claim.key, target=claim.operation.target),
+                accepted_only=True,
+                detail=detail,
+            )
+        if status == 409 and code == "concurrent_idempotent_requests":
+            return Ambiguous(
+                code=IN_FLIGHT, reason="a send with this key is in progress", detail=detail
+            )
+        if status == 409 and code == "invalid_idempotent_request":
+            return Ambiguous(
+                code=IDEMPOTENCY_MISMATCH, reason="key used with another payload", detail=detail
+            )
+        if 400 <= status < 500 and code in DEFINITIVE:
+            return Rejected(code=code, reason=f"the email API refused: {code}", detail=detail)
+        if status >= 500:
+            return Ambiguous(
+                code=SERVER_ERROR, reason=f"HTTP {status}", replayed=replayed, detail=detail
+            )
+        return Ambiguous(code=code or f"http_{status}", reason=f"HTTP {status}", detail=detail)
+
+    def lookup(self, operation: Operation, attempts: Sequence[Attempt]) -> LookupResult:
+        marker = marker_for(operation)
+        try:
+            response = self._client.get(
+                f"{self.base_url}/email/{self.account}/sent", params={"marker": marker}
+            )
+            hits = response.json().get("data", []) if response.status_code == 200 else []
+        except Exception as exc:
+            return LookupResult(
+                verdict=INCONCLUSIVE, detail={"error": outcome_for_http_error(exc).reason}
+            )
+        for hit in hits:
+            if hit.get("marker") == marker:
+                return LookupResult(
+                    verdict=CONFIRMED,
+                    binding=Binding(
+                        key=operation.provider_request_id,
+                        receipt_id=hit["id"],
+                        target=operation.target,
+                    ),
+                    detail={"source": "search", "accepted_only": True},
+                )
+        return LookupResult(verdict=INCONCLUSIVE, detail={"source": "search", "hits": 0})
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,55 @@
+"""Which adapter serves which action. An action no adapter serves is refused at prepare."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import timedelta
+
+from opledger.ledger import UnknownAction
+from opledger.ledger.ids import check_action
+
+from .base import Adapter
+
+
+class Registry:
+    """Maps versioned actions (and their prefixes) to configured adapters.
+
+    It is the ledger's `ActionResolver`: `Ledger(engine, actions=registry)`.
+    """
+
+    def __init__(self, adapters: Iterable[Adapter] = ()) -> None:
+        self._by_action: dict[str, Adapter] = {}
+        for adapter in adapters:
+            self.register(adapter)
+
+    def register(self, adapter: Adapter) -> None:
+        for action in adapter.actions:
+            check_action(action)
+            if action in self._by_action and self._by_action[action] is not adapter:
+                raise ValueError(f"{action} is already served by another adapter")
+            self._by_action[action] = adapter
+
+    def adapter_for(self, action: str) -> Adapter:
+        check_action(action)
+        try:
+            return self._by_action[action]
+        except KeyError:
+            raise UnknownAction(
+                f"no adapter serves {action!r}; known: {', '.join(sorted(self._by_action))}",
+                action=action,
+            ) from None
+
+    def provider_for(self, action: str) -> str:
+        return self.adapter_for(action).contract.provider
+
+    def in_flight_by_provider(self) -> dict[str, timedelta]:
+        """Each provider's longest in-flight time, for the claim's attempt deadline."""
+        result: dict[str, timedelta] = {}
+        for adapter in self._by_action.values():
+            c = adapter.contract
+            result[c.provider] = max(result.get(c.provider, c.max_in_flight), c.max_in_flight)
+        return result
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        return tuple(sorted(self._by_action))

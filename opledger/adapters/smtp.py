@@ -1,0 +1,113 @@
+"""The SMTP adapter: `email.smtp_send.v1` with smtplib.
+
+SMTP has no deduplication and no lookup: a 250 after DATA is custody (accepted), and a
+connection lost after DATA leaves the send ambiguous. The Message-ID is deterministic
+(derived from the operation id) so a person can search for it, but no server must dedupe
+on it; an ambiguous send therefore goes to review.
+"""
+
+from __future__ import annotations
+
+import smtplib
+import socket
+from collections.abc import Sequence
+from datetime import timedelta
+from email.message import EmailMessage
+
+from opledger.ledger import (
+    Ambiguous,
+    Attempt,
+    Binding,
+    Claim,
+    Confirmed,
+    Operation,
+    Outcome,
+    Rejected,
+)
+
+from .base import INCONCLUSIVE, Contract, Idempotency, Lookup, LookupResult
+
+ACTIONS = ("email.smtp_send.v1",)
+
+
+def smtp_contract(*, request_timeout: timedelta = timedelta(seconds=30)) -> Contract:
+    return Contract(
+        provider="smtp",
+        idempotency=Idempotency(kind="none"),
+        lookup=Lookup(kind="none"),
+        success_proves="accepted",
+        request_timeout=request_timeout,
+        max_in_flight=max(request_timeout, timedelta(minutes=10)),
+        source="RFC 5321 §4.1.1.4, §4.5.3.2.6 (250 after DATA is custody; 10-minute DATA timeout)",
+    )
+
+
+def message_id_for(operation: Operation) -> str:
+    return f"<{operation.id}@opledger>"
+
+
+def outcome_for_smtp_error(exc: Exception) -> Outcome:
+    """Map anything smtplib or the socket can raise to an outcome."""
+    if isinstance(exc, smtplib.SMTPRecipientsRefused | smtplib.SMTPSenderRefused):
+        codes = (
+            [c for c, _ in exc.recipients.values()]
+            if isinstance(exc, smtplib.SMTPRecipientsRefused)
+            else [exc.smtp_code]
+        )
+        if all(500 <= c < 600 for c in codes):
+            return Rejected(code="smtp_refused", reason=str(exc)[:500], detail={"codes": codes})
+        return Ambiguous(code="smtp_temporary", reason=str(exc)[:500], detail={"codes": codes})
+    if isinstance(exc, smtplib.SMTPDataError | smtplib.SMTPResponseException):
+        if 500 <= exc.smtp_code < 600:
+            return Rejected(
+                code="smtp_refused", reason=str(exc)[:500], detail={"code": exc.smtp_code}
+            )
+        return Ambiguous(
+            code="smtp_temporary", reason=str(exc)[:500], detail={"code": exc.smtp_code}
+        )
+    if isinstance(exc, smtplib.SMTPServerDisconnected):
+        return Ambiguous(code="connection_lost", reason=f"SMTPServerDisconnected: {exc}"[:500])
+    if isinstance(exc, socket.timeout | TimeoutError):
+        return Ambiguous(code="timeout", reason=f"{type(exc).__name__}: {exc}"[:500])
+    if isinstance(exc, smtplib.SMTPException | OSError):
+        return Ambiguous(code="connection_lost", reason=f"{type(exc).__name__}: {exc}"[:500])
+    return Ambiguous(code="client_error", reason=f"{type(exc).__name__}: {exc}"[:500])
+
+
+class SmtpAdapter:
+    actions = ACTIONS
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        sender: str = "opledger@localhost",
+        contract: Contract | None = None,
+    ) -> None:
+        self.host, self.port, self.sender = host, port, sender
+        self.contract = contract or smtp_contract()
+
+    def dispatch(self, claim: Claim) -> Outcome:
+        payload = claim.payload
+        message = EmailMessage()
+        message["From"] = self.sender
+        message["To"] = str(payload.get("to", ""))
+        message["Subject"] = str(payload.get("subject", ""))
+        message["Message-ID"] = message_id_for(claim.operation)
+        message.set_content(str(payload.get("text", "")))
+        try:
+            with smtplib.SMTP(
+                self.host, self.port, timeout=self.contract.request_timeout.total_seconds()
+            ) as smtp:
+                smtp.send_message(message)
+        except Exception as exc:
+            return outcome_for_smtp_error(exc)
+        return Confirmed(
+            receipt_id=message_id_for(claim.operation),
+            binding=Binding(key=claim.key, target=claim.operation.target),
+            accepted_only=True,
+        )
+
+    def lookup(self, operation: Operation, attempts: Sequence[Attempt]) -> LookupResult:
+        return LookupResult(verdict=INCONCLUSIVE, detail={"reason": "SMTP offers no lookup"})

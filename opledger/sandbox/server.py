@@ -1,0 +1,394 @@
+"""Simulated providers as real servers: a CRM and an email API over HTTP, and SMTP.
+
+They behave like the real providers in the design notes, and every protection they offer
+is a switch, so a test can prove that opledger (not the provider) prevented a duplicate:
+
+- idempotency keys per account with a retention window; the first response is stored and
+  replayed, a 500 included (as Stripe's v1 API does); another payload under a used key is
+  refused (CRM 422, email 409 with its own error code); a request arriving while the first
+  one with its key executes gets a 409 (switchable);
+- a status API by key (CRM), a search that lags (both), edits by "other users" (CRM);
+- per-request faults: commit then drop the response, commit then answer too late, a 500
+  before or after the commit; SMTP can drop the connection after accepting DATA;
+- ground truth: how many times each effect was applied, and every request per key with
+  its arrival and completion times.
+
+Run it with `opledger sandbox` or `python -m opledger.sandbox`; tests use
+`opledger.sandbox.Sandbox`. State is in memory and starts empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from email import message_from_bytes
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+FAULT_MODES = (
+    "drop_after_commit",  # the effect is applied, then the connection is cut mid-response
+    "delay_after_commit",  # the effect is applied, the response comes after `delay` seconds
+    "error_before_commit",  # a 500 and no effect
+    "error_after_commit",  # the effect is applied, then a 500
+    "drop_after_data",  # SMTP: the message is accepted, the connection closes before the 250
+)
+
+
+@dataclass
+class Config:
+    keys: bool = True  #: deduplicate by Idempotency-Key
+    inflight_conflict: bool = True  #: 409 while a request with the same key executes
+    status_api: bool = True  #: CRM status endpoint by key
+    replay_errors: bool = True  #: store and replay error responses under the key
+    retention_s: float = 24 * 3600.0  #: how long keys are remembered
+    search_lag_s: float = 0.0  #: how long until an applied effect shows in search
+    processing_s: float = 0.0  #: how long a request executes before it commits
+
+
+@dataclass
+class Fault:
+    provider: str
+    mode: str
+    times: int = 1
+    delay_s: float = 0.0
+    key: str | None = None  #: only requests with this key (None: any)
+
+
+@dataclass
+class KeyEntry:
+    digest: str
+    created: float
+    state: str = "in_progress"
+    status_code: int = 0
+    body: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Case:
+    status: str = "open"
+    version: int = 1
+    fields: dict[str, Any] = field(default_factory=dict)
+    closed_by: str | None = None
+    last_key: str | None = None
+    applied_at: float = 0.0
+
+
+class State:
+    def __init__(self) -> None:
+        self.config = Config()
+        self.faults: list[Fault] = []
+        self.keys: dict[tuple[str, str, str], KeyEntry] = {}
+        self.cases: dict[tuple[str, str], Case] = defaultdict(Case)
+        self.messages: list[dict[str, Any]] = []
+        self.effects: dict[str, int] = defaultdict(int)
+        self.requests: dict[str, list[dict[str, Any]]] = defaultdict(list)
+
+    def take_fault(self, provider: str, key: str | None) -> Fault | None:
+        for fault in self.faults:
+            if fault.provider == provider and fault.times > 0 and fault.key in (None, key):
+                fault.times -= 1
+                return fault
+        return None
+
+    def key_entry(self, provider: str, account: str, key: str) -> KeyEntry | None:
+        entry = self.keys.get((provider, account, key))
+        if entry is not None and time.time() - entry.created > self.config.retention_s:
+            del self.keys[(provider, account, key)]  # pruned: the key is new again
+            return None
+        return entry
+
+
+STATE = State()
+
+
+def _error(status: int, code: str, message: str = "") -> tuple[int, dict[str, Any]]:
+    return status, {"error": {"code": code, "message": message or code}}
+
+
+class DroppedResponse(Response):
+    """Start a response, send part of it, then cut the connection."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-length", b"1000"), (b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": b'{"partial":', "more_body": True})
+        raise ConnectionAbortedError("sandbox fault: response dropped after commit")
+
+
+async def _keyed_request(
+    request: Request,
+    provider: str,
+    account: str,
+    execute: Any,
+    *,
+    mismatch: tuple[int, str],
+    conflict: tuple[int, str],
+) -> Response:
+    """The idempotency layer shared by the HTTP providers, then faults, then `execute`."""
+    state, cfg = STATE, STATE.config
+    body = await request.body()
+    digest = hashlib.sha256(body).hexdigest()
+    key = request.headers.get("idempotency-key")
+    log = {"arrived": time.time(), "completed": None, "status": None, "digest": digest}
+    state.requests[f"{provider}:{key}"].append(log)
+
+    def finish(
+        status: int, payload: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> Response:
+        log["completed"], log["status"] = time.time(), status
+        return JSONResponse(payload, status_code=status, headers=headers)
+
+    entry = None
+    if key is not None:
+        entry = state.key_entry(provider, account, key)
+        if entry is not None and cfg.keys:
+            if entry.digest != digest:
+                return finish(*_error(*mismatch, "this key was used with a different payload"))
+            if entry.state == "in_progress":
+                if cfg.inflight_conflict:
+                    return finish(*_error(*conflict, "a request with this key is in progress"))
+            else:
+                return finish(entry.status_code, entry.body, {"Idempotent-Replayed": "true"})
+        entry = KeyEntry(digest=digest, created=time.time())
+        state.keys[(provider, account, key)] = entry
+
+    def store(status: int, payload: dict[str, Any]) -> None:
+        if entry is not None and (status < 500 or cfg.replay_errors):
+            entry.state, entry.status_code, entry.body = "done", status, payload
+        elif entry is not None:
+            state.keys.pop((provider, account, key or ""), None)
+
+    fault = state.take_fault(provider, key)
+    if fault is not None and fault.mode == "error_before_commit":
+        status, payload = _error(500, "internal_error", "failed before commit")
+        store(status, payload)
+        return finish(status, payload)
+    if cfg.processing_s:
+        await asyncio.sleep(cfg.processing_s)
+    try:
+        payload_in = json.loads(body or b"{}")
+    except ValueError:
+        status, payload = _error(400, "invalid_json")
+        store(status, payload)
+        return finish(status, payload)
+    status, payload = execute(payload_in, key, digest)
+    if fault is not None and fault.mode == "error_after_commit" and status < 300:
+        status, payload = _error(500, "internal_error", "failed after commit")
+    store(status, payload)
+    if fault is not None and fault.mode == "drop_after_commit":
+        log["completed"], log["status"] = time.time(), "dropped"
+        return DroppedResponse()
+    if fault is not None and fault.mode == "delay_after_commit":
+        await asyncio.sleep(fault.delay_s)
+    return finish(status, payload)
+
+
+# -- CRM ------------------------------------------------------------------------------------
+
+
+async def crm_case_action(request: Request) -> Response:
+    account = request.path_params["account"]
+    case_id = request.path_params["case_id"]
+    verb = request.path_params["verb"]
+
+    def execute(
+        payload: dict[str, Any], key: str | None, digest: str
+    ) -> tuple[int, dict[str, Any]]:
+        case = STATE.cases[(account, case_id)]
+        if case_id.startswith("missing-"):
+            return _error(404, "case_not_found", f"no case {case_id}")
+        if verb == "close":
+            if case.status == "closed":
+                return _error(409, "case_already_closed", f"closed by {case.closed_by}")
+            case.status, case.closed_by = "closed", "api"
+        case.fields.update(payload.get("fields", {}))
+        if "note" in payload:
+            case.fields["note"] = payload["note"]
+        case.version += 1
+        case.last_key, case.applied_at = key, time.time()
+        STATE.effects[f"crm:{key}"] += 1
+        return 200, {
+            "case_id": case_id,
+            "status": case.status,
+            "version": case.version,
+            "idempotency_key": key,
+            "request_digest": digest,
+        }
+
+    return await _keyed_request(
+        request,
+        "crm",
+        account,
+        execute,
+        mismatch=(422, "idempotency_key_reused"),
+        conflict=(409, "idempotency_key_in_use"),
+    )
+
+
+async def crm_request_status(request: Request) -> Response:
+    if not STATE.config.status_api:
+        return JSONResponse(*reversed(_error(501, "not_supported")))
+    account, key = request.path_params["account"], request.path_params["key"]
+    entry = STATE.key_entry("crm", account, key)
+    if entry is None:
+        return JSONResponse(*reversed(_error(404, "no_such_request")))
+    if entry.state == "in_progress":
+        return JSONResponse({"state": "in_progress"}, status_code=202)
+    return JSONResponse({"state": "done", "status_code": entry.status_code, "response": entry.body})
+
+
+async def crm_get_case(request: Request) -> Response:
+    case = STATE.cases[(request.path_params["account"], request.path_params["case_id"])]
+    return JSONResponse({"case_id": request.path_params["case_id"], **asdict(case)})
+
+
+async def crm_search(request: Request) -> Response:
+    account, key = request.path_params["account"], request.query_params.get("key")
+    horizon = time.time() - STATE.config.search_lag_s
+    hits = [
+        {"case_id": case_id, **asdict(case)}
+        for (acct, case_id), case in list(STATE.cases.items())
+        if acct == account and case.last_key == key and case.applied_at <= horizon
+    ]
+    return JSONResponse({"results": hits})
+
+
+async def crm_close_by_other(request: Request) -> Response:
+    case = STATE.cases[(request.path_params["account"], request.path_params["case_id"])]
+    case.status, case.closed_by, case.version = "closed", "someone-else", case.version + 1
+    case.last_key, case.applied_at = None, time.time()
+    return JSONResponse(asdict(case))
+
+
+# -- email over HTTP ------------------------------------------------------------------------
+
+
+async def email_send(request: Request) -> Response:
+    account = request.path_params["account"]
+
+    def execute(
+        payload: dict[str, Any], key: str | None, digest: str
+    ) -> tuple[int, dict[str, Any]]:
+        if not payload.get("to") or "@" not in str(payload.get("to")):
+            return _error(422, "validation_error", "a recipient address is required")
+        message_id = f"msg_{len(STATE.messages) + 1:06d}"
+        STATE.messages.append(
+            {
+                "id": message_id,
+                "account": account,
+                "marker": payload.get("marker"),
+                "key": key,
+                "to": payload.get("to"),
+                "accepted_at": time.time(),
+                "last_event": "accepted",
+            }
+        )
+        STATE.effects[f"email:{key or payload.get('marker')}"] += 1
+        return 202, {"id": message_id}
+
+    return await _keyed_request(
+        request,
+        "email",
+        account,
+        execute,
+        mismatch=(409, "invalid_idempotent_request"),
+        conflict=(409, "concurrent_idempotent_requests"),
+    )
+
+
+async def email_sent_search(request: Request) -> Response:
+    account, marker = request.path_params["account"], request.query_params.get("marker")
+    horizon = time.time() - STATE.config.search_lag_s
+    hits = [
+        m
+        for m in STATE.messages
+        if m["account"] == account and m["marker"] == marker and m["accepted_at"] <= horizon
+    ]
+    return JSONResponse({"data": hits})
+
+
+# -- admin ----------------------------------------------------------------------------------
+
+
+async def admin_truth(request: Request) -> Response:
+    return JSONResponse(
+        {"effects": dict(STATE.effects), "requests": {k: v for k, v in STATE.requests.items()}}
+    )
+
+
+async def admin_reset(request: Request) -> Response:
+    global STATE
+    STATE = State()
+    return JSONResponse({"ok": True})
+
+
+async def admin_config(request: Request) -> Response:
+    changes = await request.json()
+    for name, value in changes.items():
+        if not hasattr(STATE.config, name):
+            return JSONResponse(*reversed(_error(400, "unknown_setting", name)))
+        setattr(STATE.config, name, type(getattr(STATE.config, name))(value))
+    return JSONResponse(asdict(STATE.config))
+
+
+async def admin_fault(request: Request) -> Response:
+    spec = await request.json()
+    if spec.get("mode") not in FAULT_MODES:
+        return JSONResponse(*reversed(_error(400, "unknown_fault", str(spec.get("mode")))))
+    STATE.faults.append(Fault(**spec))
+    return JSONResponse({"ok": True, "pending": len(STATE.faults)})
+
+
+def build_app() -> Starlette:
+    return Starlette(
+        routes=[
+            Route("/crm/{account}/cases/{case_id}/{verb:str}", crm_case_action, methods=["POST"]),
+            Route("/crm/{account}/cases/{case_id}", crm_get_case, methods=["GET"]),
+            Route("/crm/{account}/requests/{key}", crm_request_status, methods=["GET"]),
+            Route("/crm/{account}/search", crm_search, methods=["GET"]),
+            Route("/email/{account}/send", email_send, methods=["POST"]),
+            Route("/email/{account}/sent", email_sent_search, methods=["GET"]),
+            Route("/_admin/truth", admin_truth, methods=["GET"]),
+            Route("/_admin/reset", admin_reset, methods=["POST"]),
+            Route("/_admin/config", admin_config, methods=["POST"]),
+            Route("/_admin/faults", admin_fault, methods=["POST"]),
+            Route(
+                "/_admin/crm/{account}/cases/{case_id}/close_by_other",
+                crm_close_by_other,
+                methods=["POST"],
+            ),
+        ]
+    )
+
+
+# -- SMTP -----------------------------------------------------------------------------------
+
+
+class SmtpHandler:
+    """Accepts every message, counts it by Message-ID, and can drop after DATA."""
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        message = message_from_bytes(envelope.original_content or envelope.content)
+        message_id = str(message.get("Message-ID", "")).strip()
+        STATE.effects[f"smtp:{message_id}"] += 1
+        STATE.requests[f"smtp:{message_id}"].append(
+            {"arrived": time.time(), "completed": time.time(), "status": 250}
+        )
+        fault = STATE.take_fault("smtp", message_id)
+        if fault is not None and fault.mode == "drop_after_data":
+            server.transport.close()
+        return "250 2.0.0 Message accepted for delivery"

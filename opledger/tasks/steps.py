@@ -1,0 +1,197 @@
+"""What a worker does with one operation, without Celery: dispatch it, or reconcile it.
+
+The Celery tasks are thin wrappers around these functions, and tests call them directly.
+Every write goes through the ledger under a fence; every retry is the decision's call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from opledger.adapters.base import Adapter
+from opledger.adapters.registry import Registry
+from opledger.ledger import (
+    Ambiguous,
+    AuthorizationRevoked,
+    Claim,
+    History,
+    Ledger,
+    Operation,
+    StaleFence,
+    Status,
+    UnknownAuthorization,
+)
+from opledger.ledger.decide import (
+    Confirm,
+    Decision,
+    Dispatch,
+    HoldUnknown,
+    Lookup,
+    Reject,
+    Review,
+    Wait,
+    decide,
+)
+
+log = logging.getLogger("opledger.worker")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What a step did: 'noop', 'dispatched', 'confirmed', 'rejected', 'waiting',
+    'review', 'fenced', 'cancelled', plus the operation as it ended."""
+
+    action: str
+    operation: Operation | None = None
+    decision: Decision | None = None
+
+
+def _send(ledger: Ledger, adapter: Adapter, claim: Claim) -> StepResult:
+    """Cross the boundary under `claim` and record what came back."""
+    try:
+        outcome = adapter.dispatch(claim)
+    except Exception as exc:  # an adapter bug must not leave the row dispatching
+        log.exception("adapter %s raised on %s", type(adapter).__name__, claim.op_id)
+        outcome = Ambiguous(code="adapter_error", reason=f"{type(exc).__name__}: {exc}"[:500])
+    try:
+        op = ledger.record_outcome(claim, outcome)
+    except StaleFence:
+        log.warning("fenced out of %s; outcome kept as evidence", claim.op_id)
+        return StepResult("fenced")
+    return StepResult("dispatched", op)
+
+
+def dispatch(
+    ledger: Ledger, registry: Registry, op_id: str, *, owner: str, lease: timedelta
+) -> StepResult:
+    """First dispatch of a prepared operation. A no-op for anything else (redelivery)."""
+    try:
+        claim = ledger.claim(
+            op_id, owner=owner, lease=lease, in_flight_by_provider=registry.in_flight_by_provider()
+        )
+    except AuthorizationRevoked:
+        return StepResult("cancelled")
+    if claim is None:
+        log.info("dispatch of %s: not claimable (already claimed, finished or unknown)", op_id)
+        return StepResult("noop")
+    return _send(ledger, registry.adapter_for(claim.operation.action), claim)
+
+
+def snapshot(history: History, adapter: Adapter, reason: str) -> dict[str, Any]:
+    """What a reviewer is shown: the attempts, the evidence and the contract."""
+    return {
+        "reason": reason,
+        "contract": adapter.contract.model_dump(mode="json"),
+        "attempts": [a.model_dump(mode="json") for a in history.attempts],
+        "evidence": [e.model_dump(mode="json") for e in history.evidence],
+    }
+
+
+def reconcile(
+    ledger: Ledger,
+    registry: Registry,
+    op_id: str,
+    *,
+    owner: str,
+    lease: timedelta,
+    now: Callable[[], datetime] = utcnow,
+    max_lookups: int = 2,
+) -> StepResult:
+    """Run the retry decision on an unknown operation and act on it."""
+    history = ledger.history(op_id)
+    op = history.operation
+    if op.status is not Status.UNKNOWN:
+        return StepResult("noop", op)
+    adapter = registry.adapter_for(op.action)
+    try:
+        grant = ledger.authorization(op.authorization_ref)
+    except UnknownAuthorization:
+        grant = None
+    lookups = 0
+    while True:
+        decision = decide(adapter.contract, op, history.attempts, history.evidence, grant, now())
+        if not isinstance(decision, Lookup) or lookups >= max_lookups:
+            break
+        lookups += 1
+        result = adapter.lookup(op, history.attempts)
+        ledger.record_evidence(
+            op.id,
+            source="lookup",
+            verdict=result.verdict,
+            binding=result.binding,
+            detail=result.detail,
+            fence=op.fence,
+        )
+        history = ledger.history(op_id)
+        op = history.operation
+        if op.status is not Status.UNKNOWN:
+            return StepResult("noop", op)
+    try:
+        return _act(ledger, registry, adapter, history, decision, owner=owner, lease=lease, now=now)
+    except StaleFence:
+        return StepResult("fenced", decision=decision)
+
+
+def _act(
+    ledger: Ledger,
+    registry: Registry,
+    adapter: Adapter,
+    history: History,
+    decision: Decision,
+    *,
+    owner: str,
+    lease: timedelta,
+    now: Callable[[], datetime],
+) -> StepResult:
+    op = history.operation
+    if isinstance(decision, Confirm | Reject):
+        evidence = next(e for e in history.evidence if e.id == decision.evidence_id)
+        to = Status.CONFIRMED if isinstance(decision, Confirm) else Status.REJECTED
+        settled = ledger.resolve(
+            op.id,
+            fence=op.fence,
+            to=to,
+            evidence_id=evidence.id,
+            receipt_id=evidence.binding.receipt_id,
+            actor=owner,
+            reason=f"{evidence.source} evidence {evidence.id}",
+        )
+        return StepResult(to.value, settled, decision)
+    if isinstance(decision, Wait | HoldUnknown):
+        at = decision.until if isinstance(decision, Wait) else decision.next_check
+        return StepResult("waiting", ledger.schedule_check(op.id, fence=op.fence, at=at), decision)
+    if isinstance(decision, Lookup):  # lookups exhausted for this pass: look again soon
+        at = now() + adapter.contract.lookup.interval
+        return StepResult("waiting", ledger.schedule_check(op.id, fence=op.fence, at=at), decision)
+    if isinstance(decision, Review):
+        ledger.open_review(
+            op.id,
+            fence=op.fence,
+            reason=decision.reason,
+            snapshot=snapshot(history, adapter, decision.reason),
+        )
+        return StepResult("review", ledger.get(op.id), decision)
+    assert isinstance(decision, Dispatch)
+    try:
+        claim = ledger.claim(
+            op.id,
+            owner=owner,
+            lease=lease,
+            retry=True,
+            expected_fence=op.fence,
+            in_flight_by_provider=registry.in_flight_by_provider(),
+        )
+    except AuthorizationRevoked:
+        return StepResult("noop", ledger.get(op.id), decision)
+    if claim is None:
+        return StepResult("fenced", decision=decision)
+    result = _send(ledger, adapter, claim)
+    return StepResult(result.action, result.operation, decision)
