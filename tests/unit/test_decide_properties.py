@@ -1,0 +1,207 @@
+"""Property tests: over generated histories and every contract, the decision never breaks
+a rule of DESIGN.md section 5."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from opledger.adapters.crm import crm_contract
+from opledger.adapters.email import email_contract
+from opledger.adapters.presets import PRESETS
+from opledger.adapters.smtp import smtp_contract
+from opledger.ledger import Attempt, Authorization, Evidence, Operation, Status
+from opledger.ledger.contract import Contract
+from opledger.ledger.decide import (
+    Confirm,
+    Decision,
+    Dispatch,
+    HoldUnknown,
+    Reject,
+    Wait,
+    decide,
+)
+
+from .histories import DIGEST, OP_ID, T0, attempt, evidence, grant, operation
+
+S = timedelta(seconds=1)
+
+CONTRACTS: list[Contract] = [
+    *PRESETS.values(),
+    crm_contract(),
+    crm_contract(keys=False),
+    crm_contract(status_api=False),
+    crm_contract(keys=False, status_api=False),
+    email_contract(),
+    email_contract(keys=False),
+    smtp_contract(),
+]
+
+
+@st.composite
+def contracts(draw: st.DrawFn) -> Contract:
+    base = draw(st.sampled_from(CONTRACTS))
+    timeout = timedelta(seconds=draw(st.integers(1, 120)))
+    in_flight = timeout + timedelta(seconds=draw(st.integers(0, 600)))
+    return base.model_copy(update={"request_timeout": timeout, "max_in_flight": in_flight})
+
+
+@st.composite
+def histories(
+    draw: st.DrawFn,
+) -> tuple[Contract, Operation, list[Attempt], list[Evidence], Authorization | None, object]:
+    contract = draw(contracts())
+    n = draw(st.integers(0, 6))
+    starts = sorted(draw(st.lists(st.integers(0, 3 * 86400), min_size=n, max_size=n)))
+    attempts = [
+        attempt(
+            i + 1,
+            started=T0 + s * S,
+            in_flight=contract.max_in_flight,
+            outcome=draw(st.sampled_from([None, "ambiguous"])),
+        )
+        for i, s in enumerate(starts)
+    ]
+    status = (
+        Status.UNKNOWN if attempts else draw(st.sampled_from([Status.PREPARED, Status.UNKNOWN]))
+    )
+    op = operation(
+        status,
+        provider_result_id=draw(st.sampled_from([None, "rcpt-1"])),
+    )
+    evidence_items = draw(
+        st.lists(
+            st.builds(
+                lambda verdict, source, key, target, digest, receipt, code, replayed, at: evidence(
+                    verdict,
+                    source=source,
+                    key=key,
+                    target=target,
+                    digest=digest,
+                    receipt=receipt,
+                    at=T0 + at * S,
+                    code=code,
+                    replayed=replayed,
+                ),
+                st.sampled_from(
+                    [
+                        "confirmed",
+                        "rejected",
+                        "ambiguous",
+                        "ambiguous",
+                        "ambiguous",
+                        "absent",
+                        "pending",
+                        "inconclusive",
+                    ]
+                ),
+                st.sampled_from(["dispatch", "dispatch", "lookup"]),
+                st.sampled_from([OP_ID, "op_01ARZ3NDEKTSV4RRFFQ69G5FAW", None]),
+                st.sampled_from(["case-318", "case-999", None]),
+                st.sampled_from([DIGEST, "b" * 64, None]),
+                st.sampled_from([None, "rcpt-1", "rcpt-2"]),
+                st.sampled_from(
+                    [
+                        "timeout",
+                        "connection_lost",
+                        "server_error",
+                        "in_flight",
+                        "idempotency_mismatch",
+                        "key_poisoned",
+                        "http_503",
+                    ]
+                ),
+                st.booleans(),
+                st.integers(0, 4 * 86400),
+            ),
+            max_size=6,
+        )
+    )
+    auth = draw(st.sampled_from([grant(), grant(revoked=True), None]))
+    now = T0 + draw(st.integers(0, 5 * 86400)) * S
+    retention = contract.idempotency.retention
+    mode = draw(st.sampled_from(["anywhere", "after_deadline", "retention_edge"]))
+    if attempts and mode == "after_deadline":
+        # just after the last in-flight deadline: where retries become possible
+        now = max(a.deadline_at for a in attempts) + draw(st.integers(0, 120)) * S
+    if attempts and retention is not None and mode == "retention_edge":
+        # near the end of the key's retention: where a careless retry would do harm
+        edge = min(a.started_at for a in attempts) + retention
+        now = edge - draw(st.integers(-60, 2 * int(contract.retention_margin.total_seconds()))) * S
+    return contract, op, attempts, evidence_items, auth, now
+
+
+def _binds(ev: Evidence, op: Operation) -> bool:
+    b = ev.binding
+    ours = b.key == op.provider_request_id or (
+        b.receipt_id is not None and b.receipt_id == op.provider_result_id
+    )
+    return ours and b.target in (None, op.target) and b.payload_digest in (None, op.payload_digest)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(histories())
+def test_the_decision_keeps_every_rule(history: tuple) -> None:  # type: ignore[type-arg]
+    contract, op, attempts, evidence_items, auth, now = history
+    decision: Decision = decide(contract, op, attempts, evidence_items, auth, now)
+    event(type(decision).__name__)
+    by_id = {ev.id: ev for ev in evidence_items}
+
+    if isinstance(decision, Confirm):
+        ev = by_id[decision.evidence_id]
+        # rule 1: only evidence that binds this operation, never absence or a bare state match
+        assert ev.verdict == "confirmed" and _binds(ev, op)
+
+    if isinstance(decision, Reject):
+        ev = by_id[decision.evidence_id]
+        # rule 2: only a definitive refusal of this request, never a timeout or a 5xx
+        assert ev.verdict == "rejected" and _binds(ev, op)
+
+    if isinstance(decision, Wait):
+        assert decision.until > now
+    if isinstance(decision, HoldUnknown):
+        assert decision.next_check > now
+
+    if isinstance(decision, Dispatch):
+        # the same key and the same frozen payload, always
+        assert decision.key == op.provider_request_id
+        assert decision.payload_digest == op.payload_digest
+        # rule 8: authority re-checked before every new write
+        assert auth is not None and auth.active_at(now)
+        # rule 3: never while an earlier attempt may still be in flight
+        assert all(now >= a.deadline_at for a in attempts)
+        dispatch_codes = [ev.detail.get("code") for ev in evidence_items if ev.source == "dispatch"]
+        # rule 5: a replayed stored error is not retried in a loop (unless an authoritative
+        # status API has since said it holds no such request)
+        proven_absent = any(
+            ev.verdict == "absent" and ev.source == "lookup" for ev in evidence_items
+        )
+        replayed = any(
+            ev.detail.get("replayed") for ev in evidence_items if ev.source == "dispatch"
+        )
+        assert not (attempts and replayed) or proven_absent
+        assert "idempotency_mismatch" not in dispatch_codes or not attempts
+        if attempts:
+            assert len(attempts) < contract.max_attempts
+            idem = contract.idempotency
+            if idem.kind == "keyed":
+                # rule 4: inside the key's retention window, minus the margin
+                assert idem.retention is not None
+                first = min(a.started_at for a in attempts)
+                assert now + contract.retention_margin < first + idem.retention
+            else:
+                # rule 6/7: without dedup, only an authoritative "no such request" seen
+                # after every attempt's deadline makes a retry safe
+                last_deadline = max(a.deadline_at for a in attempts)
+                assert contract.lookup.kind == "status_api"
+                assert any(
+                    ev.verdict == "absent"
+                    and ev.source == "lookup"
+                    and ev.recorded_at >= last_deadline
+                    and ev.binding.key == op.provider_request_id
+                    for ev in evidence_items
+                )
+            if contract.idempotency.errors_replayed:
+                assert "server_error" not in dispatch_codes

@@ -1,0 +1,191 @@
+"""One hand-written case per rule of the retry decision (DESIGN.md section 5)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from opledger.adapters.crm import crm_contract
+from opledger.adapters.email import email_contract
+from opledger.adapters.smtp import smtp_contract
+from opledger.ledger import Status
+from opledger.ledger.decide import (
+    Confirm,
+    Dispatch,
+    HoldUnknown,
+    Lookup,
+    Reject,
+    Review,
+    Wait,
+    decide,
+)
+
+from .histories import DIGEST, OP_ID, T0, attempt, evidence, grant, operation
+
+S = timedelta(seconds=1)
+KEYED_STATUS = crm_contract(request_timeout=10 * S, max_in_flight=20 * S)
+KEYED_NO_LOOKUP = crm_contract(request_timeout=10 * S, max_in_flight=20 * S).model_copy(
+    update={"lookup": crm_contract().lookup.model_copy(update={"kind": "none"})}
+)
+SEARCH_ONLY = email_contract(
+    keys=False, request_timeout=10 * S, max_in_flight=20 * S, search_lag=30 * S
+)
+NO_DEDUP = smtp_contract(request_timeout=10 * S)
+
+
+def test_rule_1_confirm_only_on_evidence_binding_this_operation() -> None:
+    op, attempts = operation(), [attempt()]
+    bound = evidence("confirmed", key=OP_ID, target="case-318", at=T0 + 30 * S)
+    assert decide(KEYED_STATUS, op, attempts, [bound], grant(), T0 + 31 * S) == Confirm(
+        evidence_id=bound.id
+    )
+    # the case is closed, but nothing says it was our request: inconclusive
+    state_match = evidence("confirmed", key=None, target="case-318", at=T0 + 30 * S)
+    assert not isinstance(
+        decide(KEYED_STATUS, op, attempts, [state_match], grant(), T0 + 31 * S), Confirm
+    )
+    # our key but another target or payload: contradicts, so it confirms nothing
+    for wrong in (
+        evidence("confirmed", key=OP_ID, target="case-999", at=T0 + 30 * S),
+        evidence("confirmed", key=OP_ID, digest="b" * 64, at=T0 + 30 * S),
+    ):
+        assert not isinstance(
+            decide(KEYED_STATUS, op, attempts, [wrong], grant(), T0 + 31 * S), Confirm
+        )
+
+
+def test_rule_1_a_receipt_id_we_hold_binds_too() -> None:
+    op = operation(provider_result_id="case-318@v7")
+    ev = evidence("confirmed", key=None, receipt="case-318@v7", at=T0)
+    assert decide(KEYED_STATUS, op, [attempt()], [ev], grant(), T0 + S) == Confirm(
+        evidence_id=ev.id
+    )
+
+
+def test_rule_2_reject_only_on_a_definitive_refusal() -> None:
+    op, attempts = operation(), [attempt()]
+    refusal = evidence("rejected", source="dispatch", code="case_not_found")
+    assert decide(KEYED_STATUS, op, attempts, [refusal], grant(), T0 + S) == Reject(
+        evidence_id=refusal.id
+    )
+    for code in ("timeout", "connection_lost", "server_error"):
+        ambiguous = evidence("ambiguous", source="dispatch", code=code)
+        for now in (T0 + S, T0 + 60 * S):
+            assert not isinstance(
+                decide(KEYED_STATUS, op, attempts, [ambiguous], grant(), now), Reject
+            )
+
+
+@pytest.mark.parametrize(
+    "contract",
+    [KEYED_STATUS, KEYED_NO_LOOKUP, SEARCH_ONLY, NO_DEDUP],
+    ids=["status_api", "keyed", "search", "none"],
+)
+def test_rule_3_nothing_is_sent_while_an_attempt_may_be_in_flight(contract: object) -> None:
+    op, attempts = operation(), [attempt(in_flight=20 * S)]
+    decision = decide(contract, op, attempts, [], grant(), T0 + 5 * S)  # type: ignore[arg-type]
+    assert isinstance(decision, Wait | Lookup)
+    if isinstance(decision, Wait):
+        assert decision.until == T0 + 20 * S
+
+
+def test_rule_3_a_pending_status_after_the_deadline_still_blocks_a_retry() -> None:
+    op, attempts = operation(), [attempt(in_flight=20 * S)]
+    pending = evidence("pending", at=T0 + 21 * S)
+    decision = decide(KEYED_STATUS, op, attempts, [pending], grant(), T0 + 22 * S)
+    assert isinstance(decision, HoldUnknown)
+
+
+def test_rule_4_same_key_only_inside_the_retention_window() -> None:
+    contract = KEYED_NO_LOOKUP
+    op, attempts = operation(), [attempt()]
+    inside = decide(contract, op, attempts, [], grant(), T0 + timedelta(hours=1))
+    assert inside == Dispatch(key=OP_ID, payload_digest=DIGEST)
+    near_end = T0 + timedelta(hours=24) - contract.retention_margin
+    assert isinstance(decide(contract, op, attempts, [], grant(), near_end), Review)
+    assert isinstance(decide(contract, op, attempts, [], grant(), T0 + timedelta(days=3)), Review)
+
+
+def test_rule_5_a_replayed_stored_error_is_not_retried() -> None:
+    op = operation()
+    attempts = [attempt(1), attempt(2, started=T0 + 30 * S)]
+    replayed = evidence("ambiguous", source="dispatch", code="http_503", replayed=True)
+    # even a provider that does not promise to replay errors: a replay is no new information
+    forgetful = KEYED_NO_LOOKUP.model_copy(
+        update={
+            "idempotency": KEYED_NO_LOOKUP.idempotency.model_copy(update={"errors_replayed": False})
+        }
+    )
+    assert isinstance(decide(forgetful, op, attempts, [replayed], grant(), T0 + 90 * S), Review)
+    fresh = evidence("ambiguous", source="dispatch", code="http_503", replayed=False)
+    assert isinstance(decide(forgetful, op, attempts, [fresh], grant(), T0 + 90 * S), Dispatch)
+    # a provider that stores errors will replay the first 500 too
+    first = evidence("ambiguous", source="dispatch", code="server_error", replayed=False)
+    decision = decide(KEYED_NO_LOOKUP, op, [attempt()], [first], grant(), T0 + 90 * S)
+    assert isinstance(decision, Review)
+
+
+def test_rule_6_search_absence_proves_nothing_but_status_absence_does() -> None:
+    op, attempts = operation(action="email.send.v1"), [attempt()]
+    # search: wait out the lag, look, and with nothing found and no dedup, a person decides
+    assert isinstance(decide(SEARCH_ONLY, op, attempts, [], grant(), T0 + 25 * S), HoldUnknown)
+    assert isinstance(decide(SEARCH_ONLY, op, attempts, [], grant(), T0 + 55 * S), Lookup)
+    nothing = evidence("inconclusive", at=T0 + 55 * S)
+    assert isinstance(decide(SEARCH_ONLY, op, attempts, [nothing], grant(), T0 + 56 * S), Review)
+    # status API: "no such request" after the deadline is proof: retry with the same key
+    absent = evidence("absent", at=T0 + 21 * S)
+    assert decide(KEYED_STATUS, op, attempts, [absent], grant(), T0 + 22 * S) == Dispatch(
+        key=OP_ID, payload_digest=DIGEST
+    )
+    # ... but not when it was asked before the deadline
+    early_absent = evidence("absent", at=T0 + 5 * S)
+    assert not isinstance(
+        decide(KEYED_STATUS, op, attempts, [early_absent], grant(), T0 + 22 * S), Dispatch
+    )
+
+
+def test_rule_7_no_dedup_and_no_decisive_lookup_goes_to_review() -> None:
+    op = operation(action="email.smtp_send.v1")
+    decision = decide(NO_DEDUP, op, [attempt(in_flight=600 * S)], [], grant(), T0 + 601 * S)
+    assert isinstance(decision, Review)
+
+
+def test_rule_8_revoked_authority_stops_writes_not_lookups() -> None:
+    op, attempts = operation(), [attempt()]
+    assert isinstance(
+        decide(KEYED_STATUS, op, attempts, [], grant(revoked=True), T0 + 30 * S), Lookup
+    )
+    absent = evidence("absent", at=T0 + 21 * S)
+    decision = decide(KEYED_STATUS, op, attempts, [absent], grant(revoked=True), T0 + 30 * S)
+    assert isinstance(decision, Review)
+    assert isinstance(decide(KEYED_NO_LOOKUP, op, attempts, [], None, T0 + 30 * S), Review)
+
+
+def test_a_key_used_with_another_payload_goes_to_review() -> None:
+    mismatch = evidence("ambiguous", source="dispatch", code="idempotency_mismatch")
+    decision = decide(KEYED_NO_LOOKUP, operation(), [attempt()], [mismatch], grant(), T0 + 60 * S)
+    assert isinstance(decision, Review)
+
+
+def test_a_poisoned_key_needs_a_person() -> None:
+    from opledger.adapters.presets import SHOPIFY
+
+    poisoned = evidence("ambiguous", source="dispatch", code="key_poisoned")
+    decision = decide(SHOPIFY, operation(), [attempt()], [poisoned], grant(), T0 + 600 * S)
+    assert isinstance(decision, Review)
+
+
+def test_attempts_are_bounded() -> None:
+    attempts = [attempt(n, started=T0 + n * 30 * S) for n in range(1, 6)]
+    decision = decide(KEYED_NO_LOOKUP, operation(), attempts, [], grant(), T0 + 400 * S)
+    assert isinstance(decision, Review)
+
+
+def test_a_prepared_operation_is_dispatched_and_a_final_one_refused() -> None:
+    prepared = operation(Status.PREPARED, fence=0)
+    assert decide(KEYED_STATUS, prepared, [], [], grant(), T0) == Dispatch(
+        key=OP_ID, payload_digest=DIGEST
+    )
+    with pytest.raises(ValueError):
+        decide(KEYED_STATUS, operation(Status.CONFIRMED), [attempt()], [], grant(), T0)
