@@ -18,6 +18,7 @@ from sqlalchemy.engine import make_url
 from opledger import devstack
 from opledger.ledger import Ledger
 from opledger.ledger.migrate import upgrade
+from opledger.sandbox import Sandbox
 
 TABLES = "reviews, transitions, evidence, attempts, operation_payloads, operations, authorizations"
 
@@ -91,3 +92,16 @@ def grant(ledger: Ledger) -> str:
     return ledger.grant(
         tenant="acme", scope=["crm.*", "email.*"], granted_by="test", ref="auth_acme"
     ).ref
+
+
+@pytest.fixture(scope="session")
+def sandbox_server() -> Iterator[Sandbox]:
+    with Sandbox() as sandbox:
+        yield sandbox
+
+
+@pytest.fixture
+def sandbox(sandbox_server: Sandbox) -> Sandbox:
+    """The sandbox providers, reset to defaults: every protection on, no faults."""
+    sandbox_server.reset()
+    return sandbox_server

@@ -8,7 +8,6 @@ It never raises a client library's exception upward: every failure becomes an `O
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -92,7 +91,7 @@ def outcome_for_http_error(exc: Exception) -> Ambiguous:
         code = "http_error"
     elif isinstance(exc, httpx.StreamError):
         code = "stream_error"
-    elif isinstance(exc, socket.timeout | TimeoutError):
+    elif isinstance(exc, TimeoutError):
         code = "timeout"
     elif isinstance(exc, OSError):
         code = "connection_lost"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Literal
 
 import httpx
 
@@ -49,7 +50,7 @@ DEFINITIVE = {"case_not_found", "case_already_closed", "validation_error", "inva
 def crm_contract(
     *,
     keys: bool = True,
-    status_api: bool = True,
+    lookup: Literal["status_api", "search", "none"] = "status_api",
     retention: timedelta = timedelta(hours=24),
     request_timeout: timedelta = timedelta(seconds=10),
     max_in_flight: timedelta | None = None,
@@ -71,9 +72,11 @@ def crm_contract(
         )
         if keys
         else Idempotency(kind="none"),
-        lookup=Lookup(kind="status_api", interval=lookup_interval)
-        if status_api
-        else Lookup(kind="search", lag=search_lag, interval=lookup_interval),
+        lookup=Lookup(
+            kind=lookup,
+            lag=search_lag if lookup == "search" else timedelta(0),
+            interval=lookup_interval,
+        ),
         success_proves="applied",
         request_timeout=request_timeout,
         max_in_flight=max_in_flight or request_timeout * 2,
@@ -144,7 +147,9 @@ class CrmAdapter:
         try:
             if self.contract.lookup.kind == "status_api":
                 return self._status(operation)
-            return self._search(operation)
+            if self.contract.lookup.kind == "search":
+                return self._search(operation)
+            return LookupResult(verdict=INCONCLUSIVE, detail={"reason": "no lookup configured"})
         except Exception as exc:  # a failed read is no evidence
             return LookupResult(
                 verdict=INCONCLUSIVE, detail={"error": outcome_for_http_error(exc).reason}

@@ -9,7 +9,6 @@ on it; an ambiguous send therefore goes to review.
 from __future__ import annotations
 
 import smtplib
-import socket
 from collections.abc import Sequence
 from datetime import timedelta
 from email.message import EmailMessage
@@ -67,7 +66,7 @@ def outcome_for_smtp_error(exc: Exception) -> Outcome:
         )
     if isinstance(exc, smtplib.SMTPServerDisconnected):
         return Ambiguous(code="connection_lost", reason=f"SMTPServerDisconnected: {exc}"[:500])
-    if isinstance(exc, socket.timeout | TimeoutError):
+    if isinstance(exc, TimeoutError):
         return Ambiguous(code="timeout", reason=f"{type(exc).__name__}: {exc}"[:500])
     if isinstance(exc, smtplib.SMTPException | OSError):
         return Ambiguous(code="connection_lost", reason=f"{type(exc).__name__}: {exc}"[:500])

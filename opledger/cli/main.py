@@ -145,5 +145,17 @@ def ops_list(
     console.print(operations_table(operations))
 
 
+@app.command()
+def sandbox(
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="HTTP port for the CRM and email APIs (0: any).")] = 0,
+    smtp_port: Annotated[int, typer.Option(help="SMTP port (0: any).")] = 0,
+) -> None:
+    """Run the sandbox CRM, email API and SMTP server until interrupted."""
+    from opledger.sandbox.__main__ import serve
+
+    serve(host, port, smtp_port)
+
+
 def main() -> None:
     app()

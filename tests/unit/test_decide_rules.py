@@ -25,9 +25,7 @@ from .histories import DIGEST, OP_ID, T0, attempt, evidence, grant, operation
 
 S = timedelta(seconds=1)
 KEYED_STATUS = crm_contract(request_timeout=10 * S, max_in_flight=20 * S)
-KEYED_NO_LOOKUP = crm_contract(request_timeout=10 * S, max_in_flight=20 * S).model_copy(
-    update={"lookup": crm_contract().lookup.model_copy(update={"kind": "none"})}
-)
+KEYED_NO_LOOKUP = crm_contract(request_timeout=10 * S, max_in_flight=20 * S, lookup="none")
 SEARCH_ONLY = email_contract(
     keys=False, request_timeout=10 * S, max_in_flight=20 * S, search_lag=30 * S
 )

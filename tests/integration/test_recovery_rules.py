@@ -1,0 +1,225 @@
+"""The retry rules end to end: ledger + adapter + decision against a real sandbox provider.
+
+Each test breaks one request, then lets the worker steps reconcile, and asserts on the
+provider's own ground truth (effects and requests per key) as well as on the ledger.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from opledger.adapters.crm import CrmAdapter, crm_contract
+from opledger.adapters.registry import Registry
+from opledger.ledger import Ledger, Status
+from opledger.ledger.contract import Contract
+from opledger.ledger.decide import Dispatch, Review
+from opledger.sandbox import Sandbox
+from opledger.tasks import steps
+
+TIMEOUT = timedelta(seconds=0.5)
+IN_FLIGHT = timedelta(seconds=1)
+LEASE = timedelta(seconds=5)
+
+
+class Rig:
+    def __init__(self, ledger: Ledger, sandbox: Sandbox, contract: Contract) -> None:
+        self.sandbox = sandbox
+        self.adapter = CrmAdapter(sandbox.http_url, account="acme", contract=contract)
+        self.registry = Registry([self.adapter])
+        self.ledger = Ledger(ledger.engine, actions=self.registry)
+        self.ledger.grant(tenant="acme", scope=["crm.*"], granted_by="t", ref="auth_acme")
+
+    def prepare(self, target: str = "case-318") -> str:
+        return self.ledger.prepare(
+            tenant="acme",
+            workflow_id="onboarding-42",
+            intent_key=f"close-{target}",
+            action="crm.close_case.v1",
+            target=target,
+            payload={"note": "resolved"},
+            authorization_ref="auth_acme",
+        ).id
+
+    def dispatch(self, op_id: str) -> steps.StepResult:
+        return steps.dispatch(self.ledger, self.registry, op_id, owner="w1", lease=LEASE)
+
+    def reconcile(self, op_id: str) -> steps.StepResult:
+        return steps.reconcile(self.ledger, self.registry, op_id, owner="w2", lease=LEASE)
+
+    def after_deadline(self, op_id: str, extra: float = 0.05) -> None:
+        deadline = max(a.deadline_at for a in self.ledger.history(op_id).attempts)
+        time.sleep(max(0.0, (deadline - datetime.now(deadline.tzinfo)).total_seconds()) + extra)
+
+    def requests(self, op_id: str) -> list[dict[str, Any]]:
+        return list(self.sandbox.truth()["requests"].get(f"crm:{op_id}", []))
+
+    def effects(self, op_id: str) -> int:
+        return self.sandbox.effects(f"crm:{op_id}")
+
+
+@pytest.fixture
+def rig_for(ledger: Ledger, sandbox: Sandbox) -> Iterator[Any]:
+    rigs: list[Rig] = []
+
+    def make(**contract: Any) -> Rig:
+        rig = Rig(
+            ledger,
+            sandbox,
+            crm_contract(
+                request_timeout=TIMEOUT,
+                max_in_flight=IN_FLIGHT,
+                lookup_interval=timedelta(seconds=0.2),
+                **contract,
+            ),
+        )
+        rigs.append(rig)
+        return rig
+
+    yield make
+    for rig in rigs:
+        rig.adapter.close()
+
+
+def test_happy_path_and_redelivery(rig_for: Any) -> None:
+    rig = rig_for()
+    op_id = rig.prepare()
+    assert rig.dispatch(op_id).operation.status is Status.CONFIRMED  # type: ignore[union-attr]
+    for _ in range(3):  # a redelivered message is a no-op
+        assert rig.dispatch(op_id).action == "noop"
+    assert rig.effects(op_id) == 1 and len(rig.requests(op_id)) == 1
+
+
+def test_response_lost_inside_retention_retries_with_the_same_key(rig_for: Any) -> None:
+    rig = rig_for(lookup="none", retention=timedelta(seconds=30), retention_margin=timedelta(0))
+    rig.sandbox.fault("crm", "drop_after_commit")
+    op_id = rig.prepare()
+    assert rig.dispatch(op_id).operation.status is Status.UNKNOWN  # type: ignore[union-attr]
+    assert rig.reconcile(op_id).action == "waiting"  # the first call may still be in flight
+    rig.after_deadline(op_id)
+    result = rig.reconcile(op_id)
+    assert isinstance(result.decision, Dispatch)
+    assert rig.ledger.get(op_id).status is Status.CONFIRMED
+    _first, second = rig.requests(op_id)
+    deadline = rig.ledger.history(op_id).attempts[0].deadline_at.timestamp()
+    assert second["arrived"] >= deadline
+    assert rig.effects(op_id) == 1
+
+
+def test_key_past_retention_goes_to_review(rig_for: Any) -> None:
+    rig = rig_for(
+        lookup="none", retention=timedelta(seconds=2), retention_margin=timedelta(seconds=0.5)
+    )
+    rig.sandbox.configure(retention_s=2.0)
+    rig.sandbox.fault("crm", "drop_after_commit")
+    op_id = rig.prepare()
+    rig.dispatch(op_id)
+    time.sleep(2.0)
+    result = rig.reconcile(op_id)
+    assert isinstance(result.decision, Review) and "keeps keys" in result.decision.reason
+    history = rig.ledger.history(op_id)
+    assert history.operation.status is Status.UNKNOWN
+    assert [r.reason for r in history.reviews] == [result.decision.reason]
+    assert rig.effects(op_id) == 1 and len(rig.requests(op_id)) == 1
+
+
+def test_a_replayed_stored_500_is_not_retried_in_a_loop(rig_for: Any) -> None:
+    # the contract (wrongly) does not declare stored errors; the provider replays anyway
+    rig = rig_for(lookup="none")
+    rig.adapter.contract = rig.adapter.contract.model_copy(
+        update={
+            "idempotency": rig.adapter.contract.idempotency.model_copy(
+                update={"errors_replayed": False}
+            )
+        }
+    )
+    rig.sandbox.fault("crm", "error_before_commit")
+    op_id = rig.prepare()
+    rig.dispatch(op_id)
+    rig.after_deadline(op_id)
+    assert isinstance(rig.reconcile(op_id).decision, Dispatch)  # one retry with the same key
+    rig.after_deadline(op_id)
+    for _ in range(3):
+        assert isinstance(rig.reconcile(op_id).decision, Review)
+    history = rig.ledger.history(op_id)
+    assert history.evidence[-1].detail["replayed"] is True
+    assert len(history.reviews) == 1
+    assert len(rig.requests(op_id)) == 2 and rig.effects(op_id) == 0
+
+
+def test_a_provider_that_declares_stored_errors_is_not_retried_at_all(rig_for: Any) -> None:
+    rig = rig_for(lookup="none")
+    rig.sandbox.fault("crm", "error_before_commit")
+    op_id = rig.prepare()
+    rig.dispatch(op_id)
+    rig.after_deadline(op_id)
+    assert isinstance(rig.reconcile(op_id).decision, Review)
+    assert len(rig.requests(op_id)) == 1
+
+
+def test_search_lag_keeps_it_unknown_and_a_person_decides(rig_for: Any) -> None:
+    rig = rig_for(keys=False, lookup="search", search_lag=timedelta(seconds=0.5))
+    rig.sandbox.configure(keys=False, search_lag_s=30.0)  # slower than the contract says
+    rig.sandbox.fault("crm", "drop_after_commit")
+    op_id = rig.prepare()
+    rig.dispatch(op_id)
+    assert rig.reconcile(op_id).action == "waiting"
+    rig.after_deadline(op_id, extra=0.6)
+    result = rig.reconcile(op_id)
+    assert isinstance(result.decision, Review)
+    history = rig.ledger.history(op_id)
+    assert history.operation.status is Status.UNKNOWN
+    assert [e.verdict for e in history.evidence if e.source == "lookup"] == ["inconclusive"]
+    assert rig.effects(op_id) == 1 and len(rig.requests(op_id)) == 1
+
+
+def test_status_api_no_such_request_after_the_deadline_allows_a_safe_retry(rig_for: Any) -> None:
+    rig = rig_for()
+    rig.sandbox.configure(replay_errors=False)  # the failed request leaves no trace of the key
+    rig.sandbox.fault("crm", "error_before_commit")
+    op_id = rig.prepare()
+    rig.dispatch(op_id)
+    early = rig.reconcile(op_id)  # in flight: looks, learns "absent", but may not retry yet
+    assert early.action == "waiting"
+    assert len(rig.requests(op_id)) == 1
+    rig.after_deadline(op_id)
+    result = rig.reconcile(op_id)
+    assert isinstance(result.decision, Dispatch) and result.decision.key == op_id
+    assert rig.ledger.get(op_id).status is Status.CONFIRMED
+    _first, second = rig.requests(op_id)
+    assert second["arrived"] >= rig.ledger.history(op_id).attempts[0].deadline_at.timestamp()
+    assert rig.effects(op_id) == 1
+
+
+def test_a_case_closed_by_someone_else_is_not_confirmed(rig_for: Any) -> None:
+    rig = rig_for(keys=False, lookup="search", search_lag=timedelta(seconds=0.1))
+    rig.sandbox.configure(keys=False)
+    rig.sandbox.fault("crm", "error_before_commit")
+    op_id = rig.prepare("case-9")
+    rig.dispatch(op_id)
+    rig.sandbox.close_by_other("acme", "case-9")
+    rig.after_deadline(op_id, extra=0.2)
+    result = rig.reconcile(op_id)
+    assert isinstance(result.decision, Review)
+    assert rig.ledger.get(op_id).status is Status.UNKNOWN
+    assert rig.effects(op_id) == 0
+
+
+def test_an_unknown_action_is_refused_at_prepare(rig_for: Any) -> None:
+    from opledger.ledger import UnknownAction
+
+    rig = rig_for()
+    with pytest.raises(UnknownAction):
+        rig.ledger.prepare(
+            tenant="acme",
+            workflow_id="wf",
+            intent_key="k",
+            action="crm.delete_case.v1",
+            target="case-1",
+            payload={},
+            authorization_ref="auth_acme",
+        )

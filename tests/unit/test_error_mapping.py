@@ -1,0 +1,126 @@
+"""Every exception the HTTP and SMTP clients can raise is mapped at the adapter edge."""
+
+from __future__ import annotations
+
+import inspect
+import smtplib
+import socket
+import ssl
+
+import httpx
+import pytest
+
+from opledger.adapters.base import outcome_for_http_error
+from opledger.adapters.smtp import outcome_for_smtp_error
+from opledger.ledger import Ambiguous, Rejected
+
+
+def _subclasses(root: type) -> set[type]:
+    found, todo = set(), [root]
+    while todo:
+        cls = todo.pop()
+        for sub in cls.__subclasses__():
+            if sub not in found:
+                found.add(sub)
+                todo.append(sub)
+    return found
+
+
+HTTPX_EXCEPTIONS = sorted(
+    (
+        obj
+        for name in httpx.__all__
+        if inspect.isclass(obj := getattr(httpx, name)) and issubclass(obj, Exception)
+    ),
+    key=lambda cls: cls.__name__,
+)
+
+
+def _instance(cls: type[Exception]) -> Exception:
+    request = httpx.Request("POST", "http://127.0.0.1/")
+    for args, kwargs in (
+        (("boom",), {"request": request}),
+        (("boom",), {"request": request, "response": httpx.Response(500, request=request)}),
+        (("boom",), {}),
+        ((), {}),
+    ):
+        try:
+            return cls(*args, **kwargs)
+        except TypeError:
+            continue
+    raise AssertionError(f"cannot build {cls}")
+
+
+def test_the_httpx_exception_list_is_not_empty() -> None:
+    assert httpx.ReadTimeout in HTTPX_EXCEPTIONS and httpx.RemoteProtocolError in HTTPX_EXCEPTIONS
+    assert len(HTTPX_EXCEPTIONS) >= 20
+
+
+@pytest.mark.parametrize("cls", HTTPX_EXCEPTIONS, ids=lambda c: c.__name__)
+def test_every_httpx_exception_becomes_an_ambiguous_outcome(cls: type[Exception]) -> None:
+    outcome = outcome_for_http_error(_instance(cls))
+    assert isinstance(outcome, Ambiguous)
+    assert outcome.code != "client_error", f"{cls.__name__} fell through to the catch-all"
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (httpx.ConnectError("refused"), "connect_failed"),
+        (httpx.ReadTimeout("slow"), "timeout"),
+        (httpx.RemoteProtocolError("peer closed"), "connection_lost"),
+        (ConnectionResetError("reset"), "connection_lost"),
+        (TimeoutError("slow"), "timeout"),
+        (ValueError("not json"), "unreadable_response"),
+    ],
+)
+def test_http_codes(exc: Exception, code: str) -> None:
+    assert outcome_for_http_error(exc).code == code
+
+
+SMTP_EXCEPTIONS = sorted(
+    {smtplib.SMTPException, *_subclasses(smtplib.SMTPException)}, key=lambda c: c.__name__
+)
+
+
+def _smtp_instance(cls: type[Exception]) -> Exception:
+    if cls is smtplib.SMTPRecipientsRefused:
+        return cls({"a@b": (550, b"no such user")})
+    if cls is smtplib.SMTPSenderRefused:
+        return cls(553, b"bad sender", "s@x")
+    if issubclass(cls, smtplib.SMTPResponseException):
+        return cls(451, b"try later")
+    return cls("boom")
+
+
+@pytest.mark.parametrize("cls", SMTP_EXCEPTIONS, ids=lambda c: c.__name__)
+def test_every_smtplib_exception_is_mapped(cls: type[Exception]) -> None:
+    outcome = outcome_for_smtp_error(_smtp_instance(cls))
+    assert isinstance(outcome, Ambiguous | Rejected)
+    assert getattr(outcome, "code", "") != "client_error"
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        TimeoutError("slow"),
+        TimeoutError("slow"),
+        ConnectionRefusedError("refused"),
+        ConnectionResetError("reset"),
+        BrokenPipeError("pipe"),
+        socket.gaierror("dns"),
+        ssl.SSLError("tls"),
+        OSError("other"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_socket_errors_during_smtp_are_ambiguous(exc: Exception) -> None:
+    outcome = outcome_for_smtp_error(exc)
+    assert isinstance(outcome, Ambiguous) and outcome.code in ("timeout", "connection_lost")
+
+
+def test_smtp_permanent_refusals_reject_and_temporary_ones_do_not() -> None:
+    assert isinstance(outcome_for_smtp_error(smtplib.SMTPDataError(554, b"rejected")), Rejected)
+    assert isinstance(outcome_for_smtp_error(smtplib.SMTPDataError(451, b"later")), Ambiguous)
+    refused = smtplib.SMTPRecipientsRefused({"a@b": (550, b"x"), "c@d": (450, b"y")})
+    assert isinstance(outcome_for_smtp_error(refused), Ambiguous)
