@@ -49,6 +49,59 @@ class Settings(BaseSettings):
         default=24 * 3600.0, gt=0, description="Open a review when unknown for this long."
     )
 
+    check_backoff_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="A check handed to reconcile is due again after this if nothing settles it "
+        "(a lost message, a crashed reconciler).",
+    )
+    sweep_batch: int = Field(default=500, gt=0, description="Rows one sweep takes at most.")
+    visibility_timeout_seconds: int = Field(
+        default=3600,
+        gt=0,
+        description="Redis visibility timeout, set identically in every place Celery reads it; "
+        "keep it well above the task time limit.",
+    )
+    task_time_limit_seconds: int = Field(
+        default=300, gt=0, description="Hard time limit of one task."
+    )
+    worker_concurrency: int | None = Field(
+        default=None, description="Worker processes; unset: one per core."
+    )
+    flower_user: str = Field(default="opledger", description="Flower basic-auth user.")
+    flower_password: str | None = Field(
+        default=None, description="Flower basic-auth password; Flower refuses to start without."
+    )
+    adapters: str = Field(
+        default="opledger.adapters.defaults:build_registry",
+        description="'module:function' returning the adapter Registry the workers use.",
+    )
+    crm_url: str = Field(default="http://127.0.0.1:8025", description="Base URL of the CRM API.")
+    crm_account: str = Field(default="acme", description="CRM account the keys are scoped to.")
+    email_url: str = Field(
+        default="http://127.0.0.1:8025", description="Base URL of the email API."
+    )
+    email_account: str = Field(default="acme", description="Email API account.")
+    smtp_host: str = Field(default="127.0.0.1", description="SMTP relay host.")
+    smtp_port: int = Field(default=8026, description="SMTP relay port.")
+    provider_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="Request timeout of the bundled adapters."
+    )
+    provider_in_flight_seconds: float | None = Field(
+        default=None,
+        description="How long a request may still execute at the provider; unset: twice the "
+        "timeout.",
+    )
+    key_retention_seconds: float = Field(
+        default=24 * 3600.0, gt=0, description="How long the CRM and email APIs keep keys."
+    )
+    search_lag_seconds: float = Field(
+        default=30.0, ge=0, description="How far behind the email API's search may be."
+    )
+    lookup_interval_seconds: float = Field(
+        default=5.0, gt=0, description="Time between two lookups of a still-pending request."
+    )
+
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:

@@ -39,7 +39,7 @@ from .base import (
     outcome_for_http_error,
 )
 
-ACTIONS = ("email.send.v1",)
+ACTIONS: tuple[str, ...] = ("email.send.v1",)
 DEFINITIVE = {"validation_error", "invalid_idempotency_key", "invalid_json"}
 
 

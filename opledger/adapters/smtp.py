@@ -26,7 +26,7 @@ from opledger.ledger import (
 
 from .base import INCONCLUSIVE, Contract, Idempotency, Lookup, LookupResult
 
-ACTIONS = ("email.smtp_send.v1",)
+ACTIONS: tuple[str, ...] = ("email.smtp_send.v1",)
 
 
 def smtp_contract(*, request_timeout: timedelta = timedelta(seconds=30)) -> Contract:

@@ -157,5 +157,89 @@ def sandbox(
     serve(host, port, smtp_port)
 
 
+@app.command()
+def worker(
+    concurrency: Annotated[
+        int | None, typer.Option("--concurrency", "-c", help="Processes (default: one per core).")
+    ] = None,
+    queues: Annotated[
+        str, typer.Option(help="Queues to consume.")
+    ] = "dispatch,reconcile,maintenance",
+    loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
+    hostname: Annotated[str | None, typer.Option(help="Worker node name (-n).")] = None,
+) -> None:
+    """Run a Celery worker for opledger's tasks (scale by running more of them)."""
+    from opledger.tasks.app import app as celery_app
+
+    argv = ["worker", "-Q", queues, "--loglevel", loglevel, "-E"]
+    if concurrency:
+        argv += ["-c", str(concurrency)]
+    if hostname:
+        argv += ["-n", hostname]
+    celery_app.worker_main(argv)
+
+
+BEAT_LOCK_KEY = 0x6F706C6564676572  # "opledger": one advisory lock for the one beat
+
+
+def hold_beat_lock(url: str) -> object:
+    """Take the beat's advisory lock on the ledger database, or exit: exactly one beat.
+
+    The returned connection holds the lock for as long as this process lives.
+    """
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    libpq = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    conn = psycopg.connect(libpq, autocommit=True)
+    row = conn.execute("SELECT pg_try_advisory_lock(%s)", [BEAT_LOCK_KEY]).fetchone()
+    if not row or not row[0]:
+        conn.close()
+        console.print(
+            "[red]another opledger beat is running against this ledger; exactly one may[/red]"
+        )
+        raise typer.Exit(1)
+    return conn
+
+
+@app.command()
+def beat(
+    loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
+    schedule: Annotated[str, typer.Option(help="Where beat keeps its schedule state.")] = "",
+) -> None:
+    """Run the beat scheduler (sweep, relay, purge). Refuses to start if one already runs."""
+    from opledger.tasks.app import app as celery_app
+
+    lock = hold_beat_lock(database_url())
+    path = schedule or str((devstack.STATE_DIR / "celerybeat-schedule").resolve())
+    devstack.STATE_DIR.mkdir(parents=True, exist_ok=True)
+    try:
+        celery_app.start(["beat", "--loglevel", loglevel, "--schedule", path])
+    finally:
+        lock.close()  # type: ignore[attr-defined]
+
+
+@app.command()
+def flower(
+    port: Annotated[int, typer.Option(help="HTTP port.")] = 5555,
+    address: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+) -> None:
+    """Run Flower against opledger's workers, behind basic auth from the settings."""
+    from opledger.tasks.app import app as celery_app
+
+    settings = get_settings()
+    if not settings.flower_password:
+        console.print("[red]set OPLEDGER_FLOWER_PASSWORD: Flower never runs without auth[/red]")
+        raise typer.Exit(2)
+    celery_app.start(
+        [
+            "flower",
+            f"--port={port}",
+            f"--address={address}",
+            f"--basic-auth={settings.flower_user}:{settings.flower_password}",
+        ]
+    )
+
+
 def main() -> None:
     app()

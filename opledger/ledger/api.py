@@ -10,7 +10,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import secrets
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, Protocol
@@ -626,6 +626,65 @@ class Ledger:
             current_fence=current.fence,
             evidence_kept=False,
         )
+
+    # -- maintenance (beat) ---------------------------------------------------------------
+
+    def expire_leases(
+        self, *, limit: int = 500, backoff: timedelta = timedelta(0), actor: str = "sweeper"
+    ) -> list[str]:
+        """Fence out claims whose lease expired: dispatching -> unknown, fence + 1.
+
+        The stalled or dead worker can no longer write; the operations are due for
+        reconciliation after `backoff`. Safe to run from two sweepers at once.
+        """
+        with self._single() as conn:
+            rows = conn.execute(
+                q.EXPIRE_LEASES, {"limit": limit, "backoff": backoff, "actor": actor}
+            )
+            return [r.id for r in rows]
+
+    def due_checks(self, *, limit: int = 500, backoff: timedelta) -> list[str]:
+        """Unknown operations whose check is due; each is pushed `backoff` into the future
+        so it is handed out once per backoff, even when its reconcile message is lost."""
+        with self._single() as conn:
+            return [r.id for r in conn.execute(q.DUE_CHECKS, {"limit": limit, "backoff": backoff})]
+
+    def relay(
+        self,
+        *,
+        older_than: timedelta,
+        publish: Callable[[str], None],
+        limit: int = 500,
+        before_mark: Callable[[], None] | None = None,
+    ) -> list[str]:
+        """Publish again the prepared operations nobody claimed for `older_than`.
+
+        In one transaction: lock a batch (SKIP LOCKED), publish each, then mark them. A
+        crash between publishing and marking only publishes them again later, which the
+        fenced claim makes harmless.
+        """
+        with self._tx() as conn:
+            ids = [
+                r.id
+                for r in conn.execute(q.RELAY_CANDIDATES, {"after": older_than, "limit": limit})
+            ]
+            for op_id in ids:
+                publish(op_id)
+            if ids and before_mark is not None:
+                before_mark()
+            if ids:
+                conn.execute(q.MARK_ENQUEUED, {"ids": ids})
+        return ids
+
+    def purge_payloads(self, *, older_than: timedelta, limit: int = 1000) -> int:
+        """Delete frozen payloads of finished operations older than `older_than`.
+
+        The digest, the attempts and the evidence stay.
+        """
+        with self._single() as conn:
+            return len(
+                conn.execute(q.PURGE_PAYLOADS, {"older_than": older_than, "limit": limit}).all()
+            )
 
     # -- cancel ------------------------------------------------------------------------
 

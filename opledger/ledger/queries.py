@@ -330,3 +330,80 @@ OPEN_REVIEW = text(
     RETURNING id, op_id, reason, opened_at, snapshot, resolution, resolved_by, resolved_at, note
     """
 )
+
+# -- maintenance (beat) ---------------------------------------------------------------------
+
+# Expired leases: the worker may have died or stalled. Fence it out (fence + 1) and make the
+# operation unknown, due for reconciliation now. SKIP LOCKED: overlapping sweeps share out.
+EXPIRE_LEASES = text(
+    """
+    WITH stale AS (
+        SELECT id FROM operations
+        WHERE status = 'dispatching' AND lease_expires_at < now()
+        ORDER BY lease_expires_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    ),
+    op AS (
+        UPDATE operations AS o
+        SET status = 'unknown', fence = o.fence + 1,
+            lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+            next_check_at = now() + :backoff, record_version = o.record_version + 1,
+            updated_at = now()
+        FROM stale WHERE o.id = stale.id
+        RETURNING o.id, o.fence
+    ),
+    transition AS (
+        INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
+        SELECT op.id, 'dispatching', 'unknown', op.fence, :actor, 'lease expired' FROM op
+    )
+    SELECT id FROM op
+    """
+)
+
+# Unknown operations whose check is due. Pushing next_check_at forward is the sweep's
+# claim on the check: a lost reconcile message makes it due again after `backoff`.
+DUE_CHECKS = text(
+    """
+    WITH due AS (
+        SELECT id FROM operations
+        WHERE status = 'unknown' AND next_check_at <= now()
+        ORDER BY next_check_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE operations AS o SET next_check_at = now() + :backoff
+    FROM due WHERE o.id = due.id
+    RETURNING o.id
+    """
+)
+
+RELAY_CANDIDATES = text(
+    """
+    SELECT id FROM operations
+    WHERE status = 'prepared' AND created_at < now() - :after
+      AND (enqueued_at IS NULL OR enqueued_at < now() - :after)
+    ORDER BY created_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+    """
+)
+
+MARK_ENQUEUED = text(
+    "UPDATE operations SET enqueued_at = now() WHERE id = ANY(:ids) AND status = 'prepared'"
+).bindparams(bindparam("ids", type_=ARRAY(Text)))
+
+PURGE_PAYLOADS = text(
+    """
+    WITH old AS (
+        SELECT p.op_id FROM operation_payloads AS p
+        JOIN operations AS o ON o.id = p.op_id
+        WHERE o.status IN ('confirmed', 'rejected', 'cancelled')
+          AND o.updated_at < now() - :older_than
+        LIMIT :limit
+        FOR UPDATE OF p SKIP LOCKED
+    )
+    DELETE FROM operation_payloads AS p USING old WHERE p.op_id = old.op_id
+    RETURNING p.op_id
+    """
+)

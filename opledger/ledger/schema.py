@@ -83,6 +83,7 @@ operations = Table(
     Column("provider_result_id", Text),
     Column("evidence_checked_at", DateTime(timezone=True)),
     Column("next_check_at", DateTime(timezone=True)),
+    Column("enqueued_at", DateTime(timezone=True)),
     Column("record_version", Integer, nullable=False, server_default=text("1")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),

@@ -7,10 +7,13 @@ Every write goes through the ledger under a fence; every retry is the decision's
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+from sqlalchemy.exc import DBAPIError
 
 from opledger.adapters.base import Adapter
 from opledger.adapters.registry import Registry
@@ -21,6 +24,7 @@ from opledger.ledger import (
     History,
     Ledger,
     Operation,
+    Outcome,
     StaleFence,
     Status,
     UnknownAuthorization,
@@ -36,6 +40,8 @@ from opledger.ledger.decide import (
     Wait,
     decide,
 )
+
+from . import crashpoints
 
 log = logging.getLogger("opledger.worker")
 
@@ -56,17 +62,35 @@ class StepResult:
 
 def _send(ledger: Ledger, adapter: Adapter, claim: Claim) -> StepResult:
     """Cross the boundary under `claim` and record what came back."""
+    crashpoints.reached("dispatch.before_call")
     try:
         outcome = adapter.dispatch(claim)
     except Exception as exc:  # an adapter bug must not leave the row dispatching
         log.exception("adapter %s raised on %s", type(adapter).__name__, claim.op_id)
         outcome = Ambiguous(code="adapter_error", reason=f"{type(exc).__name__}: {exc}"[:500])
+    crashpoints.reached("dispatch.after_call")
     try:
-        op = ledger.record_outcome(claim, outcome)
+        op = _save(ledger, claim, outcome)
     except StaleFence:
         log.warning("fenced out of %s; outcome kept as evidence", claim.op_id)
         return StepResult("fenced")
+    crashpoints.reached("dispatch.after_save")
     return StepResult("dispatched", op)
+
+
+def _save(ledger: Ledger, claim: Claim, outcome: Outcome, attempts: int = 6) -> Operation:
+    """Record the outcome, riding out a short database outage: the provider already
+    acted, so what it said is worth a few seconds of retrying. If the database stays
+    away, the lease expires and the sweeper sends the operation to reconciliation."""
+    for n in range(attempts):
+        try:
+            return ledger.record_outcome(claim, outcome)
+        except DBAPIError:
+            if n == attempts - 1:
+                raise
+            log.warning("saving the outcome of %s failed; retrying", claim.op_id)
+            time.sleep(min(0.5 * 2**n, 5.0))
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def dispatch(
@@ -82,6 +106,7 @@ def dispatch(
     if claim is None:
         log.info("dispatch of %s: not claimable (already claimed, finished or unknown)", op_id)
         return StepResult("noop")
+    crashpoints.reached("dispatch.after_claim")
     return _send(ledger, registry.adapter_for(claim.operation.action), claim)
 
 
@@ -121,7 +146,9 @@ def reconcile(
         if not isinstance(decision, Lookup) or lookups >= max_lookups:
             break
         lookups += 1
+        crashpoints.reached("reconcile.before_lookup")
         result = adapter.lookup(op, history.attempts)
+        crashpoints.reached("reconcile.after_lookup")
         ledger.record_evidence(
             op.id,
             source="lookup",

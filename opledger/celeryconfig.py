@@ -1,0 +1,75 @@
+"""Every Celery setting opledger relies on, read from the `OPLEDGER_` environment.
+
+Why each one (DESIGN.md section 7):
+- acks late + prefetch 1: a message is acknowledged only after its task ran, and a worker
+  holds one at a time; a killed child leaves its row `dispatching` (reject_on_worker_lost
+  stays False: the sweeper, not a redelivery, decides what happens next).
+- the Redis visibility timeout is set identically in the three places Celery reads it, far
+  above the task time limit, and no task uses a countdown near it;
+- only JSON; no results; task events on so Flower sees every task.
+"""
+
+from __future__ import annotations
+
+from celery.schedules import schedule
+from kombu.entity import Queue
+
+from opledger import devstack
+from opledger.settings import get_settings
+
+_settings = get_settings()
+
+broker_url = _settings.broker_url or devstack.redis_url()
+broker_connection_retry_on_startup = True
+
+task_serializer = "json"
+result_serializer = "json"
+accept_content = ["json"]
+event_serializer = "json"
+task_ignore_result = True
+result_backend = None
+
+task_acks_late = True
+task_reject_on_worker_lost = False
+worker_prefetch_multiplier = 1
+worker_cancel_long_running_tasks_on_connection_loss = True
+task_time_limit = _settings.task_time_limit_seconds
+task_soft_time_limit = max(1, _settings.task_time_limit_seconds - 10)
+
+visibility_timeout = _settings.visibility_timeout_seconds
+broker_transport_options = {"visibility_timeout": visibility_timeout}
+result_backend_transport_options = {"visibility_timeout": visibility_timeout}
+
+worker_send_task_events = True
+task_send_sent_event = True
+worker_hijack_root_logger = False
+worker_concurrency = _settings.worker_concurrency
+
+task_queues = (Queue("dispatch"), Queue("reconcile"), Queue("maintenance"))
+task_default_queue = "dispatch"
+task_routes = {
+    "opledger.dispatch": {"queue": "dispatch"},
+    "opledger.reconcile": {"queue": "reconcile"},
+    "opledger.sweep": {"queue": "maintenance"},
+    "opledger.relay": {"queue": "maintenance"},
+    "opledger.purge_payloads": {"queue": "maintenance"},
+}
+
+_sweep = _settings.sweep_interval_seconds
+beat_schedule = {
+    "sweep": {
+        "task": "opledger.sweep",
+        "schedule": schedule(_sweep),
+        "options": {"expires": _sweep},
+    },
+    "relay": {
+        "task": "opledger.relay",
+        "schedule": schedule(_sweep),
+        "options": {"expires": _sweep},
+    },
+    "purge-payloads": {
+        "task": "opledger.purge_payloads",
+        "schedule": schedule(3600.0),
+        "options": {"expires": 3600.0},
+    },
+}

@@ -1,0 +1,175 @@
+"""The Celery app and opledger's tasks.
+
+Every task's only argument is an operation id (beat tasks take none): no payload and no
+customer data ever travels through the broker or shows in Flower. Agents call
+``dispatch.delay(op_id)`` after `Ledger.prepare`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_process_init
+from sqlalchemy.exc import DBAPIError
+
+from opledger import devstack
+from opledger.adapters.registry import Registry
+from opledger.ledger import Ledger, MalformedOperationId, OperationNotFound, UnknownAction
+from opledger.ledger.ids import check_operation_id
+from opledger.settings import Settings, get_settings
+
+from . import crashpoints, steps
+
+log = logging.getLogger("opledger.tasks")
+
+app = Celery("opledger")
+app.config_from_object("opledger.celeryconfig")
+
+
+@dataclass
+class Runtime:
+    """What a worker process needs: the ledger, the adapters and the settings."""
+
+    settings: Settings
+    ledger: Ledger
+    registry: Registry
+    owner: str
+
+    @property
+    def lease(self) -> timedelta:
+        return timedelta(seconds=self.settings.lease_seconds)
+
+
+_runtime: Runtime | None = None
+
+
+def load_registry(settings: Settings) -> Registry:
+    """Build the adapter registry named by `OPLEDGER_ADAPTERS` ('module:function')."""
+    module_name, _, function = settings.adapters.partition(":")
+    factory = getattr(importlib.import_module(module_name), function or "build_registry")
+    registry = factory(settings)
+    if not isinstance(registry, Registry):
+        raise TypeError(f"{settings.adapters} returned {type(registry).__name__}, not a Registry")
+    return registry
+
+
+def runtime() -> Runtime:
+    """This process's runtime, built on first use (after any fork)."""
+    global _runtime
+    if _runtime is None or _runtime.owner != _owner():
+        settings = get_settings()
+        registry = load_registry(settings)
+        url = settings.database_url or devstack.ledger_database_url()
+        ledger = Ledger.from_url(
+            url, actions=registry, max_payload_bytes=settings.max_payload_bytes, pool_size=2
+        )
+        _runtime = Runtime(settings=settings, ledger=ledger, registry=registry, owner=_owner())
+        lease = timedelta(seconds=settings.lease_seconds)
+        for action in registry.actions:
+            timeout = registry.adapter_for(action).contract.request_timeout
+            if timeout >= lease:
+                log.warning(
+                    "lease (%s) is not longer than %s's request timeout (%s): the sweeper may "
+                    "fence out a worker whose call is still running (safe, but wasteful)",
+                    lease,
+                    action,
+                    timeout,
+                )
+    return _runtime
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@worker_process_init.connect
+def _after_fork(**_: Any) -> None:
+    # Never share pooled connections across fork: drop whatever the parent had.
+    global _runtime
+    if _runtime is not None:
+        _runtime.ledger.dispose()
+        _runtime = None
+
+
+def _retry_on_database_error(task: Any, exc: DBAPIError) -> Any:
+    countdown = min(2**task.request.retries, 30)  # far below the visibility timeout
+    log.warning("database unavailable (%s); retrying in %ss", type(exc.orig).__name__, countdown)
+    return task.retry(exc=exc, countdown=countdown, max_retries=8)
+
+
+@app.task(name="opledger.dispatch", bind=True)
+def dispatch(self: Any, op_id: str) -> str:
+    """Claim a prepared operation under a fence and send it. A no-op when redelivered."""
+    try:
+        check_operation_id(op_id)
+        rt = runtime()
+        return steps.dispatch(rt.ledger, rt.registry, op_id, owner=rt.owner, lease=rt.lease).action
+    except (MalformedOperationId, OperationNotFound, UnknownAction) as exc:
+        log.error("dispatch refused for %r: %s", op_id, exc)
+        return "refused"
+    except DBAPIError as exc:
+        raise _retry_on_database_error(self, exc) from exc
+
+
+@app.task(name="opledger.reconcile", bind=True)
+def reconcile(self: Any, op_id: str) -> str:
+    """Run the retry decision on an unknown operation and act on it."""
+    try:
+        check_operation_id(op_id)
+        rt = runtime()
+        return steps.reconcile(rt.ledger, rt.registry, op_id, owner=rt.owner, lease=rt.lease).action
+    except (MalformedOperationId, OperationNotFound, UnknownAction) as exc:
+        log.error("reconcile refused for %r: %s", op_id, exc)
+        return "refused"
+    except DBAPIError as exc:
+        raise _retry_on_database_error(self, exc) from exc
+
+
+@app.task(name="opledger.sweep")
+def sweep() -> dict[str, int]:
+    """Fence out expired leases and hand due checks to reconcile."""
+    rt = runtime()
+    backoff = timedelta(seconds=rt.settings.check_backoff_seconds)
+    expired = rt.ledger.expire_leases(limit=rt.settings.sweep_batch, backoff=backoff)
+    due = rt.ledger.due_checks(limit=rt.settings.sweep_batch, backoff=backoff)
+    for op_id in (*expired, *due):
+        reconcile.delay(op_id)
+    if expired or due:
+        log.info("sweep: %d leases expired, %d checks due", len(expired), len(due))
+    return {"expired": len(expired), "due": len(due)}
+
+
+@app.task(name="opledger.relay")
+def relay() -> int:
+    """Publish again the prepared operations whose message never arrived."""
+    rt = runtime()
+
+    def publish(op_id: str) -> None:
+        dispatch.delay(op_id)
+
+    ids = rt.ledger.relay(
+        older_than=timedelta(seconds=rt.settings.relay_after_seconds),
+        publish=publish,
+        limit=rt.settings.sweep_batch,
+        before_mark=lambda: crashpoints.reached("relay.after_publish"),
+    )
+    if ids:
+        log.info("relay: re-published %d prepared operations", len(ids))
+    return len(ids)
+
+
+@app.task(name="opledger.purge_payloads")
+def purge_payloads() -> int:
+    """Delete frozen payloads of finished operations past the retention setting."""
+    rt = runtime()
+    return rt.ledger.purge_payloads(
+        older_than=timedelta(days=rt.settings.payload_retention_days),
+        limit=rt.settings.sweep_batch,
+    )
