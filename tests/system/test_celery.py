@@ -1,0 +1,187 @@
+"""The Celery integration with real processes: workers, beat, Redis, Postgres, providers."""
+
+from __future__ import annotations
+
+import signal
+
+import httpx
+import pytest
+
+from opledger.ledger import Ledger, Status
+from opledger.sandbox import Sandbox
+from opledger.tasks.app import dispatch
+
+from .conftest import prepare, settled
+from .stack import Proc, Stack, free_port, wait_until
+
+pytestmark = pytest.mark.system
+
+
+def requests_for(sandbox: Sandbox, op_id: str) -> list[dict[str, float]]:
+    return list(sandbox.truth()["requests"].get(f"crm:{op_id}", []))
+
+
+def assert_never_sent_while_in_flight(ledger: Ledger, sandbox: Sandbox, op_id: str) -> None:
+    """No request for the operation reached the provider before the previous attempt's
+    in-flight deadline had passed."""
+    attempts = ledger.history(op_id).attempts
+    arrivals = sorted(r["arrived"] for r in requests_for(sandbox, op_id))
+    assert len(arrivals) <= len(attempts)
+    for earlier, later in zip(attempts, arrivals[1:], strict=False):
+        assert later >= earlier.deadline_at.timestamp(), "a retry raced an attempt in flight"
+
+
+def test_a_delayed_operation_is_confirmed_with_one_effect(
+    running: Stack, sys_ledger: Ledger, sandbox: Sandbox
+) -> None:
+    op_id = prepare(sys_ledger, "close")
+    dispatch.delay(op_id)
+    assert settled(sys_ledger, [op_id]) == {op_id: Status.CONFIRMED}
+    assert sandbox.effects(f"crm:{op_id}") == 1
+
+
+def test_the_same_id_delivered_five_times_at_once_has_one_effect(
+    running: Stack, sys_ledger: Ledger, sandbox: Sandbox
+) -> None:
+    sandbox.configure(processing_s=0.3)
+    op_ids = [prepare(sys_ledger, f"k{i}", target=f"case-{i}") for i in range(3)]
+    for op_id in op_ids:
+        for _ in range(5):
+            dispatch.delay(op_id)
+    assert set(settled(sys_ledger, op_ids).values()) == {Status.CONFIRMED}
+    for op_id in op_ids:
+        assert sandbox.effects(f"crm:{op_id}") == 1
+        assert len(requests_for(sandbox, op_id)) == 1
+        assert len(sys_ledger.history(op_id).attempts) == 1
+
+
+def test_a_worker_killed_while_dispatching_is_reconciled_not_resent(
+    running: Stack, sys_ledger: Ledger, sandbox: Sandbox
+) -> None:
+    sandbox.configure(processing_s=1.5)  # the provider is slow: we kill mid-call
+    op_id = prepare(sys_ledger, "close")
+    dispatch.delay(op_id)
+    wait_until(lambda: requests_for(sandbox, op_id), 15, "the provider to receive the call")
+    running.kill_worker("w1")  # SIGKILL, main process and pool children
+    assert sys_ledger.get(op_id).status is Status.DISPATCHING
+    running.start_worker("w1")
+    assert settled(sys_ledger, [op_id]) == {op_id: Status.CONFIRMED}
+    history = sys_ledger.history(op_id)
+    assert [t.reason for t in history.transitions if t.to_status is Status.UNKNOWN] == [
+        "lease expired"
+    ]
+    assert sandbox.effects(f"crm:{op_id}") == 1
+    assert_never_sent_while_in_flight(sys_ledger, sandbox, op_id)
+
+
+def test_a_stalled_worker_is_fenced_out_and_its_late_outcome_kept(
+    running: Stack, sys_ledger: Ledger, sandbox: Sandbox
+) -> None:
+    sandbox.configure(processing_s=0.8)
+    op_id = prepare(sys_ledger, "close")
+    dispatch.delay(op_id)
+    wait_until(lambda: requests_for(sandbox, op_id), 15, "the provider to receive the call")
+    stalled = running.workers["w1"]
+    stalled.signal(signal.SIGSTOP)
+    try:
+        helper = running.start_worker("w2")
+        # the lease (3 s) expires, the sweep fences the stalled worker out, w2 reconciles
+        wait_until(
+            lambda: sys_ledger.get(op_id).status is Status.CONFIRMED,
+            30,
+            "reconciliation by the second worker",
+        )
+    finally:
+        stalled.signal(signal.SIGCONT)
+    fence_after = sys_ledger.get(op_id).fence
+
+    def late_evidence() -> bool:
+        return any(
+            e.source == "dispatch" and not e.applied for e in sys_ledger.history(op_id).evidence
+        )
+
+    wait_until(late_evidence, 20, "the stalled worker's late outcome")
+    after = sys_ledger.get(op_id)
+    assert after.status is Status.CONFIRMED and after.fence == fence_after
+    late = [e for e in sys_ledger.history(op_id).evidence if e.source == "dispatch"]
+    assert [(e.fence, e.applied) for e in late] == [(1, False)]
+    assert sandbox.effects(f"crm:{op_id}") == 1
+    running.kill_worker("w2")
+    assert isinstance(helper, Proc)
+
+
+def test_messages_lost_in_a_redis_restart_are_relayed(
+    running: Stack, sys_ledger: Ledger, sandbox: Sandbox, private_redis: object
+) -> None:
+    running.kill_worker("w1")
+    op_ids = [prepare(sys_ledger, f"k{i}", target=f"case-{i}") for i in range(6)]
+    for op_id in op_ids:
+        dispatch.delay(op_id)
+    assert private_redis.queued("dispatch") >= 6  # type: ignore[attr-defined]
+    private_redis.restart()  # type: ignore[attr-defined]
+    assert private_redis.queued("dispatch") == 0  # type: ignore[attr-defined]
+    running.start_worker("w1")
+    assert set(settled(sys_ledger, op_ids, timeout=45).values()) == {Status.CONFIRMED}
+    for op_id in op_ids:
+        assert sandbox.effects(f"crm:{op_id}") == 1
+
+
+def test_flower_lists_the_worker_and_the_opledger_tasks(running: Stack, sys_ledger: Ledger) -> None:
+    port = free_port()
+    env = {**running.env, "OPLEDGER_FLOWER_PASSWORD": "test-only"}
+    flower = Proc("flower", ["flower", "--port", str(port)], env, running.workdir / "flower.log")
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _answers(base), 30, "flower to listen")
+        assert httpx.get(f"{base}/api/workers").status_code == 401  # basic auth is on
+        op_id = prepare(sys_ledger, "close")
+        dispatch.delay(op_id)
+        settled(sys_ledger, [op_id])
+
+        def workers() -> dict[str, object]:
+            r = httpx.get(
+                f"{base}/api/workers",
+                params={"refresh": "1"},
+                auth=("opledger", "test-only"),
+                timeout=10,
+            )
+            return r.json() if r.status_code == 200 else {}
+
+        found = wait_until(workers, 30, "flower to see the worker")
+        (info,) = [v for k, v in found.items() if k.startswith("w1@")]
+        registered = set(info["registered"])  # type: ignore[index]
+        assert {
+            "opledger.dispatch",
+            "opledger.reconcile",
+            "opledger.sweep",
+            "opledger.relay",
+            "opledger.purge_payloads",
+        } <= registered
+
+        def tasks() -> dict[str, dict[str, object]]:
+            r = httpx.get(f"{base}/api/tasks", auth=("opledger", "test-only"), timeout=10)
+            return r.json() if r.status_code == 200 else {}
+
+        def dispatch_seen() -> list[dict[str, object]]:
+            return [t for t in tasks().values() if t.get("name") == "opledger.dispatch"]
+
+        dispatch.delay(op_id)  # a redelivery Flower sees after it connected
+        seen = wait_until(dispatch_seen, 30, "flower to see a dispatch task")
+        # the broker carries the operation id only: no payload, no customer data
+        assert all(op_id in str(t.get("args")) and "resolved" not in str(t) for t in seen)
+    finally:
+        flower.kill()
+
+
+def _answers(base: str) -> bool:
+    try:
+        httpx.get(base, timeout=1)
+        return True
+    except httpx.HTTPError:
+        return False
+
+
+def test_the_beat_is_exclusive(running: Stack) -> None:
+    second = Proc("beat2", ["beat"], running.env, running.workdir / "beat2.log")
+    assert second.wait(timeout=30) == 1
+    assert "another opledger beat" in second.output()

