@@ -1,0 +1,57 @@
+"""docker-compose.yml cannot run here (no Docker engine), so check what can be checked:
+its settings exist, its commands exist, its invariants hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from opledger.cli.main import app
+from opledger.settings import Settings
+
+COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
+
+
+def _compose() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    return loaded
+
+
+def _commands() -> set[str]:
+    return {c.name or c.callback.__name__ for c in app.registered_commands}  # type: ignore[union-attr]
+
+
+def test_every_service_is_there_with_a_healthcheck_where_it_matters() -> None:
+    services = _compose()["services"]
+    assert {"postgres", "redis", "migrate", "worker", "beat", "flower", "sandbox"} <= set(services)
+    for name in ("postgres", "redis", "worker", "flower", "sandbox"):
+        assert "healthcheck" in services[name], name
+
+
+def test_opledger_services_run_real_commands_with_real_settings() -> None:
+    services = _compose()["services"]
+    fields = {name.upper() for name in Settings.model_fields}
+    for name in ("migrate", "worker", "beat", "flower", "sandbox"):
+        service = services[name]
+        assert service["command"][0] in _commands(), name
+        for variable in service.get("environment", {}):
+            assert variable.startswith("OPLEDGER_") and variable[9:] in fields, variable
+
+
+def test_exactly_one_beat_and_the_order_of_start() -> None:
+    services = _compose()["services"]
+    assert services["beat"]["deploy"]["replicas"] == 1
+    assert services["migrate"]["restart"] == "no"
+    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name in ("worker", "beat", "flower"):
+        deps = services[name]["depends_on"]
+        assert deps["migrate"]["condition"] == "service_completed_successfully"
+        assert deps["redis"]["condition"] == "service_healthy"
+
+
+def test_flower_is_never_open_without_a_password() -> None:
+    flower = _compose()["services"]["flower"]
+    assert ":?" in flower["environment"]["OPLEDGER_FLOWER_PASSWORD"]
+    assert all(port.startswith("127.0.0.1:") for port in flower["ports"])
