@@ -124,7 +124,13 @@ def reconcile(self: Any, op_id: str) -> str:
     try:
         check_operation_id(op_id)
         rt = runtime()
-        return steps.reconcile(rt.ledger, rt.registry, op_id, owner=rt.owner, lease=rt.lease).action
+        policy = steps.ReviewPolicy(
+            after_attempts=rt.settings.review_after_attempts,
+            after=timedelta(seconds=rt.settings.review_after_seconds),
+        )
+        return steps.reconcile(
+            rt.ledger, rt.registry, op_id, owner=rt.owner, lease=rt.lease, policy=policy
+        ).action
     except (MalformedOperationId, OperationNotFound, UnknownAction) as exc:
         log.error("reconcile refused for %r: %s", op_id, exc)
         return "refused"

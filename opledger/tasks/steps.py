@@ -120,6 +120,14 @@ def snapshot(history: History, adapter: Adapter, reason: str) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class ReviewPolicy:
+    """When a person takes over even though the contract would let us keep trying."""
+
+    after_attempts: int = 5  #: attempts that left it unknown
+    after: timedelta = timedelta(hours=24)  #: time since the first attempt
+
+
 def reconcile(
     ledger: Ledger,
     registry: Registry,
@@ -129,6 +137,7 @@ def reconcile(
     lease: timedelta,
     now: Callable[[], datetime] = utcnow,
     max_lookups: int = 2,
+    policy: ReviewPolicy = ReviewPolicy(),
 ) -> StepResult:
     """Run the retry decision on an unknown operation and act on it."""
     history = ledger.history(op_id)
@@ -136,13 +145,16 @@ def reconcile(
     if op.status is not Status.UNKNOWN:
         return StepResult("noop", op)
     adapter = registry.adapter_for(op.action)
+    contract = adapter.contract
+    if policy.after_attempts < contract.max_attempts:
+        contract = contract.model_copy(update={"max_attempts": policy.after_attempts})
     try:
         grant = ledger.authorization(op.authorization_ref)
     except UnknownAuthorization:
         grant = None
     lookups = 0
     while True:
-        decision = decide(adapter.contract, op, history.attempts, history.evidence, grant, now())
+        decision = decide(contract, op, history.attempts, history.evidence, grant, now())
         if not isinstance(decision, Lookup) or lookups >= max_lookups:
             break
         lookups += 1
@@ -161,6 +173,10 @@ def reconcile(
         op = history.operation
         if op.status is not Status.UNKNOWN:
             return StepResult("noop", op)
+    if isinstance(decision, Wait | HoldUnknown | Lookup) and history.attempts:
+        first = min(a.started_at for a in history.attempts)
+        if now() - first > policy.after:
+            decision = Review(reason=f"still unknown {policy.after} after the first attempt")
     try:
         return _act(ledger, registry, adapter, history, decision, owner=owner, lease=lease, now=now)
     except StaleFence:

@@ -48,8 +48,12 @@ class Rig:
     def dispatch(self, op_id: str) -> steps.StepResult:
         return steps.dispatch(self.ledger, self.registry, op_id, owner="w1", lease=LEASE)
 
-    def reconcile(self, op_id: str) -> steps.StepResult:
-        return steps.reconcile(self.ledger, self.registry, op_id, owner="w2", lease=LEASE)
+    def reconcile(
+        self, op_id: str, policy: steps.ReviewPolicy = steps.ReviewPolicy()
+    ) -> steps.StepResult:
+        return steps.reconcile(
+            self.ledger, self.registry, op_id, owner="w2", lease=LEASE, policy=policy
+        )
 
     def after_deadline(self, op_id: str, extra: float = 0.05) -> None:
         deadline = max(a.deadline_at for a in self.ledger.history(op_id).attempts)
@@ -223,3 +227,27 @@ def test_an_unknown_action_is_refused_at_prepare(rig_for: Any) -> None:
             payload={},
             authorization_ref="auth_acme",
         )
+
+
+def test_the_review_policy_caps_attempts_below_the_contract(rig_for: Any) -> None:
+    rig = rig_for(lookup="none")
+    rig.sandbox.fault("crm", "drop_after_commit")
+    op_id = rig.prepare()
+    rig.dispatch(op_id)
+    rig.after_deadline(op_id)
+    result = rig.reconcile(op_id, steps.ReviewPolicy(after_attempts=1))
+    assert isinstance(result.decision, Review) and "1 attempts" in result.decision.reason
+    assert len(rig.requests(op_id)) == 1
+
+
+def test_the_review_policy_hands_over_an_operation_unknown_for_too_long(rig_for: Any) -> None:
+    rig = rig_for()
+    rig.sandbox.configure(processing_s=3.0)  # the provider keeps saying "in progress"
+    op_id = rig.prepare()
+    rig.dispatch(op_id)  # times out after 0.5 s: unknown
+    rig.after_deadline(op_id)
+    waiting = rig.reconcile(op_id)
+    assert waiting.action == "waiting"
+    result = rig.reconcile(op_id, steps.ReviewPolicy(after=timedelta(seconds=1)))
+    assert isinstance(result.decision, Review) and "still unknown" in result.decision.reason
+    assert len(rig.requests(op_id)) == 1
