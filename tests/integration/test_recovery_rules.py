@@ -48,11 +48,14 @@ class Rig:
     def dispatch(self, op_id: str) -> steps.StepResult:
         return steps.dispatch(self.ledger, self.registry, op_id, owner="w1", lease=LEASE)
 
-    def reconcile(
-        self, op_id: str, policy: steps.ReviewPolicy = steps.ReviewPolicy()
-    ) -> steps.StepResult:
+    def reconcile(self, op_id: str, policy: steps.ReviewPolicy | None = None) -> steps.StepResult:
         return steps.reconcile(
-            self.ledger, self.registry, op_id, owner="w2", lease=LEASE, policy=policy
+            self.ledger,
+            self.registry,
+            op_id,
+            owner="w2",
+            lease=LEASE,
+            policy=policy or steps.ReviewPolicy(),
         )
 
     def after_deadline(self, op_id: str, extra: float = 0.05) -> None:
