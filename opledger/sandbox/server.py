@@ -131,6 +131,7 @@ class DroppedResponse(Response):
 
 async def _keyed_request(
     request: Request,
+    state: State,
     provider: str,
     account: str,
     execute: Any,
@@ -138,8 +139,12 @@ async def _keyed_request(
     mismatch: tuple[int, str],
     conflict: tuple[int, str],
 ) -> Response:
-    """The idempotency layer shared by the HTTP providers, then faults, then `execute`."""
-    state, cfg = STATE, STATE.config
+    """The idempotency layer shared by the HTTP providers, then faults, then `execute`.
+
+    `state` is the state the request arrived in: a request still executing when the
+    sandbox is reset finishes against the old state and leaves the new one alone.
+    """
+    cfg = state.config
     body = await request.body()
     digest = hashlib.sha256(body).hexdigest()
     key = request.headers.get("idempotency-key")
@@ -201,6 +206,7 @@ async def _keyed_request(
 
 
 async def crm_case_action(request: Request) -> Response:
+    state = STATE
     account = request.path_params["account"]
     case_id = request.path_params["case_id"]
     verb = request.path_params["verb"]
@@ -208,7 +214,7 @@ async def crm_case_action(request: Request) -> Response:
     def execute(
         payload: dict[str, Any], key: str | None, digest: str
     ) -> tuple[int, dict[str, Any]]:
-        case = STATE.cases[(account, case_id)]
+        case = state.cases[(account, case_id)]
         if case_id.startswith("missing-"):
             return _error(404, "case_not_found", f"no case {case_id}")
         if verb == "close":
@@ -220,7 +226,7 @@ async def crm_case_action(request: Request) -> Response:
             case.fields["note"] = payload["note"]
         case.version += 1
         case.last_key, case.applied_at = key, time.time()
-        STATE.effects[f"crm:{key}"] += 1
+        state.effects[f"crm:{key}"] += 1
         return 200, {
             "case_id": case_id,
             "status": case.status,
@@ -231,6 +237,7 @@ async def crm_case_action(request: Request) -> Response:
 
     return await _keyed_request(
         request,
+        state,
         "crm",
         account,
         execute,
@@ -278,6 +285,7 @@ async def crm_close_by_other(request: Request) -> Response:
 
 
 async def email_send(request: Request) -> Response:
+    state = STATE
     account = request.path_params["account"]
 
     def execute(
@@ -285,8 +293,8 @@ async def email_send(request: Request) -> Response:
     ) -> tuple[int, dict[str, Any]]:
         if not payload.get("to") or "@" not in str(payload.get("to")):
             return _error(422, "validation_error", "a recipient address is required")
-        message_id = f"msg_{len(STATE.messages) + 1:06d}"
-        STATE.messages.append(
+        message_id = f"msg_{len(state.messages) + 1:06d}"
+        state.messages.append(
             {
                 "id": message_id,
                 "account": account,
@@ -297,11 +305,12 @@ async def email_send(request: Request) -> Response:
                 "last_event": "accepted",
             }
         )
-        STATE.effects[f"email:{key or payload.get('marker')}"] += 1
+        state.effects[f"email:{key or payload.get('marker')}"] += 1
         return 202, {"id": message_id}
 
     return await _keyed_request(
         request,
+        state,
         "email",
         account,
         execute,
@@ -382,13 +391,14 @@ class SmtpHandler:
     """Accepts every message, counts it by Message-ID, and can drop after DATA."""
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        state = STATE
         message = message_from_bytes(envelope.original_content or envelope.content)
         message_id = str(message.get("Message-ID", "")).strip()
-        STATE.effects[f"smtp:{message_id}"] += 1
-        STATE.requests[f"smtp:{message_id}"].append(
+        state.effects[f"smtp:{message_id}"] += 1
+        state.requests[f"smtp:{message_id}"].append(
             {"arrived": time.time(), "completed": time.time(), "status": 250}
         )
-        fault = STATE.take_fault("smtp", message_id)
+        fault = state.take_fault("smtp", message_id)
         if fault is not None and fault.mode == "drop_after_data":
             server.transport.close()
         return "250 2.0.0 Message accepted for delivery"
