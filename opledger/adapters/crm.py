@@ -43,7 +43,7 @@ from .base import (
     outcome_for_http_error,
 )
 
-ACTIONS = {"crm.close_case.v1": "close", "crm.update_case.v1": "update"}
+VERBS = {"close_case.v1": "close", "update_case.v1": "update"}
 DEFINITIVE = {"case_not_found", "case_already_closed", "validation_error", "invalid_json"}
 
 
@@ -57,10 +57,11 @@ def crm_contract(
     search_lag: timedelta = timedelta(seconds=5),
     lookup_interval: timedelta = timedelta(seconds=5),
     retention_margin: timedelta = timedelta(minutes=5),
+    provider: str = "crm",
 ) -> Contract:
     """The CRM's contract as configured: each protection the provider offers, or not."""
     return Contract(
-        provider="crm",
+        provider=provider,
         idempotency=Idempotency(
             kind="keyed",
             scope="account",
@@ -86,14 +87,23 @@ def crm_contract(
 
 
 class CrmAdapter:
-    """Case actions against a CRM account over HTTP."""
+    """Case actions against a CRM account over HTTP: `<namespace>.close_case.v1` and
+    `<namespace>.update_case.v1` (the namespace is "crm" unless several CRM accounts with
+    different contracts are registered side by side)."""
 
-    actions = tuple(ACTIONS)
-
-    def __init__(self, base_url: str, *, account: str, contract: Contract | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        account: str,
+        contract: Contract | None = None,
+        namespace: str = "crm",
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.account = account
         self.contract = contract or crm_contract()
+        self._verbs = {f"{namespace}.{name}": verb for name, verb in VERBS.items()}
+        self.actions: tuple[str, ...] = tuple(self._verbs)
         self._client = http_client(self.contract.request_timeout.total_seconds())
 
     def _url(self, path: str) -> str:
@@ -101,7 +111,7 @@ class CrmAdapter:
 
     def dispatch(self, claim: Claim) -> Outcome:
         op = claim.operation
-        verb = ACTIONS.get(op.action)
+        verb = self._verbs.get(op.action)
         if verb is None:
             return Rejected(code="unsupported_action", reason=f"the CRM adapter has no {op.action}")
         try:

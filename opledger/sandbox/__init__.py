@@ -91,9 +91,11 @@ class Sandbox:
         """Forget everything: keys, cases, messages, faults, counters; default config."""
         self._post("/_admin/reset")
 
-    def configure(self, **settings: Any) -> dict[str, Any]:
-        """Switch protections and knobs (see `opledger.sandbox.server.Config`)."""
-        return self._post("/_admin/config", settings)
+    def configure(self, account: str | None = None, **settings: Any) -> dict[str, Any]:
+        """Switch protections and knobs (see `opledger.sandbox.server.Config`), for one
+        account or (without `account`) for every account without its own settings."""
+        body = {**settings, **({"account": account} if account is not None else {})}
+        return self._post("/_admin/config", body)
 
     def fault(
         self,

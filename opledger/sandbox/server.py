@@ -24,7 +24,7 @@ import hashlib
 import json
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from email import message_from_bytes
 from typing import Any
 
@@ -84,7 +84,8 @@ class Case:
 
 class State:
     def __init__(self) -> None:
-        self.config = Config()
+        self.config = Config()  #: for accounts without a configuration of their own
+        self.accounts: dict[str, Config] = {}
         self.faults: list[Fault] = []
         self.keys: dict[tuple[str, str, str], KeyEntry] = {}
         self.cases: dict[tuple[str, str], Case] = defaultdict(Case)
@@ -99,9 +100,12 @@ class State:
                 return fault
         return None
 
+    def config_for(self, account: str) -> Config:
+        return self.accounts.get(account, self.config)
+
     def key_entry(self, provider: str, account: str, key: str) -> KeyEntry | None:
         entry = self.keys.get((provider, account, key))
-        if entry is not None and time.time() - entry.created > self.config.retention_s:
+        if entry is not None and time.time() - entry.created > self.config_for(account).retention_s:
             del self.keys[(provider, account, key)]  # pruned: the key is new again
             return None
         return entry
@@ -144,7 +148,7 @@ async def _keyed_request(
     `state` is the state the request arrived in: a request still executing when the
     sandbox is reset finishes against the old state and leaves the new one alone.
     """
-    cfg = state.config
+    cfg = state.config_for(account)
     body = await request.body()
     digest = hashlib.sha256(body).hexdigest()
     key = request.headers.get("idempotency-key")
@@ -247,7 +251,7 @@ async def crm_case_action(request: Request) -> Response:
 
 
 async def crm_request_status(request: Request) -> Response:
-    if not STATE.config.status_api:
+    if not STATE.config_for(request.path_params["account"]).status_api:
         return JSONResponse(*reversed(_error(501, "not_supported")))
     account, key = request.path_params["account"], request.path_params["key"]
     entry = STATE.key_entry("crm", account, key)
@@ -265,7 +269,7 @@ async def crm_get_case(request: Request) -> Response:
 
 async def crm_search(request: Request) -> Response:
     account, key = request.path_params["account"], request.query_params.get("key")
-    horizon = time.time() - STATE.config.search_lag_s
+    horizon = time.time() - STATE.config_for(account).search_lag_s
     hits = [
         {"case_id": case_id, **asdict(case)}
         for (acct, case_id), case in list(STATE.cases.items())
@@ -321,7 +325,7 @@ async def email_send(request: Request) -> Response:
 
 async def email_sent_search(request: Request) -> Response:
     account, marker = request.path_params["account"], request.query_params.get("marker")
-    horizon = time.time() - STATE.config.search_lag_s
+    horizon = time.time() - STATE.config_for(account).search_lag_s
     hits = [
         m
         for m in STATE.messages
@@ -347,11 +351,15 @@ async def admin_reset(request: Request) -> Response:
 
 async def admin_config(request: Request) -> Response:
     changes = await request.json()
+    account = changes.pop("account", None)
+    config = STATE.config
+    if account is not None:
+        config = STATE.accounts.setdefault(account, replace(STATE.config))
     for name, value in changes.items():
-        if not hasattr(STATE.config, name):
+        if not hasattr(config, name):
             return JSONResponse(*reversed(_error(400, "unknown_setting", name)))
-        setattr(STATE.config, name, type(getattr(STATE.config, name))(value))
-    return JSONResponse(asdict(STATE.config))
+        setattr(config, name, type(getattr(config, name))(value))
+    return JSONResponse(asdict(config))
 
 
 async def admin_fault(request: Request) -> Response:

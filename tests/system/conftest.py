@@ -15,12 +15,11 @@ from typing import Any
 
 import pytest
 
-from opledger.adapters.defaults import build_registry
+from opledger.chaos.stack import PrivateRedis, Stack, wait_until
 from opledger.ledger import Ledger, Status
 from opledger.sandbox import Sandbox
 from opledger.settings import Settings
-
-from .stack import PrivateRedis, Stack, wait_until
+from opledger.tasks.app import load_registry
 
 FAST = {
     "OPLEDGER_LEASE_SECONDS": "3",
@@ -32,6 +31,8 @@ FAST = {
     "OPLEDGER_RELAY_AFTER_SECONDS": "2",
     "OPLEDGER_SEARCH_LAG_SECONDS": "1",
     "OPLEDGER_KEY_RETENTION_SECONDS": "3600",
+    # one CRM per provider-contract kind, the email API and SMTP, side by side
+    "OPLEDGER_ADAPTERS": "opledger.chaos.variants:build_registry",
 }
 
 
@@ -92,19 +93,21 @@ def running(stack: Stack, ledger: Ledger, sandbox: Sandbox) -> Stack:
     return stack
 
 
+def settings_of(env: dict[str, str]) -> Settings:
+    """The settings a process started with `env` reads."""
+    return Settings(
+        **{
+            k[9:].lower(): v
+            for k, v in env.items()
+            if k.startswith("OPLEDGER_") and k != "OPLEDGER_STATE_DIR"
+        }
+    )
+
+
 @pytest.fixture
 def sys_ledger(ledger: Ledger, stack: Stack) -> Ledger:
     """A ledger wired to the same adapter registry as the workers."""
-    registry = build_registry(
-        Settings(
-            **{
-                k[9:].lower(): v
-                for k, v in stack.env.items()
-                if k.startswith("OPLEDGER_") and k != "OPLEDGER_STATE_DIR"
-            }
-        )
-    )
-    system = Ledger(ledger.engine, actions=registry)
+    system = Ledger(ledger.engine, actions=load_registry(settings_of(stack.env)))
     system.grant(tenant="acme", scope=["*"], granted_by="test", ref="auth_acme")
     return system
 

@@ -6,12 +6,12 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from opledger.chaos.stack import PrivateRedis, Stack
 from opledger.ledger import Ledger, Status
 from opledger.sandbox import Sandbox
 from opledger.tasks.outbox import prepare_and_dispatch
 
 from .conftest import settled
-from .stack import PrivateRedis, Stack
 
 pytestmark = pytest.mark.system
 

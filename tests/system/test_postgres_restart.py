@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from opledger.adapters.defaults import build_registry
+from opledger.chaos.stack import PrivateRedis, Stack, wait_until
 from opledger.ledger import Ledger, Status
 from opledger.ledger.migrate import upgrade
 from opledger.sandbox import Sandbox
-from opledger.settings import Settings
+from opledger.tasks.app import load_registry
 
-from .conftest import prepare, settled, stack_env
-from .stack import PrivateRedis, Stack, wait_until
+from .conftest import prepare, settings_of, settled, stack_env
 
 pytestmark = pytest.mark.system
 
@@ -57,14 +56,7 @@ def own_stack(
     upgrade(url)
     env = stack_env(url, private_redis.url, sandbox, workdir)
     own = Stack(env, workdir)
-    settings = Settings(
-        **{
-            k[9:].lower(): v
-            for k, v in env.items()
-            if k.startswith("OPLEDGER_") and k != "OPLEDGER_STATE_DIR"
-        }
-    )
-    ledger = Ledger.from_url(url, actions=build_registry(settings))
+    ledger = Ledger.from_url(url, actions=load_registry(settings_of(env)))
     ledger.grant(tenant="acme", scope=["*"], granted_by="test", ref="auth_acme")
     own.start_worker("wpg")
     own.start_beat()

@@ -1,4 +1,5 @@
-"""Real processes for system tests: a private Redis, Celery workers and one beat.
+"""Real processes for system tests, chaos runs and the demo: a private Redis, Celery
+workers and one beat.
 
 Every process runs in its own session (process group), so a test can SIGKILL, SIGSTOP or
 SIGCONT a whole worker — the main process and its pool children — like a crashed host.
@@ -19,8 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import redis
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -121,7 +120,7 @@ class Proc:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "opledger.cli", *argv],
             env=env,
-            cwd=env.get("OPLEDGER_STATE_DIR", str(REPO)),
+            cwd=env.get("OPLEDGER_STATE_DIR", os.getcwd()),
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -1,0 +1,1 @@
+"""Chaos runs and the provider-contract variants they (and the crash tests) exercise."""

@@ -1,0 +1,117 @@
+"""One CRM per provider-contract kind, side by side, plus the email API and SMTP.
+
+The sandbox serves each kind from its own account, configured so that nothing but the
+contract protects against duplicates: no provider here answers a concurrent request with
+a conflict, so if opledger ever sent a second request while the first was in flight, the
+ground truth would show it.
+
+    OPLEDGER_ADAPTERS=opledger.chaos.variants:build_registry
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal
+
+from opledger.adapters.crm import CrmAdapter, crm_contract
+from opledger.adapters.email import EmailAdapter, email_contract
+from opledger.adapters.registry import Registry
+from opledger.adapters.smtp import SmtpAdapter, smtp_contract
+from opledger.settings import Settings
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    namespace: str
+    account: str
+    keys: bool
+    lookup: Literal["status_api", "search", "none"]
+
+    @property
+    def action(self) -> str:
+        return f"{self.namespace}.close_case.v1"
+
+    def sandbox_config(self, settings: Settings) -> dict[str, Any]:
+        return {
+            "keys": self.keys,
+            "inflight_conflict": False,
+            "status_api": self.lookup == "status_api",
+            "retention_s": settings.key_retention_seconds,
+            "search_lag_s": settings.search_lag_seconds if self.lookup == "search" else 0.0,
+        }
+
+
+KINDS = (
+    Kind("keyed+status", "crm", "keyed-status", keys=True, lookup="status_api"),
+    Kind("keyed", "crmk", "keyed-nolookup", keys=True, lookup="none"),
+    Kind("search", "crms", "search-only", keys=False, lookup="search"),
+    Kind("no-dedup", "crmn", "no-dedup", keys=False, lookup="none"),
+)
+EMAIL_ACCOUNT = "mail"
+
+
+def build_registry(settings: Settings) -> Registry:
+    timeout = timedelta(seconds=settings.provider_timeout_seconds)
+    in_flight = (
+        timedelta(seconds=settings.provider_in_flight_seconds)
+        if settings.provider_in_flight_seconds
+        else None
+    )
+    retention = timedelta(seconds=settings.key_retention_seconds)
+    interval = timedelta(seconds=settings.lookup_interval_seconds)
+    lag = timedelta(seconds=settings.search_lag_seconds)
+    margin = min(timedelta(minutes=5), retention / 10)
+    adapters: list[Any] = [
+        CrmAdapter(
+            settings.crm_url,
+            account=kind.account,
+            namespace=kind.namespace,
+            contract=crm_contract(
+                keys=kind.keys,
+                lookup=kind.lookup,
+                request_timeout=timeout,
+                max_in_flight=in_flight,
+                retention=retention,
+                search_lag=lag,
+                lookup_interval=interval,
+                retention_margin=margin,
+                provider=f"crm:{kind.account}",
+            ),
+        )
+        for kind in KINDS
+    ]
+    adapters.append(
+        EmailAdapter(
+            settings.email_url,
+            account=EMAIL_ACCOUNT,
+            contract=email_contract(
+                request_timeout=timeout,
+                max_in_flight=in_flight,
+                retention=retention,
+                search_lag=lag,
+                lookup_interval=interval,
+                retention_margin=margin,
+            ),
+        )
+    )
+    adapters.append(
+        SmtpAdapter(
+            settings.smtp_host, settings.smtp_port, contract=smtp_contract(request_timeout=timeout)
+        )
+    )
+    return Registry(adapters)
+
+
+def configure_sandbox(sandbox: Any, settings: Settings) -> None:
+    """Give each kind's account its protections (and nothing more) in the sandbox."""
+    for kind in KINDS:
+        sandbox.configure(account=kind.account, **kind.sandbox_config(settings))
+    sandbox.configure(
+        account=EMAIL_ACCOUNT,
+        keys=True,
+        inflight_conflict=False,
+        retention_s=settings.key_retention_seconds,
+        search_lag_s=settings.search_lag_seconds,
+    )
