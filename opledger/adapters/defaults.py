@@ -53,7 +53,7 @@ def build_registry(settings: Settings) -> Registry:
             SmtpAdapter(
                 settings.smtp_host,
                 settings.smtp_port,
-                contract=smtp_contract(request_timeout=timeout),
+                contract=smtp_contract(request_timeout=timeout, max_in_flight=in_flight),
             ),
         ]
     )

@@ -29,14 +29,20 @@ from .base import INCONCLUSIVE, Contract, Idempotency, Lookup, LookupResult
 ACTIONS: tuple[str, ...] = ("email.smtp_send.v1",)
 
 
-def smtp_contract(*, request_timeout: timedelta = timedelta(seconds=30)) -> Contract:
+def smtp_contract(
+    *,
+    request_timeout: timedelta = timedelta(seconds=30),
+    max_in_flight: timedelta | None = None,
+) -> Contract:
+    """SMTP's contract. The in-flight bound defaults to RFC 5321's 10-minute wait for the
+    reply to DATA; a relay you run yourself may promise less."""
     return Contract(
         provider="smtp",
         idempotency=Idempotency(kind="none"),
         lookup=Lookup(kind="none"),
         success_proves="accepted",
         request_timeout=request_timeout,
-        max_in_flight=max(request_timeout, timedelta(minutes=10)),
+        max_in_flight=max_in_flight or max(request_timeout, timedelta(minutes=10)),
         source="RFC 5321 §4.1.1.4, §4.5.3.2.6 (250 after DATA is custody; 10-minute DATA timeout)",
     )
 

@@ -98,7 +98,9 @@ def build_registry(settings: Settings) -> Registry:
     )
     adapters.append(
         SmtpAdapter(
-            settings.smtp_host, settings.smtp_port, contract=smtp_contract(request_timeout=timeout)
+            settings.smtp_host,
+            settings.smtp_port,
+            contract=smtp_contract(request_timeout=timeout, max_in_flight=in_flight),
         )
     )
     return Registry(adapters)

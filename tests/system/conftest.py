@@ -145,4 +145,15 @@ def settled(ledger: Ledger, op_ids: list[str], timeout: float = 30.0) -> dict[st
             result[op_id] = status
         return result
 
-    return wait_until(done, timeout, f"{len(op_ids)} operations to settle", every=0.2)
+    try:
+        return wait_until(done, timeout, f"{len(op_ids)} operations to settle", every=0.2)
+    except AssertionError as exc:
+        lines = []
+        for op_id in op_ids:
+            h = ledger.history(op_id)
+            lines.append(
+                f"{op_id} {h.operation.action} {h.operation.status} fence={h.operation.fence} "
+                f"next_check={h.operation.next_check_at} attempts={len(h.attempts)} "
+                f"reviews={len(h.reviews)} evidence={[(e.source, e.verdict) for e in h.evidence]}"
+            )
+        raise AssertionError(f"{exc}\n" + "\n".join(lines)) from None

@@ -1,0 +1,217 @@
+"""Break the worker at every named crash point with a real SIGKILL, for every provider
+contract kind, then restart it and let the sweeper and the reconciler finish.
+
+Each test runs one operation per contract kind (keyed with a status API, keyed without a
+lookup, search only, no dedup at all — none of them with in-flight protection) plus the
+email API and SMTP, and asserts on the providers' ground truth and the final ledger:
+no effect applied twice, no request sent while an earlier attempt could be in flight,
+every operation confirmed, rejected, cancelled or unknown with an open review; none stuck,
+none lost.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pytest
+
+from opledger.chaos.audit import audit
+from opledger.chaos.stack import Stack, wait_until
+from opledger.chaos.variants import KINDS, configure_sandbox
+from opledger.ledger import IntentConflict, Ledger, Status
+from opledger.ledger.decide import Review
+from opledger.sandbox import Sandbox
+from opledger.tasks.app import dispatch
+
+from .conftest import prepare, settings_of, settled
+
+pytestmark = pytest.mark.system
+
+ACTIONS = [kind.action for kind in KINDS] + ["email.send.v1", "email.smtp_send.v1"]
+KILLED = re.compile(r"exited with 'signal 9 \(SIGKILL\)'")
+
+
+@dataclass
+class Window:
+    point: str
+    fault: str | None  # a provider fault on each operation's first request
+    crashes: int  # how many crashes to wait for before restarting
+    publish: bool = True  # False: leave the messages to the beat relay
+
+
+WINDOWS = [
+    Window("dispatch.after_claim", None, crashes=len(ACTIONS)),
+    Window("dispatch.before_call", None, crashes=len(ACTIONS)),
+    Window("dispatch.after_call", None, crashes=len(ACTIONS)),
+    Window("dispatch.after_save", None, crashes=len(ACTIONS)),
+    # ambiguous first attempts, so reconciliation (and its lookups) run and crash
+    Window("reconcile.before_lookup", "drop_after_commit", crashes=1),
+    Window("reconcile.after_lookup", "drop_after_commit", crashes=1),
+    Window("relay.after_publish", None, crashes=1, publish=False),
+]
+
+
+def _ops(ledger: Ledger, tag: str) -> list[str]:
+    ids = []
+    for i, action in enumerate(ACTIONS):
+        payload = {"note": f"{tag} {i}"}
+        target = f"case-{i}"
+        if action.startswith("email."):
+            payload = {"to": "owner@acme.test", "subject": "Case closed", "text": tag}
+            target = "owner@acme.test"
+        ids.append(prepare(ledger, f"{tag}-{i}", action=action, target=target, payload=payload))
+    return ids
+
+
+def _crashes(stack: Stack, name: str) -> int:
+    return len(KILLED.findall(stack.workers[name].output()))
+
+
+def _fault_first_requests(sandbox: Sandbox, ledger: Ledger, op_ids: list[str], mode: str) -> None:
+    for op_id in op_ids:
+        op = ledger.get(op_id)
+        if op.action.startswith("email.smtp"):
+            sandbox.fault("smtp", "drop_after_data", key=f"<{op_id}@opledger>")
+        elif op.action.startswith("email."):
+            sandbox.fault("email", mode, key=op_id)
+        else:
+            sandbox.fault("crm", mode, key=op_id)
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=[w.point for w in WINDOWS])
+def test_crash_point(window: Window, running: Stack, sys_ledger: Ledger, sandbox: Sandbox) -> None:
+    configure_sandbox(sandbox, settings_of(running.env))
+    running.kill_worker("w1")
+    running.start_worker("crashy", concurrency=1, OPLEDGER_CRASHPOINT=window.point)
+    op_ids = _ops(sys_ledger, window.point)
+    if window.fault:
+        _fault_first_requests(sandbox, sys_ledger, op_ids, window.fault)
+    if window.publish:
+        for op_id in op_ids:
+            dispatch.delay(op_id)
+    wait_until(
+        lambda: _crashes(running, "crashy") >= window.crashes,
+        45,
+        f"{window.crashes} crashes at {window.point}",
+    )
+    running.kill_worker("crashy")
+    running.start_worker("w1")
+    settled(sys_ledger, op_ids, timeout=60)
+    result = audit(sys_ledger, sandbox.truth(), op_ids)
+    assert result.clean, result.problems
+    assert result.ops == len(ACTIONS)
+    assert not sys_ledger.list(status=[Status.DISPATCHING, Status.PREPARED])
+    if window.point == "dispatch.after_save":  # saved before the crash: nothing to recover
+        assert result.confirmed == len(ACTIONS)
+
+
+def test_two_workers_resume_the_same_operation_together(
+    running: Stack, sys_ledger: Ledger, sandbox: Sandbox
+) -> None:
+    from opledger.tasks.app import reconcile
+
+    configure_sandbox(sandbox, settings_of(running.env))
+    running.start_worker("w2")
+    op_ids = _ops(sys_ledger, "together")
+    _fault_first_requests(sandbox, sys_ledger, op_ids, "drop_after_commit")
+    for op_id in op_ids:
+        dispatch.delay(op_id)
+    wait_until(
+        lambda: all(sys_ledger.get(o).status is not Status.PREPARED for o in op_ids), 20, "dispatch"
+    )
+    for _ in range(6):  # both workers take reconcile messages for the same operations
+        for op_id in op_ids:
+            reconcile.delay(op_id)
+    settled(sys_ledger, op_ids, timeout=60)
+    result = audit(sys_ledger, sandbox.truth(), op_ids)
+    assert result.clean, result.problems
+    running.kill_worker("w2")
+
+
+def test_a_provider_key_expiring_between_attempts_goes_to_review(
+    running: Stack, sys_ledger: Ledger, sandbox: Sandbox
+) -> None:
+    env = {"OPLEDGER_KEY_RETENTION_SECONDS": "2", "OPLEDGER_PROVIDER_IN_FLIGHT_SECONDS": "2"}
+    settings = settings_of({**running.env, **env})
+    configure_sandbox(sandbox, settings)
+    running.kill_worker("w1")
+    running.start_worker("w1", **env)
+    keyed = next(k for k in KINDS if k.name == "keyed")
+    op_id = prepare(sys_ledger, "expiring", action=keyed.action)
+    sandbox.fault("crm", "drop_after_commit", key=op_id)
+    dispatch.delay(op_id)
+    settled(sys_ledger, [op_id], timeout=30)
+    history = sys_ledger.history(op_id)
+    assert history.operation.status is Status.UNKNOWN
+    assert "keeps keys" in history.reviews[0].reason
+    assert audit(sys_ledger, sandbox.truth(), [op_id]).clean
+    assert len(sandbox.truth()["requests"][f"crm:{op_id}"]) == 1
+    running.kill_worker("w1")  # back to the standard settings for the next test
+
+
+def test_a_changed_payload_under_the_same_intent_is_refused(
+    running: Stack, sys_ledger: Ledger, sandbox: Sandbox
+) -> None:
+    op_id = prepare(sys_ledger, "notify", payload={"note": "first"})
+    with pytest.raises(IntentConflict):
+        prepare(sys_ledger, "notify", payload={"note": "changed"})
+    dispatch.delay(op_id)
+    assert settled(sys_ledger, [op_id]) == {op_id: Status.CONFIRMED}
+    assert sys_ledger.payload(op_id) == {"note": "first"}
+    assert sandbox.effects(f"crm:{op_id}") == 1
+
+
+def test_delayed_search_visibility_keeps_it_unknown_for_review(
+    running: Stack, sys_ledger: Ledger, sandbox: Sandbox
+) -> None:
+    configure_sandbox(sandbox, settings_of(running.env))
+    search = next(k for k in KINDS if k.name == "search")
+    sandbox.configure(account=search.account, search_lag_s=60.0)  # far behind the contract
+    op_id = prepare(sys_ledger, "lagging", action=search.action)
+    sandbox.fault("crm", "drop_after_commit", key=op_id)
+    dispatch.delay(op_id)
+    settled(sys_ledger, [op_id], timeout=30)
+    history = sys_ledger.history(op_id)
+    assert history.operation.status is Status.UNKNOWN and history.reviews
+    assert [e.verdict for e in history.evidence if e.source == "lookup"] == ["inconclusive"]
+    assert sandbox.effects(f"crm:{op_id}") == 1
+    assert isinstance(Review(reason=history.reviews[0].reason), Review)
+
+
+def test_a_worker_killed_mid_call_never_races_the_call_still_in_flight(
+    running: Stack, sys_ledger: Ledger, sandbox: Sandbox
+) -> None:
+    """The provider is still executing when the lease expires: the sweeper fences the dead
+    worker out at once, but no kind may send again before the in-flight deadline."""
+    env = {
+        "OPLEDGER_PROVIDER_TIMEOUT_SECONDS": "5",
+        "OPLEDGER_LEASE_SECONDS": "5.5",
+        "OPLEDGER_PROVIDER_IN_FLIGHT_SECONDS": "8",
+    }
+    settings = settings_of({**running.env, **env})
+    configure_sandbox(sandbox, settings)
+    for kind in KINDS:
+        sandbox.configure(account=kind.account, processing_s=6.5)  # longer than the lease
+    running.kill_worker("w1")
+    running.start_worker("w1", concurrency=len(KINDS), **env)  # every call at once
+    op_ids = [
+        prepare(sys_ledger, f"slow-{kind.name}", action=kind.action, target=f"case-{i}")
+        for i, kind in enumerate(KINDS)
+    ]
+    for op_id in op_ids:
+        dispatch.delay(op_id)
+    wait_until(
+        lambda: all(sandbox.truth()["requests"].get(f"crm:{o}") for o in op_ids),
+        20,
+        "every call to reach the provider",
+    )
+    running.kill_worker("w1")
+    running.start_worker("w1", **env)
+    settled(sys_ledger, op_ids, timeout=60)
+    result = audit(sys_ledger, sandbox.truth(), op_ids)
+    assert result.clean, result.problems
+    for op_id in op_ids:
+        reasons = [t.reason for t in sys_ledger.history(op_id).transitions]
+        assert "lease expired" in reasons
+    running.kill_worker("w1")  # back to the standard settings for the next test
