@@ -12,14 +12,16 @@ Why each one (DESIGN.md section 7):
 from __future__ import annotations
 
 from celery.schedules import schedule
-from kombu.entity import Queue
+from kombu.entity import Exchange, Queue
 
 from opledger import devstack
 from opledger.settings import get_settings
 
 _settings = get_settings()
 
-broker_url = _settings.broker_url or devstack.redis_url()
+# Unset: the local Redis. `opledger worker`, `beat` and `demo` start an embedded one first
+# when none answers (development only); importing this module never starts anything.
+broker_url = _settings.broker_url or devstack.LOCAL_REDIS
 broker_connection_retry_on_startup = True
 
 task_serializer = "json"
@@ -45,7 +47,12 @@ task_send_sent_event = True
 worker_hijack_root_logger = False
 worker_concurrency = _settings.worker_concurrency
 
-task_queues = (Queue("dispatch"), Queue("reconcile"), Queue("maintenance"))
+# Each queue has its own direct exchange and routing key. (A Queue declared by name alone
+# is bound to the default exchange and key, and every message would reach every queue.)
+QUEUES = ("dispatch", "reconcile", "maintenance", "notifications")
+task_queues = tuple(Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES)
+task_default_exchange = "dispatch"
+task_default_routing_key = "dispatch"
 task_default_queue = "dispatch"
 task_routes = {
     "opledger.dispatch": {"queue": "dispatch"},
@@ -53,6 +60,7 @@ task_routes = {
     "opledger.sweep": {"queue": "maintenance"},
     "opledger.relay": {"queue": "maintenance"},
     "opledger.purge_payloads": {"queue": "maintenance"},
+    "opledger.notify_review": {"queue": "notifications"},
 }
 
 _sweep = _settings.sweep_interval_seconds

@@ -99,6 +99,16 @@ class Settings(BaseSettings):
     search_lag_seconds: float = Field(
         default=30.0, ge=0, description="How far behind the email API's search may be."
     )
+    review_webhook_url: str | None = Field(
+        default=None,
+        description="POSTed to (as an operation of its own) when a review opens; unset: no "
+        "notifications.",
+    )
+    review_webhook_deduplicates: bool = Field(
+        default=False,
+        description="The webhook receiver deduplicates by Idempotency-Key (allows same-key "
+        "retries of a notification).",
+    )
     lookup_interval_seconds: float = Field(
         default=5.0, gt=0, description="Time between two lookups of a still-pending request."
     )

@@ -20,7 +20,10 @@ from opledger.ledger import Ledger
 from opledger.ledger.migrate import upgrade
 from opledger.sandbox import Sandbox
 
-TABLES = "reviews, transitions, evidence, attempts, operation_payloads, operations, authorizations"
+TABLES = (
+    "review_actions, review_views, reviews, transitions, evidence, attempts, "
+    "operation_payloads, operations, authorizations"
+)
 
 
 def _libpq(url: str) -> str:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
 from datetime import timedelta
 
 from opledger.ledger import UnknownAction
+from opledger.ledger.contract import Contract
 from opledger.ledger.ids import check_action
+from opledger.settings import Settings
 
 from .base import Adapter
 
@@ -39,6 +42,9 @@ class Registry:
                 action=action,
             ) from None
 
+    def contract_for(self, action: str) -> Contract:
+        return self.adapter_for(action).contract
+
     def provider_for(self, action: str) -> str:
         return self.adapter_for(action).contract.provider
 
@@ -53,3 +59,13 @@ class Registry:
     @property
     def actions(self) -> tuple[str, ...]:
         return tuple(sorted(self._by_action))
+
+
+def load_registry(settings: Settings) -> Registry:
+    """Build the adapter registry named by `OPLEDGER_ADAPTERS` ('module:function')."""
+    module_name, _, function = settings.adapters.partition(":")
+    factory = getattr(importlib.import_module(module_name), function or "build_registry")
+    registry = factory(settings)
+    if not isinstance(registry, Registry):
+        raise TypeError(f"{settings.adapters} returned {type(registry).__name__}, not a Registry")
+    return registry

@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from opledger.adapters.crm import CrmAdapter, crm_contract
+from opledger.adapters.defaults import add_webhook
 from opledger.adapters.email import EmailAdapter, email_contract
 from opledger.adapters.registry import Registry
 from opledger.adapters.smtp import SmtpAdapter, smtp_contract
@@ -103,6 +104,7 @@ def build_registry(settings: Settings) -> Registry:
             contract=smtp_contract(request_timeout=timeout, max_in_flight=in_flight),
         )
     )
+    add_webhook(adapters, settings)
     return Registry(adapters)
 
 

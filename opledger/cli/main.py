@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
 from typing import Annotated
 
 import typer
@@ -9,7 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from opledger import devstack
-from opledger.ledger import History, Ledger, LedgerError, Operation, Status
+from opledger.adapters.registry import load_registry
+from opledger.ledger import History, Ledger, LedgerError, Operation, Resolution, Status
 from opledger.ledger.migrate import upgrade
 from opledger.settings import get_settings
 
@@ -18,6 +23,8 @@ app = typer.Typer(
 )
 ops_app = typer.Typer(help="Inspect operations.")
 app.add_typer(ops_app, name="ops")
+review_app = typer.Typer(help="The operator review queue: what no evidence could decide.")
+app.add_typer(review_app, name="review")
 console = Console()
 
 
@@ -26,9 +33,31 @@ def database_url() -> str:
     return get_settings().database_url or devstack.ledger_database_url()
 
 
-def open_ledger() -> Ledger:
+def ensure_services() -> None:
+    """Before starting Celery processes: make the database and broker URLs explicit (an
+    embedded Postgres or Redis is started when nothing is configured or answering), so
+    every child process and the Celery config see the same ones."""
+    os.environ["OPLEDGER_DATABASE_URL"] = database_url()
+    if not get_settings().broker_url:
+        os.environ["OPLEDGER_BROKER_URL"] = devstack.redis_url()
+    get_settings.cache_clear()
+
+
+@contextmanager
+def open_ledger() -> Iterator[Ledger]:
+    """The ledger, wired to the configured adapters (for their contracts); its connections
+    are closed on exit."""
     settings = get_settings()
-    return Ledger.from_url(database_url(), max_payload_bytes=settings.max_payload_bytes)
+    ledger = Ledger.from_url(
+        database_url(),
+        actions=load_registry(settings),
+        max_payload_bytes=settings.max_payload_bytes,
+        pool_size=1,
+    )
+    try:
+        yield ledger
+    finally:
+        ledger.engine.dispose()
 
 
 @app.command()
@@ -43,7 +72,10 @@ def _when(value: object) -> str:
 
 
 def operations_table(operations: tuple[Operation, ...]) -> Table:
-    table = Table("id", "tenant", "action", "target", "status", "fence", "updated")
+    table = Table()
+    table.add_column("id", no_wrap=True)
+    for column in ("tenant", "action", "target", "status", "fence", "updated"):
+        table.add_column(column)
     for op in operations:
         table.add_row(
             op.id,
@@ -122,7 +154,8 @@ def history_tables(history: History) -> list[Table]:
 def ops_show(op_id: str) -> None:
     """Status, attempts, evidence and transitions of one operation."""
     try:
-        history = open_ledger().history(op_id)
+        with open_ledger() as ledger:
+            history = ledger.history(op_id)
     except LedgerError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
@@ -138,11 +171,137 @@ def ops_list(
 ) -> None:
     """Operations, newest first."""
     try:
-        operations = open_ledger().list(status=status, tenant=tenant, limit=limit)
+        with open_ledger() as ledger:
+            operations = ledger.list(status=status, tenant=tenant, limit=limit)
     except LedgerError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
     console.print(operations_table(operations))
+
+
+def parse_age(text: str) -> timedelta:
+    """'90s', '15m', '2h', '3d' -> timedelta."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        return timedelta(seconds=float(text[:-1]) * units[text[-1]])
+    except (KeyError, ValueError, IndexError):
+        raise typer.BadParameter(f"{text!r}: use a number and s, m, h or d (e.g. 2h)") from None
+
+
+TenantOption = Annotated[str, typer.Option(help="The tenant you act for (required).")]
+OperatorOption = Annotated[str, typer.Option(help="Your name, for the audit trail.")]
+
+
+@review_app.command("list")
+def review_list(
+    tenant: TenantOption,
+    older_than: Annotated[
+        str | None, typer.Option(help="Only reviews older than, e.g. 2h.")
+    ] = None,
+    action: Annotated[str | None, typer.Option(help="An action, or a prefix ending in *.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many, oldest first.")] = 100,
+) -> None:
+    """Open reviews of one tenant, oldest first."""
+    try:
+        with open_ledger() as ledger:
+            rows = ledger.reviews.list(
+                tenant=tenant,
+                older_than=parse_age(older_than) if older_than else None,
+                action=action,
+                limit=limit,
+            )
+    except LedgerError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
+    table = Table(title=f"open reviews of {tenant}")
+    table.add_column("op", no_wrap=True)
+    for column in ("action", "target", "opened", "reason"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r.op_id, r.action, r.target, _when(r.opened_at), r.reason)
+    console.print(table)
+
+
+@review_app.command("show")
+def review_show(op_id: str, tenant: TenantOption, operator: OperatorOption) -> None:
+    """What was attempted, the evidence, and what each resolution could cause.
+
+    Recorded as your latest view: a resolution is checked against it.
+    """
+    try:
+        with open_ledger() as ledger:
+            view = ledger.reviews.show(op_id, tenant=tenant, operator=operator)
+    except LedgerError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
+    console.print(f"[bold]review of {op_id}[/bold] opened {_when(view.review.opened_at)}")
+    console.print(f"reason: {view.review.reason}")
+    history = History(
+        operation=view.operation,
+        attempts=view.attempts,
+        evidence=view.evidence,
+        transitions=(),
+        reviews=(view.review,),
+    )
+    for table in history_tables(history)[:3]:
+        console.print(table)
+    if view.contract is not None:
+        c = view.contract
+        console.print(
+            f"provider contract: {c.provider}; idempotency {c.idempotency.kind}"
+            + (f" (keys kept {c.idempotency.retention})" if c.idempotency.retention else "")
+            + f"; lookup {c.lookup.kind}; success proves {c.success_proves}"
+        )
+    effects = Table("resolution", "what it could cause", title="consequences")
+    if view.consequences is None:
+        effects.add_row("all", "no adapter contract is known for this action: judge with care")
+    else:
+        e = view.consequences
+        effects.add_row("confirmed", e.confirmed)
+        effects.add_row("rejected", e.rejected)
+        effects.add_row("retry", e.retry)
+        effects.add_row("retry --new-key", e.retry_new_key)
+        effects.add_row("cancel", e.cancel)
+    console.print(effects)
+    console.print(f"shown to {operator} at version {view.operation.record_version}")
+
+
+@review_app.command("resolve")
+def review_resolve(
+    op_id: str,
+    tenant: TenantOption,
+    operator: OperatorOption,
+    as_: Annotated[Resolution, typer.Option("--as", help="confirmed, rejected, retry or cancel.")],
+    note: Annotated[str, typer.Option(help="Why: kept in the audit trail.")],
+    evidence: Annotated[str | None, typer.Option(help="What you checked, if anything.")] = None,
+    new_key: Annotated[
+        bool, typer.Option("--new-key", help="Retry with a new key, accepting the risk shown.")
+    ] = False,
+) -> None:
+    """Settle a review you were shown: a fenced transition plus an audit row."""
+    try:
+        with open_ledger() as ledger:
+            after = ledger.reviews.resolve(
+                op_id,
+                tenant=tenant,
+                operator=operator,
+                resolution=as_,
+                note=note,
+                evidence=evidence,
+                new_key=new_key,
+            )
+    except LedgerError as exc:
+        console.print(f"[red]refused: {exc}[/red]")
+        raise typer.Exit(2) from exc
+    if as_ is Resolution.RETRY:
+        from opledger.tasks.app import reconcile
+
+        reconcile.delay(op_id)  # the sweeper would also find it due
+        console.print(
+            f"[green]retry authorized by {operator}[/green]; key {after.provider_request_id}"
+        )
+    else:
+        console.print(f"[green]{op_id} is now {after.status.value}[/green]")
 
 
 @app.command()
@@ -164,11 +323,12 @@ def worker(
     ] = None,
     queues: Annotated[
         str, typer.Option(help="Queues to consume.")
-    ] = "dispatch,reconcile,maintenance",
+    ] = "dispatch,reconcile,maintenance,notifications",
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
     hostname: Annotated[str | None, typer.Option(help="Worker node name (-n).")] = None,
 ) -> None:
     """Run a Celery worker for opledger's tasks (scale by running more of them)."""
+    ensure_services()
     from opledger.tasks.app import app as celery_app
 
     argv = ["worker", "-Q", queues, "--loglevel", loglevel, "-E"]
@@ -208,6 +368,7 @@ def beat(
     schedule: Annotated[str, typer.Option(help="Where beat keeps its schedule state.")] = "",
 ) -> None:
     """Run the beat scheduler (sweep, relay, purge). Refuses to start if one already runs."""
+    ensure_services()
     from opledger.tasks.app import app as celery_app
 
     lock = hold_beat_lock(database_url())
@@ -225,6 +386,7 @@ def flower(
     address: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
 ) -> None:
     """Run Flower against opledger's workers, behind basic auth from the settings."""
+    ensure_services()
     from opledger.tasks.app import app as celery_app
 
     settings = get_settings()

@@ -21,7 +21,12 @@ from .errors import (
     OutOfScope,
     PayloadNotCanonicalizable,
     PayloadTooLarge,
+    RetryNeedsNewKey,
+    ReviewAlreadyResolved,
+    ReviewError,
+    ReviewNotFound,
     StaleFence,
+    StaleView,
     UnknownAction,
     UnknownAuthorization,
 )
@@ -43,6 +48,7 @@ from .models import (
     Status,
     Transition,
 )
+from .reviews import Resolution, ReviewView
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
@@ -78,8 +84,15 @@ __all__ = [
     "PayloadTooLarge",
     "PrefixResolver",
     "Rejected",
+    "Resolution",
+    "RetryNeedsNewKey",
     "Review",
+    "ReviewAlreadyResolved",
+    "ReviewError",
+    "ReviewNotFound",
+    "ReviewView",
     "StaleFence",
+    "StaleView",
     "Status",
     "Transition",
     "UnknownAction",

@@ -51,6 +51,7 @@ from .models import (
     Status,
     Transition,
 )
+from .reviews import Reviews
 
 DEFAULT_LEASE = timedelta(seconds=60)
 SCOPE_PATTERN_MAX = 120
@@ -120,6 +121,12 @@ class Ledger:
             sqlalchemy_url(url), pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800
         )
         return cls(engine, actions=actions, max_payload_bytes=max_payload_bytes)
+
+    @property
+    def reviews(self) -> Reviews:
+        """The operator review queue (list, show, resolve), scoped per tenant."""
+        contract_for = getattr(self.actions, "contract_for", None)
+        return Reviews(self, contract_for if callable(contract_for) else None)
 
     def dispose(self) -> None:
         """Drop pooled connections (call in a forked child; never share them across fork)."""
@@ -685,6 +692,18 @@ class Ledger:
             return len(
                 conn.execute(q.PURGE_PAYLOADS, {"older_than": older_than, "limit": limit}).all()
             )
+
+    def due_notifications(self, *, limit: int = 500, backoff: timedelta) -> list[str]:
+        """Operations whose open review has not been notified yet; each is handed out
+        once per `backoff` until `mark_notified`."""
+        with self._single() as conn:
+            rows = conn.execute(q.DUE_NOTIFICATIONS, {"limit": limit, "backoff": backoff})
+            return [r.op_id for r in rows]
+
+    def mark_notified(self, review_id: int) -> None:
+        """Record that the notification of a review is prepared (it is an operation itself)."""
+        with self._single() as conn:
+            conn.execute(q.MARK_NOTIFIED, {"review_id": review_id})
 
     # -- cancel ------------------------------------------------------------------------
 

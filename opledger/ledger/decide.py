@@ -116,8 +116,9 @@ def decide(
             return Review(reason="authorization revoked before anything was sent")
         return Review(reason=f"{operation.status} with no attempt on record")
 
+    operator_retry = operation.operator_retry_by is not None
     codes = {_code(ev) for ev in evidence if ev.source == "dispatch"}
-    if IDEMPOTENCY_MISMATCH in codes:
+    if IDEMPOTENCY_MISMATCH in codes and not operator_retry:
         return Review(reason="the provider says this key was used with a different payload")
 
     last = max(attempts, key=lambda a: a.n)
@@ -132,6 +133,13 @@ def decide(
         if contract.lookup.kind == "status_api" and not _recent_lookup(evidence, now, contract):
             return Lookup()
         return Wait(until=in_flight_until)
+
+    # A person resolved the review with "retry" and saw what it could cause (a key past
+    # its retention needed their explicit new key). Authority is still re-checked (rule 8).
+    if operator_retry:
+        if not authorized:
+            return Review(reason="authorization revoked; the operator's retry was not sent")
+        return Dispatch(key=operation.provider_request_id, payload_digest=operation.payload_digest)
 
     after_deadline = [
         ev for ev in evidence if ev.source == "lookup" and ev.recorded_at >= in_flight_until

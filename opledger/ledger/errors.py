@@ -89,3 +89,23 @@ class StaleFence(FenceError):
 
 class ForgedFence(FenceError):
     """This claim was never issued by the ledger for this operation."""
+
+
+class ReviewError(LedgerError):
+    """The review request was refused; nothing changed."""
+
+
+class ReviewNotFound(ReviewError, LookupError):
+    """No open review for this operation in this tenant."""
+
+
+class ReviewAlreadyResolved(ReviewError):
+    """This review was already resolved."""
+
+
+class StaleView(ReviewError):
+    """The operation changed since it was shown: look at it again before deciding."""
+
+
+class RetryNeedsNewKey(ReviewError):
+    """A same-key retry is unsafe here; acknowledge the risk with a new key."""

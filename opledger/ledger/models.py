@@ -69,6 +69,8 @@ class Operation(Record):
     provider_result_id: str | None
     evidence_checked_at: AwareDatetime | None
     next_check_at: AwareDatetime | None
+    #: an operator resolved its review with "retry": the next reconcile sends once more
+    operator_retry_by: str | None = None
     record_version: int
     created_at: AwareDatetime
     updated_at: AwareDatetime
@@ -193,6 +195,7 @@ class Review(Record):
     resolved_by: str | None
     resolved_at: AwareDatetime | None
     note: str | None
+    notified_at: AwareDatetime | None = None
 
 
 class Authorization(Record):

@@ -35,6 +35,7 @@ OPERATION_COLUMNS = (
     "provider_result_id",
     "evidence_checked_at",
     "next_check_at",
+    "operator_retry_by",
     "record_version",
     "created_at",
     "updated_at",
@@ -135,7 +136,8 @@ SELECT_TRANSITIONS = text(
 
 SELECT_REVIEWS = text(
     """
-    SELECT id, op_id, reason, opened_at, snapshot, resolution, resolved_by, resolved_at, note
+    SELECT id, op_id, reason, opened_at, snapshot, resolution, resolved_by, resolved_at, note,
+           notified_at
     FROM reviews WHERE op_id = :op_id ORDER BY id
     """
 )
@@ -148,7 +150,8 @@ CLAIM = text(
         UPDATE operations AS o
         SET status = 'dispatching', fence = o.fence + 1,
             lease_owner = :owner, lease_token = :token, lease_expires_at = now() + :lease,
-            next_check_at = NULL, record_version = o.record_version + 1, updated_at = now()
+            next_check_at = NULL, operator_retry_by = NULL,
+            record_version = o.record_version + 1, updated_at = now()
         FROM authorizations AS a
         WHERE o.id = :op_id
           AND o.status = CAST(:from_status AS op_status)
@@ -269,7 +272,8 @@ CANCEL = text(
 INSERT_EVIDENCE = text(
     """
     WITH op AS (
-        UPDATE operations SET evidence_checked_at = now(), updated_at = now()
+        UPDATE operations
+        SET evidence_checked_at = now(), updated_at = now(), record_version = record_version + 1
         WHERE id = :op_id
         RETURNING id
     )
@@ -327,7 +331,8 @@ OPEN_REVIEW = text(
     INSERT INTO reviews (op_id, reason, snapshot)
     SELECT op.id, :reason, CAST(:snapshot AS jsonb) FROM op
     ON CONFLICT (op_id) WHERE resolved_at IS NULL DO NOTHING
-    RETURNING id, op_id, reason, opened_at, snapshot, resolution, resolved_by, resolved_at, note
+    RETURNING id, op_id, reason, opened_at, snapshot, resolution, resolved_by, resolved_at, note,
+              notified_at
     """
 )
 
@@ -406,4 +411,153 @@ PURGE_PAYLOADS = text(
     DELETE FROM operation_payloads AS p USING old WHERE p.op_id = old.op_id
     RETURNING p.op_id
     """
+)
+
+# -- reviews --------------------------------------------------------------------------------
+
+LIST_REVIEWS = text(
+    """
+    SELECT r.id AS review_id, o.id AS op_id, o.tenant, o.action, o.target, r.reason,
+           r.opened_at, o.record_version
+    FROM reviews AS r JOIN operations AS o ON o.id = r.op_id
+    WHERE r.resolved_at IS NULL AND o.tenant = :tenant
+      AND (CAST(:older_than AS interval) IS NULL OR r.opened_at < now() - :older_than)
+      AND (CAST(:action AS text) IS NULL OR o.action LIKE :action)
+    ORDER BY r.opened_at
+    LIMIT :limit
+    """
+)
+
+# The operation and its open review, locked for a resolution; tenant-scoped.
+LOCK_OPEN_REVIEW = text(
+    f"""
+    SELECT {_cols("o")}, r.id AS review_id
+    FROM operations AS o JOIN reviews AS r ON r.op_id = o.id AND r.resolved_at IS NULL
+    WHERE o.id = :op_id AND o.tenant = :tenant
+    FOR UPDATE OF o, r
+    """
+)
+
+OPEN_REVIEW_FOR = text(
+    """
+    SELECT r.id, r.op_id, r.reason, r.opened_at, r.snapshot, r.resolution, r.resolved_by,
+           r.resolved_at, r.note, r.notified_at
+    FROM reviews AS r JOIN operations AS o ON o.id = r.op_id
+    WHERE r.op_id = :op_id AND o.tenant = :tenant AND r.resolved_at IS NULL
+    """
+)
+
+LAST_RESOLVED_REVIEW = text(
+    """
+    SELECT r.resolution, r.resolved_by, r.resolved_at
+    FROM reviews AS r JOIN operations AS o ON o.id = r.op_id
+    WHERE r.op_id = :op_id AND o.tenant = :tenant AND r.resolved_at IS NOT NULL
+    ORDER BY r.resolved_at DESC LIMIT 1
+    """
+)
+
+INSERT_VIEW = text(
+    """
+    INSERT INTO review_views (review_id, operator, record_version, shown)
+    VALUES (:review_id, :operator, :record_version, CAST(:shown AS jsonb))
+    RETURNING id
+    """
+)
+
+LAST_VIEW = text(
+    """
+    SELECT record_version, shown, shown_at FROM review_views
+    WHERE review_id = :review_id AND operator = :operator
+    ORDER BY id DESC LIMIT 1
+    """
+)
+
+SETTLE_BY_OPERATOR = text(
+    f"""
+    WITH op AS (
+        UPDATE operations AS o
+        SET status = CAST(:to_status AS op_status), fence = o.fence + 1,
+            lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+            next_check_at = NULL, operator_retry_by = NULL,
+            record_version = o.record_version + 1, updated_at = now()
+        WHERE o.id = :op_id AND o.fence = :fence AND o.status = 'unknown'
+        RETURNING o.*
+    ),
+    transition AS (
+        INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
+        SELECT op.id, 'unknown', op.status, op.fence, :operator, :reason FROM op
+    )
+    SELECT {_cols("op")} FROM op
+    """
+)
+
+AUTHORIZE_RETRY = text(
+    f"""
+    WITH op AS (
+        UPDATE operations AS o
+        SET operator_retry_by = :operator,
+            provider_request_id = coalesce(CAST(:new_key AS text), o.provider_request_id),
+            fence = o.fence + 1, next_check_at = now(),
+            record_version = o.record_version + 1, updated_at = now()
+        WHERE o.id = :op_id AND o.fence = :fence AND o.status = 'unknown'
+        RETURNING o.*
+    ),
+    transition AS (
+        INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
+        SELECT op.id, 'unknown', 'unknown', op.fence, :operator, :reason FROM op
+    )
+    SELECT {_cols("op")} FROM op
+    """
+)
+
+OPERATOR_EVIDENCE = text(
+    """
+    INSERT INTO evidence (op_id, fence, source, verdict, binding, detail, applied)
+    VALUES (:op_id, :fence, 'operator', :verdict, '{}'::jsonb, CAST(:detail AS jsonb), true)
+    """
+)
+
+CLOSE_REVIEW = text(
+    """
+    UPDATE reviews SET resolution = :resolution, resolved_by = :operator, resolved_at = now(),
+                       note = :note
+    WHERE id = :review_id AND resolved_at IS NULL
+    """
+)
+
+INSERT_REVIEW_ACTION = text(
+    """
+    INSERT INTO review_actions (review_id, op_id, tenant, operator, resolution, note, evidence,
+                                new_key, fence, shown)
+    VALUES (:review_id, :op_id, :tenant, :operator, :resolution, :note, :evidence, :new_key,
+            :fence, CAST(:shown AS jsonb))
+    """
+)
+
+SELECT_REVIEW_ACTIONS = text(
+    """
+    SELECT id, review_id, op_id, tenant, operator, resolution, note, evidence, new_key, fence,
+           shown, at
+    FROM review_actions WHERE op_id = :op_id AND tenant = :tenant ORDER BY id
+    """
+)
+
+DUE_NOTIFICATIONS = text(
+    """
+    WITH due AS (
+        SELECT id FROM reviews
+        WHERE notified_at IS NULL AND resolved_at IS NULL
+          AND coalesce(notify_due_at, opened_at) <= now()
+        ORDER BY opened_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE reviews AS r SET notify_due_at = now() + :backoff
+    FROM due WHERE r.id = due.id
+    RETURNING r.op_id
+    """
+)
+
+MARK_NOTIFIED = text(
+    "UPDATE reviews SET notified_at = now() WHERE id = :review_id AND notified_at IS NULL"
 )

@@ -84,6 +84,7 @@ operations = Table(
     Column("evidence_checked_at", DateTime(timezone=True)),
     Column("next_check_at", DateTime(timezone=True)),
     Column("enqueued_at", DateTime(timezone=True)),
+    Column("operator_retry_by", Text),
     Column("record_version", Integer, nullable=False, server_default=text("1")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
@@ -191,8 +192,50 @@ reviews = Table(
     Column("resolved_by", Text),
     Column("resolved_at", DateTime(timezone=True)),
     Column("note", Text),
+    Column("notified_at", DateTime(timezone=True)),
+    Column("notify_due_at", DateTime(timezone=True)),
 )
 Index("ix_reviews_op_id", reviews.c.op_id)
+Index(
+    "ix_reviews_to_notify",
+    reviews.c.notify_due_at,
+    postgresql_where=text("notified_at IS NULL AND resolved_at IS NULL"),
+)
+
+# What an operator was shown (`review show`): a resolution must come from the latest view.
+review_views = Table(
+    "review_views",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("review_id", BigInteger, ForeignKey("reviews.id", ondelete="CASCADE"), nullable=False),
+    Column("operator", Text, nullable=False),
+    Column("record_version", Integer, nullable=False),
+    Column("shown", JSONB, nullable=False),
+    Column("shown_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+)
+Index("ix_review_views_review_operator", review_views.c.review_id, review_views.c.operator)
+
+# The audit trail of resolutions: who, when, why, what they chose and what they were shown.
+review_actions = Table(
+    "review_actions",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("review_id", BigInteger, ForeignKey("reviews.id", ondelete="CASCADE"), nullable=False),
+    Column("op_id", Text, ForeignKey("operations.id", ondelete="CASCADE"), nullable=False),
+    Column("tenant", Text, nullable=False),
+    Column("operator", Text, nullable=False),
+    Column("resolution", Text, nullable=False),
+    Column("note", Text, nullable=False),
+    Column("evidence", Text),
+    Column("new_key", Text),
+    Column("fence", BigInteger, nullable=False),
+    Column("shown", JSONB, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    CheckConstraint(
+        "resolution IN ('confirmed', 'rejected', 'retry', 'cancel')", name="resolution_kind"
+    ),
+)
+Index("ix_review_actions_op_id", review_actions.c.op_id)
 Index(
     "uq_reviews_one_open",
     reviews.c.op_id,

@@ -334,6 +334,32 @@ async def email_sent_search(request: Request) -> Response:
     return JSONResponse({"data": hits})
 
 
+# -- a webhook receiver ---------------------------------------------------------------------
+
+
+async def webhook_receive(request: Request) -> Response:
+    """Counts deliveries per Idempotency-Key; deduplicates by it when keys are on."""
+    state = STATE
+    name = request.path_params["name"]
+
+    def execute(
+        payload: dict[str, Any], key: str | None, digest: str
+    ) -> tuple[int, dict[str, Any]]:
+        state.effects[f"webhook:{key}"] += 1
+        state.messages.append({"webhook": name, "key": key, "payload": payload, "at": time.time()})
+        return 200, {"received": True}
+
+    return await _keyed_request(
+        request,
+        state,
+        "webhook",
+        name,
+        execute,
+        mismatch=(422, "idempotency_key_reused"),
+        conflict=(409, "in_progress"),
+    )
+
+
 # -- admin ----------------------------------------------------------------------------------
 
 
@@ -379,6 +405,7 @@ def build_app() -> Starlette:
             Route("/crm/{account}/search", crm_search, methods=["GET"]),
             Route("/email/{account}/send", email_send, methods=["POST"]),
             Route("/email/{account}/sent", email_sent_search, methods=["GET"]),
+            Route("/webhook/{name}", webhook_receive, methods=["POST"]),
             Route("/_admin/truth", admin_truth, methods=["GET"]),
             Route("/_admin/reset", admin_reset, methods=["POST"]),
             Route("/_admin/config", admin_config, methods=["POST"]),

@@ -7,7 +7,6 @@ customer data ever travels through the broker or shows in Flower. Agents call
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import socket
@@ -20,7 +19,7 @@ from celery.signals import worker_process_init
 from sqlalchemy.exc import DBAPIError
 
 from opledger import devstack
-from opledger.adapters.registry import Registry
+from opledger.adapters.registry import Registry, load_registry
 from opledger.ledger import Ledger, MalformedOperationId, OperationNotFound, UnknownAction
 from opledger.ledger.ids import check_operation_id
 from opledger.settings import Settings, get_settings
@@ -48,16 +47,6 @@ class Runtime:
 
 
 _runtime: Runtime | None = None
-
-
-def load_registry(settings: Settings) -> Registry:
-    """Build the adapter registry named by `OPLEDGER_ADAPTERS` ('module:function')."""
-    module_name, _, function = settings.adapters.partition(":")
-    factory = getattr(importlib.import_module(module_name), function or "build_registry")
-    registry = factory(settings)
-    if not isinstance(registry, Registry):
-        raise TypeError(f"{settings.adapters} returned {type(registry).__name__}, not a Registry")
-    return registry
 
 
 def runtime() -> Runtime:
@@ -129,7 +118,13 @@ def reconcile(self: Any, op_id: str) -> str:
             after=timedelta(seconds=rt.settings.review_after_seconds),
         )
         return steps.reconcile(
-            rt.ledger, rt.registry, op_id, owner=rt.owner, lease=rt.lease, policy=policy
+            rt.ledger,
+            rt.registry,
+            op_id,
+            owner=rt.owner,
+            lease=rt.lease,
+            policy=policy,
+            on_review=notify_review.delay,
         ).action
     except (MalformedOperationId, OperationNotFound, UnknownAction) as exc:
         log.error("reconcile refused for %r: %s", op_id, exc)
@@ -147,9 +142,68 @@ def sweep() -> dict[str, int]:
     due = rt.ledger.due_checks(limit=rt.settings.sweep_batch, backoff=backoff)
     for op_id in (*expired, *due):
         reconcile.delay(op_id)
+    unnotified = rt.ledger.due_notifications(limit=rt.settings.sweep_batch, backoff=backoff)
+    for op_id in unnotified:
+        notify_review.delay(op_id)
     if expired or due:
         log.info("sweep: %d leases expired, %d checks due", len(expired), len(due))
-    return {"expired": len(expired), "due": len(due)}
+    return {"expired": len(expired), "due": len(due), "notify": len(unnotified)}
+
+
+NOTIFY_ACTION = "webhook.post.v1"
+
+
+@app.task(name="opledger.notify_review", bind=True)
+def notify_review(self: Any, op_id: str) -> str:
+    """Tell the configured webhook that `op_id`'s review is waiting.
+
+    The notification is an operation of its own, one per review (its intent key is the
+    review id), so a crash or a redelivery here can never send it twice.
+    """
+    try:
+        check_operation_id(op_id)
+        rt = runtime()
+        history = rt.ledger.history(op_id)
+        review = next((r for r in reversed(history.reviews) if r.resolved_at is None), None)
+        if review is None:
+            return "noop"
+        op = history.operation
+        if not rt.settings.review_webhook_url or op.action.startswith("webhook."):
+            rt.ledger.mark_notified(review.id)  # nothing to send (or a notification's own review)
+            return "skipped"
+        grant = rt.ledger.grant(
+            tenant=op.tenant,
+            scope=["webhook.*"],
+            granted_by="opledger",
+            ref=f"opledger-notify-{op.tenant}",
+        )
+        note = rt.ledger.prepare(
+            tenant=op.tenant,
+            workflow_id=f"review:{op.id}",
+            intent_key=f"review-opened:{review.id}",
+            action=NOTIFY_ACTION,
+            target="review-webhook",
+            payload={
+                "event": "review.opened",
+                "review_id": review.id,
+                "op_id": op.id,
+                "tenant": op.tenant,
+                "action": op.action,
+                "target": op.target,
+                "reason": review.reason,
+                "opened_at": review.opened_at.isoformat(),
+            },
+            authorization_ref=grant.ref,
+            actor="notify_review",
+        )
+        rt.ledger.mark_notified(review.id)
+        dispatch.delay(note.id)
+        return "prepared"
+    except (MalformedOperationId, OperationNotFound, UnknownAction) as exc:
+        log.error("notify_review refused for %r: %s", op_id, exc)
+        return "refused"
+    except DBAPIError as exc:
+        raise _retry_on_database_error(self, exc) from exc
 
 
 @app.task(name="opledger.relay")

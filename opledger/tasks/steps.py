@@ -29,6 +29,7 @@ from opledger.ledger import (
     Status,
     UnknownAuthorization,
 )
+from opledger.ledger.consequences import consequences
 from opledger.ledger.decide import (
     Confirm,
     Decision,
@@ -110,13 +111,16 @@ def dispatch(
     return _send(ledger, registry.adapter_for(claim.operation.action), claim)
 
 
-def snapshot(history: History, adapter: Adapter, reason: str) -> dict[str, Any]:
-    """What a reviewer is shown: the attempts, the evidence and the contract."""
+def snapshot(history: History, adapter: Adapter, reason: str, now: datetime) -> dict[str, Any]:
+    """What the review opens with: the attempts, the evidence, the contract, and what each
+    resolution could cause."""
+    effects = consequences(adapter.contract, history.operation, history.attempts, now)
     return {
         "reason": reason,
         "contract": adapter.contract.model_dump(mode="json"),
         "attempts": [a.model_dump(mode="json") for a in history.attempts],
         "evidence": [e.model_dump(mode="json") for e in history.evidence],
+        "consequences": effects.model_dump(mode="json"),
     }
 
 
@@ -138,8 +142,10 @@ def reconcile(
     now: Callable[[], datetime] = utcnow,
     max_lookups: int = 2,
     policy: ReviewPolicy = ReviewPolicy(),
+    on_review: Callable[[str], None] | None = None,
 ) -> StepResult:
-    """Run the retry decision on an unknown operation and act on it."""
+    """Run the retry decision on an unknown operation and act on it. `on_review(op_id)` is
+    called when this step opened a review (to notify someone)."""
     history = ledger.history(op_id)
     op = history.operation
     if op.status is not Status.UNKNOWN:
@@ -173,12 +179,23 @@ def reconcile(
         op = history.operation
         if op.status is not Status.UNKNOWN:
             return StepResult("noop", op)
-    if isinstance(decision, Wait | HoldUnknown | Lookup) and history.attempts:
+    waiting = isinstance(decision, Wait | HoldUnknown | Lookup)
+    if waiting and history.attempts and op.operator_retry_by is None:
         first = min(a.started_at for a in history.attempts)
         if now() - first > policy.after:
             decision = Review(reason=f"still unknown {policy.after} after the first attempt")
     try:
-        return _act(ledger, registry, adapter, history, decision, owner=owner, lease=lease, now=now)
+        return _act(
+            ledger,
+            registry,
+            adapter,
+            history,
+            decision,
+            owner=owner,
+            lease=lease,
+            now=now,
+            on_review=on_review,
+        )
     except StaleFence:
         return StepResult("fenced", decision=decision)
 
@@ -193,6 +210,7 @@ def _act(
     owner: str,
     lease: timedelta,
     now: Callable[[], datetime],
+    on_review: Callable[[str], None] | None,
 ) -> StepResult:
     op = history.operation
     if isinstance(decision, Confirm | Reject):
@@ -215,12 +233,14 @@ def _act(
         at = now() + adapter.contract.lookup.interval
         return StepResult("waiting", ledger.schedule_check(op.id, fence=op.fence, at=at), decision)
     if isinstance(decision, Review):
-        ledger.open_review(
+        review = ledger.open_review(
             op.id,
             fence=op.fence,
             reason=decision.reason,
-            snapshot=snapshot(history, adapter, decision.reason),
+            snapshot=snapshot(history, adapter, decision.reason, now()),
         )
+        if review is not None and on_review is not None:
+            on_review(op.id)
         return StepResult("review", ledger.get(op.id), decision)
     assert isinstance(decision, Dispatch)
     try:
@@ -231,6 +251,7 @@ def _act(
             retry=True,
             expected_fence=op.fence,
             in_flight_by_provider=registry.in_flight_by_provider(),
+            authorized_by=op.operator_retry_by,
         )
     except AuthorizationRevoked:
         return StepResult("noop", ledger.get(op.id), decision)

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from opledger.adapters.registry import load_registry
 from opledger.chaos.stack import PrivateRedis, Stack, wait_until
 from opledger.ledger import Ledger, Status
 from opledger.sandbox import Sandbox
 from opledger.settings import Settings
-from opledger.tasks.app import load_registry
 
 FAST = {
     "OPLEDGER_LEASE_SECONDS": "3",

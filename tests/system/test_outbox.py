@@ -53,3 +53,29 @@ def test_a_committed_outbox_operation_is_dispatched(
         session.commit()
     assert settled(sys_ledger, [op.id]) == {op.id: Status.CONFIRMED}
     assert sandbox.effects(f"crm:{op.id}") == 1
+
+
+def test_each_task_reaches_its_own_queue_only(running: Stack, private_redis: PrivateRedis) -> None:
+    """With the bindings a running worker declared: a message must land in one queue."""
+    from opledger.tasks.app import dispatch, notify_review, reconcile, sweep
+
+    for name in list(running.workers):
+        running.kill_worker(name)
+    if running.beat is not None:
+        running.beat.kill()
+        running.beat = None
+    queues = ("dispatch", "reconcile", "maintenance", "notifications")
+    before = {q: private_redis.queued(q) for q in queues}
+    op_id = "op_01ARZ3NDEKTSV4RRFFQ69G5FAV"
+    for task, queue in (
+        (dispatch, "dispatch"),
+        (reconcile, "reconcile"),
+        (notify_review, "notifications"),
+    ):
+        task.delay(op_id)
+        grown = {q: private_redis.queued(q) - before[q] for q in queues}
+        assert grown == {q: int(q == queue) for q in queues}, (task.name, grown)
+        before = {q: private_redis.queued(q) for q in queues}
+    sweep.delay()
+    grown = {q: private_redis.queued(q) - before[q] for q in queues}
+    assert grown == {q: int(q == "maintenance") for q in queues}

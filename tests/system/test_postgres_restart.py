@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from opledger.adapters.registry import load_registry
 from opledger.chaos.stack import PrivateRedis, Stack, wait_until
 from opledger.ledger import Ledger, Status
 from opledger.ledger.migrate import upgrade
 from opledger.sandbox import Sandbox
-from opledger.tasks.app import load_registry
 
 from .conftest import prepare, settings_of, settled, stack_env
 

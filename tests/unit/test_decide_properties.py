@@ -72,6 +72,7 @@ def histories(
     op = operation(
         status,
         provider_result_id=draw(st.sampled_from([None, "rcpt-1"])),
+        operator_retry_by=draw(st.sampled_from([None, None, None, "alice"])) if attempts else None,
     )
     evidence_items = draw(
         st.lists(
@@ -174,6 +175,8 @@ def test_the_decision_keeps_every_rule(history: tuple) -> None:  # type: ignore[
         assert auth is not None and auth.active_at(now)
         # rule 3: never while an earlier attempt may still be in flight
         assert all(now >= a.deadline_at for a in attempts)
+        if op.operator_retry_by is not None:
+            return  # a person authorized it, having seen the consequences (rules 4-7 waived)
         dispatch_codes = [ev.detail.get("code") for ev in evidence_items if ev.source == "dispatch"]
         # rule 5: a replayed stored error is not retried in a loop (unless an authoritative
         # status API has since said it holds no such request)

@@ -1,0 +1,99 @@
+"""The webhook adapter: `webhook.post.v1`, used to tell people a review is waiting.
+
+A generic webhook receiver promises nothing about duplicates unless you know it does: by
+default the contract has no deduplication and no lookup, so an ambiguous delivery goes to
+review rather than being sent twice. Every request carries an Idempotency-Key (the
+operation id), so a receiver that deduplicates can say so
+(`OPLEDGER_REVIEW_WEBHOOK_DEDUPLICATES=true`) and get same-key retries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+import httpx
+
+from opledger.ledger import (
+    Ambiguous,
+    Attempt,
+    Binding,
+    Claim,
+    Confirmed,
+    Operation,
+    Outcome,
+    Rejected,
+)
+
+from .base import (
+    INCONCLUSIVE,
+    SERVER_ERROR,
+    Contract,
+    Idempotency,
+    Lookup,
+    LookupResult,
+    error_code,
+    http_client,
+    outcome_for_http_error,
+)
+
+ACTIONS: tuple[str, ...] = ("webhook.post.v1",)
+
+
+def webhook_contract(
+    *,
+    deduplicates: bool = False,
+    request_timeout: timedelta = timedelta(seconds=10),
+    max_in_flight: timedelta | None = None,
+    retention: timedelta = timedelta(hours=24),
+) -> Contract:
+    return Contract(
+        provider="webhook",
+        idempotency=Idempotency(kind="keyed", scope="endpoint", retention=retention)
+        if deduplicates
+        else Idempotency(kind="none"),
+        lookup=Lookup(kind="none"),
+        request_timeout=request_timeout,
+        max_in_flight=max_in_flight or request_timeout * 2,
+        source="a webhook receiver you configure; deduplication only if you say it does",
+    )
+
+
+class WebhookAdapter:
+    actions = ACTIONS
+
+    def __init__(self, url: str, *, contract: Contract | None = None) -> None:
+        self.url = url
+        self.contract = contract or webhook_contract()
+        self._client = http_client(self.contract.request_timeout.total_seconds())
+
+    def dispatch(self, claim: Claim) -> Outcome:
+        try:
+            response = self._client.post(
+                self.url,
+                content=claim.payload_canonical.encode(),
+                headers={"Idempotency-Key": claim.key, "Content-Type": "application/json"},
+            )
+        except Exception as exc:
+            return outcome_for_http_error(exc)
+        return self._outcome(claim, response)
+
+    def _outcome(self, claim: Claim, response: httpx.Response) -> Outcome:
+        status = response.status_code
+        detail = {"status": status, "code": error_code(response)}
+        if 200 <= status < 300:
+            return Confirmed(
+                receipt_id=f"{claim.key}@webhook",
+                binding=Binding(key=claim.key, target=claim.operation.target),
+                detail=detail,
+            )
+        if 400 <= status < 500 and status not in (408, 409, 425, 429):
+            return Rejected(code=f"http_{status}", reason="the receiver refused it", detail=detail)
+        code = SERVER_ERROR if status >= 500 else f"http_{status}"
+        return Ambiguous(code=code, reason=f"HTTP {status}", detail=detail)
+
+    def lookup(self, operation: Operation, attempts: Sequence[Attempt]) -> LookupResult:
+        return LookupResult(verdict=INCONCLUSIVE, detail={"reason": "webhooks offer no lookup"})
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,345 @@
+"""The operator review queue: list, show (recorded), resolve (fenced and audited).
+
+Every call is scoped to one tenant: another tenant's operations are invisible, as if they
+did not exist. A resolution must come from the latest view the operator was shown; if the
+operation moved since, it is refused, so nobody decides on a picture that is out of date.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from pydantic import AwareDatetime
+
+from . import queries as q
+from .consequences import Consequences, consequences
+from .contract import Contract
+from .errors import (
+    InvalidInput,
+    RetryNeedsNewKey,
+    ReviewAlreadyResolved,
+    ReviewNotFound,
+    StaleView,
+)
+from .ids import check_action, check_identifier, check_operation_id
+from .models import Attempt, Evidence, Operation, Record, Review, Status
+
+if TYPE_CHECKING:
+    from .api import Ledger
+
+
+class Resolution(StrEnum):
+    CONFIRMED = "confirmed"  #: the effect happened (operator's evidence)
+    REJECTED = "rejected"  #: it did not and will not
+    RETRY = "retry"  #: send again, under the same operation
+    CANCEL = "cancel"  #: stop; whatever happened stays
+
+
+class ReviewSummary(Record):
+    review_id: int
+    op_id: str
+    tenant: str
+    action: str
+    target: str
+    reason: str
+    opened_at: AwareDatetime
+    record_version: int
+
+
+class ReviewView(Record):
+    """What `show` presents, and what a resolution is checked against."""
+
+    review: Review
+    operation: Operation
+    attempts: tuple[Attempt, ...]
+    evidence: tuple[Evidence, ...]
+    consequences: Consequences | None
+    contract: Contract | None
+    shown_at: AwareDatetime
+
+
+class ReviewAction(Record):
+    """One audited resolution."""
+
+    id: int
+    review_id: int
+    op_id: str
+    tenant: str
+    operator: str
+    resolution: Resolution
+    note: str
+    evidence: str | None
+    new_key: str | None
+    fence: int
+    shown: dict[str, Any]
+    at: AwareDatetime
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+class Reviews:
+    """`ledger.reviews`: the same operations the CLI offers, for a console or a script."""
+
+    def __init__(self, ledger: Ledger, contracts: Callable[[str], Contract] | None) -> None:
+        self._ledger = ledger
+        self._contracts = contracts
+
+    def _contract(self, action: str) -> Contract | None:
+        if self._contracts is None:
+            return None
+        try:
+            return self._contracts(action)
+        except Exception:  # an action whose adapter is gone: no consequences, no guessing
+            return None
+
+    def list(
+        self,
+        *,
+        tenant: str,
+        older_than: timedelta | None = None,
+        action: str | None = None,
+        limit: int = 100,
+    ) -> tuple[ReviewSummary, ...]:
+        """Open reviews of `tenant`, oldest first; `action` may end in '*' (a prefix)."""
+        check_identifier("tenant", tenant)
+        pattern = None
+        if action is not None:
+            if action.endswith("*"):
+                check_identifier("action", action)
+                pattern = action[:-1].replace("%", r"\%").replace("_", r"\_") + "%"
+            else:
+                pattern = check_action(action).replace("_", r"\_")
+        with self._ledger.engine.connect() as conn:
+            rows = conn.execute(
+                q.LIST_REVIEWS,
+                {
+                    "tenant": tenant,
+                    "older_than": older_than,
+                    "action": pattern,
+                    "limit": max(1, min(limit, 10_000)),
+                },
+            )
+            return tuple(ReviewSummary.model_validate(dict(r._mapping)) for r in rows)
+
+    def show(self, op_id: str, *, tenant: str, operator: str) -> ReviewView:
+        """Everything a reviewer needs, recorded as this operator's latest view."""
+        check_operation_id(op_id)
+        check_identifier("tenant", tenant)
+        check_identifier("operator", operator)
+        with self._ledger.engine.begin() as conn:
+            row = conn.execute(q.OPEN_REVIEW_FOR, {"op_id": op_id, "tenant": tenant}).one_or_none()
+            if row is None:
+                self._raise_missing(conn, op_id, tenant)
+        history = self._ledger.history(op_id)
+        review = next(r for r in history.reviews if r.id == row.id)
+        contract = self._contract(history.operation.action)
+        now = datetime.now(UTC)
+        effects = (
+            consequences(contract, history.operation, history.attempts, now) if contract else None
+        )
+        view = ReviewView(
+            review=review,
+            operation=history.operation,
+            attempts=history.attempts,
+            evidence=history.evidence,
+            consequences=effects,
+            contract=contract,
+            shown_at=now,
+        )
+        with self._ledger.engine.begin() as conn:
+            conn.execute(
+                q.INSERT_VIEW,
+                {
+                    "review_id": review.id,
+                    "operator": operator,
+                    "record_version": history.operation.record_version,
+                    "shown": _json(_shown(view)),
+                },
+            )
+        return view
+
+    def resolve(
+        self,
+        op_id: str,
+        *,
+        tenant: str,
+        operator: str,
+        resolution: Resolution | str,
+        note: str,
+        evidence: str | None = None,
+        new_key: bool = False,
+        seen_version: int | None = None,
+    ) -> Operation:
+        """Settle a review: a fenced transition plus an audit row, in one transaction.
+
+        Refused when there is no open review in this tenant, when it was already resolved,
+        when the operation changed since this operator's latest `show` (or `seen_version`),
+        and for a same-key retry the provider's key retention no longer covers.
+        """
+        check_operation_id(op_id)
+        check_identifier("tenant", tenant)
+        check_identifier("operator", operator)
+        check_identifier("note", note, max_length=4000)
+        if evidence is not None:
+            check_identifier("evidence", evidence, max_length=4000)
+        try:
+            chosen = Resolution(resolution)
+        except ValueError as exc:
+            raise InvalidInput(
+                f"resolution must be one of {[r.value for r in Resolution]}"
+            ) from exc
+        if new_key and chosen is not Resolution.RETRY:
+            raise InvalidInput("--new-key only goes with a retry")
+
+        with self._ledger.engine.begin() as conn:
+            row = conn.execute(q.LOCK_OPEN_REVIEW, {"op_id": op_id, "tenant": tenant}).one_or_none()
+            if row is None:
+                self._raise_missing(conn, op_id, tenant)
+            op = Operation.model_validate({k: row._mapping[k] for k in Operation.model_fields})
+            view = conn.execute(
+                q.LAST_VIEW, {"review_id": row.review_id, "operator": operator}
+            ).one_or_none()
+            seen = (
+                seen_version
+                if seen_version is not None
+                else (view.record_version if view else None)
+            )
+            if seen is None:
+                raise StaleView(
+                    f"{operator} has not been shown the review of {op_id}: run `review show` first",
+                    op_id=op_id,
+                )
+            if seen != op.record_version or op.status is not Status.UNKNOWN:
+                raise StaleView(
+                    f"{op_id} changed since it was shown (version {seen}, now "
+                    f"{op.record_version}, status {op.status}): show it again before deciding",
+                    op_id=op_id,
+                    seen=seen,
+                    current=op.record_version,
+                )
+            shown: dict[str, Any] = dict(view.shown) if view is not None else {}
+            key = None
+            if chosen is Resolution.RETRY:
+                key = self._check_retry(op, new_key)
+            fence = op.fence
+            reason = f"review resolved as {chosen.value} by {operator}: {note}"
+            if chosen is Resolution.RETRY:
+                moved = conn.execute(
+                    q.AUTHORIZE_RETRY,
+                    {
+                        "op_id": op_id,
+                        "fence": fence,
+                        "operator": operator,
+                        "new_key": key,
+                        "reason": reason,
+                    },
+                ).one_or_none()
+            else:
+                to = {
+                    Resolution.CONFIRMED: Status.CONFIRMED,
+                    Resolution.REJECTED: Status.REJECTED,
+                    Resolution.CANCEL: Status.CANCELLED,
+                }[chosen]
+                moved = conn.execute(
+                    q.SETTLE_BY_OPERATOR,
+                    {
+                        "op_id": op_id,
+                        "fence": fence,
+                        "to_status": to.value,
+                        "operator": operator,
+                        "reason": reason,
+                    },
+                ).one_or_none()
+            if moved is None:  # the row lock makes this unreachable, but never assume
+                raise StaleView(f"{op_id} moved while resolving", op_id=op_id)
+            after = Operation.model_validate({k: moved._mapping[k] for k in Operation.model_fields})
+            if chosen in (Resolution.CONFIRMED, Resolution.REJECTED):
+                conn.execute(
+                    q.OPERATOR_EVIDENCE,
+                    {
+                        "op_id": op_id,
+                        "fence": after.fence,
+                        "verdict": chosen.value,
+                        "detail": _json({"operator": operator, "note": note, "evidence": evidence}),
+                    },
+                )
+            conn.execute(
+                q.CLOSE_REVIEW,
+                {
+                    "review_id": row.review_id,
+                    "resolution": chosen.value,
+                    "operator": operator,
+                    "note": note,
+                },
+            )
+            conn.execute(
+                q.INSERT_REVIEW_ACTION,
+                {
+                    "review_id": row.review_id,
+                    "op_id": op_id,
+                    "tenant": tenant,
+                    "operator": operator,
+                    "resolution": chosen.value,
+                    "note": note,
+                    "evidence": evidence,
+                    "new_key": key,
+                    "fence": after.fence,
+                    "shown": _json(shown),
+                },
+            )
+        return after
+
+    def audit(self, op_id: str, *, tenant: str) -> tuple[ReviewAction, ...]:
+        """Every resolution of `op_id`'s reviews, oldest first."""
+        check_operation_id(op_id)
+        check_identifier("tenant", tenant)
+        with self._ledger.engine.connect() as conn:
+            rows = conn.execute(q.SELECT_REVIEW_ACTIONS, {"op_id": op_id, "tenant": tenant})
+            return tuple(ReviewAction.model_validate(dict(r._mapping)) for r in rows)
+
+    def _check_retry(self, op: Operation, new_key: bool) -> str | None:
+        history = self._ledger.history(op.id)
+        if new_key:
+            return f"{op.id}.k{len(history.attempts) + 1}"
+        contract = self._contract(op.action)
+        if contract is None:
+            raise RetryNeedsNewKey(
+                f"no adapter contract is known for {op.action}: a same-key retry cannot be "
+                "judged safe; use a new key to acknowledge the risk",
+                op_id=op.id,
+            )
+        effects = consequences(contract, op, history.attempts, datetime.now(UTC))
+        if not effects.same_key_retry_allowed:
+            raise RetryNeedsNewKey(effects.retry, op_id=op.id)
+        return None
+
+    def _raise_missing(self, conn: Any, op_id: str, tenant: str) -> NoReturn:
+        done = conn.execute(
+            q.LAST_RESOLVED_REVIEW, {"op_id": op_id, "tenant": tenant}
+        ).one_or_none()
+        if done is not None:
+            raise ReviewAlreadyResolved(
+                f"the review of {op_id} was already resolved as {done.resolution} by "
+                f"{done.resolved_by} at {done.resolved_at:%Y-%m-%d %H:%M:%S %Z}",
+                op_id=op_id,
+            )
+        raise ReviewNotFound(f"no open review for {op_id} in tenant {tenant!r}", op_id=op_id)
+
+
+def _shown(view: ReviewView) -> dict[str, Any]:
+    """What the operator saw, kept with the view and copied into the audit row."""
+    return {
+        "record_version": view.operation.record_version,
+        "status": view.operation.status.value,
+        "reason": view.review.reason,
+        "attempts": [a.model_dump(mode="json") for a in view.attempts],
+        "evidence": [e.model_dump(mode="json") for e in view.evidence],
+        "consequences": view.consequences.model_dump(mode="json") if view.consequences else None,
+        "shown_at": view.shown_at.isoformat(),
+    }

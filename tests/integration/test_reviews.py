@@ -1,0 +1,287 @@
+"""The operator review queue against a real ledger, real sandbox providers and the CLI."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from typer.testing import CliRunner
+
+from opledger.adapters.crm import CrmAdapter, crm_contract
+from opledger.adapters.registry import Registry
+from opledger.cli.main import app as cli
+from opledger.ledger import (
+    Ledger,
+    Resolution,
+    RetryNeedsNewKey,
+    ReviewAlreadyResolved,
+    ReviewNotFound,
+    StaleView,
+    Status,
+)
+from opledger.ledger.decide import Dispatch
+from opledger.sandbox import Sandbox
+from opledger.tasks import steps
+
+LEASE = timedelta(seconds=5)
+
+
+class Desk:
+    """A CRM without lookups, so a lost response ends in review; and a reviewer's desk."""
+
+    def __init__(self, ledger: Ledger, sandbox: Sandbox, retention: timedelta) -> None:
+        self.sandbox = sandbox
+        contract = crm_contract(
+            lookup="none",
+            request_timeout=timedelta(seconds=0.5),
+            max_in_flight=timedelta(seconds=1),
+            retention=retention,
+            retention_margin=timedelta(0),
+        )
+        self.adapter = CrmAdapter(sandbox.http_url, account="acme", contract=contract)
+        self.registry = Registry([self.adapter])
+        self.ledger = Ledger(ledger.engine, actions=self.registry)
+        for tenant in ("acme", "globex"):
+            self.ledger.grant(tenant=tenant, scope=["crm.*"], granted_by="t", ref=f"auth_{tenant}")
+
+    def in_review(self, tenant: str = "acme", key: str = "close") -> str:
+        """An operation whose response was lost, after a review was opened for it."""
+        op_id = self.ledger.prepare(
+            tenant=tenant,
+            workflow_id="onboarding-42",
+            intent_key=key,
+            action="crm.close_case.v1",
+            target=f"case-{key}",
+            payload={"note": "resolved"},
+            authorization_ref=f"auth_{tenant}",
+        ).id
+        self.sandbox.fault("crm", "drop_after_commit", key=op_id)
+        steps.dispatch(self.ledger, self.registry, op_id, owner="w1", lease=LEASE)
+        self.after_deadline(op_id)
+        result = self.reconcile(op_id, policy=steps.ReviewPolicy(after_attempts=1))
+        assert result.action == "review", result
+        return op_id
+
+    def reconcile(self, op_id: str, **kw: Any) -> steps.StepResult:
+        return steps.reconcile(self.ledger, self.registry, op_id, owner="w2", lease=LEASE, **kw)
+
+    def after_deadline(self, op_id: str) -> None:
+        deadline = max(a.deadline_at for a in self.ledger.history(op_id).attempts)
+        time.sleep(max(0.0, deadline.timestamp() - time.time()) + 0.05)
+
+
+@pytest.fixture
+def desk(ledger: Ledger, sandbox: Sandbox) -> Iterator[Desk]:
+    d = Desk(ledger, sandbox, retention=timedelta(hours=24))
+    yield d
+    d.adapter.close()
+
+
+def resolve(desk: Desk, op_id: str, how: str, **kw: Any) -> Any:
+    return desk.ledger.reviews.resolve(
+        op_id, tenant="acme", operator="alice", resolution=how, note=f"checked: {how}", **kw
+    )
+
+
+def test_a_review_opens_with_attempts_evidence_and_consequences(desk: Desk) -> None:
+    op_id = desk.in_review()
+    (summary,) = desk.ledger.reviews.list(tenant="acme")
+    assert summary.op_id == op_id and "1 attempts" in summary.reason
+    view = desk.ledger.reviews.show(op_id, tenant="acme", operator="alice")
+    assert len(view.attempts) == 1 and view.attempts[0].key == op_id
+    assert [e.verdict for e in view.evidence] == ["ambiguous"]
+    assert view.consequences is not None and view.consequences.same_key_retry_allowed
+    snapshot = view.review.snapshot
+    assert snapshot["consequences"]["retry"] and snapshot["contract"]["provider"] == "crm"
+    assert snapshot["attempts"][0]["response"]["code"] == "connection_lost"
+
+
+@pytest.mark.parametrize(
+    ("how", "status"),
+    [("confirmed", Status.CONFIRMED), ("rejected", Status.REJECTED), ("cancel", Status.CANCELLED)],
+)
+def test_settling_resolutions(desk: Desk, how: str, status: Status) -> None:
+    op_id = desk.in_review()
+    desk.ledger.reviews.show(op_id, tenant="acme", operator="alice")
+    after = resolve(desk, op_id, how, evidence="saw it in the CRM UI")
+    assert after.status is status
+    history = desk.ledger.history(op_id)
+    assert history.reviews[-1].resolution == how and history.reviews[-1].resolved_by == "alice"
+    assert history.transitions[-1].actor == "alice"
+    if how != "cancel":
+        assert history.evidence[-1].source == "operator" and history.evidence[-1].applied
+    (action,) = desk.ledger.reviews.audit(op_id, tenant="acme")
+    assert (action.operator, action.resolution, action.note) == ("alice", how, f"checked: {how}")
+    assert action.evidence == "saw it in the CRM UI" and action.fence == after.fence
+    assert action.shown["consequences"]["cancel"]  # what they were shown, kept with it
+    assert action.shown["record_version"] == after.record_version - 1
+
+
+def test_retry_with_the_same_key_is_sent_once_and_marked_operator_authorized(desk: Desk) -> None:
+    op_id = desk.in_review()
+    desk.ledger.reviews.show(op_id, tenant="acme", operator="alice")
+    after = resolve(desk, op_id, "retry")
+    assert after.status is Status.UNKNOWN and after.operator_retry_by == "alice"
+    result = desk.reconcile(op_id)
+    assert isinstance(result.decision, Dispatch)
+    history = desk.ledger.history(op_id)
+    assert history.operation.status is Status.CONFIRMED  # the provider replayed its response
+    assert [a.authorized_by for a in history.attempts] == [None, "alice"]
+    assert desk.sandbox.effects(f"crm:{op_id}") == 1
+
+
+def test_retry_past_the_key_retention_needs_a_new_key(ledger: Ledger, sandbox: Sandbox) -> None:
+    desk = Desk(ledger, sandbox, retention=timedelta(seconds=2))
+    try:
+        sandbox.configure(retention_s=2.0)
+        op_id = desk.in_review()
+        time.sleep(2.0)
+        desk.ledger.reviews.show(op_id, tenant="acme", operator="alice")
+        with pytest.raises(RetryNeedsNewKey, match="keeps keys 2 s"):
+            resolve(desk, op_id, "retry")
+        assert desk.ledger.get(op_id).operator_retry_by is None
+        after = resolve(desk, op_id, "retry", new_key=True)
+        assert after.provider_request_id == f"{op_id}.k2"
+        desk.reconcile(op_id)
+        history = desk.ledger.history(op_id)
+        assert history.attempts[-1].key == f"{op_id}.k2"
+        assert history.attempts[-1].authorized_by == "alice"
+        (action,) = desk.ledger.reviews.audit(op_id, tenant="acme")
+        assert action.new_key == f"{op_id}.k2"
+        # the case was already closed by the first (lost) attempt: the provider says so
+        assert history.operation.status is Status.REJECTED
+    finally:
+        desk.adapter.close()
+
+
+def test_resolving_twice_is_refused(desk: Desk) -> None:
+    op_id = desk.in_review()
+    desk.ledger.reviews.show(op_id, tenant="acme", operator="alice")
+    resolve(desk, op_id, "confirmed")
+    with pytest.raises(ReviewAlreadyResolved, match="already resolved as confirmed by alice"):
+        resolve(desk, op_id, "rejected")
+    assert desk.ledger.get(op_id).status is Status.CONFIRMED
+
+
+def test_a_stale_view_or_no_view_is_refused(desk: Desk) -> None:
+    op_id = desk.in_review()
+    with pytest.raises(StaleView, match="review show"):
+        resolve(desk, op_id, "confirmed")  # never shown
+    desk.ledger.reviews.show(op_id, tenant="acme", operator="alice")
+    desk.ledger.record_evidence(op_id, source="lookup", verdict="inconclusive")
+    with pytest.raises(StaleView, match="changed since it was shown"):
+        resolve(desk, op_id, "confirmed")
+    assert desk.ledger.get(op_id).status is Status.UNKNOWN
+    desk.ledger.reviews.show(op_id, tenant="acme", operator="alice")
+    assert resolve(desk, op_id, "confirmed").status is Status.CONFIRMED
+
+
+def test_another_tenant_cannot_list_see_or_resolve(desk: Desk) -> None:
+    theirs = desk.in_review(tenant="globex", key="theirs")
+    assert desk.ledger.reviews.list(tenant="acme") == ()
+    with pytest.raises(ReviewNotFound):
+        desk.ledger.reviews.show(theirs, tenant="acme", operator="alice")
+    with pytest.raises(ReviewNotFound):
+        resolve(desk, theirs, "cancel")
+    assert desk.ledger.reviews.audit(theirs, tenant="acme") == ()
+    assert desk.ledger.get(theirs).status is Status.UNKNOWN
+    assert [r.op_id for r in desk.ledger.reviews.list(tenant="globex")] == [theirs]
+
+
+def test_list_filters_by_age_and_action(desk: Desk) -> None:
+    op_id = desk.in_review()
+    assert desk.ledger.reviews.list(tenant="acme", older_than=timedelta(hours=1)) == ()
+    with desk.ledger.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE reviews SET opened_at = now() - interval '2 hours' WHERE op_id = :id"),
+            {"id": op_id},
+        )
+    assert len(desk.ledger.reviews.list(tenant="acme", older_than=timedelta(hours=1))) == 1
+    assert len(desk.ledger.reviews.list(tenant="acme", action="crm.*")) == 1
+    assert desk.ledger.reviews.list(tenant="acme", action="email.*") == ()
+    assert len(desk.ledger.reviews.list(tenant="acme", action="crm.close_case.v1")) == 1
+
+
+def test_the_cli_lists_shows_and_resolves(
+    desk: Desk, database_url: str, sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opledger.settings import get_settings
+
+    op_id = desk.in_review()
+    monkeypatch.setenv("OPLEDGER_DATABASE_URL", database_url)
+    monkeypatch.setenv("OPLEDGER_CRM_URL", sandbox.http_url)
+    monkeypatch.setenv("COLUMNS", "250")
+    get_settings.cache_clear()
+    try:
+        runner = CliRunner()
+        listed = runner.invoke(cli, ["review", "list", "--tenant", "acme"])
+        assert listed.exit_code == 0 and op_id in listed.output
+        early = runner.invoke(
+            cli,
+            [
+                "review",
+                "resolve",
+                op_id,
+                "--tenant",
+                "acme",
+                "--operator",
+                "bob",
+                "--as",
+                "confirmed",
+                "--note",
+                "looked",
+            ],
+        )
+        assert early.exit_code == 2 and "review show" in early.output
+        shown = runner.invoke(
+            cli, ["review", "show", op_id, "--tenant", "acme", "--operator", "bob"]
+        )
+        assert shown.exit_code == 0, shown.output
+        assert "consequences" in shown.output and "keys kept" in shown.output
+        done = runner.invoke(
+            cli,
+            [
+                "review",
+                "resolve",
+                op_id,
+                "--tenant",
+                "acme",
+                "--operator",
+                "bob",
+                "--as",
+                "cancel",
+                "--note",
+                "customer withdrew",
+            ],
+        )
+        assert done.exit_code == 0, done.output
+        assert "cancelled" in done.output
+        again = runner.invoke(
+            cli,
+            [
+                "review",
+                "resolve",
+                op_id,
+                "--tenant",
+                "acme",
+                "--operator",
+                "bob",
+                "--as",
+                "confirmed",
+                "--note",
+                "twice",
+            ],
+        )
+        assert again.exit_code == 2 and "already resolved" in again.output
+        other = runner.invoke(
+            cli, ["review", "show", op_id, "--tenant", "globex", "--operator", "bob"]
+        )
+        assert other.exit_code == 2
+        assert desk.ledger.get(op_id).status is Status.CANCELLED
+        assert Resolution.CANCEL.value == "cancel"
+    finally:
+        get_settings.cache_clear()
