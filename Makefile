@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint typecheck contracts unit demo clean
+.PHONY: test lint typecheck contracts demo chaos bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ contracts: $(STAMP)
 
 test: lint typecheck contracts
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(BIN)/opledger demo $(DEMO_ARGS)
+
+chaos: $(STAMP)
+	$(BIN)/opledger chaos $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .opledger .pytest_cache .mypy_cache .ruff_cache

