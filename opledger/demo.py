@@ -207,11 +207,7 @@ class Story:
         outcome, effects, reviews = [], [], []
         for op_id in op_ids:
             h = self.ledger.history(op_id)
-            label = (
-                "close case"
-                if "close_case" in h.operation.action
-                else ("email (SMTP)" if "smtp" in h.operation.action else "email owner")
-            )
+            label = _label(h.operation.action)
             status = h.operation.status.value
             accepted = any(
                 e.detail.get("accepted_only") for e in h.evidence if e.verdict == "confirmed"
@@ -226,6 +222,17 @@ class Story:
         return Row(
             scenario, broken, "\n".join(outcome), "\n".join(effects), "\n".join(reviews) or "none"
         )
+
+
+def _label(action: str) -> str:
+    if action.startswith("email.smtp"):
+        return "email (SMTP)"
+    if action.startswith("email."):
+        return "email owner"
+    kind = next((k for k in KINDS if k.action == action), None)
+    if kind is None or kind.namespace == "crm":
+        return "close case"
+    return f"close case (CRM: {kind.name})"
 
 
 # -- the scenarios ------------------------------------------------------------------------------
