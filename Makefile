@@ -31,5 +31,8 @@ demo: $(STAMP)
 chaos: $(STAMP)
 	$(BIN)/opledger chaos $(CHAOS_ARGS)
 
+bench: $(STAMP)
+	$(BIN)/opledger bench $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) .opledger .pytest_cache .mypy_cache .ruff_cache

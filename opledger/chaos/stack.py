@@ -115,14 +115,22 @@ def _pings(client: redis.Redis) -> bool:
 
 
 class Proc:
-    """An `opledger` command in its own process group, logging to a file."""
+    """An `opledger` command (or `python -m <module>`) in its own process group, logging to
+    a file."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        log: Path,
+        module: str = "opledger.cli",
+    ) -> None:
         self.name = name
         self.log = log
         self._log_file = log.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "opledger.cli", *argv],
+            [sys.executable, "-m", module, *argv],
             env=env,
             cwd=env.get("OPLEDGER_STATE_DIR", os.getcwd()),
             stdout=self._log_file,

@@ -519,5 +519,44 @@ def demo(
         raise typer.Exit(1)
 
 
+@app.command()
+def bench(
+    quick: Annotated[
+        bool, typer.Option("--quick", help="A smaller run (under two minutes).")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    concurrency: Annotated[
+        int | None, typer.Option(help="Worker processes for both runs (default: cores).")
+    ] = None,
+) -> None:
+    """Measure the ledger beside bare Celery: throughput ratio, round trips, sweep cost."""
+    import dataclasses
+    import json
+
+    from opledger.bench import QUICK, BenchConfig, run_bench
+
+    config = QUICK if quick else BenchConfig()
+    if concurrency:
+        config = dataclasses.replace(config, concurrency=concurrency)
+    err = Console(stderr=True)
+    result = run_bench(config, progress=lambda m: err.print(f"[dim]{m}[/dim]"))
+    if as_json:
+        print(json.dumps(result))
+        return
+    table = Table("measure", "value", "target")
+    targets = {
+        "ratio": ">= 0.8",
+        "round_trips_per_op": "<= 2",
+        "sweep_ms_1m": f"<= 2 x sweep_ms_10k = {2 * result['sweep_ms_10k']:.1f}",
+    }
+    for key, value in result.items():
+        if key != "sweep_plans":
+            table.add_row(key, str(value), targets.get(key, ""))
+    console.print(table)
+    for size, plans in result["sweep_plans"].items():
+        for name, plan in plans.items():
+            console.print(f"[dim]{size} {name}: {plan}[/dim]")
+
+
 def main() -> None:
     app()
