@@ -528,6 +528,12 @@ def bench(
     concurrency: Annotated[
         int | None, typer.Option(help="Worker processes for both runs (default: cores).")
     ] = None,
+    tasks: Annotated[int | None, typer.Option(help="Tasks per throughput run.")] = None,
+    sizes: Annotated[
+        str | None, typer.Option(help="Ledger sizes for the sweeps, e.g. 10000,1000000.")
+    ] = None,
+    prepares: Annotated[int | None, typer.Option(help="Prepares per rate measure.")] = None,
+    repeats: Annotated[int | None, typer.Option(help="Timed sweeps per size.")] = None,
 ) -> None:
     """Measure the ledger beside bare Celery: throughput ratio, round trips, sweep cost."""
     import dataclasses
@@ -536,8 +542,16 @@ def bench(
     from opledger.bench import QUICK, BenchConfig, run_bench
 
     config = QUICK if quick else BenchConfig()
-    if concurrency:
-        config = dataclasses.replace(config, concurrency=concurrency)
+    changes: dict[str, object] = {
+        "concurrency": concurrency,
+        "tasks": tasks,
+        "prepares": prepares,
+        "repeats": repeats,
+    }
+    if sizes:
+        small, large = (int(x) for x in sizes.split(","))
+        changes["sizes"] = (small, large)
+    config = dataclasses.replace(config, **{k: v for k, v in changes.items() if v})  # type: ignore[arg-type]
     err = Console(stderr=True)
     result = run_bench(config, progress=lambda m: err.print(f"[dim]{m}[/dim]"))
     if as_json:

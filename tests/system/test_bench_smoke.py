@@ -3,9 +3,12 @@ timing) must hold: two Postgres round trips per confirmed operation on the worke
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
-from opledger.bench import BenchConfig, run_bench
 from opledger.chaos.stack import Stack
 
 pytestmark = pytest.mark.system
@@ -14,7 +17,29 @@ pytestmark = pytest.mark.system
 @pytest.mark.timeout(300)
 def test_a_tiny_bench_run(stack: Stack) -> None:
     stack.stop_all()  # the bench brings its own broker and workers
-    result = run_bench(BenchConfig(tasks=300, sizes=(2_000, 6_000), prepares=50, repeats=1))
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "opledger.cli",
+            "bench",
+            "--json",
+            "--tasks",
+            "300",
+            "--sizes",
+            "2000,6000",
+            "--prepares",
+            "50",
+            "--repeats",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env={k: v for k, v in stack.env.items() if k in ("PATH", "HOME", "OPLEDGER_DATABASE_URL")},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout)
     for key in (
         "celery_ops_s",
         "ledger_ops_s",
@@ -26,5 +51,6 @@ def test_a_tiny_bench_run(stack: Stack) -> None:
         "prepare_in_tx_ops_s",
     ):
         assert result[key] > 0, key
+    assert result["tasks"] == 300 and result["sweep_rows_1m"] == 6000
     assert 1.95 <= result["round_trips_per_op"] <= 2.1
     assert result["index_scans"], result["sweep_plans"]
