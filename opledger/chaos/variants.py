@@ -11,11 +11,10 @@ ground truth would show it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Literal
 
 from opledger.adapters.crm import CrmAdapter, crm_contract
-from opledger.adapters.defaults import add_webhook
+from opledger.adapters.defaults import Timings, add_webhook
 from opledger.adapters.email import EmailAdapter, email_contract
 from opledger.adapters.registry import Registry
 from opledger.adapters.smtp import SmtpAdapter, smtp_contract
@@ -54,30 +53,17 @@ EMAIL_ACCOUNT = "mail"
 
 
 def build_registry(settings: Settings) -> Registry:
-    timeout = timedelta(seconds=settings.provider_timeout_seconds)
-    in_flight = (
-        timedelta(seconds=settings.provider_in_flight_seconds)
-        if settings.provider_in_flight_seconds
-        else None
-    )
-    retention = timedelta(seconds=settings.key_retention_seconds)
-    interval = timedelta(seconds=settings.lookup_interval_seconds)
-    lag = timedelta(seconds=settings.search_lag_seconds)
-    margin = min(timedelta(minutes=5), retention / 10)
+    t = Timings.of(settings)
     adapters: list[Any] = [
         CrmAdapter(
             settings.crm_url,
             account=kind.account,
             namespace=kind.namespace,
             contract=crm_contract(
+                **t.keyed(),
                 keys=kind.keys,
                 lookup=kind.lookup,
-                request_timeout=timeout,
-                max_in_flight=in_flight,
-                retention=retention,
-                search_lag=lag,
-                lookup_interval=interval,
-                retention_margin=margin,
+                search_lag=t.lag,
                 provider=f"crm:{kind.account}",
             ),
         )
@@ -87,21 +73,14 @@ def build_registry(settings: Settings) -> Registry:
         EmailAdapter(
             settings.email_url,
             account=EMAIL_ACCOUNT,
-            contract=email_contract(
-                request_timeout=timeout,
-                max_in_flight=in_flight,
-                retention=retention,
-                search_lag=lag,
-                lookup_interval=interval,
-                retention_margin=margin,
-            ),
+            contract=email_contract(**t.keyed(), search_lag=t.lag),
         )
     )
     adapters.append(
         SmtpAdapter(
             settings.smtp_host,
             settings.smtp_port,
-            contract=smtp_contract(request_timeout=timeout, max_in_flight=in_flight),
+            contract=smtp_contract(request_timeout=t.timeout, max_in_flight=t.in_flight),
         )
     )
     add_webhook(adapters, settings)

@@ -16,31 +16,18 @@ from typing import Any
 import pytest
 
 from opledger.adapters.registry import load_registry
+from opledger.chaos.run import FAST_ENV
 from opledger.chaos.stack import PrivateRedis, Stack, wait_until
 from opledger.ledger import Ledger, Status
 from opledger.sandbox import Sandbox
 from opledger.settings import Settings
-
-FAST = {
-    "OPLEDGER_LEASE_SECONDS": "3",
-    "OPLEDGER_PROVIDER_TIMEOUT_SECONDS": "1",
-    "OPLEDGER_PROVIDER_IN_FLIGHT_SECONDS": "2",
-    "OPLEDGER_LOOKUP_INTERVAL_SECONDS": "0.5",
-    "OPLEDGER_CHECK_BACKOFF_SECONDS": "2",
-    "OPLEDGER_SWEEP_INTERVAL_SECONDS": "0.5",
-    "OPLEDGER_RELAY_AFTER_SECONDS": "2",
-    "OPLEDGER_SEARCH_LAG_SECONDS": "1",
-    "OPLEDGER_KEY_RETENTION_SECONDS": "3600",
-    # one CRM per provider-contract kind, the email API and SMTP, side by side
-    "OPLEDGER_ADAPTERS": "opledger.chaos.variants:build_registry",
-}
 
 
 def stack_env(
     database_url: str, broker_url: str, sandbox: Sandbox, workdir: Path
 ) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
-    env.update(FAST)
+    env.update(FAST_ENV)  # short leases and intervals, the contract-kind variants
     env.update(
         OPLEDGER_DATABASE_URL=database_url,
         OPLEDGER_BROKER_URL=broker_url,
