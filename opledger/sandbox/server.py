@@ -118,6 +118,11 @@ def _error(status: int, code: str, message: str = "") -> tuple[int, dict[str, An
     return status, {"error": {"code": code, "message": message or code}}
 
 
+def _error_response(status: int, code: str, message: str = "") -> JSONResponse:
+    status, body = _error(status, code, message)
+    return JSONResponse(body, status_code=status)
+
+
 class DroppedResponse(Response):
     """Start a response, send part of it, then cut the connection."""
 
@@ -252,11 +257,11 @@ async def crm_case_action(request: Request) -> Response:
 
 async def crm_request_status(request: Request) -> Response:
     if not STATE.config_for(request.path_params["account"]).status_api:
-        return JSONResponse(*reversed(_error(501, "not_supported")))
+        return _error_response(501, "not_supported")
     account, key = request.path_params["account"], request.path_params["key"]
     entry = STATE.key_entry("crm", account, key)
     if entry is None:
-        return JSONResponse(*reversed(_error(404, "no_such_request")))
+        return _error_response(404, "no_such_request")
     if entry.state == "in_progress":
         return JSONResponse({"state": "in_progress"}, status_code=202)
     return JSONResponse({"state": "done", "status_code": entry.status_code, "response": entry.body})
@@ -383,7 +388,7 @@ async def admin_config(request: Request) -> Response:
         config = STATE.accounts.setdefault(account, replace(STATE.config))
     for name, value in changes.items():
         if not hasattr(config, name):
-            return JSONResponse(*reversed(_error(400, "unknown_setting", name)))
+            return _error_response(400, "unknown_setting", name)
         setattr(config, name, type(getattr(config, name))(value))
     return JSONResponse(asdict(config))
 
@@ -391,7 +396,7 @@ async def admin_config(request: Request) -> Response:
 async def admin_fault(request: Request) -> Response:
     spec = await request.json()
     if spec.get("mode") not in FAULT_MODES:
-        return JSONResponse(*reversed(_error(400, "unknown_fault", str(spec.get("mode")))))
+        return _error_response(400, "unknown_fault", str(spec.get("mode")))
     STATE.faults.append(Fault(**spec))
     return JSONResponse({"ok": True, "pending": len(STATE.faults)})
 
