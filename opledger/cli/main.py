@@ -339,29 +339,6 @@ def worker(
     celery_app.worker_main(argv)
 
 
-BEAT_LOCK_KEY = 0x6F706C6564676572  # "opledger": one advisory lock for the one beat
-
-
-def hold_beat_lock(url: str) -> object:
-    """Take the beat's advisory lock on the ledger database, or exit: exactly one beat.
-
-    The returned connection holds the lock for as long as this process lives.
-    """
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    libpq = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-    conn = psycopg.connect(libpq, autocommit=True)
-    row = conn.execute("SELECT pg_try_advisory_lock(%s)", [BEAT_LOCK_KEY]).fetchone()
-    if not row or not row[0]:
-        conn.close()
-        console.print(
-            "[red]another opledger beat is running against this ledger; exactly one may[/red]"
-        )
-        raise typer.Exit(1)
-    return conn
-
-
 @app.command()
 def beat(
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
@@ -369,15 +346,20 @@ def beat(
 ) -> None:
     """Run the beat scheduler (sweep, relay, purge). Refuses to start if one already runs."""
     ensure_services()
+    from opledger.cli.beatlock import BeatLock, BeatLockTaken
     from opledger.tasks.app import app as celery_app
 
-    lock = hold_beat_lock(database_url())
+    try:
+        lock = BeatLock(database_url())
+    except BeatLockTaken as exc:
+        console.print(f"[red]{exc}; exactly one may run[/red]")
+        raise typer.Exit(1) from exc
     path = schedule or str((devstack.STATE_DIR / "celerybeat-schedule").resolve())
     devstack.STATE_DIR.mkdir(parents=True, exist_ok=True)
     try:
         celery_app.start(["beat", "--loglevel", loglevel, "--schedule", path])
     finally:
-        lock.close()  # type: ignore[attr-defined]
+        lock.release()
 
 
 @app.command()

@@ -6,13 +6,14 @@ extra), so restarting it disturbs nothing else on the machine.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from opledger.adapters.registry import load_registry
-from opledger.chaos.stack import PrivateRedis, Stack, wait_until
+from opledger.chaos.stack import PrivateRedis, Proc, Stack, wait_until
 from opledger.devstack import EmbeddedPostgres
 from opledger.ledger import Ledger, Status
 from opledger.ledger.migrate import upgrade
@@ -37,7 +38,7 @@ def own_stack(
         conn.execute("CREATE DATABASE opledger_restart")
     upgrade(url)
     env = stack_env(url, private_redis.url, sandbox, workdir)
-    own = Stack(env, workdir)
+    own = Stack(env, workdir, name="own")
     ledger = Ledger.from_url(url, actions=load_registry(settings_of(env)))
     ledger.grant(tenant="acme", scope=["*"], granted_by="test", ref="auth_acme")
     own.start_worker("wpg")
@@ -69,3 +70,19 @@ def test_postgres_restart_mid_run(
     for op_id in op_ids:
         assert sandbox.effects(f"crm:{op_id}") == 1
     assert stack.workers["wpg"].proc.poll() is None  # the worker survived the outage
+
+
+def test_the_beat_takes_its_lock_again_after_a_postgres_restart(
+    own_stack: tuple[Stack, Ledger, EmbeddedPostgres],
+) -> None:
+    stack, _ledger, pg = own_stack
+    beat = stack.beat
+    assert beat is not None
+    wait_until(lambda: "beat: Starting" in beat.output(), 30, "the beat to hold its lock")
+    pg.restart()
+    wait_until(lambda: "taking the lock again" in beat.output(), 30, "the beat to notice")
+    time.sleep(3)  # a guard period for it to hold the lock again
+    second = Proc("beat2", ["beat"], stack.env, stack.workdir / "beat-after-restart.log")
+    assert second.wait(timeout=60) == 1
+    assert "another opledger beat" in second.output()
+    assert beat.proc.poll() is None  # the first beat still runs
