@@ -182,6 +182,8 @@ class Stack:
         self.beat: Proc | None = None
 
     def start_worker(self, name: str = "w1", concurrency: int = 2, **env: str) -> Proc:
+        if name in self.workers:  # never leave a process behind under a reused name
+            self.workers.pop(name).kill()
         proc = Proc(
             name,
             ["worker", "-c", str(concurrency), "--hostname", f"{name}@%h", "--loglevel", "INFO"],
@@ -199,6 +201,8 @@ class Stack:
         return proc
 
     def start_beat(self) -> Proc:
+        if self.beat is not None:
+            self.beat.kill()
         self.beat = Proc(
             "beat", ["beat", "--loglevel", "INFO"], self.env, self.workdir / f"{self.name}-beat.log"
         )

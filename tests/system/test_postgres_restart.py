@@ -83,6 +83,9 @@ def test_the_beat_takes_its_lock_again_after_a_postgres_restart(
     wait_until(lambda: "taking the lock again" in beat.output(), 30, "the beat to notice")
     time.sleep(3)  # a guard period for it to hold the lock again
     second = Proc("beat2", ["beat"], stack.env, stack.workdir / "beat-after-restart.log")
-    assert second.wait(timeout=60) == 1
-    assert "another opledger beat" in second.output()
+    try:
+        assert second.wait(timeout=60) == 1
+        assert "another opledger beat" in second.output()
+    finally:
+        second.kill()  # already gone when the test passes
     assert beat.proc.poll() is None  # the first beat still runs
