@@ -17,7 +17,6 @@ import os
 import statistics
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -35,7 +34,6 @@ from opledger.adapters.base import Contract, Idempotency, Lookup, LookupResult
 from opledger.adapters.registry import Registry
 from opledger.chaos.stack import PrivateRedis, Proc, Stack, wait_until
 from opledger.ledger import Attempt, Binding, Claim, Confirmed, Ledger, Operation, Outcome
-from opledger.ledger.migrate import upgrade
 from opledger.settings import Settings
 
 ACTION = "bench.noop.v1"
@@ -99,22 +97,6 @@ class BenchConfig:
 
 
 QUICK = BenchConfig(tasks=2_000, sizes=(10_000, 100_000), prepares=500, repeats=3)
-
-
-def _fresh_database(server_url: str) -> tuple[str, Callable[[], None]]:
-    server = make_url(server_url)
-    libpq = server.set(drivername="postgresql").render_as_string(hide_password=False)
-    name = f"opledger_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(libpq, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = server.set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
-
-    def drop() -> None:
-        with psycopg.connect(libpq, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    return url, drop
 
 
 def _drain(
@@ -333,7 +315,7 @@ def run_bench(
 ) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="opledger-bench-"))
     server_url = devstack.postgres_url()
-    url, drop = _fresh_database(server_url)
+    url, drop = devstack.scratch_database(server_url, "opledger_bench")
     redis = PrivateRedis(work)
     redis.start()
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}

@@ -23,15 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from sqlalchemy.engine import make_url
 
 from opledger import devstack
 from opledger.adapters.registry import load_registry
-from opledger.chaos.audit import Audit, audit, effect_key
-from opledger.chaos.run import FAST_ENV
+from opledger.chaos.audit import Audit, audit, effect_key, settled
+from opledger.chaos.run import stack_env
 from opledger.chaos.stack import PrivateRedis, Proc, Stack, free_port, wait_until
 from opledger.chaos.variants import KINDS, configure_sandbox
-from opledger.ledger import IntentConflict, Ledger, Status
+from opledger.ledger import IntentConflict, Ledger
 from opledger.ledger.migrate import upgrade
 from opledger.sandbox import Sandbox
 from opledger.settings import Settings
@@ -73,16 +72,12 @@ def services(keep: bool) -> Iterator[Services]:
     if not server_url:
         postgres = devstack.EmbeddedPostgres(workdir / "postgres")
         server_url = postgres.url
-    name = f"opledger_demo_{uuid.uuid4().hex[:6]}"
-    libpq = make_url(server_url).set(drivername="postgresql").render_as_string(hide_password=False)
-    configured_db = bool(os.environ.get("OPLEDGER_DATABASE_URL"))
-    if configured_db:
+    drop_database = None
+    if os.environ.get("OPLEDGER_DATABASE_URL"):
         database_url = server_url  # the configured ledger: migrate it and use it
+        upgrade(database_url)
     else:
-        with psycopg.connect(libpq, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        database_url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    upgrade(database_url)
+        database_url, drop_database = devstack.scratch_database(server_url, "opledger_demo")
     redis = None
     broker_url = os.environ.get("OPLEDGER_BROKER_URL", "")
     if not broker_url:
@@ -99,12 +94,9 @@ def services(keep: bool) -> Iterator[Services]:
                     stop()
             if redis is not None:
                 redis.kill()
-            if not configured_db:
-                with (
-                    contextlib.suppress(psycopg.Error),
-                    psycopg.connect(libpq, autocommit=True) as c,
-                ):
-                    c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            if drop_database is not None:
+                with contextlib.suppress(psycopg.Error):
+                    drop_database()
             if postgres is not None:
                 postgres.stop()
 
@@ -113,18 +105,7 @@ class Story:
     """The stack and the helpers each scenario uses."""
 
     def __init__(self, svc: Services, sandbox: Sandbox) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
-        env.update(FAST_ENV)
-        env.update(
-            OPLEDGER_DATABASE_URL=svc.database_url,
-            OPLEDGER_BROKER_URL=svc.broker_url,
-            OPLEDGER_CRM_URL=sandbox.http_url,
-            OPLEDGER_EMAIL_URL=sandbox.http_url,
-            OPLEDGER_SMTP_HOST=sandbox.smtp_host,
-            OPLEDGER_SMTP_PORT=str(sandbox.smtp_port),
-            OPLEDGER_STATE_DIR=str(svc.workdir),
-            PYTHONUNBUFFERED="1",
-        )
+        env = stack_env(svc.database_url, svc.broker_url, sandbox, svc.workdir)
         self.env = env
         self.svc = svc
         self.sandbox = sandbox
@@ -178,15 +159,7 @@ class Story:
 
     def settle(self, op_ids: list[str], timeout: float = 60.0) -> None:
         def done() -> bool:
-            for op_id in op_ids:
-                h = self.ledger.history(op_id)
-                open_review = any(r.resolved_at is None for r in h.reviews)
-                if not (
-                    h.operation.status.final
-                    or (h.operation.status is Status.UNKNOWN and open_review)
-                ):
-                    return False
-            return True
+            return all(settled(self.ledger.history(op_id)) for op_id in op_ids)
 
         wait_until(done, timeout, "the operations to settle", every=0.2)
 

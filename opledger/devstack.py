@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -139,3 +140,27 @@ class EmbeddedPostgres:
     def pid(self) -> int:
         """The running postmaster's process id."""
         return int((self.pgdata / "postmaster.pid").read_text().split()[0])
+
+
+def scratch_database(server_url: str, prefix: str) -> tuple[str, Callable[[], None]]:
+    """A new, migrated ledger database on `server_url`, and the function that drops it."""
+    import uuid
+
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from opledger.ledger.migrate import upgrade
+
+    server = make_url(server_url)
+    libpq = server.set(drivername="postgresql").render_as_string(hide_password=False)
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(libpq, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = server.set(database=name).render_as_string(hide_password=False)
+    upgrade(url)
+
+    def drop() -> None:
+        with psycopg.connect(libpq, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    return url, drop

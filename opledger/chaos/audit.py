@@ -25,6 +25,14 @@ def effect_key(history: History) -> str:
     return f"crm:{op.provider_request_id}"
 
 
+def settled(history: History) -> bool:
+    """Final, or unknown with an open review: nothing automatic will move it any more."""
+    status = history.operation.status
+    return status.final or (
+        status is Status.UNKNOWN and any(r.resolved_at is None for r in history.reviews)
+    )
+
+
 @dataclass
 class Audit:
     ops: int = 0
@@ -78,7 +86,6 @@ def audit(ledger: Ledger, truth: dict[str, Any], op_ids: Iterable[str]) -> Audit
             result.problems.append(f"{op_id}: lost")
             continue
         status = history.operation.status
-        open_review = any(r.resolved_at is None for r in history.reviews)
         key = effect_key(history)
         applied = int(effects.get(key, 0))
         if applied > 1:
@@ -94,7 +101,7 @@ def audit(ledger: Ledger, truth: dict[str, Any], op_ids: Iterable[str]) -> Audit
             result.rejected += 1
         elif status is Status.CANCELLED:
             result.cancelled += 1
-        elif status is Status.UNKNOWN and open_review:
+        elif status is Status.UNKNOWN and settled(history):
             result.unknown_in_review += 1
         elif status is Status.PREPARED and not history.attempts:
             result.lost += 1

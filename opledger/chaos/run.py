@@ -14,7 +14,6 @@ import os
 import random
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +21,10 @@ from typing import Any
 
 import psycopg
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from opledger import devstack
 from opledger.ledger import Ledger
-from opledger.ledger.migrate import upgrade
 from opledger.sandbox import Sandbox
 from opledger.settings import Settings
 
@@ -120,23 +117,24 @@ class ChaosResult:
         return self.audit.clean
 
 
-def _fresh_database(server_url: str) -> str:
-    name = f"opledger_chaos_{uuid.uuid4().hex[:8]}"
-    server = make_url(server_url)
-    libpq = server.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(libpq, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = server.set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
-    return url
-
-
-def _drop_database(server_url: str, url: str) -> None:
-    server = make_url(server_url)
-    libpq = server.set(drivername="postgresql").render_as_string(hide_password=False)
-    name = make_url(url).database
-    with psycopg.connect(libpq, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def stack_env(
+    database_url: str, broker_url: str, sandbox: Sandbox, workdir: Path
+) -> dict[str, str]:
+    """The environment of a stack's processes: this one's, less any OPLEDGER_ settings,
+    plus the fast settings and the given database, broker, providers and state dir."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
+    env.update(FAST_ENV)
+    env.update(
+        OPLEDGER_DATABASE_URL=database_url,
+        OPLEDGER_BROKER_URL=broker_url,
+        OPLEDGER_CRM_URL=sandbox.http_url,
+        OPLEDGER_EMAIL_URL=sandbox.http_url,
+        OPLEDGER_SMTP_HOST=sandbox.smtp_host,
+        OPLEDGER_SMTP_PORT=str(sandbox.smtp_port),
+        OPLEDGER_STATE_DIR=str(workdir),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
 
 
 def _intent(rng: random.Random, i: int) -> dict[str, Any]:
@@ -174,22 +172,11 @@ def run_chaos(
     work = workdir or Path(tempfile.mkdtemp(prefix="opledger-chaos-"))
     own_pg = devstack.EmbeddedPostgres(work / "postgres") if config.restart_postgres else None
     server_url = own_pg.url if own_pg else devstack.postgres_url()
-    database_url = _fresh_database(server_url)
+    database_url, drop_database = devstack.scratch_database(server_url, "opledger_chaos")
     redis = PrivateRedis(work)
     redis.start()
     sandbox = Sandbox().start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
-    env.update(FAST_ENV)
-    env.update(
-        OPLEDGER_DATABASE_URL=database_url,
-        OPLEDGER_BROKER_URL=redis.url,
-        OPLEDGER_CRM_URL=sandbox.http_url,
-        OPLEDGER_EMAIL_URL=sandbox.http_url,
-        OPLEDGER_SMTP_HOST=sandbox.smtp_host,
-        OPLEDGER_SMTP_PORT=str(sandbox.smtp_port),
-        OPLEDGER_STATE_DIR=str(work),
-        PYTHONUNBUFFERED="1",
-    )
+    env = stack_env(database_url, redis.url, sandbox, work)
     settings = Settings.from_environ(env)
     stack = Stack(env, work)
     ledger = Ledger.from_url(database_url, actions=build_registry(settings))
@@ -296,7 +283,7 @@ def run_chaos(
         sandbox.stop()
         redis.kill()
         with contextlib.suppress(psycopg.Error):
-            _drop_database(server_url, database_url)
+            drop_database()
         if own_pg is not None:
             own_pg.stop()
 

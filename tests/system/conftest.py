@@ -8,7 +8,6 @@ fresh one afterwards.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,29 +15,12 @@ from typing import Any
 import pytest
 
 from opledger.adapters.registry import load_registry
-from opledger.chaos.run import FAST_ENV
+from opledger.chaos.audit import settled as is_settled
+from opledger.chaos.run import stack_env
 from opledger.chaos.stack import PrivateRedis, Stack, wait_until
 from opledger.ledger import Ledger, Status
 from opledger.sandbox import Sandbox
 from opledger.settings import Settings
-
-
-def stack_env(
-    database_url: str, broker_url: str, sandbox: Sandbox, workdir: Path
-) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
-    env.update(FAST_ENV)  # short leases and intervals, the contract-kind variants
-    env.update(
-        OPLEDGER_DATABASE_URL=database_url,
-        OPLEDGER_BROKER_URL=broker_url,
-        OPLEDGER_CRM_URL=sandbox.http_url,
-        OPLEDGER_EMAIL_URL=sandbox.http_url,
-        OPLEDGER_SMTP_HOST=sandbox.smtp_host,
-        OPLEDGER_SMTP_PORT=str(sandbox.smtp_port),
-        OPLEDGER_STATE_DIR=str(workdir),
-        PYTHONUNBUFFERED="1",
-    )
-    return env
 
 
 @pytest.fixture(scope="session")
@@ -119,11 +101,9 @@ def settled(ledger: Ledger, op_ids: list[str], timeout: float = 30.0) -> dict[st
         result = {}
         for op_id in op_ids:
             history = ledger.history(op_id)
-            status = history.operation.status
-            open_review = any(r.resolved_at is None for r in history.reviews)
-            if not (status.final or (status is Status.UNKNOWN and open_review)):
+            if not is_settled(history):
                 return None
-            result[op_id] = status
+            result[op_id] = history.operation.status
         return result
 
     try:
