@@ -1,9 +1,12 @@
 """The CRM adapter: close or update a case over HTTP.
 
-Contract: an Idempotency-Key scoped to the account, kept for a retention window, whose
-first response (a 500 included) is stored and replayed; a 409 while the first request
-with the key executes; an authoritative status endpoint by key; a receipt that binds the
-resulting record version.
+Contract (the sandbox CRM's, Stripe v1-like): an Idempotency-Key scoped to the account,
+kept for a retention window in a durable store, whose first response (a 500 included) is
+stored and replayed; another payload under a used key refused (422); a 409 while the first
+request with the key executes; an authoritative status endpoint by key; responses that
+name our key and the digest of the body they executed, and a receipt that binds the
+resulting record version. "Already closed" is a conflicting state: after an earlier
+attempt that may have applied, it is most likely our own.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from typing import Literal
 import httpx
 
 from opledger.ledger import (
-    Ambiguous,
     Attempt,
     Binding,
     Claim,
@@ -24,27 +26,35 @@ from opledger.ledger import (
     Outcome,
     Rejected,
 )
+from opledger.ledger.contract import AfterError, Concurrent, ResponseBinds
 
 from .base import (
     ABSENT,
     CONFIRMED,
-    IDEMPOTENCY_MISMATCH,
-    IN_FLIGHT,
     INCONCLUSIVE,
     PENDING,
     REJECTED,
-    SERVER_ERROR,
     Contract,
+    ErrorCodes,
     Idempotency,
     Lookup,
     LookupResult,
     error_code,
     http_client,
     outcome_for_http_error,
+    outcome_for_http_status,
+    reuses_connections,
 )
 
 VERBS = {"close_case.v1": "close", "update_case.v1": "update"}
-DEFINITIVE = {"case_not_found", "case_already_closed", "validation_error", "invalid_json"}
+CODES = ErrorCodes(
+    definitive=frozenset(
+        {"case_not_found", "validation_error", "invalid_json", "invalid_idempotency_key"}
+    ),
+    conflicting_state=frozenset({"case_already_closed"}),
+    in_flight=frozenset({"idempotency_key_in_use"}),
+    mismatch=frozenset({"idempotency_key_reused"}),
+)
 
 
 def crm_contract(
@@ -58,21 +68,32 @@ def crm_contract(
     lookup_interval: timedelta = timedelta(seconds=5),
     retention_margin: timedelta = timedelta(minutes=5),
     provider: str = "crm",
+    scope: str = "account",
+    after_error: AfterError = "replayed",
+    keys_durable: bool = True,
+    payload_checked: bool = True,
+    concurrent: Concurrent = "conflict",
+    conflict_wait: timedelta = timedelta(0),
+    response_binds: ResponseBinds = "key_and_digest",
+    max_key_length: int | None = None,
 ) -> Contract:
     """The CRM's contract as configured: each protection the provider offers, or not."""
     return Contract(
         provider=provider,
         idempotency=Idempotency(
             kind="keyed",
-            scope="account",
+            scope=scope,
             retention=retention,
-            errors_replayed=True,
-            replay_returns="stored_response",
-            concurrent_conflict=True,
-            max_key_length=255,
+            after_error=after_error,
+            keys_durable=keys_durable,
+            payload_checked=payload_checked,
+            concurrent=concurrent,
+            conflict_wait=conflict_wait,
+            max_key_length=max_key_length,
         )
         if keys
         else Idempotency(kind="none"),
+        response_binds=response_binds,
         lookup=Lookup(
             kind=lookup,
             lag=search_lag if lookup == "search" else timedelta(0),
@@ -104,7 +125,10 @@ class CrmAdapter:
         self.contract = contract or crm_contract()
         self._verbs = {f"{namespace}.{name}": verb for name, verb in VERBS.items()}
         self.actions: tuple[str, ...] = tuple(self._verbs)
-        self._client = http_client(self.contract.request_timeout.total_seconds())
+        self._client = http_client(
+            self.contract.request_timeout.total_seconds(),
+            reuse=reuses_connections(self.contract),
+        )
 
     def _url(self, path: str) -> str:
         return f"{self.base_url}/crm/{self.account}{path}"
@@ -125,33 +149,18 @@ class CrmAdapter:
             return outcome_for_http_error(exc)
 
     def _outcome(self, claim: Claim, response: httpx.Response) -> Outcome:
-        replayed = response.headers.get("idempotent-replayed") == "true"
-        status, code = response.status_code, error_code(response)
+        status = response.status_code
         if status in (200, 201):
             body = response.json()
             return Confirmed(
                 receipt_id=f"{body['case_id']}@v{body['version']}",
-                binding=Binding(
-                    key=body.get("idempotency_key"),
-                    target=body["case_id"],
-                    resulting_version=str(body["version"]),
-                ),
-                detail={"status": status, "replayed": replayed},
+                binding=_binding(body),
+                detail={
+                    "status": status,
+                    "replayed": response.headers.get("idempotent-replayed") == "true",
+                },
             )
-        detail = {"status": status, "code": code, "replayed": replayed}
-        if status == 409 and code == "idempotency_key_in_use":
-            return Ambiguous(code=IN_FLIGHT, reason="a request with this key is executing")
-        if status == 422 and code == "idempotency_key_reused":
-            return Ambiguous(
-                code=IDEMPOTENCY_MISMATCH, reason="key used with another payload", detail=detail
-            )
-        if code in DEFINITIVE and 400 <= status < 500:
-            return Rejected(code=code, reason=f"the CRM refused: {code}", detail=detail)
-        if status >= 500:
-            return Ambiguous(
-                code=SERVER_ERROR, reason=f"HTTP {status}", replayed=replayed, detail=detail
-            )
-        return Ambiguous(code=code or f"http_{status}", reason=f"HTTP {status}", detail=detail)
+        return outcome_for_http_status(response, CODES, provider="the CRM")
 
     def lookup(self, operation: Operation, attempts: Sequence[Attempt]) -> LookupResult:
         try:
@@ -176,29 +185,25 @@ class CrmAdapter:
             return LookupResult(verdict=INCONCLUSIVE, detail={"status": response.status_code})
         stored = response.json()
         body, code = stored.get("response", {}), stored.get("status_code")
-        if code in (200, 201):
+        if code in (200, 201) and isinstance(body, dict) and "case_id" in body:
             return LookupResult(
                 verdict=CONFIRMED,
-                binding=Binding(
-                    key=body.get("idempotency_key"),
-                    receipt_id=f"{body['case_id']}@v{body['version']}",
-                    target=body.get("case_id"),
-                    resulting_version=str(body.get("version")),
+                binding=_binding(body).model_copy(
+                    update={"receipt_id": f"{body['case_id']}@v{body['version']}"}
                 ),
                 detail={"source": "status_api", "stored_status": code},
             )
-        err = (body.get("error") or {}).get("code", "")
-        if isinstance(code, int) and 400 <= code < 500 and err in DEFINITIVE:
+        err = (body.get("error") or {}).get("code", "") if isinstance(body, dict) else ""
+        detail = {"stored_status": code, "code": err}
+        if isinstance(code, int) and 400 <= code < 500 and err in CODES.definitive:
+            return LookupResult(verdict=REJECTED, binding=Binding(key=key), detail=detail)
+        if isinstance(code, int) and 400 <= code < 500 and err in CODES.conflicting_state:
             return LookupResult(
                 verdict=REJECTED,
                 binding=Binding(key=key),
-                detail={"stored_status": code, "code": err},
+                detail={**detail, "conflicting_state": True},
             )
-        return LookupResult(
-            verdict=INCONCLUSIVE,
-            binding=Binding(key=key),
-            detail={"stored_status": code, "code": err},
-        )
+        return LookupResult(verdict=INCONCLUSIVE, binding=Binding(key=key), detail=detail)
 
     def _search(self, operation: Operation) -> LookupResult:
         key = operation.provider_request_id
@@ -220,3 +225,15 @@ class CrmAdapter:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _binding(body: dict[str, object]) -> Binding:
+    """What a CRM success body ties together: our key, the body it executed, the case and
+    the version it produced (each only when the CRM names it)."""
+    key, digest = body.get("idempotency_key"), body.get("request_digest")
+    return Binding(
+        key=str(key) if key is not None else None,
+        payload_digest=str(digest) if digest is not None else None,
+        target=str(body["case_id"]),
+        resulting_version=str(body["version"]),
+    )

@@ -15,6 +15,7 @@ from rich.table import Table
 from opledger import devstack
 from opledger.adapters.registry import load_registry
 from opledger.ledger import History, Ledger, LedgerError, Operation, Resolution, Status
+from opledger.ledger.consequences import contract_facts
 from opledger.ledger.migrate import upgrade
 from opledger.settings import get_settings
 
@@ -246,12 +247,12 @@ def review_show(op_id: str, tenant: TenantOption, operator: OperatorOption) -> N
     for table in history_tables(history)[:3]:
         console.print(table)
     if view.contract is not None:
-        c = view.contract
-        console.print(
-            f"provider contract: {c.provider}; idempotency {c.idempotency.kind}"
-            + (f" (keys kept {c.idempotency.retention})" if c.idempotency.retention else "")
-            + f"; lookup {c.lookup.kind}; success proves {c.success_proves}"
-        )
+        console.print(f"provider contract: {view.contract.provider}")
+        for fact in contract_facts(view.contract):
+            console.print(f"  - {fact}")
+    hint = view.review.snapshot.get("search_hint")
+    if hint:
+        console.print(f"to check by hand: {hint}")
     effects = Table("resolution", "what it could cause", title="consequences")
     if view.consequences is None:
         effects.add_row("all", "no adapter contract is known for this action: judge with care")

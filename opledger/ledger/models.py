@@ -123,6 +123,10 @@ class Rejected(Record):
     kind: Literal["rejected"] = "rejected"
     code: str
     reason: str
+    #: the refusal says the target is already in the state we asked for ("already closed",
+    #: "already exists"): after an earlier attempt that may have applied, our own attempt
+    #: may have caused it, so it is then no rejection of this request (rule 11)
+    conflicting_state: bool = False
     detail: dict[str, Any] = Field(default_factory=dict)
 
 

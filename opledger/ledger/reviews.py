@@ -141,7 +141,9 @@ class Reviews:
         contract = self._contract(history.operation.action)
         now = datetime.now(UTC)
         effects = (
-            consequences(contract, history.operation, history.attempts, now) if contract else None
+            consequences(contract, history.operation, history.attempts, now, history.evidence)
+            if contract
+            else None
         )
         view = ReviewView(
             review=review,
@@ -314,7 +316,7 @@ class Reviews:
                 "judged safe; use a new key to acknowledge the risk",
                 op_id=op.id,
             )
-        effects = consequences(contract, op, history.attempts, datetime.now(UTC))
+        effects = consequences(contract, op, history.attempts, datetime.now(UTC), history.evidence)
         if not effects.same_key_retry_allowed:
             raise RetryNeedsNewKey(effects.retry, op_id=op.id)
         return None

@@ -39,6 +39,7 @@ from opledger.ledger.decide import (
     Reject,
     Review,
     Wait,
+    admit,
     decide,
 )
 
@@ -70,6 +71,7 @@ def _send(ledger: Ledger, adapter: Adapter, claim: Claim) -> StepResult:
         log.exception("adapter %s raised on %s", type(adapter).__name__, claim.op_id)
         outcome = Ambiguous(code="adapter_error", reason=f"{type(exc).__name__}: {exc}"[:500])
     crashpoints.reached("dispatch.after_call")
+    outcome = admit(adapter.contract, claim, outcome)
     try:
         op = _save(ledger, claim, outcome)
     except StaleFence:
@@ -114,9 +116,13 @@ def dispatch(
 def snapshot(history: History, adapter: Adapter, reason: str, now: datetime) -> dict[str, Any]:
     """What the review opens with: the attempts, the evidence, the contract, and what each
     resolution could cause."""
-    effects = consequences(adapter.contract, history.operation, history.attempts, now)
+    effects = consequences(
+        adapter.contract, history.operation, history.attempts, now, history.evidence
+    )
+    hint = getattr(adapter, "search_hint", None)
     return {
         "reason": reason,
+        "search_hint": hint(history.operation) if callable(hint) else None,
         "contract": adapter.contract.model_dump(mode="json"),
         "attempts": [a.model_dump(mode="json") for a in history.attempts],
         "evidence": [e.model_dump(mode="json") for e in history.evidence],
