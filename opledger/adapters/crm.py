@@ -165,7 +165,12 @@ class CrmAdapter:
     def lookup(self, operation: Operation, attempts: Sequence[Attempt]) -> LookupResult:
         try:
             if self.contract.lookup.kind == "status_api":
-                return self._status(operation)
+                # every key this operation was sent with (an operator's retry may have
+                # given it a new one): whichever applied the change confirms it
+                keys = dict.fromkeys([operation.provider_request_id, *(a.key for a in attempts)])
+                results = [self._status(operation, key) for key in keys]
+                found = [r for r in results if r.verdict == CONFIRMED]
+                return found[0] if found else results[0]
             if self.contract.lookup.kind == "search":
                 return self._search(operation)
             return LookupResult(verdict=INCONCLUSIVE, detail={"reason": "no lookup configured"})
@@ -174,8 +179,7 @@ class CrmAdapter:
                 verdict=INCONCLUSIVE, detail={"error": outcome_for_http_error(exc).reason}
             )
 
-    def _status(self, operation: Operation) -> LookupResult:
-        key = operation.provider_request_id
+    def _status(self, operation: Operation, key: str) -> LookupResult:
         response = self._client.get(self._url(f"/requests/{key}"))
         if response.status_code == 404 and error_code(response) == "no_such_request":
             return LookupResult(verdict=ABSENT, binding=Binding(key=key), detail={"status": 404})

@@ -105,7 +105,9 @@ def test_crm_faults_are_ambiguous_never_rejected(
     time.sleep(1.6 if mode == "delay_after_commit" else 0)
     assert sandbox.effects(f"crm:{claim.key}") == applied
     verdict = crm.lookup(claim.operation, []).verdict
-    assert verdict == ("confirmed" if applied and mode != "error_after_commit" else "inconclusive")
+    # the status API answers from the provider's own records: an error that followed the
+    # change does not hide it
+    assert verdict == ("confirmed" if applied else "inconclusive")
 
 
 def test_crm_replays_a_stored_500_and_says_so(
@@ -173,13 +175,13 @@ def test_crm_status_api_and_search(ledger: Ledger, sandbox: Sandbox, closing: An
     assert status.lookup(claim.operation, []).verdict == "inconclusive"
 
 
-def test_connection_refused_is_ambiguous(ledger: Ledger, closing: Any) -> None:
+def test_a_refused_connection_sent_nothing(ledger: Ledger, closing: Any) -> None:
     claim = claim_for(ledger, "crm.close_case.v1", "case-1", CLOSE)
     adapter = closing(
         CrmAdapter("http://127.0.0.1:9", account="acme", contract=crm_contract(request_timeout=S))
     )
     outcome = adapter.dispatch(claim)
-    assert isinstance(outcome, Ambiguous) and outcome.code == "connect_failed"
+    assert isinstance(outcome, Ambiguous) and outcome.code == "not_sent"  # provably nothing sent
     assert adapter.lookup(claim.operation, []).verdict == "inconclusive"
 
 
