@@ -216,16 +216,27 @@ class CrmAdapter:
             return LookupResult(verdict=INCONCLUSIVE, detail={"status": response.status_code})
         for hit in response.json().get("results", []):
             if hit.get("last_key") == key and hit.get("case_id") == operation.target:
+                # the body it executed binds it to our payload: a change someone else made
+                # under our key (another body) confirms nothing
+                digest = hit.get("last_digest")
                 return LookupResult(
                     verdict=CONFIRMED,
                     binding=Binding(
-                        key=key, target=hit["case_id"], resulting_version=str(hit["version"])
+                        key=key,
+                        target=hit["case_id"],
+                        payload_digest=str(digest) if digest is not None else None,
+                        resulting_version=str(hit["version"]),
                     ),
                     detail={"source": "search"},
                 )
         # Absent from a lagging search, or a case in the right state without our key (someone
         # else may have closed it): neither proves anything.
         return LookupResult(verdict=INCONCLUSIVE, detail={"source": "search", "hits": 0})
+
+    def contract_probe(self, variant: int) -> tuple[str, str, dict[str, object]]:
+        """What `opledger contract check` sends: an update of a case kept for checks."""
+        action = next(a for a, verb in self._verbs.items() if verb == "update")
+        return action, "opledger-contract-check", {"fields": {"opledger_check": variant}}
 
     def close(self) -> None:
         self._client.close()

@@ -148,5 +148,10 @@ class EmailAdapter:
                 )
         return LookupResult(verdict=INCONCLUSIVE, detail={"source": "search", "hits": 0})
 
+    def contract_probe(self, variant: int) -> tuple[str, str, dict[str, object]]:
+        """What `opledger contract check` sends: a message to an address that cannot exist."""
+        to = "contract-check@example.invalid"
+        return ACTIONS[0], to, {"to": to, "subject": f"opledger contract check {variant}"}
+
     def close(self) -> None:
         self._client.close()

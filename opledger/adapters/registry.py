@@ -56,6 +56,13 @@ class Registry:
             result[c.provider] = max(result.get(c.provider, c.max_in_flight), c.max_in_flight)
         return result
 
+    def close(self) -> None:
+        """Close every adapter that holds connections."""
+        for adapter in {id(a): a for a in self._by_action.values()}.values():
+            close = getattr(adapter, "close", None)
+            if callable(close):
+                close()
+
     @property
     def actions(self) -> tuple[str, ...]:
         return tuple(sorted(self._by_action))

@@ -108,6 +108,10 @@ class Sandbox:
         """Forget everything: keys, cases, messages, faults, counters; default config."""
         self._post("/_admin/reset")
 
+    def restart(self) -> int:
+        """The providers restart: accounts without durable keys forget them all."""
+        return int(self._post("/_admin/restart")["keys_forgotten"])
+
     def configure(self, account: str | None = None, **settings: Any) -> dict[str, Any]:
         """Switch protections and knobs (see `opledger.sandbox.server.Config`), for one
         account or (without `account`) for every account without its own settings."""

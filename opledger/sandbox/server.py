@@ -89,6 +89,7 @@ class Case:
     fields: dict[str, Any] = field(default_factory=dict)
     closed_by: str | None = None
     last_key: str | None = None
+    last_digest: str | None = None  #: digest of the body of the last change
     applied_at: float = 0.0
 
 
@@ -268,7 +269,7 @@ async def crm_case_action(request: Request) -> Response:
         if "note" in payload:
             case.fields["note"] = payload["note"]
         case.version += 1
-        case.last_key, case.applied_at = key, time.time()
+        case.last_key, case.last_digest, case.applied_at = key, digest, time.time()
         state.effects[f"crm:{key}"] += 1
         return 200, {
             "case_id": case_id,
@@ -330,7 +331,7 @@ async def crm_search(request: Request) -> Response:
 async def crm_close_by_other(request: Request) -> Response:
     case = STATE.cases[(request.path_params["account"], request.path_params["case_id"])]
     case.status, case.closed_by, case.version = "closed", "someone-else", case.version + 1
-    case.last_key, case.applied_at = None, time.time()
+    case.last_key, case.last_digest, case.applied_at = None, None, time.time()
     return JSONResponse(asdict(case))
 
 
