@@ -21,11 +21,20 @@ class Sandbox:
     """The sandbox providers in a child process: `with Sandbox() as sb: sb.http_url ...`."""
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, smtp_port: int = 0, log: str | None = None
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        smtp_port: int = 0,
+        log: str | None = None,
+        keepalive_timeout: float = 5.0,
     ) -> None:
-        """`log`: a file for the providers' own log (injected faults log tracebacks)."""
+        """`log`: a file for the providers' own log (injected faults log tracebacks).
+        `keepalive_timeout`: how long the server keeps an idle connection open."""
         self._log = log
-        self._args = ["--host", host, "--port", str(port), "--smtp-port", str(smtp_port)]
+        self._args = [
+            *("--host", host, "--port", str(port), "--smtp-port", str(smtp_port)),
+            *("--keepalive-timeout", str(keepalive_timeout)),
+        ]
         self._proc: subprocess.Popen[str] | None = None
         self.http_url = ""
         self.smtp_host = host

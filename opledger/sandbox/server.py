@@ -179,7 +179,14 @@ async def _keyed_request(
     body = await request.body()
     digest = hashlib.sha256(body).hexdigest()
     key = request.headers.get("idempotency-key")
-    log = {"arrived": time.time(), "completed": None, "status": None, "digest": digest}
+    peer = f"{request.client.host}:{request.client.port}" if request.client else None
+    log = {
+        "arrived": time.time(),
+        "completed": None,
+        "status": None,
+        "digest": digest,
+        "peer": peer,
+    }
     state.requests[f"{provider}:{key}"].append(log)
 
     def finish(
