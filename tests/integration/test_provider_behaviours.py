@@ -56,6 +56,10 @@ def worlds(draw: st.DrawFn) -> dict[str, object]:
         "restart": draw(st.booleans()),  # the provider restarts after our first attempt
         "foreign": draw(st.booleans()),  # another client used our key first, other body
         "already_closed": draw(st.booleans()),  # someone else closed the case before us
+        # the declared contract promises more than the provider keeps (every protection):
+        # duplicates are then possible (what `opledger contract check` is for), but the
+        # ledger must still never call our own effect a refusal, nor confirm another's
+        "lies": draw(st.sampled_from([False, False, True])),
     }
 
 
@@ -102,9 +106,9 @@ def test_no_duplicate_and_no_false_outcome_whatever_the_provider_does(
         lookup_interval=timedelta(seconds=0.2),
         retention_margin=timedelta(0),
         scope=f"account {account}",
-        after_error="replayed" if world["replay_errors"] else "key_released",
-        keys_durable=bool(world["keys_durable"]),
-        payload_checked=bool(world["payload_check"]),
+        after_error="replayed" if world["replay_errors"] or world["lies"] else "key_released",
+        keys_durable=bool(world["keys_durable"] or world["lies"]),
+        payload_checked=bool(world["payload_check"] or world["lies"]),
         response_binds="key_and_digest" if world["echo_digest"] else "nothing",
     )
     adapter = CrmAdapter(sandbox.http_url, account=account, contract=contract)
@@ -142,10 +146,11 @@ def test_no_duplicate_and_no_false_outcome_whatever_the_provider_does(
         status = _settle(led, registry, op.id)
 
         ours = sandbox.effects(f"crm:{key}") - foreign
-        assert ours <= 1, f"the change was applied {ours} times"
+        if not world["lies"]:
+            assert ours <= 1, f"the change was applied {ours} times"
         if status is Status.REJECTED:
             assert ours == 0, "rejected although our change was applied"
         if status is Status.CONFIRMED:
-            assert ours == 1, "confirmed although our change was never applied"
+            assert ours >= 1, "confirmed although our change was never applied"
     finally:
         adapter.close()
