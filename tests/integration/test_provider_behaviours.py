@@ -150,7 +150,9 @@ def test_no_duplicate_and_no_false_outcome_whatever_the_provider_does(
             assert ours <= 1, f"the change was applied {ours} times"
         if status is Status.REJECTED:
             assert ours == 0, "rejected although our change was applied"
-        if status is Status.CONFIRMED:
+        if status is Status.CONFIRMED and (world["echo_digest"] or not world["lies"]):
+            # (a contract that wrongly promises a payload check, from a provider whose
+            # responses name no body, cannot tell someone else's stored answer from ours)
             assert ours >= 1, "confirmed although our change was never applied"
     finally:
         adapter.close()
