@@ -105,6 +105,8 @@ class SmtpAdapter:
             with smtplib.SMTP(
                 self.host, self.port, timeout=self.contract.request_timeout.total_seconds()
             ) as smtp:
+                smtp.ehlo_or_helo_if_needed()
+                claim.window.check()  # connected and greeted; MAIL, RCPT and DATA are next
                 smtp.send_message(message)
         except Exception as exc:
             return outcome_for_smtp_error(exc)

@@ -18,6 +18,9 @@ KEY_POISONED = "key_poisoned"  #: the provider wants a new key after a failed at
 SERVER_ERROR = "server_error"  #: a 5xx without a dedup guarantee
 IN_FLIGHT = "in_flight"  #: the provider says a request with this key is still executing
 
+#: the outcome of an attempt whose claim's send-by window had passed: nothing was sent
+NOT_SENT = "not_sent"
+
 #: lookup verdicts
 CONFIRMED, REJECTED = "confirmed", "rejected"
 ABSENT = "absent"  #: an authoritative status API says it never saw this request
@@ -116,6 +119,17 @@ def decide(
             return Review(reason="authorization revoked before anything was sent")
         return Review(reason=f"{operation.status} with no attempt on record")
 
+    # -- send-by window (issue 12): an attempt recorded as not sent carried no request, so
+    # it is never in flight; when no attempt sent anything, this is still a first send.
+    sent = [a for a in attempts if a.outcome != NOT_SENT]
+    if not sent:
+        if not authorized:  # Rule 8
+            return Review(reason="authorization revoked before anything was sent")
+        if len(attempts) >= contract.max_attempts:
+            return Review(reason=f"{len(attempts)} claims passed their send-by window unsent")
+        return Dispatch(key=operation.provider_request_id, payload_digest=operation.payload_digest)
+    # -- end send-by window
+
     operator_retry = operation.operator_retry_by is not None
     codes = {_code(ev) for ev in evidence if ev.source == "dispatch"}
     if IDEMPOTENCY_MISMATCH in codes and not operator_retry:
@@ -126,7 +140,7 @@ def decide(
         (a.started_at for a in attempts if a.key == operation.provider_request_id),
         default=last.started_at,
     )
-    in_flight_until = max(a.deadline_at for a in attempts)
+    in_flight_until = max(a.deadline_at for a in sent)
 
     # Rule 3: never start a second attempt while an earlier one may still be in flight.
     if now < in_flight_until:

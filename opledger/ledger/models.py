@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from .window import SendWindow
+
 
 class Record(BaseModel):
     """Base of every record the ledger hands out: frozen, strict about unknown fields."""
@@ -80,8 +82,12 @@ class Claim(Record):
     """A fenced hold on an operation, returned by `Ledger.claim`.
 
     Every write made under it is conditional on `fence` and `token`; the attempt row was
-    committed before this object was returned, so the provider call may start.
+    committed before this object was returned, so the provider call may start — but only
+    until `send_by`: `window.check()` refuses once the window has passed, measured on this
+    process's monotonic clock (see `opledger.ledger.window`).
     """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     op_id: str
     fence: int
@@ -91,10 +97,16 @@ class Claim(Record):
     attempt_n: int
     started_at: AwareDatetime
     deadline_at: AwareDatetime
+    #: the database's time when the claim committed
+    db_now: AwareDatetime
+    #: no request may start under this claim after this instant (database time)
+    send_by: AwareDatetime
     key: str
     payload: dict[str, Any]
     payload_canonical: str
     operation: Operation
+    #: the send-by window on this process's clock; checked right before bytes leave
+    window: SendWindow = Field(exclude=True, repr=False)
 
 
 class Binding(Record):
@@ -136,7 +148,20 @@ class Ambiguous(Record):
     detail: dict[str, Any] = Field(default_factory=dict)
 
 
-Outcome = Annotated[Confirmed | Rejected | Ambiguous, Field(discriminator="kind")]
+class NotSent(Record):
+    """Nothing was sent under this claim: its send-by window had passed (a paused worker).
+
+    Recorded so the attempt provably carried no request; the operation goes back to
+    unknown and the decision may send again without waiting for this attempt's deadline.
+    """
+
+    kind: Literal["not_sent"] = "not_sent"
+    code: str = "window_passed"
+    reason: str
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+Outcome = Annotated[Confirmed | Rejected | Ambiguous | NotSent, Field(discriminator="kind")]
 
 
 class Attempt(Record):
@@ -150,9 +175,11 @@ class Attempt(Record):
     started_at: AwareDatetime
     deadline_at: AwareDatetime
     finished_at: AwareDatetime | None
-    outcome: Literal["confirmed", "rejected", "ambiguous"] | None
+    outcome: Literal["confirmed", "rejected", "ambiguous", "not_sent"] | None
     response: dict[str, Any] | None
     authorized_by: str | None
+    #: the claim's send-by instant (None for attempts recorded before it existed)
+    send_by: AwareDatetime | None = None
 
 
 class Evidence(Record):

@@ -138,6 +138,8 @@ attempts = Table(
     Column("provider_key", Text, nullable=False),
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     Column("deadline_at", DateTime(timezone=True), nullable=False),
+    #: the claim's send-by instant: no request of this attempt leaves after it
+    Column("send_by", DateTime(timezone=True)),
     Column("finished_at", DateTime(timezone=True)),
     Column("outcome", Text),
     Column("response", JSONB),
@@ -145,7 +147,7 @@ attempts = Table(
     UniqueConstraint("op_id", "n", name="uq_attempts_op_n"),
     UniqueConstraint("op_id", "fence", name="uq_attempts_op_fence"),
     CheckConstraint(
-        "outcome IS NULL OR outcome IN ('confirmed', 'rejected', 'ambiguous')",
+        "outcome IS NULL OR outcome IN ('confirmed', 'rejected', 'ambiguous', 'not_sent')",
         name="outcome_kind",
     ),
 )
@@ -230,6 +232,10 @@ review_actions = Table(
     Column("new_key", Text),
     Column("fence", BigInteger, nullable=False),
     Column("shown", JSONB, nullable=False),
+    #: the resolution contradicts bound evidence on record, and the operator said so
+    Column("override_evidence", Boolean, nullable=False, server_default=text("false")),
+    #: a retry that could repeat the effect, with the operator's explicit acknowledgement
+    Column("risk_acknowledged", Boolean, nullable=False, server_default=text("false")),
     Column("at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     CheckConstraint(
         "resolution IN ('confirmed', 'rejected', 'retry', 'cancel')", name="resolution_kind"

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
-from opledger.adapters.base import Adapter
+from opledger.adapters.base import Adapter, sending
 from opledger.adapters.registry import Registry
 from opledger.ledger import (
     Ambiguous,
@@ -23,8 +23,10 @@ from opledger.ledger import (
     Claim,
     History,
     Ledger,
+    NotSent,
     Operation,
     Outcome,
+    SendWindowPassed,
     StaleFence,
     Status,
     UnknownAuthorization,
@@ -61,22 +63,57 @@ class StepResult:
     decision: Decision | None = None
 
 
-def _send(ledger: Ledger, adapter: Adapter, claim: Claim) -> StepResult:
-    """Cross the boundary under `claim` and record what came back."""
-    crashpoints.reached("dispatch.before_call")
+#: called with an operation id when a fenced-out worker's outcome was kept and the
+#: operation is unknown: reconcile it now rather than at the next scheduled check
+Settle = Callable[[str], None]
+
+
+def _send(
+    ledger: Ledger, adapter: Adapter, claim: Claim, settle: Settle | None = None
+) -> StepResult:
+    """Cross the boundary under `claim` and record what came back.
+
+    Nothing is sent once the claim's send-by window has passed: the window is checked
+    here, and again at the wire (the shared HTTP client after connection set-up, SMTP
+    after EHLO). A refused check is recorded as `NotSent`, whatever the adapter made of it.
+    """
     try:
-        outcome = adapter.dispatch(claim)
+        claim.window.check()
+        crashpoints.reached("dispatch.before_call")
+        with sending(claim.window):
+            outcome = adapter.dispatch(claim)
+    except SendWindowPassed:
+        outcome = _not_sent(claim)
     except Exception as exc:  # an adapter bug must not leave the row dispatching
         log.exception("adapter %s raised on %s", type(adapter).__name__, claim.op_id)
         outcome = Ambiguous(code="adapter_error", reason=f"{type(exc).__name__}: {exc}"[:500])
+    if claim.window.refused:  # the check raised inside the adapter: no byte left
+        outcome = _not_sent(claim)
     crashpoints.reached("dispatch.after_call")
     try:
         op = _save(ledger, claim, outcome)
-    except StaleFence:
+    except StaleFence as exc:
         log.warning("fenced out of %s; outcome kept as evidence", claim.op_id)
+        if (
+            settle is not None
+            and exc.fields.get("evidence_kept")
+            and (exc.fields.get("status") == Status.UNKNOWN.value)
+        ):
+            settle(claim.op_id)
         return StepResult("fenced")
     crashpoints.reached("dispatch.after_save")
     return StepResult("dispatched", op)
+
+
+def _not_sent(claim: Claim) -> NotSent:
+    log.warning("%s: send-by window passed (send by %s); nothing sent", claim.op_id, claim.send_by)
+    return NotSent(
+        reason="not sent: the send-by window had passed",
+        detail={
+            "send_by": claim.send_by.isoformat(),
+            "late_s": round(-claim.window.remaining(), 3),
+        },
+    )
 
 
 def _save(ledger: Ledger, claim: Claim, outcome: Outcome, attempts: int = 6) -> Operation:
@@ -95,12 +132,24 @@ def _save(ledger: Ledger, claim: Claim, outcome: Outcome, attempts: int = 6) -> 
 
 
 def dispatch(
-    ledger: Ledger, registry: Registry, op_id: str, *, owner: str, lease: timedelta
+    ledger: Ledger,
+    registry: Registry,
+    op_id: str,
+    *,
+    owner: str,
+    lease: timedelta,
+    settle: Settle | None = None,
 ) -> StepResult:
-    """First dispatch of a prepared operation. A no-op for anything else (redelivery)."""
+    """First dispatch of a prepared operation. A no-op for anything else (redelivery).
+    `settle(op_id)` is called when this worker was fenced out but its outcome was kept
+    on an unknown operation (to reconcile it at once)."""
     try:
         claim = ledger.claim(
-            op_id, owner=owner, lease=lease, in_flight_by_provider=registry.in_flight_by_provider()
+            op_id,
+            owner=owner,
+            lease=lease,
+            in_flight_by_provider=registry.in_flight_by_provider(),
+            send_window_by_provider=registry.send_window_by_provider(),
         )
     except AuthorizationRevoked:
         return StepResult("cancelled")
@@ -108,7 +157,7 @@ def dispatch(
         log.info("dispatch of %s: not claimable (already claimed, finished or unknown)", op_id)
         return StepResult("noop")
     crashpoints.reached("dispatch.after_claim")
-    return _send(ledger, registry.adapter_for(claim.operation.action), claim)
+    return _send(ledger, registry.adapter_for(claim.operation.action), claim, settle)
 
 
 def snapshot(history: History, adapter: Adapter, reason: str, now: datetime) -> dict[str, Any]:
@@ -143,9 +192,10 @@ def reconcile(
     max_lookups: int = 2,
     policy: ReviewPolicy = ReviewPolicy(),
     on_review: Callable[[str], None] | None = None,
+    settle: Settle | None = None,
 ) -> StepResult:
     """Run the retry decision on an unknown operation and act on it. `on_review(op_id)` is
-    called when this step opened a review (to notify someone)."""
+    called when this step opened a review (to notify someone); `settle` as in `dispatch`."""
     history = ledger.history(op_id)
     op = history.operation
     if op.status is not Status.UNKNOWN:
@@ -195,6 +245,7 @@ def reconcile(
             lease=lease,
             now=now,
             on_review=on_review,
+            settle=settle,
         )
     except StaleFence:
         return StepResult("fenced", decision=decision)
@@ -211,6 +262,7 @@ def _act(
     lease: timedelta,
     now: Callable[[], datetime],
     on_review: Callable[[str], None] | None,
+    settle: Settle | None = None,
 ) -> StepResult:
     op = history.operation
     if isinstance(decision, Confirm | Reject):
@@ -251,11 +303,12 @@ def _act(
             retry=True,
             expected_fence=op.fence,
             in_flight_by_provider=registry.in_flight_by_provider(),
+            send_window_by_provider=registry.send_window_by_provider(),
             authorized_by=op.operator_retry_by,
         )
     except AuthorizationRevoked:
         return StepResult("noop", ledger.get(op.id), decision)
     if claim is None:
         return StepResult("fenced", decision=decision)
-    result = _send(ledger, adapter, claim)
+    result = _send(ledger, adapter, claim, settle)
     return StepResult(result.action, result.operation, decision)
