@@ -326,6 +326,12 @@ RESOLVE = text(
         UPDATE evidence SET applied = true
         WHERE id = :evidence_id AND op_id = :op_id AND EXISTS (SELECT 1 FROM op)
     ),
+    -- evidence that arrived while a person was reviewing it settles the review too
+    closed AS (
+        UPDATE reviews SET resolution = :to_status, resolved_by = :actor, resolved_at = now(),
+                           note = :reason
+        WHERE op_id = :op_id AND resolved_at IS NULL AND EXISTS (SELECT 1 FROM op)
+    ),
     transition AS (
         INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
         SELECT op.id, 'unknown', op.status, op.fence, :actor, :reason FROM op

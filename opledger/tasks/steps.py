@@ -229,6 +229,12 @@ def reconcile(
         op = history.operation
         if op.status is not Status.UNKNOWN:
             return StepResult("noop", op)
+    if any(r.resolved_at is None for r in history.reviews) and not isinstance(
+        decision, Confirm | Reject
+    ):
+        # A person has it: only evidence that settles it acts before they do (a fenced-out
+        # worker's late receipt, say); anything else waits for their resolution.
+        return StepResult("review", op, decision)
     waiting = isinstance(decision, Wait | HoldUnknown | Lookup)
     if waiting and history.attempts and op.operator_retry_by is None:
         first = min(a.started_at for a in history.attempts)

@@ -1,0 +1,157 @@
+"""A worker frozen (SIGSTOP) between its claim and its send wakes up after its send-by
+window and sends nothing, for every provider-contract kind.
+
+The frozen worker's children stop themselves at `dispatch.before_call` (right after the
+claim committed, before the adapter is called). The sweeper fences them out, and once
+their attempts' in-flight deadlines have passed another worker retries where the
+contract allows it. Half of the frozen processes are resumed (SIGCONT) while those
+retries are executing at the provider, the other half after they finished. None of the
+providers answers a concurrent request with a conflict, and one has no deduplication
+but an authoritative status API, so a late request would show in the ground truth as a
+second effect or an overlap.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from opledger.chaos.audit import audit, effect_key
+from opledger.chaos.stack import Stack, wait_until
+from opledger.chaos.variants import ALL_KINDS, EMAIL_ACCOUNT, configure_sandbox
+from opledger.ledger import History, Ledger, Status
+from opledger.sandbox import Sandbox
+from opledger.tasks.app import dispatch
+
+from .conftest import prepare, settings_of, settled
+
+pytestmark = pytest.mark.system
+
+ACTIONS = [kind.action for kind in ALL_KINDS] + ["email.send.v1", "email.smtp_send.v1"]
+#: a request executes for PROCESSING_S at the provider, inside the 3 s timeout and the
+#: 4 s in-flight bound the contracts declare; the lease is shorter than the window
+ENV = {
+    "OPLEDGER_PROVIDER_TIMEOUT_SECONDS": "3",
+    "OPLEDGER_PROVIDER_IN_FLIGHT_SECONDS": "4",
+    "OPLEDGER_LEASE_SECONDS": "2",
+}
+PROCESSING_S = 2.0
+#: the kinds whose contract allows a retry once the frozen attempt's deadline has passed
+RETRIED = {"crm.close_case.v1", "crmk.close_case.v1", "crmx.close_case.v1", "email.send.v1"}
+
+
+def _ops(ledger: Ledger, tag: str) -> list[str]:
+    ids = []
+    for i, action in enumerate(ACTIONS):
+        if action.startswith("email."):
+            payload: dict[str, Any] = {"to": "owner@acme.test", "subject": "Closed", "text": tag}
+            target = "owner@acme.test"
+        else:
+            payload, target = {"note": f"{tag} {i}"}, f"case-{tag}-{i}"
+        ids.append(prepare(ledger, f"{tag}-{i}", action=action, target=target, payload=payload))
+    return ids
+
+
+def _requests(sandbox: Sandbox, history: History) -> list[dict[str, Any]]:
+    return list(sandbox.truth()["requests"].get(effect_key(history), []))
+
+
+def _in_review(history: History) -> bool:
+    return any(r.resolved_at is None for r in history.reviews)
+
+
+def _pid(history: History) -> int:
+    return int(history.attempts[0].owner.rsplit(":", 1)[1])
+
+
+def _resume(ledger: Ledger, op_ids: list[str]) -> float:
+    at = time.time()
+    for op_id in op_ids:
+        os.kill(_pid(ledger.history(op_id)), signal.SIGCONT)
+    return at
+
+
+def test_a_worker_frozen_between_claim_and_send_never_sends_after_its_window(
+    running: Stack, sys_ledger: Ledger, sandbox: Sandbox
+) -> None:
+    configure_sandbox(sandbox, settings_of({**running.env, **ENV}))
+    for account in [kind.account for kind in ALL_KINDS] + [EMAIL_ACCOUNT]:
+        sandbox.configure(account=account, processing_s=PROCESSING_S)
+    running.kill_worker("w1")
+    running.start_worker(
+        "frozen",
+        concurrency=2 * len(ACTIONS),
+        OPLEDGER_CRASHPOINT="dispatch.before_call",
+        OPLEDGER_CRASHPOINT_SIGNAL="SIGSTOP",
+        **ENV,
+    )
+    during, after = _ops(sys_ledger, "during"), _ops(sys_ledger, "after")
+    everything = during + after
+    try:
+        for op_id in everything:
+            dispatch.delay(op_id)
+        wait_until(
+            lambda: all(sys_ledger.history(o).attempts for o in everything),
+            45,
+            "every operation claimed by a frozen process",
+        )
+        running.start_worker("w1", **ENV)
+
+        # Resume the first half while the retries are executing at the provider.
+        def retry_began(op_id: str) -> bool:
+            h = sys_ledger.history(op_id)
+            return _in_review(h) or (len(h.attempts) >= 2 and bool(_requests(sandbox, h)))
+
+        wait_until(lambda: all(retry_began(o) for o in during), 45, "retries to begin")
+        resumed_at = _resume(sys_ledger, during)
+        overlapped = [
+            o
+            for o in during
+            if any(
+                r["arrived"] <= resumed_at and (r["completed"] or 1e18) > resumed_at
+                for r in _requests(sandbox, sys_ledger.history(o))
+            )
+        ]
+        assert overlapped, "no frozen process was resumed while a retry was executing"
+
+        # Resume the second half after the retries finished.
+        def retry_done(op_id: str) -> bool:
+            h = sys_ledger.history(op_id)
+            return _in_review(h) or h.operation.status is Status.CONFIRMED
+
+        wait_until(lambda: all(retry_done(o) for o in after), 45, "retries to finish")
+        _resume(sys_ledger, after)
+
+        wait_until(
+            lambda: all(sys_ledger.history(o).attempts[0].finished_at for o in everything),
+            30,
+            "the resumed processes to record their attempts",
+        )
+        settled(sys_ledger, everything, timeout=60)
+    finally:
+        for name in ("frozen", "w1"):  # w1 back to the standard settings for the next test
+            if name in running.workers:
+                running.kill_worker(name)
+
+    result = audit(sys_ledger, sandbox.truth(), everything)
+    assert result.clean, result.problems
+    assert result.duplicate_effects == 0 and result.dispatches_while_in_flight == 0
+    for op_id in everything:
+        history = sys_ledger.history(op_id)
+        frozen = history.attempts[0]
+        op = history.operation
+        assert frozen.outcome == "not_sent", (op.action, frozen)
+        assert frozen.response is not None and frozen.response["code"] == "window_passed"
+        requests = _requests(sandbox, history)
+        # every request the provider saw came from a later attempt, none from the frozen one
+        assert len(requests) == len(history.attempts) - 1, (op.action, requests)
+        assert all(r["arrived"] >= history.attempts[1].started_at.timestamp() for r in requests)
+        if op.action in RETRIED:
+            assert op.status is Status.CONFIRMED, (op.action, op.status)
+        else:  # nothing proves it was never sent while the frozen attempt was open
+            assert op.status is Status.UNKNOWN and _in_review(history), op.action
+    assert sys_ledger.list(status=[Status.DISPATCHING, Status.PREPARED]) == ()
