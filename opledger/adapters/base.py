@@ -16,7 +16,16 @@ from typing import Any, Protocol, runtime_checkable
 import httpx
 from pydantic import Field
 
-from opledger.ledger import Ambiguous, Attempt, Binding, Claim, Operation, Outcome, SendWindow
+from opledger.ledger import (
+    Ambiguous,
+    Attempt,
+    Binding,
+    Claim,
+    Operation,
+    Outcome,
+    SendWindow,
+    SendWindowPassed,
+)
 from opledger.ledger.contract import Contract, Idempotency, Lookup
 from opledger.ledger.decide import (
     ABSENT,
@@ -25,11 +34,12 @@ from opledger.ledger.decide import (
     IN_FLIGHT,
     INCONCLUSIVE,
     KEY_POISONED,
+    NOT_SENT,
     PENDING,
     REJECTED,
     SERVER_ERROR,
 )
-from opledger.ledger.models import Record
+from opledger.ledger.models import Record, Rejected
 
 __all__ = [
     "ABSENT",
@@ -38,15 +48,18 @@ __all__ = [
     "INCONCLUSIVE",
     "IN_FLIGHT",
     "KEY_POISONED",
+    "NOT_SENT",
     "PENDING",
     "REJECTED",
     "SERVER_ERROR",
     "Adapter",
     "Contract",
+    "ErrorCodes",
     "Idempotency",
     "Lookup",
     "LookupResult",
     "outcome_for_http_error",
+    "outcome_for_http_status",
     "sending",
 ]
 
@@ -76,7 +89,7 @@ class Adapter(Protocol):
         `http_client` check the claim's send-by window after the connection is set up and
         before the first byte leaves. An adapter speaking another protocol calls
         `claim.window.check()` itself, right before the command that carries the effect
-        (SMTP: after EHLO, before MAIL). A refused check raises `SendWindowPassed`; map it
+        (SMTP: after the envelope, before DATA). A refused check raises `SendWindowPassed`; map it
         like any other exception — the worker records the attempt as not sent anyway.
         """
         ...
@@ -90,11 +103,18 @@ def outcome_for_http_error(exc: Exception) -> Ambiguous:
     """Map any exception an HTTP call can raise to an ambiguous outcome.
 
     Nothing here is a definitive refusal: a timeout, a reset or a protocol error after the
-    request left us says nothing about whether the provider applied it.
+    request left us says nothing about whether the provider applied it. Only a connection
+    that was never made (refused, timed out while connecting, no free connection in the
+    pool) proves that nothing was sent.
     """
-    if isinstance(exc, httpx.ConnectTimeout | httpx.ConnectError):
-        code = "connect_failed"
-    elif isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, SendWindowPassed):  # refused at the wire: no byte left
+        return Ambiguous(code=NOT_SENT, reason=str(exc)[:500], detail={"why": "window_passed"})
+    if isinstance(exc, httpx.ConnectTimeout | httpx.ConnectError | httpx.PoolTimeout):
+        return Ambiguous(
+            code=NOT_SENT,
+            reason=f"no connection, nothing sent: {type(exc).__name__}: {exc}"[:500],
+        )
+    if isinstance(exc, httpx.TimeoutException):
         code = "timeout"
     elif isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
         code = "connection_lost"
@@ -162,14 +182,106 @@ class WindowedTransport(httpx.BaseTransport):
         self._inner.close()
 
 
-def http_client(timeout: float) -> httpx.Client:
+def reuses_connections(contract: Contract) -> bool:
+    """Whether requests may go over kept-alive connections.
+
+    A server may close an idle connection just as we send on it; the request never left,
+    but all we see is a lost connection. That costs nothing where a same-key retry is
+    protected; elsewhere it would send a request that never left to review, so each
+    request gets a fresh connection and a lost one means it really was sent.
+    """
+    idem = contract.idempotency
+    return idem.kind == "keyed" and idem.keys_durable and idem.after_error != "key_released"
+
+
+def http_client(timeout: float, *, reuse: bool = True) -> httpx.Client:
     """An httpx client with its own retries off (the adapter and the decision own
     retrying) that honours the armed claim's send-by window at the wire."""
     return httpx.Client(
         timeout=httpx.Timeout(timeout),
-        transport=WindowedTransport(httpx.HTTPTransport(retries=0)),
+        transport=WindowedTransport(
+            httpx.HTTPTransport(
+                retries=0,
+                limits=httpx.Limits(max_keepalive_connections=None if reuse else 0),
+            )
+        ),
         follow_redirects=False,
     )
+
+
+class ErrorCodes(Record):
+    """A provider's error codes, by what they mean for the retry decision."""
+
+    #: a definitive refusal of this request: nothing was applied
+    definitive: frozenset[str] = frozenset()
+    #: the target is already in the state asked for ("already closed", "already exists")
+    conflicting_state: frozenset[str] = frozenset()
+    #: a request with this key is still executing
+    in_flight: frozenset[str] = frozenset()
+    #: this key was used with another payload
+    mismatch: frozenset[str] = frozenset()
+    #: the key is refused after a failed attempt; a new one is wanted
+    poisoned: frozenset[str] = frozenset()
+
+
+#: 4xx statuses that refuse the request itself; without a code we know, they are read as
+#: refusals that our own earlier attempt may have caused (rule 11)
+_REFUSALS = frozenset({400, 403, 404, 405, 409, 410, 413, 414, 415, 422})
+
+
+def outcome_for_http_status(
+    response: httpx.Response, codes: ErrorCodes, *, provider: str
+) -> Ambiguous | Rejected:
+    """Map a non-success HTTP response to an outcome, by the provider's error code first.
+
+    The same status means different things at different providers (a 409 may be "in
+    progress" or "another payload"), so codes decide; a 4xx without a code we know is a
+    refusal on a first attempt and ambiguous after one that may have applied; a 5xx and
+    anything else is ambiguous.
+    """
+    status, code = response.status_code, error_code(response)
+    replayed = response.headers.get("idempotent-replayed") == "true"
+    detail: dict[str, object] = {"status": status, "code": code, "replayed": replayed}
+    if code and code in codes.in_flight:
+        return Ambiguous(
+            code=IN_FLIGHT, reason="a request with this key is executing", detail=detail
+        )
+    if code and code in codes.mismatch:
+        return Ambiguous(
+            code=IDEMPOTENCY_MISMATCH, reason="key used with another payload", detail=detail
+        )
+    if code and code in codes.poisoned:
+        return Ambiguous(code=KEY_POISONED, reason="the key wants replacing", detail=detail)
+    if 400 <= status < 500:
+        if code and code in codes.definitive:
+            return Rejected(code=code, reason=f"{provider} refused: {code}", detail=detail)
+        if (code and code in codes.conflicting_state) or (
+            status in _REFUSALS and code not in codes.definitive
+        ):
+            return Rejected(
+                code=code or f"http_{status}",
+                reason=f"{provider} refused: {code or _message(response) or status}"[:500],
+                conflicting_state=True,
+                detail=detail,
+            )
+    if status >= 500:
+        return Ambiguous(
+            code=SERVER_ERROR, reason=f"HTTP {status}", replayed=replayed, detail=detail
+        )
+    return Ambiguous(code=code or f"http_{status}", reason=f"HTTP {status}", detail=detail)
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200]
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict):
+            return str(error.get("message", ""))
+        return str(body.get("message", ""))
+    return ""
 
 
 def error_code(response: httpx.Response) -> str:

@@ -1,9 +1,12 @@
 """The CRM adapter: close or update a case over HTTP.
 
-Contract: an Idempotency-Key scoped to the account, kept for a retention window, whose
-first response (a 500 included) is stored and replayed; a 409 while the first request
-with the key executes; an authoritative status endpoint by key; a receipt that binds the
-resulting record version.
+Contract (the sandbox CRM's, Stripe v1-like): an Idempotency-Key scoped to the account,
+kept for a retention window in a durable store, whose first response (a 500 included) is
+stored and replayed; another payload under a used key refused (422); a 409 while the first
+request with the key executes; an authoritative status endpoint by key; responses that
+name our key and the digest of the body they executed, and a receipt that binds the
+resulting record version. "Already closed" is a conflicting state: after an earlier
+attempt that may have applied, it is most likely our own.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from typing import Literal
 import httpx
 
 from opledger.ledger import (
-    Ambiguous,
     Attempt,
     Binding,
     Claim,
@@ -24,27 +26,35 @@ from opledger.ledger import (
     Outcome,
     Rejected,
 )
+from opledger.ledger.contract import AfterError, Concurrent, ResponseBinds
 
 from .base import (
     ABSENT,
     CONFIRMED,
-    IDEMPOTENCY_MISMATCH,
-    IN_FLIGHT,
     INCONCLUSIVE,
     PENDING,
     REJECTED,
-    SERVER_ERROR,
     Contract,
+    ErrorCodes,
     Idempotency,
     Lookup,
     LookupResult,
     error_code,
     http_client,
     outcome_for_http_error,
+    outcome_for_http_status,
+    reuses_connections,
 )
 
 VERBS = {"close_case.v1": "close", "update_case.v1": "update"}
-DEFINITIVE = {"case_not_found", "case_already_closed", "validation_error", "invalid_json"}
+CODES = ErrorCodes(
+    definitive=frozenset(
+        {"case_not_found", "validation_error", "invalid_json", "invalid_idempotency_key"}
+    ),
+    conflicting_state=frozenset({"case_already_closed"}),
+    in_flight=frozenset({"idempotency_key_in_use"}),
+    mismatch=frozenset({"idempotency_key_reused"}),
+)
 
 
 def crm_contract(
@@ -58,21 +68,32 @@ def crm_contract(
     lookup_interval: timedelta = timedelta(seconds=5),
     retention_margin: timedelta = timedelta(minutes=5),
     provider: str = "crm",
+    scope: str = "account",
+    after_error: AfterError = "replayed",
+    keys_durable: bool = True,
+    payload_checked: bool = True,
+    concurrent: Concurrent = "conflict",
+    conflict_wait: timedelta = timedelta(0),
+    response_binds: ResponseBinds = "key_and_digest",
+    max_key_length: int | None = None,
 ) -> Contract:
     """The CRM's contract as configured: each protection the provider offers, or not."""
     return Contract(
         provider=provider,
         idempotency=Idempotency(
             kind="keyed",
-            scope="account",
+            scope=scope,
             retention=retention,
-            errors_replayed=True,
-            replay_returns="stored_response",
-            concurrent_conflict=True,
-            max_key_length=255,
+            after_error=after_error,
+            keys_durable=keys_durable,
+            payload_checked=payload_checked,
+            concurrent=concurrent,
+            conflict_wait=conflict_wait,
+            max_key_length=max_key_length,
         )
         if keys
         else Idempotency(kind="none"),
+        response_binds=response_binds,
         lookup=Lookup(
             kind=lookup,
             lag=search_lag if lookup == "search" else timedelta(0),
@@ -104,7 +125,10 @@ class CrmAdapter:
         self.contract = contract or crm_contract()
         self._verbs = {f"{namespace}.{name}": verb for name, verb in VERBS.items()}
         self.actions: tuple[str, ...] = tuple(self._verbs)
-        self._client = http_client(self.contract.request_timeout.total_seconds())
+        self._client = http_client(
+            self.contract.request_timeout.total_seconds(),
+            reuse=reuses_connections(self.contract),
+        )
 
     def _url(self, path: str) -> str:
         return f"{self.base_url}/crm/{self.account}{path}"
@@ -125,38 +149,28 @@ class CrmAdapter:
             return outcome_for_http_error(exc)
 
     def _outcome(self, claim: Claim, response: httpx.Response) -> Outcome:
-        replayed = response.headers.get("idempotent-replayed") == "true"
-        status, code = response.status_code, error_code(response)
+        status = response.status_code
         if status in (200, 201):
             body = response.json()
             return Confirmed(
                 receipt_id=f"{body['case_id']}@v{body['version']}",
-                binding=Binding(
-                    key=body.get("idempotency_key"),
-                    target=body["case_id"],
-                    resulting_version=str(body["version"]),
-                ),
-                detail={"status": status, "replayed": replayed},
+                binding=_binding(body),
+                detail={
+                    "status": status,
+                    "replayed": response.headers.get("idempotent-replayed") == "true",
+                },
             )
-        detail = {"status": status, "code": code, "replayed": replayed}
-        if status == 409 and code == "idempotency_key_in_use":
-            return Ambiguous(code=IN_FLIGHT, reason="a request with this key is executing")
-        if status == 422 and code == "idempotency_key_reused":
-            return Ambiguous(
-                code=IDEMPOTENCY_MISMATCH, reason="key used with another payload", detail=detail
-            )
-        if code in DEFINITIVE and 400 <= status < 500:
-            return Rejected(code=code, reason=f"the CRM refused: {code}", detail=detail)
-        if status >= 500:
-            return Ambiguous(
-                code=SERVER_ERROR, reason=f"HTTP {status}", replayed=replayed, detail=detail
-            )
-        return Ambiguous(code=code or f"http_{status}", reason=f"HTTP {status}", detail=detail)
+        return outcome_for_http_status(response, CODES, provider="the CRM")
 
     def lookup(self, operation: Operation, attempts: Sequence[Attempt]) -> LookupResult:
         try:
             if self.contract.lookup.kind == "status_api":
-                return self._status(operation)
+                # every key this operation was sent with (an operator's retry may have
+                # given it a new one): whichever applied the change confirms it
+                keys = dict.fromkeys([operation.provider_request_id, *(a.key for a in attempts)])
+                results = [self._status(operation, key) for key in keys]
+                found = [r for r in results if r.verdict == CONFIRMED]
+                return found[0] if found else results[0]
             if self.contract.lookup.kind == "search":
                 return self._search(operation)
             return LookupResult(verdict=INCONCLUSIVE, detail={"reason": "no lookup configured"})
@@ -165,8 +179,7 @@ class CrmAdapter:
                 verdict=INCONCLUSIVE, detail={"error": outcome_for_http_error(exc).reason}
             )
 
-    def _status(self, operation: Operation) -> LookupResult:
-        key = operation.provider_request_id
+    def _status(self, operation: Operation, key: str) -> LookupResult:
         response = self._client.get(self._url(f"/requests/{key}"))
         if response.status_code == 404 and error_code(response) == "no_such_request":
             return LookupResult(verdict=ABSENT, binding=Binding(key=key), detail={"status": 404})
@@ -176,29 +189,25 @@ class CrmAdapter:
             return LookupResult(verdict=INCONCLUSIVE, detail={"status": response.status_code})
         stored = response.json()
         body, code = stored.get("response", {}), stored.get("status_code")
-        if code in (200, 201):
+        if code in (200, 201) and isinstance(body, dict) and "case_id" in body:
             return LookupResult(
                 verdict=CONFIRMED,
-                binding=Binding(
-                    key=body.get("idempotency_key"),
-                    receipt_id=f"{body['case_id']}@v{body['version']}",
-                    target=body.get("case_id"),
-                    resulting_version=str(body.get("version")),
+                binding=_binding(body).model_copy(
+                    update={"receipt_id": f"{body['case_id']}@v{body['version']}"}
                 ),
                 detail={"source": "status_api", "stored_status": code},
             )
-        err = (body.get("error") or {}).get("code", "")
-        if isinstance(code, int) and 400 <= code < 500 and err in DEFINITIVE:
+        err = (body.get("error") or {}).get("code", "") if isinstance(body, dict) else ""
+        detail = {"stored_status": code, "code": err}
+        if isinstance(code, int) and 400 <= code < 500 and err in CODES.definitive:
+            return LookupResult(verdict=REJECTED, binding=Binding(key=key), detail=detail)
+        if isinstance(code, int) and 400 <= code < 500 and err in CODES.conflicting_state:
             return LookupResult(
                 verdict=REJECTED,
                 binding=Binding(key=key),
-                detail={"stored_status": code, "code": err},
+                detail={**detail, "conflicting_state": True},
             )
-        return LookupResult(
-            verdict=INCONCLUSIVE,
-            binding=Binding(key=key),
-            detail={"stored_status": code, "code": err},
-        )
+        return LookupResult(verdict=INCONCLUSIVE, binding=Binding(key=key), detail=detail)
 
     def _search(self, operation: Operation) -> LookupResult:
         key = operation.provider_request_id
@@ -207,10 +216,16 @@ class CrmAdapter:
             return LookupResult(verdict=INCONCLUSIVE, detail={"status": response.status_code})
         for hit in response.json().get("results", []):
             if hit.get("last_key") == key and hit.get("case_id") == operation.target:
+                # the body it executed binds it to our payload: a change someone else made
+                # under our key (another body) confirms nothing
+                digest = hit.get("last_digest")
                 return LookupResult(
                     verdict=CONFIRMED,
                     binding=Binding(
-                        key=key, target=hit["case_id"], resulting_version=str(hit["version"])
+                        key=key,
+                        target=hit["case_id"],
+                        payload_digest=str(digest) if digest is not None else None,
+                        resulting_version=str(hit["version"]),
                     ),
                     detail={"source": "search"},
                 )
@@ -218,5 +233,22 @@ class CrmAdapter:
         # else may have closed it): neither proves anything.
         return LookupResult(verdict=INCONCLUSIVE, detail={"source": "search", "hits": 0})
 
+    def contract_probe(self, variant: int) -> tuple[str, str, dict[str, object]]:
+        """What `opledger contract check` sends: an update of a case kept for checks."""
+        action = next(a for a, verb in self._verbs.items() if verb == "update")
+        return action, "opledger-contract-check", {"fields": {"opledger_check": variant}}
+
     def close(self) -> None:
         self._client.close()
+
+
+def _binding(body: dict[str, object]) -> Binding:
+    """What a CRM success body ties together: our key, the body it executed, the case and
+    the version it produced (each only when the CRM names it)."""
+    key, digest = body.get("idempotency_key"), body.get("request_digest")
+    return Binding(
+        key=str(key) if key is not None else None,
+        payload_digest=str(digest) if digest is not None else None,
+        target=str(body["case_id"]),
+        resulting_version=str(body["version"]),
+    )

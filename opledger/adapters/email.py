@@ -14,33 +14,34 @@ from datetime import timedelta
 import httpx
 
 from opledger.ledger import (
-    Ambiguous,
     Attempt,
     Binding,
     Claim,
     Confirmed,
     Operation,
     Outcome,
-    Rejected,
 )
 
 from .base import (
     CONFIRMED,
-    IDEMPOTENCY_MISMATCH,
-    IN_FLIGHT,
     INCONCLUSIVE,
-    SERVER_ERROR,
     Contract,
+    ErrorCodes,
     Idempotency,
     Lookup,
     LookupResult,
-    error_code,
     http_client,
     outcome_for_http_error,
+    outcome_for_http_status,
+    reuses_connections,
 )
 
 ACTIONS: tuple[str, ...] = ("email.send.v1",)
-DEFINITIVE = {"validation_error", "invalid_idempotency_key", "invalid_json"}
+CODES = ErrorCodes(
+    definitive=frozenset({"validation_error", "invalid_idempotency_key", "invalid_json"}),
+    in_flight=frozenset({"concurrent_idempotent_requests"}),
+    mismatch=frozenset({"invalid_idempotent_request"}),
+)
 
 
 def email_contract(
@@ -53,15 +54,18 @@ def email_contract(
     lookup_interval: timedelta = timedelta(seconds=5),
     retention_margin: timedelta = timedelta(minutes=5),
 ) -> Contract:
+    """The sandbox email API's contract: keys kept in a durable store that replays stored
+    errors, another payload and concurrent requests refused with their own 409 codes."""
     return Contract(
         provider="email",
         idempotency=Idempotency(
             kind="keyed",
             scope="account",
             retention=retention,
-            errors_replayed=False,
-            replay_returns="stored_response",
-            concurrent_conflict=True,
+            after_error="replayed",
+            keys_durable=True,
+            payload_checked=True,
+            concurrent="conflict",
             max_key_length=256,
         )
         if keys
@@ -71,8 +75,8 @@ def email_contract(
         request_timeout=request_timeout,
         max_in_flight=max_in_flight or request_timeout * 2,
         retention_margin=retention_margin,
-        source="opledger sandbox email API (Resend-like: 24 h keys, 409 codes; accepted is not "
-        "delivered)",
+        source="opledger sandbox email API (Resend-like: 24 h keys, 409 codes; stored errors "
+        "replayed; accepted is not delivered)",
     )
 
 
@@ -88,7 +92,10 @@ class EmailAdapter:
         self.base_url = base_url.rstrip("/")
         self.account = account
         self.contract = contract or email_contract()
-        self._client = http_client(self.contract.request_timeout.total_seconds())
+        self._client = http_client(
+            self.contract.request_timeout.total_seconds(),
+            reuse=reuses_connections(self.contract),
+        )
 
     def dispatch(self, claim: Claim) -> Outcome:
         body = {**claim.payload, "marker": marker_for(claim.operation)}
@@ -104,31 +111,18 @@ class EmailAdapter:
             return outcome_for_http_error(exc)
 
     def _outcome(self, claim: Claim, response: httpx.Response) -> Outcome:
-        status, code = response.status_code, error_code(response)
-        replayed = response.headers.get("idempotent-replayed") == "true"
-        detail = {"status": status, "code": code, "replayed": replayed}
+        status = response.status_code
         if status in (200, 202):
             return Confirmed(
                 receipt_id=str(response.json()["id"]),
                 binding=Binding(key=claim.key, target=claim.operation.target),
                 accepted_only=True,
-                detail=detail,
+                detail={
+                    "status": status,
+                    "replayed": response.headers.get("idempotent-replayed") == "true",
+                },
             )
-        if status == 409 and code == "concurrent_idempotent_requests":
-            return Ambiguous(
-                code=IN_FLIGHT, reason="a send with this key is in progress", detail=detail
-            )
-        if status == 409 and code == "invalid_idempotent_request":
-            return Ambiguous(
-                code=IDEMPOTENCY_MISMATCH, reason="key used with another payload", detail=detail
-            )
-        if 400 <= status < 500 and code in DEFINITIVE:
-            return Rejected(code=code, reason=f"the email API refused: {code}", detail=detail)
-        if status >= 500:
-            return Ambiguous(
-                code=SERVER_ERROR, reason=f"HTTP {status}", replayed=replayed, detail=detail
-            )
-        return Ambiguous(code=code or f"http_{status}", reason=f"HTTP {status}", detail=detail)
+        return outcome_for_http_status(response, CODES, provider="the email API")
 
     def lookup(self, operation: Operation, attempts: Sequence[Attempt]) -> LookupResult:
         marker = marker_for(operation)
@@ -153,6 +147,11 @@ class EmailAdapter:
                     detail={"source": "search", "accepted_only": True},
                 )
         return LookupResult(verdict=INCONCLUSIVE, detail={"source": "search", "hits": 0})
+
+    def contract_probe(self, variant: int) -> tuple[str, str, dict[str, object]]:
+        """What `opledger contract check` sends: a message to an address that cannot exist."""
+        to = "contract-check@example.invalid"
+        return ACTIONS[0], to, {"to": to, "subject": f"opledger contract check {variant}"}
 
     def close(self) -> None:
         self._client.close()

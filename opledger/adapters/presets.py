@@ -23,17 +23,19 @@ STRIPE_V1 = Contract(
         kind="keyed",
         scope="account",
         retention=24 * H,
-        errors_replayed=True,
-        replay_returns="stored_response",
-        concurrent_conflict=True,
+        after_error="replayed",
+        keys_durable=True,
+        payload_checked=True,
+        concurrent="conflict",
         max_key_length=255,
     ),
     lookup=Lookup(kind="search", lag=timedelta(minutes=1)),
     request_timeout=_timeout,
     max_in_flight=_in_flight,
-    source="Stripe API v1: keys per account, may be pruned after 24 h; first response "
-    "(400/500 included) stored and replayed; 409 idempotency_key_in_use; no lookup by key, "
-    "search normally < 1 min behind (docs.stripe.com idempotent_requests, error-low-level, search)",
+    source="Stripe API v1: keys per account, may be pruned after 24 h; once execution began the "
+    "first response (400/500 included) is stored and replayed; another payload gets an "
+    "idempotency_error; 409 idempotency_key_in_use; keys <= 255 chars; no lookup by key, search "
+    "normally < 1 min behind (docs.stripe.com idempotent_requests, error-low-level, search)",
 )
 
 STRIPE_V2 = Contract(
@@ -42,14 +44,15 @@ STRIPE_V2 = Contract(
         kind="keyed",
         scope="account + API + sandbox",
         retention=30 * D,
-        errors_replayed=False,
-        replay_returns="rerun_failed",
+        after_error="nothing_applied",
+        keys_durable=True,
     ),
     lookup=Lookup(kind="search", lag=timedelta(minutes=1)),
     request_timeout=_timeout,
     max_in_flight=_in_flight,
-    source="Stripe API v2: keys 30 days; failed work re-executed, success not repeated; lists "
-    "eventually consistent (docs.stripe.com api-v2-overview)",
+    source="Stripe API v2: keys 30 days; failed or partly failed work is re-executed, a success "
+    "is not repeated; payload check and concurrent requests not documented (cautious: "
+    "unchecked); lists eventually consistent (docs.stripe.com api-v2-overview)",
 )
 
 PAYPAL_ORDERS = Contract(
@@ -58,14 +61,16 @@ PAYPAL_ORDERS = Contract(
         kind="keyed",
         scope="PayPal-Request-Id per API",
         retention=6 * H,
-        errors_replayed=False,
-        replay_returns="current_state",
+        after_error="nothing_applied",
+        keys_durable=True,
     ),
     lookup=Lookup(kind="search", lag=3 * H),
     request_timeout=_timeout,
     max_in_flight=_in_flight,
     source="PayPal Orders v2: PayPal-Request-Id kept 6 h (72 h on request); a retry returns the "
-    "latest status; Transaction Search up to 3 h behind (developer.paypal.com idempotency)",
+    "latest status of the first request, retry on timeouts and 5xx while the id is kept; "
+    "payload check not documented for v2 (cautious: unchecked); Transaction Search up to 3 h "
+    "behind (developer.paypal.com idempotency)",
 )
 
 ADYEN = Contract(
@@ -74,15 +79,18 @@ ADYEN = Contract(
         kind="keyed",
         scope="company account, per regional endpoint",
         retention=31 * D,
-        errors_replayed=True,
-        replay_returns="stored_response",
+        after_error="key_released",
+        keys_durable=True,
         max_key_length=64,
     ),
     lookup=Lookup(kind="none"),
+    response_binds="key",
     request_timeout=_timeout,
     max_in_flight=_in_flight,
-    source="Adyen: Idempotency-Key <= 64 chars, at least 31 days, first response returned, not "
-    "checked across regions; webhooks for lost responses (docs.adyen.com api-idempotency)",
+    source="Adyen: Idempotency-Key <= 64 chars, at least 31 days, first response returned, key "
+    "echoed in the response, not checked across regions; what a transient error does to the key "
+    "is not documented (cautious: released); webhooks for lost responses "
+    "(docs.adyen.com api-idempotency)",
 )
 
 RESEND = Contract(
@@ -91,17 +99,21 @@ RESEND = Contract(
         kind="keyed",
         scope="account",
         retention=24 * H,
-        errors_replayed=False,
-        replay_returns="stored_response",
-        concurrent_conflict=True,
+        after_error="key_released",
+        keys_durable=True,
+        payload_checked=True,
+        concurrent="conflict",
         max_key_length=256,
     ),
-    lookup=Lookup(kind="status_api"),
+    lookup=Lookup(kind="none"),
     success_proves="accepted",
     request_timeout=_timeout,
     max_in_flight=_in_flight,
-    source="Resend POST /emails: Idempotency-Key 24 h; 409 invalid_idempotent_request vs "
-    "concurrent_idempotent_requests; GET /emails/{id} once the id is known (resend.com docs)",
+    source="Resend POST /emails: Idempotency-Key <= 256 chars, 24 h; 409 "
+    "invalid_idempotent_request (other payload) vs concurrent_idempotent_requests; replay "
+    "returns the same email id; errors "
+    "not documented (cautious: released); GET /emails/{id} needs the id, so it is no lookup by "
+    "key (resend.com docs)",
 )
 
 SENDGRID = Contract(
@@ -143,14 +155,16 @@ ZENDESK = Contract(
         kind="keyed",
         scope="account",
         retention=2 * H,
-        errors_replayed=False,
-        replay_returns="stored_response",
+        after_error="key_released",
+        keys_durable=True,
+        payload_checked=True,
     ),
     lookup=Lookup(kind="search", lag=timedelta(minutes=5)),
     request_timeout=_timeout,
     max_in_flight=_in_flight,
     source="Zendesk POST /api/v2/tickets: Idempotency-Key, x-idempotency-lookup hit/miss, "
-    "mismatch 400 IdempotentRequestError, keys expire after 2 h (SDK); search lags minutes",
+    "mismatch 400 IdempotentRequestError, keys expire after 2 h (SDK); errors and concurrent "
+    "requests not documented (cautious); search lags minutes",
 )
 
 SHOPIFY = Contract(
@@ -159,17 +173,40 @@ SHOPIFY = Contract(
         kind="keyed",
         scope="shop",
         retention=24 * H,
-        errors_replayed=False,
-        replay_returns="stored_response",
+        after_error="replayed",
+        keys_durable=True,
+        payload_checked=True,
+        concurrent="conflict",
         failed_attempt_poisons_key=True,
-        concurrent_conflict=True,
     ),
     lookup=Lookup(kind="none"),
     request_timeout=_timeout,
     max_in_flight=_in_flight,
     source="Shopify Admin GraphQL @idempotent: IDEMPOTENCY_CONCURRENT_REQUEST, "
-    "IDEMPOTENCY_KEY_PARAMETER_MISMATCH, IDEMPOTENCY_PREVIOUS_ATTEMPT_FAILED (new key needed); "
-    "retention not read: 24 h assumed (shopify.dev implementing-idempotency)",
+    "IDEMPOTENCY_KEY_PARAMETER_MISMATCH, IDEMPOTENCY_PREVIOUS_ATTEMPT_FAILED (a failure is "
+    "remembered and a new key needed); retention not read: 24 h assumed "
+    "(shopify.dev implementing-idempotency)",
+)
+
+IDEMPOTENCY_MIDDLEWARE = Contract(
+    provider="idempotency-middleware",
+    idempotency=Idempotency(
+        kind="keyed",
+        scope="caller",
+        retention=24 * H,
+        after_error="key_released",
+        keys_durable=False,
+        payload_checked=True,
+        concurrent="conflict",
+        conflict_wait=timedelta(seconds=15),
+    ),
+    lookup=Lookup(kind="none"),
+    request_timeout=_timeout,
+    max_in_flight=_in_flight,
+    source="an HTTP idempotency middleware in front of an internal API (fastapi-idempotency "
+    "0.1.1 defaults): 24 h window per caller; 5xx never stored, so the key is released; "
+    "another body 422; a concurrent duplicate waits 15 s then 409; the default memory store "
+    "survives no restart",
 )
 
 PRESETS: dict[str, Contract] = {
@@ -185,5 +222,6 @@ PRESETS: dict[str, Contract] = {
         SMTP,
         ZENDESK,
         SHOPIFY,
+        IDEMPOTENCY_MIDDLEWARE,
     )
 }

@@ -67,6 +67,13 @@ class Registry:
             result[c.provider] = min(result.get(c.provider, c.request_timeout), c.request_timeout)
         return result
 
+    def close(self) -> None:
+        """Close every adapter that holds connections."""
+        for adapter in {id(a): a for a in self._by_action.values()}.values():
+            close = getattr(adapter, "close", None)
+            if callable(close):
+                close()
+
     @property
     def actions(self) -> tuple[str, ...]:
         return tuple(sorted(self._by_action))

@@ -24,7 +24,7 @@ from opledger.ledger import (
     Rejected,
 )
 
-from .base import INCONCLUSIVE, Contract, Idempotency, Lookup, LookupResult
+from .base import INCONCLUSIVE, NOT_SENT, Contract, Idempotency, Lookup, LookupResult
 
 ACTIONS: tuple[str, ...] = ("email.smtp_send.v1",)
 
@@ -51,8 +51,15 @@ def message_id_for(operation: Operation) -> str:
     return f"<{operation.id}@opledger>"
 
 
-def outcome_for_smtp_error(exc: Exception) -> Outcome:
-    """Map anything smtplib or the socket can raise to an outcome."""
+def outcome_for_smtp_error(exc: Exception, *, message_sent: bool = True) -> Outcome:
+    """Map anything smtplib or the socket can raise to an outcome.
+
+    `message_sent`: whether the message's content may have left us (the failure came during
+    or after DATA). Before that, nothing can have been accepted, so an error that is not a
+    permanent refusal is recorded as not sent; a temporary (4xx) refusal means the server
+    did not take custody either way.
+    """
+    text = f"{type(exc).__name__}: {exc}"[:500]
     if isinstance(exc, smtplib.SMTPRecipientsRefused | smtplib.SMTPSenderRefused):
         codes = (
             [c for c, _ in exc.recipients.values()]
@@ -61,22 +68,27 @@ def outcome_for_smtp_error(exc: Exception) -> Outcome:
         )
         if all(500 <= c < 600 for c in codes):
             return Rejected(code="smtp_refused", reason=str(exc)[:500], detail={"codes": codes})
-        return Ambiguous(code="smtp_temporary", reason=str(exc)[:500], detail={"codes": codes})
-    if isinstance(exc, smtplib.SMTPDataError | smtplib.SMTPResponseException):
+        return Ambiguous(
+            code=NOT_SENT, reason=f"temporary refusal: {text}", detail={"codes": codes}
+        )
+    if isinstance(exc, smtplib.SMTPResponseException):
         if 500 <= exc.smtp_code < 600:
             return Rejected(
                 code="smtp_refused", reason=str(exc)[:500], detail={"code": exc.smtp_code}
             )
-        return Ambiguous(
-            code="smtp_temporary", reason=str(exc)[:500], detail={"code": exc.smtp_code}
-        )
+        if 400 <= exc.smtp_code < 500:  # the transaction failed: no custody was taken
+            return Ambiguous(
+                code=NOT_SENT, reason=f"temporary refusal: {text}", detail={"code": exc.smtp_code}
+            )
+    if not message_sent:
+        return Ambiguous(code=NOT_SENT, reason=f"before the message was sent: {text}")
     if isinstance(exc, smtplib.SMTPServerDisconnected):
-        return Ambiguous(code="connection_lost", reason=f"SMTPServerDisconnected: {exc}"[:500])
+        return Ambiguous(code="connection_lost", reason=text)
     if isinstance(exc, TimeoutError):
-        return Ambiguous(code="timeout", reason=f"{type(exc).__name__}: {exc}"[:500])
+        return Ambiguous(code="timeout", reason=text)
     if isinstance(exc, smtplib.SMTPException | OSError):
-        return Ambiguous(code="connection_lost", reason=f"{type(exc).__name__}: {exc}"[:500])
-    return Ambiguous(code="client_error", reason=f"{type(exc).__name__}: {exc}"[:500])
+        return Ambiguous(code="connection_lost", reason=text)
+    return Ambiguous(code="client_error", reason=text)
 
 
 class SmtpAdapter:
@@ -101,20 +113,50 @@ class SmtpAdapter:
         message["Subject"] = str(payload.get("subject", ""))
         message["Message-ID"] = message_id_for(claim.operation)
         message.set_content(str(payload.get("text", "")))
+        ids = {"message_id": message_id_for(claim.operation)}
+        outcome = self._send(claim, message)
+        return outcome.model_copy(update={"detail": {**outcome.detail, **ids}})
+
+    def _send(self, claim: Claim, message: EmailMessage) -> Outcome:
+        """One SMTP transaction: the envelope first (nothing of the message has left while
+        it is refused or cut), then DATA (after which a lost connection is ambiguous)."""
         try:
-            with smtplib.SMTP(
+            smtp = smtplib.SMTP(
                 self.host, self.port, timeout=self.contract.request_timeout.total_seconds()
-            ) as smtp:
+            )
+        except Exception as exc:  # no connection: nothing was sent
+            return outcome_for_smtp_error(exc, message_sent=False)
+        with smtp:
+            try:
                 smtp.ehlo_or_helo_if_needed()
-                claim.window.check()  # connected and greeted; MAIL, RCPT and DATA are next
-                smtp.send_message(message)
-        except Exception as exc:
-            return outcome_for_smtp_error(exc)
+                code, reply = smtp.mail(self.sender)
+                if code != 250:
+                    raise smtplib.SMTPSenderRefused(code, reply, self.sender)
+                to = str(message["To"])
+                code, reply = smtp.rcpt(to)
+                if code not in (250, 251):
+                    raise smtplib.SMTPRecipientsRefused({to: (code, reply)})
+                # the claim's send-by window, checked right before the message leaves: a
+                # refusal here sends no DATA, so nothing can have been accepted
+                claim.window.check()
+            except Exception as exc:
+                return outcome_for_smtp_error(exc, message_sent=False)
+            try:
+                smtp.data(message.as_bytes())
+            except Exception as exc:
+                return outcome_for_smtp_error(exc, message_sent=True)
         return Confirmed(
-            receipt_id=message_id_for(claim.operation),
+            receipt_id=str(message["Message-ID"]),
             binding=Binding(key=claim.key, target=claim.operation.target),
             accepted_only=True,
         )
 
     def lookup(self, operation: Operation, attempts: Sequence[Attempt]) -> LookupResult:
         return LookupResult(verdict=INCONCLUSIVE, detail={"reason": "SMTP offers no lookup"})
+
+    def search_hint(self, operation: Operation) -> str:
+        """What a person can search for to learn whether the message went out."""
+        return (
+            f"Search the receiving mail server's log, or the recipient's mailbox, for "
+            f"Message-ID {message_id_for(operation)}"
+        )

@@ -44,7 +44,20 @@ class Audit:
     lost: int = 0
     duplicate_effects: int = 0
     dispatches_while_in_flight: int = 0
+    #: for each provider (contract kind): operations, how many went to a person, and why
+    reviews_by_provider: dict[str, dict[str, Any]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+
+    def count_review(self, history: History, in_review: bool) -> None:
+        kind = self.reviews_by_provider.setdefault(
+            history.operation.provider, {"ops": 0, "in_review": 0, "share": 0.0, "reasons": {}}
+        )
+        kind["ops"] += 1
+        if in_review:
+            kind["in_review"] += 1
+            reason = history.reviews[-1].reason
+            kind["reasons"][reason] = kind["reasons"].get(reason, 0) + 1
+        kind["share"] = round(kind["in_review"] / kind["ops"], 4)
 
     @property
     def clean(self) -> bool:
@@ -109,6 +122,7 @@ def audit(ledger: Ledger, truth: dict[str, Any], op_ids: Iterable[str]) -> Audit
         else:
             result.stuck += 1
             result.problems.append(f"{op_id}: stuck {status}")
+        result.count_review(history, status is Status.UNKNOWN and settled(history))
         if status is Status.CONFIRMED and applied == 0:
             result.problems.append(f"{op_id}: confirmed but the provider applied nothing")
     return result

@@ -109,6 +109,7 @@ class ChaosResult:
             "postgres_restarts": self.postgres_restarts,
             "elapsed_s": round(self.elapsed_s, 1),
             "seed": self.seed,
+            "review_share_by_provider": a.reviews_by_provider,
             "problems": a.problems[:20],
         }
 

@@ -18,6 +18,7 @@ from opledger.adapters.defaults import Timings, add_webhook
 from opledger.adapters.email import EmailAdapter, email_contract
 from opledger.adapters.registry import Registry
 from opledger.adapters.smtp import SmtpAdapter, smtp_contract
+from opledger.ledger.contract import Contract
 from opledger.settings import Settings
 
 
@@ -72,6 +73,7 @@ def build_registry(settings: Settings) -> Registry:
                 lookup=kind.lookup,
                 search_lag=t.lag,
                 provider=f"crm:{kind.account}",
+                concurrent="unchecked",  # the sandbox answers no concurrent request with 409
             ),
         )
         for kind in ALL_KINDS
@@ -80,7 +82,7 @@ def build_registry(settings: Settings) -> Registry:
         EmailAdapter(
             settings.email_url,
             account=EMAIL_ACCOUNT,
-            contract=email_contract(**t.keyed(), search_lag=t.lag),
+            contract=_unchecked(email_contract(**t.keyed(), search_lag=t.lag)),
         )
     )
     adapters.append(
@@ -92,6 +94,12 @@ def build_registry(settings: Settings) -> Registry:
     )
     add_webhook(adapters, settings)
     return Registry(adapters)
+
+
+def _unchecked(contract: Contract) -> Contract:
+    """The contract with concurrent requests unchecked, as the sandbox is configured here."""
+    idem = contract.idempotency.model_copy(update={"concurrent": "unchecked"})
+    return contract.model_copy(update={"idempotency": idem})
 
 
 def configure_sandbox(sandbox: Any, settings: Settings) -> None:

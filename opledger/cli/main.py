@@ -15,6 +15,7 @@ from rich.table import Table
 from opledger import devstack
 from opledger.adapters.registry import load_registry
 from opledger.ledger import History, Ledger, LedgerError, Operation, Resolution, Status
+from opledger.ledger.consequences import contract_facts
 from opledger.ledger.migrate import upgrade
 from opledger.settings import get_settings
 
@@ -25,6 +26,8 @@ ops_app = typer.Typer(help="Inspect operations.")
 app.add_typer(ops_app, name="ops")
 review_app = typer.Typer(help="The operator review queue: what no evidence could decide.")
 app.add_typer(review_app, name="review")
+contract_app = typer.Typer(help="Provider contracts: what each adapter declares, checked.")
+app.add_typer(contract_app, name="contract")
 console = Console()
 
 
@@ -246,12 +249,12 @@ def review_show(op_id: str, tenant: TenantOption, operator: OperatorOption) -> N
     for table in history_tables(history)[:3]:
         console.print(table)
     if view.contract is not None:
-        c = view.contract
-        console.print(
-            f"provider contract: {c.provider}; idempotency {c.idempotency.kind}"
-            + (f" (keys kept {c.idempotency.retention})" if c.idempotency.retention else "")
-            + f"; lookup {c.lookup.kind}; success proves {c.success_proves}"
-        )
+        console.print(f"provider contract: {view.contract.provider}")
+        for fact in contract_facts(view.contract):
+            console.print(f"  - {fact}")
+    hint = view.review.snapshot.get("search_hint")
+    if hint:
+        console.print(f"to check by hand: {hint}")
     effects = Table("resolution", "what it could cause", title="consequences")
     if view.consequences is None:
         effects.add_row("all", "no adapter contract is known for this action: judge with care")
@@ -320,6 +323,63 @@ def review_resolve(
         )
     else:
         console.print(f"[green]{op_id} is now {after.status.value}[/green]")
+
+
+@contract_app.command("check")
+def contract_check(
+    action: Annotated[str, typer.Argument(help="An action the configured adapters serve.")],
+    admin_url: Annotated[
+        str | None,
+        typer.Option(help="The sandbox's base URL, to inject a failure and a restart too."),
+    ] = None,
+    allow_remote: Annotated[
+        bool,
+        typer.Option(
+            "--i-accept-real-requests-to-a-remote-provider",
+            help="Run against an endpoint that is neither loopback nor the adapter's declared "
+            "test URL: every probe is a real request that changes things there.",
+        ),
+    ] = False,
+    concurrency_delay: Annotated[
+        float,
+        typer.Option(help="With --admin-url: seconds each request executes, so two overlap."),
+    ] = 0.5,
+) -> None:
+    """Send probe requests to the provider behind ACTION and print, fact by fact, where its
+    declared contract and the provider disagree. Exits 1 on any disagreement."""
+    from opledger.adapters.check import UnsafeTarget, check_contract, probe_for
+
+    registry = load_registry(get_settings())
+    try:
+        adapter = registry.adapter_for(action)
+        probe = probe_for(adapter)
+        if probe is None:
+            console.print(f"[red]the adapter serving {action} offers no contract_probe[/red]")
+            raise typer.Exit(2)
+        findings = check_contract(
+            adapter,
+            probe,
+            admin_url=admin_url,
+            allow_remote=allow_remote,
+            concurrency_delay_s=concurrency_delay if admin_url else 0.0,
+        )
+    except (UnsafeTarget, LedgerError) as exc:
+        console.print(f"[red]refused: {exc}[/red]")
+        raise typer.Exit(2) from exc
+    finally:
+        registry.close()
+    table = Table(title=f"contract {adapter.contract.provider} for {action}")
+    for column in ("fact", "declared", "observed", "verdict"):
+        table.add_column(column)
+    colour = {"agrees": "green", "disagrees": "red", "not observed": "yellow"}
+    for f in findings:
+        table.add_row(f.fact, f.declared, f.observed, f"[{colour[f.verdict]}]{f.verdict}[/]")
+    console.print(table)
+    wrong = [f.fact for f in findings if f.verdict == "disagrees"]
+    if wrong:
+        console.print(f"[red]the contract disagrees with the provider on: {', '.join(wrong)}[/red]")
+        raise typer.Exit(1)
+    console.print("[green]no disagreement observed[/green]")
 
 
 @app.command()

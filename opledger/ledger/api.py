@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from . import queries as q
 from .canonical import DEFAULT_MAX_PAYLOAD_BYTES, canonicalize
+from .decide import admit
 from .errors import (
     AuthorizationError,
     AuthorizationRevoked,
@@ -54,6 +55,7 @@ from .models import (
     History,
     Operation,
     Outcome,
+    Rejected,
     Review,
     Status,
     Transition,
@@ -509,10 +511,9 @@ class Ledger:
         `recheck`). When a newer claim holds the operation, the evidence and the attempt's
         outcome are still kept (and the record version bumped: it is a new fact), the
         status is not moved, and `StaleFence` is raised; its `status` says where the
-        operation stands. A `NotSent` outcome closes the attempt as provably empty and
-        leaves the operation unknown, due for a check at once.
+        operation stands.
         """
-        outcome = _bind_or_downgrade(claim, outcome)
+        outcome = admit(None, claim, outcome)
         to_status = _STATUS_OF[outcome.kind]
         binding = outcome.binding if isinstance(outcome, Confirmed) else Binding(key=claim.key)
         with self._single() as conn:
@@ -799,31 +800,7 @@ _STATUS_OF = {
     "confirmed": Status.CONFIRMED,
     "rejected": Status.REJECTED,
     "ambiguous": Status.UNKNOWN,
-    "not_sent": Status.UNKNOWN,
 }
-
-
-def _bind_or_downgrade(claim: Claim, outcome: Outcome) -> Outcome:
-    """A confirmation that names another key, target or payload confirms nothing of ours."""
-    if not isinstance(outcome, Confirmed):
-        return outcome
-    b, op = outcome.binding, claim.operation
-    clashes = [
-        name
-        for name, theirs, ours in (
-            ("key", b.key, claim.key),
-            ("target", b.target, op.target),
-            ("payload_digest", b.payload_digest, op.payload_digest),
-        )
-        if theirs is not None and theirs != ours
-    ]
-    if not clashes:
-        return outcome
-    return Ambiguous(
-        code="binding_mismatch",
-        reason=f"the receipt binds another {', '.join(clashes)}",
-        detail={"receipt": outcome.model_dump(mode="json")},
-    )
 
 
 def _detail_of(outcome: Outcome) -> dict[str, Any]:
@@ -832,6 +809,8 @@ def _detail_of(outcome: Outcome) -> dict[str, Any]:
         detail.update(receipt_id=outcome.receipt_id, accepted_only=outcome.accepted_only)
     else:
         detail.update(code=outcome.code, reason=outcome.reason)
+        if isinstance(outcome, Rejected) and outcome.conflicting_state:
+            detail["conflicting_state"] = True
         if isinstance(outcome, Ambiguous):
             detail["replayed"] = outcome.replayed
     return detail

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from .contract import Contract
-from .models import Attempt, Operation, Record
+from .decide import human, in_flight_until, same_key_retry_risk, sent_attempts
+from .models import Attempt, Evidence, Operation, Record
 
 
 class Consequences(Record):
@@ -35,31 +36,32 @@ def effect_noun(action: str) -> str:
     return "effect"
 
 
-def human(delta: timedelta) -> str:
-    seconds = int(delta.total_seconds())
-    if seconds >= 2 * 86400:
-        return f"{seconds // 86400} d"
-    if seconds >= 3600:
-        return f"{seconds // 3600} h"
-    if seconds >= 60:
-        return f"{seconds // 60} min"
-    return f"{seconds} s"
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
 
 
 def consequences(
-    contract: Contract, operation: Operation, attempts: Sequence[Attempt], now: datetime
+    contract: Contract,
+    operation: Operation,
+    attempts: Sequence[Attempt],
+    now: datetime,
+    evidence: Sequence[Evidence] = (),
 ) -> Consequences:
-    """Describe what confirming, rejecting, retrying (same key or new) and cancelling could do."""
+    """Describe what confirming, rejecting, retrying (same key or new) and cancelling could do.
+
+    Whether a same-key retry is protected is the retry decision's own answer
+    (`same_key_retry_risk`), so the text never promises a protection the contract lacks.
+    """
     noun = effect_noun(operation.action)
     idem = contract.idempotency
     key = operation.provider_request_id
-    uses = [a.started_at for a in attempts if a.key == key]
+    uses = [a.started_at for a in sent_attempts(attempts, evidence) if a.key == key]
     key_age = now - min(uses) if uses else None
-    in_flight_until = max((a.deadline_at for a in attempts), default=None)
+    busy_until = in_flight_until(contract, attempts, evidence)
     wait = (
-        f" It will not be sent before {in_flight_until.isoformat(timespec='seconds')}, while "
+        f" It will not be sent before {busy_until.isoformat(timespec='seconds')}, while "
         "an earlier attempt may still be in flight."
-        if in_flight_until is not None and in_flight_until > now
+        if busy_until is not None and busy_until > now
         else ""
     )
     custody = (
@@ -67,41 +69,37 @@ def consequences(
         if contract.success_proves == "accepted"
         else ""
     )
+    risk = same_key_retry_risk(contract, operation, attempts, evidence, now)
 
     if idem.kind == "none":
         retry = (
             f"The provider does not deduplicate: if an earlier attempt took effect, retrying "
             f"sends a second {noun}.{wait}{custody}"
         )
-        allowed = True
+    elif risk is not None:
+        retry = (
+            f"Not protected by the key: {risk}. If an earlier attempt took effect, retrying "
+            f"could make a second {noun}; acknowledge that risk to retry.{wait}{custody}"
+        )
     else:
         assert idem.retention is not None
-        if key_age is None:
-            retry = (
-                f"Retries with the same key; the provider keeps keys {human(idem.retention)}.{wait}"
+        retry = (
+            (
+                f"Retries with the same key; the provider keeps keys {human(idem.retention)}."
+                if key_age is None
+                else f"Retries with the same key: the provider keeps keys "
+                f"{human(idem.retention)} and this key is {human(key_age)} old, so if an "
+                f"earlier attempt took effect the provider answers from it and no second "
+                f"{noun} is made."
             )
-            allowed = True
-        elif key_age + contract.retention_margin < idem.retention:
-            retry = (
-                f"Retries with the same key: the provider keeps keys {human(idem.retention)} and "
-                f"this key is {human(key_age)} old, so if an earlier attempt took effect the "
-                f"provider answers from it and no second {noun} is made."
-                + (
-                    " It replays stored errors too, so the same error may come back."
-                    if idem.errors_replayed
-                    else ""
-                )
-                + wait
-                + custody
+            + (
+                " It replays stored errors too, so the same error may come back."
+                if idem.after_error == "replayed"
+                else ""
             )
-            allowed = True
-        else:
-            retry = (
-                f"Not allowed with the same key: the provider keeps keys {human(idem.retention)} "
-                f"and this key is {human(key_age)} old; it may have been forgotten, and a retry "
-                f"could create a second {noun}. Acknowledge with a new key instead."
-            )
-            allowed = False
+            + wait
+            + custody
+        )
     if idem.kind == "none":
         new_key = retry
     else:
@@ -127,9 +125,59 @@ def consequences(
         retry=retry,
         retry_new_key=new_key,
         cancel=(
-            f"Stops every further attempt. Whatever an earlier attempt did stays done; undoing a "
-            f"{noun} is a new intent of its own (there is no automatic compensation)."
+            f"Stops every further attempt. Whatever an earlier attempt did stays done; undoing "
+            f"{_a(noun)} is a new intent of its own (there is no automatic compensation)."
         ),
-        same_key_retry_allowed=allowed,
+        same_key_retry_allowed=risk is None,
         key_age=key_age,
     )
+
+
+_AFTER_ERROR = {
+    "replayed": "stores a failure under the key and replays it",
+    "nothing_applied": "applies the change and records the key in one commit, so a failure "
+    "leaves nothing applied",
+    "key_released": "releases the key when a request fails, possibly after applying the change",
+}
+
+
+def contract_facts(contract: Contract) -> list[str]:
+    """The contract in plain words, one fact a line, for a person deciding a review."""
+    idem, lookup = contract.idempotency, contract.lookup
+    facts = []
+    if idem.kind == "none":
+        facts.append("no deduplication: every request the provider receives takes effect")
+    else:
+        assert idem.retention is not None
+        facts += [
+            f"deduplicates by our key within {idem.scope or 'an unstated scope'}, "
+            f"for {human(idem.retention)}",
+            f"on a failure it {_AFTER_ERROR[idem.after_error]}",
+            "its key store survives a restart"
+            if idem.keys_durable
+            else "its key store may be lost on a restart",
+            "a used key with another payload is refused"
+            if idem.payload_checked
+            else "a used key with another payload is not checked",
+            "a concurrent request with the same key is refused"
+            if idem.concurrent == "conflict"
+            else "a concurrent request with the same key may execute too",
+        ]
+        if idem.failed_attempt_poisons_key:
+            facts.append("after a failed attempt it wants a new key")
+    facts.append(
+        {
+            "none": "no lookup: nothing can ask it afterwards what happened",
+            "status_api": "an authoritative status API by our key",
+            "search": f"a search that may lag {human(lookup.lag)}; absence proves nothing",
+        }[lookup.kind]
+    )
+    facts.append(
+        "a success means the message was accepted, not delivered"
+        if contract.success_proves == "accepted"
+        else "a success means the change was applied"
+    )
+    facts.append(
+        f"a request may still execute up to {human(contract.max_in_flight)} after it was sent"
+    )
+    return facts

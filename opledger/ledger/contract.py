@@ -2,7 +2,9 @@
 
 Every adapter declares one. The retry decision reads nothing else about the provider, so a
 contract must say honestly what is *not* promised (no keys, a search that lags, keys that
-are pruned).
+are pruned, keys released after an error). Every field below changes some decision
+(`opledger.ledger.decide`) or what a reviewer is told (`opledger.ledger.consequences`);
+where a provider does not document a fact, the default is the cautious reading.
 """
 
 from __future__ import annotations
@@ -14,29 +16,64 @@ from pydantic import model_validator
 
 from .models import Record
 
+#: What the provider does with a key when a request fails *at the provider* (a 5xx, a crash,
+#: a timeout on its side):
+#: - "replayed": the failure is stored under the key and every retry gets it back (Stripe v1):
+#:   a same-key retry after such an error learns nothing;
+#: - "nothing_applied": recording the key and applying the change are one commit at the
+#:   provider, so a failure leaves nothing applied and the key free (Stripe v2 re-runs failed
+#:   work, PayPal returns the latest status): a same-key retry is safe;
+#: - "key_released": the key is dropped on an error although the change may already have been
+#:   applied (idempotency middlewares that never store a 5xx): a same-key retry after any
+#:   outcome we could not read may apply the change again. The cautious default.
+AfterError = Literal["replayed", "nothing_applied", "key_released"]
+
+#: What a request gets while another one with the same key is still executing:
+#: - "conflict": a refusal at once (HTTP 409 "in progress"), or after `conflict_wait`;
+#: - "unchecked": nothing stops it; both may execute. The cautious default.
+Concurrent = Literal["conflict", "unchecked"]
+
+#: What the provider's response ties to our request:
+#: - "key_and_digest": our key and a digest of the request body it executed;
+#: - "key": our key (or a receipt derived from it), but not the body;
+#: - "nothing": neither. The cautious default.
+ResponseBinds = Literal["nothing", "key", "key_and_digest"]
+
 
 class Idempotency(Record):
     """How the provider deduplicates requests that carry our key."""
 
     kind: Literal["none", "keyed"]
-    #: what the key is unique within, e.g. "account", "account + API version", "region"
+    #: where a key is unique, concretely: e.g. "account acme", "account acme, region eu".
+    #: Every attempt records the scope it was sent into; a same-key retry into another
+    #: scope is not deduplicated against the earlier attempts.
     scope: str = ""
     #: how long the provider remembers a key; after that a retry may create a new effect
     retention: timedelta | None = None
-    #: a stored error response (a 500, a 400) is replayed for the same key
-    errors_replayed: bool = False
-    #: what a retry with a used key returns
-    replay_returns: Literal["stored_response", "current_state", "rerun_failed"] = "stored_response"
-    #: after a failed attempt the provider refuses the key and wants a new one
+    #: what a failure at the provider does to the key (see `AfterError`)
+    after_error: AfterError = "key_released"
+    #: the key store survives a provider restart; when not, a key may be forgotten at any
+    #: time and a same-key retry proves nothing until a lookup says what happened
+    keys_durable: bool = False
+    #: a used key with another payload is refused (with a code the adapter maps to
+    #: `idempotency_mismatch`); when not checked, a replayed response under our key may be
+    #: the answer to someone else's request
+    payload_checked: bool = False
+    #: what a concurrent request with the same key gets (see `Concurrent`)
+    concurrent: Concurrent = "unchecked"
+    #: with "conflict": how long the provider holds the second request before refusing it
+    conflict_wait: timedelta = timedelta(0)
+    #: after a failed attempt the provider refuses the key and wants a new one (Shopify)
     failed_attempt_poisons_key: bool = False
-    #: the provider answers a conflict (e.g. 409) while the first request is executing
-    concurrent_conflict: bool = False
+    #: the longest key the provider accepts; a longer key is never sent
     max_key_length: int | None = None
 
     @model_validator(mode="after")
     def _keyed_needs_retention(self) -> Idempotency:
         if self.kind == "keyed" and (self.retention is None or self.retention <= timedelta(0)):
             raise ValueError("a keyed contract must state how long keys are kept")
+        if self.max_key_length is not None and self.max_key_length < 1:
+            raise ValueError("max_key_length must be positive")
         return self
 
 
@@ -44,7 +81,8 @@ class Lookup(Record):
     """How we can learn afterwards whether a request took effect."""
 
     kind: Literal["none", "status_api", "search"]
-    #: status_api: answers authoritatively by our key, "no such request" included.
+    #: status_api: answers authoritatively by our key, "no such request" included, from the
+    #: provider's own durable records (not from a key cache that a restart may wipe).
     #: search: eventually consistent; absence proves nothing; results may lag by `lag`.
     lag: timedelta = timedelta(0)
     #: how long to wait between two lookups while the answer is "still pending"
@@ -57,6 +95,9 @@ class Contract(Record):
     provider: str
     idempotency: Idempotency
     lookup: Lookup
+    #: what a success response ties to our request (see `ResponseBinds`); a confirmation
+    #: that lacks what the provider gives, or names another key or body, confirms nothing
+    response_binds: ResponseBinds = "nothing"
     #: "applied": a success means the effect happened. "accepted": custody only (queued
     #: email), recorded as such and never reported as delivered.
     success_proves: Literal["applied", "accepted"] = "applied"
@@ -67,13 +108,20 @@ class Contract(Record):
     max_in_flight: timedelta
     #: retries stop this long before the key's retention ends (clock skew, queueing)
     retention_margin: timedelta = timedelta(minutes=5)
-    #: after this many attempts, a person decides
+    #: after this many attempts that reached the provider, a person decides ("still
+    #: executing" answers and attempts that provably sent nothing do not count)
     max_attempts: int = 5
     #: where the numbers come from
     source: str = ""
 
     @model_validator(mode="after")
-    def _in_flight_covers_timeout(self) -> Contract:
+    def _consistent(self) -> Contract:
         if self.max_in_flight < self.request_timeout:
             raise ValueError("max_in_flight must be at least the request timeout")
+        idem = self.idempotency
+        if idem.conflict_wait > timedelta(0) and idem.conflict_wait >= self.request_timeout:
+            raise ValueError(
+                "the request timeout must exceed conflict_wait, or a concurrent request's "
+                "refusal arrives after we gave up on it"
+            )
         return self

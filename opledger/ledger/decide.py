@@ -10,16 +10,30 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from .contract import Contract
-from .models import Attempt, Authorization, Evidence, Operation, Record, Status
+from .models import (
+    Ambiguous,
+    Attempt,
+    Authorization,
+    Binding,
+    Claim,
+    Confirmed,
+    Evidence,
+    Operation,
+    Outcome,
+    Record,
+    Rejected,
+    Status,
+)
 
-# Codes an adapter uses for outcomes the decision treats specially.
+# Codes an adapter (or `admit`) uses for outcomes the decision treats specially.
 IDEMPOTENCY_MISMATCH = "idempotency_mismatch"  #: the key was used with another payload
 KEY_POISONED = "key_poisoned"  #: the provider wants a new key after a failed attempt
-SERVER_ERROR = "server_error"  #: a 5xx without a dedup guarantee
-IN_FLIGHT = "in_flight"  #: the provider says a request with this key is still executing
-
-#: the outcome of an attempt whose claim's send-by window had passed: nothing was sent
-NOT_SENT = "not_sent"
+SERVER_ERROR = "server_error"  #: a 5xx (or a failure the provider reported) after sending
+IN_FLIGHT = "in_flight"  #: the provider refused this attempt: one with the key is executing
+NOT_SENT = "not_sent"  #: provably nothing reached the provider (refused connection, window)
+STATE_CONFLICT = "state_conflict"  #: a refusal our own earlier attempt may have caused
+BINDING_MISMATCH = "binding_mismatch"  #: a receipt that names another key, target or body
+UNBOUND_RESPONSE = "unbound_response"  #: a success that does not show it answers our request
 
 #: lookup verdicts
 CONFIRMED, REJECTED = "confirmed", "rejected"
@@ -73,18 +87,214 @@ class Review(Record):
 Decision = Dispatch | Wait | Lookup | Confirm | Reject | HoldUnknown | Review
 
 
-def binds(evidence: Evidence, operation: Operation, keys: frozenset[str]) -> bool:
+def human(delta: timedelta) -> str:
+    """A duration as a person reads it: "31 h", "2 min", "45 s"."""
+    seconds = int(delta.total_seconds())
+    if seconds >= 2 * 86400:
+        return f"{seconds // 86400} d"
+    if seconds >= 3600:
+        return f"{seconds // 3600} h"
+    if seconds >= 60:
+        return f"{seconds // 60} min"
+    return f"{seconds} s"
+
+
+def binding_clashes(binding: Binding, operation: Operation, key: str | None) -> list[str]:
+    """What a receipt names that is not ours: another key, target or payload digest."""
+    return [
+        name
+        for name, theirs, ours in (
+            ("key", binding.key, key),
+            ("target", binding.target, operation.target),
+            ("payload_digest", binding.payload_digest, operation.payload_digest),
+        )
+        if theirs is not None and ours is not None and theirs != ours
+    ]
+
+
+def _unbound(contract: Contract, binding: Binding, replayed: bool) -> str | None:
+    """Why a success response does not show that it answers our request, or None."""
+    if contract.response_binds in ("key", "key_and_digest") and binding.key is None:
+        return "the response does not name our key, although the provider gives it"
+    if contract.response_binds == "key_and_digest" and binding.payload_digest is None:
+        return (
+            "the response does not name the request body it executed, although the provider "
+            "gives it"
+        )
+    if replayed and not contract.idempotency.payload_checked and binding.payload_digest is None:
+        return (
+            "a replayed response under our key from a provider that does not check the payload "
+            "may answer someone else's request"
+        )
+    return None
+
+
+def admit(contract: Contract | None, claim: Claim, outcome: Outcome) -> Outcome:
+    """What an attempt's outcome may count as, before it is recorded (rules 1, 2, 11).
+
+    A confirmation that names another key, target or body, or lacks what the provider's
+    responses bind, confirms nothing: it becomes ambiguous. A refusal saying the target is
+    already in the state we asked for is ambiguous after an earlier attempt that may have
+    applied. Without a contract (the ledger's own API) only the binding is checked.
+    """
+    if isinstance(outcome, Confirmed):
+        b = outcome.binding
+        clashes = binding_clashes(b, claim.operation, claim.key)
+        if clashes:
+            return Ambiguous(
+                code=BINDING_MISMATCH,
+                reason=f"the receipt binds another {', '.join(clashes)}",
+                detail={"receipt": outcome.model_dump(mode="json")},
+            )
+        why = (
+            _unbound(contract, b, bool(outcome.detail.get("replayed")))
+            if contract is not None
+            else None
+        )
+        if why is not None:
+            return Ambiguous(
+                code=UNBOUND_RESPONSE,
+                reason=why,
+                detail={"receipt": outcome.model_dump(mode="json")},
+            )
+        return outcome
+    if isinstance(outcome, Rejected) and outcome.conflicting_state and claim.attempt_n > 1:
+        return Ambiguous(
+            code=STATE_CONFLICT,
+            reason=f"{outcome.reason}: after an earlier attempt that may have applied, this "
+            "is as likely our own effect as a refusal",
+            detail={**outcome.detail, "refusal": outcome.code, "conflicting_state": True},
+        )
+    return outcome
+
+
+def binds(
+    evidence: Evidence,
+    operation: Operation,
+    keys: frozenset[str],
+    contract: Contract | None = None,
+) -> bool:
     """Rule 1: the evidence names this operation (our key or our receipt) and contradicts
-    neither its target nor its payload."""
+    neither its target nor its payload; a success response from dispatch also carries what
+    the contract says the provider's responses bind."""
     b = evidence.binding
     ours = (b.key is not None and b.key in keys) or (
         b.receipt_id is not None and b.receipt_id == operation.provider_result_id
     )
-    return (
+    if not (
         ours
         and (b.target is None or b.target == operation.target)
         and (b.payload_digest is None or b.payload_digest == operation.payload_digest)
-    )
+    ):
+        return False
+    if contract is not None and evidence.source == "dispatch" and evidence.verdict == CONFIRMED:
+        return _unbound(contract, b, bool(evidence.detail.get("replayed"))) is None
+    return True
+
+
+def attempt_codes(evidence: Sequence[Evidence]) -> dict[int, str]:
+    """The code each attempt's own outcome carried (from its dispatch evidence)."""
+    return {
+        ev.attempt_n: _code(ev)
+        for ev in evidence
+        if ev.source == "dispatch" and ev.attempt_n is not None
+    }
+
+
+def sent_attempts(attempts: Sequence[Attempt], evidence: Sequence[Evidence]) -> list[Attempt]:
+    """The attempts that may have reached the provider and executed there: not those that
+    provably sent nothing, nor those the provider refused because another was executing."""
+    codes = attempt_codes(evidence)
+    return [a for a in attempts if codes.get(a.n) not in (NOT_SENT, IN_FLIGHT)]
+
+
+def in_flight_until(
+    contract: Contract, attempts: Sequence[Attempt], evidence: Sequence[Evidence]
+) -> datetime | None:
+    """Until when an earlier request may still be executing at the provider (rule 3).
+
+    Each attempt that may have been sent counts to its deadline; a provider's "a request
+    with this key is executing" answer proves one was still running when it came, so
+    nothing is sent before one lookup interval after it.
+    """
+    ends = [a.deadline_at for a in sent_attempts(attempts, evidence)]
+    ends += [
+        ev.recorded_at + max(contract.lookup.interval, timedelta(seconds=1))
+        for ev in evidence
+        if ev.source == "dispatch" and _code(ev) == IN_FLIGHT
+    ]
+    return max(ends, default=None)
+
+
+def _key_first_used(
+    operation: Operation, attempts: Sequence[Attempt], evidence: Sequence[Evidence]
+) -> datetime | None:
+    uses = [
+        a.started_at
+        for a in sent_attempts(attempts, evidence)
+        if a.key == operation.provider_request_id
+    ]
+    return min(uses, default=None)
+
+
+def retention_risk(
+    contract: Contract,
+    operation: Operation,
+    attempts: Sequence[Attempt],
+    evidence: Sequence[Evidence],
+    now: datetime,
+) -> str | None:
+    """Rule 4: why the provider may have forgotten our key by now, or None."""
+    retention = contract.idempotency.retention
+    first_use = _key_first_used(operation, attempts, evidence)
+    if retention is None or first_use is None:
+        return None
+    if now + contract.retention_margin >= first_use + retention:
+        return (
+            f"the key was first used at {first_use.isoformat(timespec='seconds')} and the "
+            f"provider keeps keys {human(retention)}; it may have been forgotten"
+        )
+    return None
+
+
+def same_key_retry_risk(
+    contract: Contract,
+    operation: Operation,
+    attempts: Sequence[Attempt],
+    evidence: Sequence[Evidence],
+    now: datetime,
+) -> str | None:
+    """Why sending again with our key could apply the change a second time, or None when
+    the provider's deduplication covers it (rules 4, 7, 10). The review's consequences
+    are derived from the same answer."""
+    idem = contract.idempotency
+    if idem.kind == "none":
+        return "the provider does not deduplicate: a retry could repeat the effect"
+    if _key_first_used(operation, attempts, evidence) is None:
+        return None  # the provider never saw this key
+    expired = retention_risk(contract, operation, attempts, evidence, now)
+    if expired is not None:
+        return expired
+    scopes = {
+        str(ev.detail["scope"])
+        for ev in evidence
+        if ev.source == "dispatch" and "scope" in ev.detail
+    }
+    if scopes - {idem.scope}:
+        return (
+            f"earlier attempts went to {', '.join(sorted(scopes))} and this one would go to "
+            f"{idem.scope or 'another scope'}; a key is deduplicated only within one scope"
+        )
+    if not idem.keys_durable:
+        return "the provider's key store does not survive a restart: it may have forgotten the key"
+    if idem.after_error == "key_released" and any(
+        a.outcome not in ("confirmed", "rejected") for a in sent_attempts(attempts, evidence)
+    ):
+        return (
+            "the provider releases a key when a request fails, possibly after applying the "
+            "change, and an earlier attempt's outcome was never read"
+        )
+    return None
 
 
 def decide(
@@ -100,63 +310,56 @@ def decide(
         raise ValueError(f"{operation.id} is {operation.status}: there is nothing to decide")
     keys = frozenset({operation.provider_request_id, *(a.key for a in attempts)})
     authorized = authorization is not None and authorization.active_at(now)
+    sent = sent_attempts(attempts, evidence)
 
     # Rule 1: confirm only on evidence that binds this operation.
     for ev in evidence:
-        if ev.verdict == CONFIRMED and binds(ev, operation, keys):
+        if ev.verdict == CONFIRMED and binds(ev, operation, keys, contract):
             return Confirm(evidence_id=ev.id)
     # Rule 2: reject only on a definitive refusal of this very request.
     for ev in evidence:
-        if ev.verdict == REJECTED and binds(ev, operation, keys):
+        if ev.verdict == REJECTED and _rejects(ev, operation, keys, contract, sent):
             return Reject(evidence_id=ev.id)
 
-    if not attempts:
-        if operation.status is Status.PREPARED and authorized:
-            return Dispatch(
-                key=operation.provider_request_id, payload_digest=operation.payload_digest
-            )
-        if not authorized:  # Rule 8
-            return Review(reason="authorization revoked before anything was sent")
-        return Review(reason=f"{operation.status} with no attempt on record")
-
-    # -- send-by window (issue 12): an attempt recorded as not sent carried no request, so
-    # it is never in flight; when no attempt sent anything, this is still a first send.
-    sent = [a for a in attempts if a.outcome != NOT_SENT]
+    busy_until = in_flight_until(contract, attempts, evidence)
     if not sent:
+        # Nothing ever executed at the provider: no attempt yet, or each one provably sent
+        # nothing (a refused connection, a send window that had passed) or was refused
+        # because another request with our key was executing.
         if not authorized:  # Rule 8
             return Review(reason="authorization revoked before anything was sent")
-        if len(attempts) >= contract.max_attempts:
-            return Review(reason=f"{len(attempts)} claims passed their send-by window unsent")
-        return Dispatch(key=operation.provider_request_id, payload_digest=operation.payload_digest)
-    # -- end send-by window
+        if busy_until is not None and now < busy_until:  # Rule 3
+            return Wait(until=busy_until)
+        if operation.status is Status.PREPARED or attempts:
+            if len(attempts) >= contract.max_attempts:
+                return Review(
+                    reason=f"{len(attempts)} attempts, none of which reached the provider"
+                )
+            return _send(contract, operation)
+        return Review(reason=f"{operation.status} with no attempt on record")
 
     operator_retry = operation.operator_retry_by is not None
     codes = {_code(ev) for ev in evidence if ev.source == "dispatch"}
     if IDEMPOTENCY_MISMATCH in codes and not operator_retry:
         return Review(reason="the provider says this key was used with a different payload")
 
-    last = max(attempts, key=lambda a: a.n)
-    first_use = min(
-        (a.started_at for a in attempts if a.key == operation.provider_request_id),
-        default=last.started_at,
-    )
-    in_flight_until = max(a.deadline_at for a in sent)
+    assert busy_until is not None
 
     # Rule 3: never start a second attempt while an earlier one may still be in flight.
-    if now < in_flight_until:
+    if now < busy_until:
         if contract.lookup.kind == "status_api" and not _recent_lookup(evidence, now, contract):
             return Lookup()
-        return Wait(until=in_flight_until)
+        return Wait(until=busy_until)
 
     # A person resolved the review with "retry" and saw what it could cause (a key past
     # its retention needed their explicit new key). Authority is still re-checked (rule 8).
     if operator_retry:
         if not authorized:
             return Review(reason="authorization revoked; the operator's retry was not sent")
-        return Dispatch(key=operation.provider_request_id, payload_digest=operation.payload_digest)
+        return _send(contract, operation)
 
     after_deadline = [
-        ev for ev in evidence if ev.source == "lookup" and ev.recorded_at >= in_flight_until
+        ev for ev in evidence if ev.source == "lookup" and ev.recorded_at >= busy_until
     ]
     latest = max(after_deadline, key=lambda ev: ev.recorded_at, default=None)
 
@@ -171,30 +374,51 @@ def decide(
         if latest.verdict == ABSENT and binds_key(latest, keys):
             # Rule 6: an authoritative "no such request" after the deadline proves it never
             # took effect; a retry is safe if the other rules allow one.
-            return _retry(
-                contract,
-                operation,
-                attempts,
-                evidence,
-                authorized,
-                first_use,
-                now,
-                proven_absent=True,
-            )
+            return _retry(contract, operation, attempts, evidence, authorized, now, True)
         # An inconclusive status answer is no proof: ask again later, then a person.
-        return _hold_or_review(contract, last, now, "the status API gave no binding answer")
+        return _hold_or_review(contract, sent, now, "the status API gave no binding answer")
 
     if contract.lookup.kind == "search":
         # Rule 6: absence in an eventually consistent search proves nothing.
-        visible_after = in_flight_until + contract.lookup.lag
+        visible_after = busy_until + contract.lookup.lag
         if now < visible_after:
             return HoldUnknown(next_check=visible_after, reason="waiting for search to catch up")
         if latest is None or latest.recorded_at < visible_after:
             return Lookup()
 
-    return _retry(
-        contract, operation, attempts, evidence, authorized, first_use, now, proven_absent=False
-    )
+    return _retry(contract, operation, attempts, evidence, authorized, now, False)
+
+
+def _rejects(
+    ev: Evidence,
+    operation: Operation,
+    keys: frozenset[str],
+    contract: Contract,
+    sent: Sequence[Attempt],
+) -> bool:
+    """Rules 2 and 11: the refusal binds this operation, covers every attempt that may have
+    applied, and is not a conflicting state our own earlier attempt may have caused."""
+    if not binds(ev, operation, keys, contract):
+        return False
+    if ev.detail.get("conflicting_state") and len(sent) > 1:
+        return False
+    if ev.source == "dispatch":
+        # a refusal of one attempt says nothing of a later one that may have applied
+        return ev.attempt_n is not None and all(a.n <= ev.attempt_n for a in sent)
+    # a lookup by key speaks for the attempts sent with that key only
+    return all(a.key == ev.binding.key for a in sent)
+
+
+def _send(contract: Contract, operation: Operation) -> Decision:
+    """Dispatch with our key, unless the provider would refuse the key itself."""
+    limit = contract.idempotency.max_key_length
+    key = operation.provider_request_id
+    if contract.idempotency.kind == "keyed" and limit is not None and len(key) > limit:
+        return Review(
+            reason=f"our key {key!r} is {len(key)} characters; the provider accepts at most "
+            f"{limit}, so it was not sent"
+        )
+    return Dispatch(key=key, payload_digest=operation.payload_digest)
 
 
 def binds_key(evidence: Evidence, keys: frozenset[str]) -> bool:
@@ -207,36 +431,35 @@ def _retry(
     attempts: Sequence[Attempt],
     evidence: Sequence[Evidence],
     authorized: bool,
-    first_use: datetime,
     now: datetime,
-    *,
     proven_absent: bool,
 ) -> Decision:
     """Nothing is in flight and no evidence settles it: may we send again?"""
     if not authorized:  # Rule 8: revoked authority stops new writes.
         return Review(reason="authorization revoked; the outcome of the last attempt is unknown")
-    if len(attempts) >= contract.max_attempts:
-        return Review(reason=f"{len(attempts)} attempts left it unknown")
+    sent = sent_attempts(attempts, evidence)
+    if len(sent) >= contract.max_attempts:
+        return Review(reason=f"{len(sent)} attempts left it unknown")
     idem = contract.idempotency
     if idem.kind == "none":
         if proven_absent:
-            return Dispatch(
-                key=operation.provider_request_id, payload_digest=operation.payload_digest
-            )
+            return _send(contract, operation)
         # Rule 7: no dedup and no decisive lookup.
         return Review(
             reason="the provider neither deduplicates nor answers authoritatively; "
             "a retry could repeat the effect"
         )
-    # Rule 4: same key, same frozen payload, only inside the retention window.
-    assert idem.retention is not None
-    if now + contract.retention_margin >= first_use + idem.retention:
-        return Review(
-            reason=f"the key was first used at {first_use.isoformat()} and the provider "
-            f"keeps keys {idem.retention}; a retry could create a new effect"
-        )
+    # Rule 4: same key, same frozen payload, only inside the retention window, even when
+    # the provider says it never saw the request (its records of keys end there too).
+    expired = retention_risk(contract, operation, attempts, evidence, now)
+    if expired is not None:
+        return Review(reason=f"{expired}; a retry could create a new effect")
     if proven_absent:
-        return Dispatch(key=operation.provider_request_id, payload_digest=operation.payload_digest)
+        return _send(contract, operation)
+    # Rule 10: a key the provider may have dropped protects nothing.
+    risk = same_key_retry_risk(contract, operation, attempts, evidence, now)
+    if risk is not None:
+        return Review(reason=f"{risk}; a retry could create a new effect")
     dispatch_evidence = [ev for ev in evidence if ev.source == "dispatch"]
     if idem.failed_attempt_poisons_key and any(
         _code(ev) == KEY_POISONED for ev in dispatch_evidence
@@ -248,9 +471,11 @@ def _retry(
     # errors will replay the one it has: retrying the same key cannot learn more.
     if any(ev.detail.get("replayed") for ev in dispatch_evidence):
         return Review(reason="the provider replays a stored error for this key")
-    if idem.errors_replayed and any(_code(ev) == SERVER_ERROR for ev in dispatch_evidence):
+    if idem.after_error == "replayed" and any(
+        _code(ev) == SERVER_ERROR for ev in dispatch_evidence
+    ):
         return Review(reason="the provider stored a server error for this key; retrying replays it")
-    return Dispatch(key=operation.provider_request_id, payload_digest=operation.payload_digest)
+    return _send(contract, operation)
 
 
 def _code(ev: Evidence) -> str:
@@ -273,7 +498,10 @@ def _hold_or_lookup(
     return Lookup()
 
 
-def _hold_or_review(contract: Contract, last: Attempt, now: datetime, reason: str) -> Decision:
+def _hold_or_review(
+    contract: Contract, sent: Sequence[Attempt], now: datetime, reason: str
+) -> Decision:
+    last = max(sent, key=lambda a: a.n)
     give_up = last.deadline_at + max(contract.lookup.interval * 3, timedelta(seconds=1))
     if now >= give_up:
         return Review(reason=reason)

@@ -97,16 +97,17 @@ class Claim(Record):
     attempt_n: int
     started_at: AwareDatetime
     deadline_at: AwareDatetime
-    #: the database's time when the claim committed
-    db_now: AwareDatetime
+    #: the database's time when the claim committed (None: not issued by a ledger)
+    db_now: AwareDatetime | None = None
     #: no request may start under this claim after this instant (database time)
-    send_by: AwareDatetime
+    send_by: AwareDatetime | None = None
     key: str
     payload: dict[str, Any]
     payload_canonical: str
     operation: Operation
-    #: the send-by window on this process's clock; checked right before bytes leave
-    window: SendWindow = Field(exclude=True, repr=False)
+    #: the send-by window on this process's clock; checked right before bytes leave. A
+    #: claim built by hand (a contract probe, not issued by a ledger) has none to enforce.
+    window: SendWindow = Field(default_factory=SendWindow.unbounded, exclude=True, repr=False)
 
 
 class Binding(Record):
@@ -135,6 +136,10 @@ class Rejected(Record):
     kind: Literal["rejected"] = "rejected"
     code: str
     reason: str
+    #: the refusal says the target is already in the state we asked for ("already closed",
+    #: "already exists"): after an earlier attempt that may have applied, our own attempt
+    #: may have caused it, so it is then no rejection of this request (rule 11)
+    conflicting_state: bool = False
     detail: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -148,20 +153,7 @@ class Ambiguous(Record):
     detail: dict[str, Any] = Field(default_factory=dict)
 
 
-class NotSent(Record):
-    """Nothing was sent under this claim: its send-by window had passed (a paused worker).
-
-    Recorded so the attempt provably carried no request; the operation goes back to
-    unknown and the decision may send again without waiting for this attempt's deadline.
-    """
-
-    kind: Literal["not_sent"] = "not_sent"
-    code: str = "window_passed"
-    reason: str
-    detail: dict[str, Any] = Field(default_factory=dict)
-
-
-Outcome = Annotated[Confirmed | Rejected | Ambiguous | NotSent, Field(discriminator="kind")]
+Outcome = Annotated[Confirmed | Rejected | Ambiguous, Field(discriminator="kind")]
 
 
 class Attempt(Record):
@@ -175,7 +167,7 @@ class Attempt(Record):
     started_at: AwareDatetime
     deadline_at: AwareDatetime
     finished_at: AwareDatetime | None
-    outcome: Literal["confirmed", "rejected", "ambiguous", "not_sent"] | None
+    outcome: Literal["confirmed", "rejected", "ambiguous"] | None
     response: dict[str, Any] | None
     authorized_by: str | None
     #: the claim's send-by instant (None for attempts recorded before it existed)

@@ -148,7 +148,9 @@ class Reviews:
         contract = self._contract(history.operation.action)
         now = datetime.now(UTC)
         effects = (
-            consequences(contract, history.operation, history.attempts, now) if contract else None
+            consequences(contract, history.operation, history.attempts, now, history.evidence)
+            if contract
+            else None
         )
         view = ReviewView(
             review=review,
@@ -262,7 +264,7 @@ class Reviews:
             acknowledged = False
             if chosen is Resolution.RETRY:
                 key, acknowledged = self._check_retry(
-                    op, history.attempts, new_key, acknowledge_risk
+                    op, history.attempts, history.evidence, new_key, acknowledge_risk
                 )
             fence = op.fence
             reason = f"review resolved as {chosen.value} by {operator}: {note}"
@@ -367,7 +369,12 @@ class Reviews:
         return ", ".join(f"{ev.source} evidence {ev.id}: {ev.verdict}" for ev in hits)
 
     def _check_retry(
-        self, op: Operation, attempts: tuple[Attempt, ...], new_key: bool, acknowledge: bool
+        self,
+        op: Operation,
+        attempts: tuple[Attempt, ...],
+        evidence: tuple[Evidence, ...],
+        new_key: bool,
+        acknowledge: bool,
     ) -> tuple[str | None, bool]:
         """The new key, if any, and whether the retry's risk was acknowledged; raises when
         a retry that could repeat the effect was not acknowledged."""
@@ -381,7 +388,7 @@ class Reviews:
                 "judged safe; use a new key to acknowledge the risk",
                 op_id=op.id,
             )
-        effects = consequences(contract, op, attempts, datetime.now(UTC))
+        effects = consequences(contract, op, attempts, datetime.now(UTC), evidence)
         if contract.idempotency.kind == "none":
             if not (acknowledge or new_key):
                 raise RetryNeedsAcknowledgement(

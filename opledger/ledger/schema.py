@@ -147,7 +147,7 @@ attempts = Table(
     UniqueConstraint("op_id", "n", name="uq_attempts_op_n"),
     UniqueConstraint("op_id", "fence", name="uq_attempts_op_fence"),
     CheckConstraint(
-        "outcome IS NULL OR outcome IN ('confirmed', 'rejected', 'ambiguous', 'not_sent')",
+        "outcome IS NULL OR outcome IN ('confirmed', 'rejected', 'ambiguous')",
         name="outcome_kind",
     ),
 )

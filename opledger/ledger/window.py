@@ -30,7 +30,7 @@ what the provider actually takes and what its contract promises.
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from .errors import SendWindowPassed
 
@@ -79,6 +79,13 @@ class SendWindow:
 
     def __repr__(self) -> str:
         return f"SendWindow({self.op_id}, remaining={self.remaining():.3f}s)"
+
+    @classmethod
+    def unbounded(cls) -> SendWindow:
+        """No window (a claim built by hand for a contract probe): `check` never refuses."""
+        return cls(
+            op_id="-", send_by=datetime.max.replace(tzinfo=UTC), length=timedelta.max, opened=0.0
+        )
 
     @classmethod
     def closed(cls, op_id: str, send_by: datetime) -> SendWindow:

@@ -21,11 +21,20 @@ class Sandbox:
     """The sandbox providers in a child process: `with Sandbox() as sb: sb.http_url ...`."""
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, smtp_port: int = 0, log: str | None = None
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        smtp_port: int = 0,
+        log: str | None = None,
+        keepalive_timeout: float = 5.0,
     ) -> None:
-        """`log`: a file for the providers' own log (injected faults log tracebacks)."""
+        """`log`: a file for the providers' own log (injected faults log tracebacks).
+        `keepalive_timeout`: how long the server keeps an idle connection open."""
         self._log = log
-        self._args = ["--host", host, "--port", str(port), "--smtp-port", str(smtp_port)]
+        self._args = [
+            *("--host", host, "--port", str(port), "--smtp-port", str(smtp_port)),
+            *("--keepalive-timeout", str(keepalive_timeout)),
+        ]
         self._proc: subprocess.Popen[str] | None = None
         self.http_url = ""
         self.smtp_host = host
@@ -107,6 +116,10 @@ class Sandbox:
     def reset(self) -> None:
         """Forget everything: keys, cases, messages, faults, counters; default config."""
         self._post("/_admin/reset")
+
+    def restart(self) -> int:
+        """The providers restart: accounts without durable keys forget them all."""
+        return int(self._post("/_admin/restart")["keys_forgotten"])
 
     def configure(self, account: str | None = None, **settings: Any) -> dict[str, Any]:
         """Switch protections and knobs (see `opledger.sandbox.server.Config`), for one

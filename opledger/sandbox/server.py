@@ -45,10 +45,20 @@ FAULT_MODES = (
 
 @dataclass
 class Config:
+    """One account's behaviour. Each switch is a way real providers differ."""
+
     keys: bool = True  #: deduplicate by Idempotency-Key
     inflight_conflict: bool = True  #: 409 while a request with the same key executes
-    status_api: bool = True  #: CRM status endpoint by key
-    replay_errors: bool = True  #: store and replay error responses under the key
+    inflight_wait_s: float = 0.0  #: hold such a concurrent request this long before the 409
+    status_api: bool = True  #: CRM status endpoint by key, from the provider's own records
+    #: store and replay error responses under the key; off, a 5xx releases the key (even
+    #: when the change was applied before the failure), as many middlewares do
+    replay_errors: bool = True
+    payload_check: bool = True  #: refuse a used key with another payload; off, replay anyway
+    keys_durable: bool = True  #: off, `/_admin/restart` forgets this account's keys
+    error_codes: bool = True  #: error bodies carry a code; off, only a message
+    echo_digest: bool = True  #: success bodies name our key and the body's digest
+    max_key_length: int = 0  #: refuse longer keys with 400 (0: any length)
     retention_s: float = 24 * 3600.0  #: how long keys are remembered
     search_lag_s: float = 0.0  #: how long until an applied effect shows in search
     processing_s: float = 0.0  #: how long a request executes before it commits
@@ -79,6 +89,7 @@ class Case:
     fields: dict[str, Any] = field(default_factory=dict)
     closed_by: str | None = None
     last_key: str | None = None
+    last_digest: str | None = None  #: digest of the body of the last change
     applied_at: float = 0.0
 
 
@@ -92,6 +103,9 @@ class State:
         self.messages: list[dict[str, Any]] = []
         self.effects: dict[str, int] = defaultdict(int)
         self.requests: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        #: the provider's own durable record of what each key applied: what its status
+        #: API answers from, whatever the key store (a cache in front of it) says
+        self.applied: dict[tuple[str, str, str], dict[str, Any]] = {}
 
     def take_fault(self, provider: str, key: str | None) -> Fault | None:
         for fault in self.faults:
@@ -116,6 +130,14 @@ STATE = State()
 
 def _error(status: int, code: str, message: str = "") -> tuple[int, dict[str, Any]]:
     return status, {"error": {"code": code, "message": message or code}}
+
+
+def _without_code(payload: dict[str, Any]) -> dict[str, Any]:
+    """An error body as providers without error codes send it: a message and nothing else."""
+    error = payload.get("error")
+    if isinstance(error, dict):
+        return {"message": error.get("message", "request failed")}
+    return payload
 
 
 def _error_response(status: int, code: str, message: str = "") -> JSONResponse:
@@ -157,23 +179,36 @@ async def _keyed_request(
     body = await request.body()
     digest = hashlib.sha256(body).hexdigest()
     key = request.headers.get("idempotency-key")
-    log = {"arrived": time.time(), "completed": None, "status": None, "digest": digest}
+    peer = f"{request.client.host}:{request.client.port}" if request.client else None
+    log = {
+        "arrived": time.time(),
+        "completed": None,
+        "status": None,
+        "digest": digest,
+        "peer": peer,
+    }
     state.requests[f"{provider}:{key}"].append(log)
 
     def finish(
         status: int, payload: dict[str, Any], headers: dict[str, str] | None = None
     ) -> Response:
         log["completed"], log["status"] = time.time(), status
+        if status >= 400 and not cfg.error_codes:
+            payload = _without_code(payload)
         return JSONResponse(payload, status_code=status, headers=headers)
 
+    if key is not None and cfg.max_key_length and len(key) > cfg.max_key_length:
+        return finish(*_error(400, "invalid_idempotency_key", "the key is too long"))
     entry = None
     if key is not None:
         entry = state.key_entry(provider, account, key)
         if entry is not None and cfg.keys:
-            if entry.digest != digest:
+            if entry.digest != digest and cfg.payload_check:
                 return finish(*_error(*mismatch, "this key was used with a different payload"))
             if entry.state == "in_progress":
                 if cfg.inflight_conflict:
+                    if cfg.inflight_wait_s:
+                        await asyncio.sleep(cfg.inflight_wait_s)
                     return finish(*_error(*conflict, "a request with this key is in progress"))
             else:
                 return finish(entry.status_code, entry.body, {"Idempotent-Replayed": "true"})
@@ -181,6 +216,8 @@ async def _keyed_request(
         state.keys[(provider, account, key)] = entry
 
     def store(status: int, payload: dict[str, Any]) -> None:
+        if key is not None and status < 300:
+            state.applied[(provider, account, key)] = {"status_code": status, "response": payload}
         if entry is not None and (status < 500 or cfg.replay_errors):
             entry.state, entry.status_code, entry.body = "done", status, payload
         elif entry is not None:
@@ -200,7 +237,12 @@ async def _keyed_request(
         store(status, payload)
         return finish(status, payload)
     status, payload = execute(payload_in, key, digest)
+    if not cfg.echo_digest:
+        payload = {
+            k: v for k, v in payload.items() if k not in ("idempotency_key", "request_digest")
+        }
     if fault is not None and fault.mode == "error_after_commit" and status < 300:
+        store(status, payload)  # applied: the provider's own records say so
         status, payload = _error(500, "internal_error", "failed after commit")
     store(status, payload)
     if fault is not None and fault.mode == "drop_after_commit":
@@ -234,7 +276,7 @@ async def crm_case_action(request: Request) -> Response:
         if "note" in payload:
             case.fields["note"] = payload["note"]
         case.version += 1
-        case.last_key, case.applied_at = key, time.time()
+        case.last_key, case.last_digest, case.applied_at = key, digest, time.time()
         state.effects[f"crm:{key}"] += 1
         return 200, {
             "case_id": case_id,
@@ -260,11 +302,21 @@ async def crm_request_status(request: Request) -> Response:
         return _error_response(501, "not_supported")
     account, key = request.path_params["account"], request.path_params["key"]
     entry = STATE.key_entry("crm", account, key)
+    if entry is not None and entry.state == "in_progress":
+        return JSONResponse({"state": "in_progress"}, status_code=202)
+    applied = STATE.applied.get(("crm", account, key))
+    if applied is not None:  # the change was made, whatever the response said
+        return JSONResponse({"state": "done", "applied": True, **applied})
     if entry is None:
         return _error_response(404, "no_such_request")
-    if entry.state == "in_progress":
-        return JSONResponse({"state": "in_progress"}, status_code=202)
-    return JSONResponse({"state": "done", "status_code": entry.status_code, "response": entry.body})
+    return JSONResponse(
+        {
+            "state": "done",
+            "applied": False,
+            "status_code": entry.status_code,
+            "response": entry.body,
+        }
+    )
 
 
 async def crm_get_case(request: Request) -> Response:
@@ -286,7 +338,7 @@ async def crm_search(request: Request) -> Response:
 async def crm_close_by_other(request: Request) -> Response:
     case = STATE.cases[(request.path_params["account"], request.path_params["case_id"])]
     case.status, case.closed_by, case.version = "closed", "someone-else", case.version + 1
-    case.last_key, case.applied_at = None, time.time()
+    case.last_key, case.last_digest, case.applied_at = None, None, time.time()
     return JSONResponse(asdict(case))
 
 
@@ -374,6 +426,14 @@ async def admin_truth(request: Request) -> Response:
     )
 
 
+async def admin_restart(request: Request) -> Response:
+    """The provider restarts: accounts whose key store is not durable forget every key."""
+    forgotten = [k for k in STATE.keys if not STATE.config_for(k[1]).keys_durable]
+    for k in forgotten:
+        del STATE.keys[k]
+    return JSONResponse({"ok": True, "keys_forgotten": len(forgotten)})
+
+
 async def admin_reset(request: Request) -> Response:
     global STATE
     STATE = State()
@@ -413,6 +473,7 @@ def build_app() -> Starlette:
             Route("/webhook/{name}", webhook_receive, methods=["POST"]),
             Route("/_admin/truth", admin_truth, methods=["GET"]),
             Route("/_admin/reset", admin_reset, methods=["POST"]),
+            Route("/_admin/restart", admin_restart, methods=["POST"]),
             Route("/_admin/config", admin_config, methods=["POST"]),
             Route("/_admin/faults", admin_fault, methods=["POST"]),
             Route(

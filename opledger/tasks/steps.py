@@ -23,7 +23,6 @@ from opledger.ledger import (
     Claim,
     History,
     Ledger,
-    NotSent,
     Operation,
     Outcome,
     SendWindowPassed,
@@ -33,6 +32,7 @@ from opledger.ledger import (
 )
 from opledger.ledger.consequences import consequences
 from opledger.ledger.decide import (
+    NOT_SENT,
     Confirm,
     Decision,
     Dispatch,
@@ -41,6 +41,7 @@ from opledger.ledger.decide import (
     Reject,
     Review,
     Wait,
+    admit,
     decide,
 )
 
@@ -75,7 +76,8 @@ def _send(
 
     Nothing is sent once the claim's send-by window has passed: the window is checked
     here, and again at the wire (the shared HTTP client after connection set-up, SMTP
-    after EHLO). A refused check is recorded as `NotSent`, whatever the adapter made of it.
+    after the envelope). A refused check is recorded as not sent (`NOT_SENT`), whatever the
+    adapter made of it: the attempt provably carried no request.
     """
     try:
         claim.window.check()
@@ -90,6 +92,7 @@ def _send(
     if claim.window.refused:  # the check raised inside the adapter: no byte left
         outcome = _not_sent(claim)
     crashpoints.reached("dispatch.after_call")
+    outcome = admit(adapter.contract, claim, outcome)
     try:
         op = _save(ledger, claim, outcome)
     except StaleFence as exc:
@@ -105,12 +108,14 @@ def _send(
     return StepResult("dispatched", op)
 
 
-def _not_sent(claim: Claim) -> NotSent:
+def _not_sent(claim: Claim) -> Ambiguous:
     log.warning("%s: send-by window passed (send by %s); nothing sent", claim.op_id, claim.send_by)
-    return NotSent(
+    return Ambiguous(
+        code=NOT_SENT,
         reason="not sent: the send-by window had passed",
         detail={
-            "send_by": claim.send_by.isoformat(),
+            "why": "window_passed",
+            "send_by": claim.send_by.isoformat() if claim.send_by else None,
             "late_s": round(-claim.window.remaining(), 3),
         },
     )
@@ -163,9 +168,13 @@ def dispatch(
 def snapshot(history: History, adapter: Adapter, reason: str, now: datetime) -> dict[str, Any]:
     """What the review opens with: the attempts, the evidence, the contract, and what each
     resolution could cause."""
-    effects = consequences(adapter.contract, history.operation, history.attempts, now)
+    effects = consequences(
+        adapter.contract, history.operation, history.attempts, now, history.evidence
+    )
+    hint = getattr(adapter, "search_hint", None)
     return {
         "reason": reason,
+        "search_hint": hint(history.operation) if callable(hint) else None,
         "contract": adapter.contract.model_dump(mode="json"),
         "attempts": [a.model_dump(mode="json") for a in history.attempts],
         "evidence": [e.model_dump(mode="json") for e in history.evidence],

@@ -135,12 +135,13 @@ def test_key_past_retention_goes_to_review(rig_for: Any) -> None:
 
 
 def test_a_replayed_stored_500_is_not_retried_in_a_loop(rig_for: Any) -> None:
-    # the contract (wrongly) does not declare stored errors; the provider replays anyway
+    # the contract (wrongly) says a failure leaves nothing applied and the key free; the
+    # provider replays its stored error anyway
     rig = rig_for(lookup="none")
     rig.adapter.contract = rig.adapter.contract.model_copy(
         update={
             "idempotency": rig.adapter.contract.idempotency.model_copy(
-                update={"errors_replayed": False}
+                update={"after_error": "nothing_applied"}
             )
         }
     )

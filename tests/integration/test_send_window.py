@@ -18,15 +18,16 @@ from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.adapters.registry import Registry
 from opledger.adapters.smtp import SmtpAdapter, message_id_for, smtp_contract
 from opledger.ledger import (
+    Ambiguous,
+    Attempt,
     Claim,
     Confirmed,
     Ledger,
-    NotSent,
     SendWindowPassed,
     StaleFence,
     Status,
 )
-from opledger.ledger.decide import Dispatch
+from opledger.ledger.decide import NOT_SENT, Dispatch
 from opledger.sandbox import Sandbox
 from opledger.tasks import steps
 
@@ -45,6 +46,16 @@ def _prepare(ledger: Ledger, key: str, action: str = "crm.close_case.v1", **kw: 
         payload=payload,  # type: ignore[arg-type]
         authorization_ref="auth_acme",
     ).id
+
+
+def not_sent(attempt: Attempt) -> bool:
+    """The attempt was recorded as not sent because its send-by window had passed."""
+    response = attempt.response or {}
+    return (
+        attempt.outcome == "ambiguous"
+        and response.get("code") == NOT_SENT
+        and response.get("detail", {}).get("why") == "window_passed"
+    )
 
 
 def _claim(ledger: Ledger, op_id: str, window: float, **kw: object) -> Claim:
@@ -172,7 +183,7 @@ def test_the_http_check_runs_after_the_connection_is_set_up_and_before_any_byte(
             outcome = desk.adapter.dispatch(claim)
         time.sleep(0.3)
         assert claim.window.refused
-        assert outcome.kind == "ambiguous"  # what the adapter made of it; steps records not sent
+        assert isinstance(outcome, Ambiguous) and outcome.code == NOT_SENT
         assert server.accepted == 1  # the connection was set up ...
         assert server.received == b""  # ... and not one byte of the request left
     finally:
@@ -197,9 +208,9 @@ def test_a_late_worker_records_not_sent_and_the_provider_sees_nothing(
     assert sandbox.truth()["requests"].get(f"crm:{op_id}") is None
     history = crm.ledger.history(op_id)
     (attempt,) = history.attempts
-    assert attempt.outcome == "not_sent" and attempt.response is not None
-    assert attempt.response["code"] == "window_passed"
-    assert [(e.source, e.verdict) for e in history.evidence] == [("dispatch", "not_sent")]
+    assert not_sent(attempt)
+    (ev,) = history.evidence
+    assert (ev.source, ev.detail["code"], ev.attempt_n) == ("dispatch", NOT_SENT, 1)
     assert history.operation.status is Status.UNKNOWN
     assert history.operation.next_check_at is not None
 
@@ -226,7 +237,7 @@ def test_the_wire_check_inside_the_adapter_is_recorded_as_not_sent(
     claim = _claim(crm.ledger, op_id, 0.15)
     steps._send(crm.ledger, Slow(), claim)  # type: ignore[arg-type]
     assert sandbox.truth()["requests"].get(f"crm:{op_id}") is None
-    assert crm.ledger.history(op_id).attempts[0].outcome == "not_sent"
+    assert not_sent(crm.ledger.history(op_id).attempts[0])
 
 
 def test_smtp_checks_after_the_greeting_and_sends_nothing_late(
@@ -295,7 +306,7 @@ def test_claims_that_keep_missing_the_window_end_in_review(crm: CrmDesk) -> None
         crm.ledger, crm.registry, op_id, owner="w2", lease=LEASE, policy=policy
     )
     assert result.action == "review"
-    assert "send-by window" in crm.ledger.history(op_id).reviews[0].reason
+    assert "none of which reached the provider" in crm.ledger.history(op_id).reviews[0].reason
 
 
 def _fence_out(ledger: Ledger, op_id: str) -> None:
@@ -335,6 +346,6 @@ def test_no_settle_when_the_fenced_out_outcome_lands_on_a_newer_claim(
     _fence_out(crm.ledger, op_id)
     assert _claim(crm.ledger, op_id, 5, retry=True) is not None  # another worker holds it
     with pytest.raises(StaleFence) as info:
-        crm.ledger.record_outcome(claim, NotSent(reason="test"))
+        crm.ledger.record_outcome(claim, Ambiguous(code=NOT_SENT, reason="test"))
     # kept, but the operation is another worker's now: nothing to settle
     assert info.value.evidence_kept and info.value.status == "dispatching"

@@ -147,8 +147,9 @@ def test_a_worker_frozen_between_claim_and_send_never_sends_after_its_window(
         history = sys_ledger.history(op_id)
         frozen = history.attempts[0]
         op = history.operation
-        assert frozen.outcome == "not_sent", (op.action, frozen)
-        assert frozen.response is not None and frozen.response["code"] == "window_passed"
+        assert frozen.outcome == "ambiguous" and frozen.response is not None, frozen
+        assert frozen.response["code"] == "not_sent", (op.action, frozen.response)
+        assert frozen.response["detail"]["why"] == "window_passed", frozen.response
         requests = _requests(sandbox, history)
         # every request the provider saw came from a later attempt, none from the frozen one
         assert len(requests) == len(history.attempts) - 1, (op.action, requests)

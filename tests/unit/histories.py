@@ -73,12 +73,13 @@ def evidence(
     target: str | None = None,
     digest: str | None = None,
     receipt: str | None = None,
+    attempt_n: int | None = None,
     **detail: Any,
 ) -> Evidence:
     return Evidence(
         id=next(_ids),
         op_id=OP_ID,
-        attempt_n=None,
+        attempt_n=attempt_n,
         fence=1,
         source=source,
         verdict=verdict,

@@ -47,7 +47,69 @@ def contracts(draw: st.DrawFn) -> Contract:
     base = draw(st.sampled_from(CONTRACTS))
     timeout = timedelta(seconds=draw(st.integers(1, 120)))
     in_flight = timeout + timedelta(seconds=draw(st.integers(0, 600)))
-    return base.model_copy(update={"request_timeout": timeout, "max_in_flight": in_flight})
+    update: dict[str, object] = {"request_timeout": timeout, "max_in_flight": in_flight}
+    if base.idempotency.kind == "keyed" and draw(st.booleans()):
+        # every fact of a keyed contract, in every combination
+        update["idempotency"] = base.idempotency.model_copy(
+            update={
+                "after_error": draw(
+                    st.sampled_from(["replayed", "nothing_applied", "key_released"])
+                ),
+                "keys_durable": draw(st.booleans()),
+                "payload_checked": draw(st.booleans()),
+                "concurrent": draw(st.sampled_from(["conflict", "unchecked"])),
+                "failed_attempt_poisons_key": draw(st.booleans()),
+                "max_key_length": draw(st.sampled_from([None, 10, 64])),
+                "scope": draw(st.sampled_from(["account a", "account b"])),
+            }
+        )
+    update["response_binds"] = draw(st.sampled_from(["nothing", "key", "key_and_digest"]))
+    return base.model_copy(update=update)
+
+
+CODES = [
+    "timeout",
+    "connection_lost",
+    "server_error",
+    "in_flight",
+    "idempotency_mismatch",
+    "key_poisoned",
+    "http_503",
+    "not_sent",
+    "state_conflict",
+]
+
+
+def _evidence(
+    verdict: str,
+    source: str,
+    key: str | None,
+    target: str | None,
+    digest: str | None,
+    receipt: str | None,
+    code: str,
+    replayed: bool,
+    at: int,
+    n: int,
+    scope: str | None,
+    conflicting: bool,
+) -> Evidence:
+    extra: dict[str, object] = {"code": code, "replayed": replayed}
+    if scope:
+        extra["scope"] = scope
+    if conflicting:
+        extra["conflicting_state"] = True
+    return evidence(
+        verdict,
+        source=source,
+        key=key,
+        target=target,
+        digest=digest,
+        receipt=receipt,
+        at=T0 + at * S,
+        attempt_n=n,
+        **extra,
+    )
 
 
 @st.composite
@@ -77,17 +139,7 @@ def histories(
     evidence_items = draw(
         st.lists(
             st.builds(
-                lambda verdict, source, key, target, digest, receipt, code, replayed, at: evidence(
-                    verdict,
-                    source=source,
-                    key=key,
-                    target=target,
-                    digest=digest,
-                    receipt=receipt,
-                    at=T0 + at * S,
-                    code=code,
-                    replayed=replayed,
-                ),
+                _evidence,
                 st.sampled_from(
                     [
                         "confirmed",
@@ -105,19 +157,12 @@ def histories(
                 st.sampled_from(["case-318", "case-999", None]),
                 st.sampled_from([DIGEST, "b" * 64, None]),
                 st.sampled_from([None, "rcpt-1", "rcpt-2"]),
-                st.sampled_from(
-                    [
-                        "timeout",
-                        "connection_lost",
-                        "server_error",
-                        "in_flight",
-                        "idempotency_mismatch",
-                        "key_poisoned",
-                        "http_503",
-                    ]
-                ),
+                st.sampled_from(CODES),
                 st.booleans(),
                 st.integers(0, 4 * 86400),
+                st.integers(1, max(n, 1)),
+                st.sampled_from([None, "account a", "account b"]),
+                st.booleans(),
             ),
             max_size=6,
         )
@@ -136,12 +181,34 @@ def histories(
     return contract, op, attempts, evidence_items, auth, now
 
 
-def _binds(ev: Evidence, op: Operation) -> bool:
+def _binds(ev: Evidence, op: Operation, contract: Contract) -> bool:
     b = ev.binding
     ours = b.key == op.provider_request_id or (
         b.receipt_id is not None and b.receipt_id == op.provider_result_id
     )
+    if ev.source == "dispatch" and ev.verdict == "confirmed":
+        if contract.response_binds != "nothing" and b.key is None:
+            return False  # the provider names our key and this response does not
+        if contract.response_binds == "key_and_digest" and b.payload_digest is None:
+            return False
+        replayed = bool(ev.detail.get("replayed"))
+        if replayed and not contract.idempotency.payload_checked and b.payload_digest is None:
+            return False  # maybe someone else's stored response
     return ours and b.target in (None, op.target) and b.payload_digest in (None, op.payload_digest)
+
+
+def _code(ev: Evidence) -> object:
+    return ev.detail.get("code")
+
+
+def _reached(attempts: list[Attempt], evidence_items: list[Evidence]) -> list[Attempt]:
+    """Attempts that may have executed at the provider (independent of the code's helper)."""
+    skipped = {
+        ev.attempt_n
+        for ev in evidence_items
+        if ev.source == "dispatch" and _code(ev) in ("not_sent", "in_flight")
+    }
+    return [a for a in attempts if a.n not in skipped]
 
 
 @settings(max_examples=3000, deadline=None)
@@ -151,16 +218,23 @@ def test_the_decision_keeps_every_rule(history: tuple) -> None:  # type: ignore[
     decision: Decision = decide(contract, op, attempts, evidence_items, auth, now)
     event(type(decision).__name__)
     by_id = {ev.id: ev for ev in evidence_items}
+    reached = _reached(attempts, evidence_items)
 
     if isinstance(decision, Confirm):
         ev = by_id[decision.evidence_id]
-        # rule 1: only evidence that binds this operation, never absence or a bare state match
-        assert ev.verdict == "confirmed" and _binds(ev, op)
+        # rule 1: only evidence that binds this operation (and carries what the provider's
+        # responses bind), never absence, a bare state match or someone else's replay
+        assert ev.verdict == "confirmed" and _binds(ev, op, contract)
 
     if isinstance(decision, Reject):
         ev = by_id[decision.evidence_id]
         # rule 2: only a definitive refusal of this request, never a timeout or a 5xx
-        assert ev.verdict == "rejected" and _binds(ev, op)
+        assert ev.verdict == "rejected" and _binds(ev, op, contract)
+        # rule 11: never a conflicting state that our own earlier attempt may have caused
+        assert not (ev.detail.get("conflicting_state") and len(reached) > 1)
+        # and never a refusal of one attempt while a later one may have applied
+        if ev.source == "dispatch":
+            assert all(a.n <= (ev.attempt_n or 0) for a in reached)
 
     if isinstance(decision, Wait):
         assert decision.until > now
@@ -173,40 +247,70 @@ def test_the_decision_keeps_every_rule(history: tuple) -> None:  # type: ignore[
         assert decision.payload_digest == op.payload_digest
         # rule 8: authority re-checked before every new write
         assert auth is not None and auth.active_at(now)
-        # rule 3: never while an earlier attempt may still be in flight
-        assert all(now >= a.deadline_at for a in attempts)
+        # a key the provider would refuse is never sent
+        limit = contract.idempotency.max_key_length
+        assert (
+            contract.idempotency.kind == "none"
+            or limit is None
+            or len(op.provider_request_id) <= limit
+        )
+        # rule 3: never while an earlier attempt may still be in flight, nor right after the
+        # provider said one with our key was still executing
+        assert all(now >= a.deadline_at for a in reached)
+        assert all(
+            now >= ev.recorded_at + S
+            for ev in evidence_items
+            if ev.source == "dispatch" and _code(ev) == "in_flight"
+        )
+        if not reached:
+            return  # nothing ever reached the provider: sending is a first attempt
         if op.operator_retry_by is not None:
             return  # a person authorized it, having seen the consequences (rules 4-7 waived)
-        dispatch_codes = [ev.detail.get("code") for ev in evidence_items if ev.source == "dispatch"]
+        dispatch_codes = [_code(ev) for ev in evidence_items if ev.source == "dispatch"]
         # rule 5: a replayed stored error is not retried in a loop (unless an authoritative
         # status API has since said it holds no such request)
         proven_absent = any(
-            ev.verdict == "absent" and ev.source == "lookup" for ev in evidence_items
+            ev.verdict == "absent"
+            and ev.source == "lookup"
+            and ev.binding.key == op.provider_request_id
+            for ev in evidence_items
         )
         replayed = any(
             ev.detail.get("replayed") for ev in evidence_items if ev.source == "dispatch"
         )
-        assert not (attempts and replayed) or proven_absent
-        assert "idempotency_mismatch" not in dispatch_codes or not attempts
-        if attempts:
-            assert len(attempts) < contract.max_attempts
-            idem = contract.idempotency
-            if idem.kind == "keyed":
-                # rule 4: inside the key's retention window, minus the margin
-                assert idem.retention is not None
-                first = min(a.started_at for a in attempts)
-                assert now + contract.retention_margin < first + idem.retention
-            else:
-                # rule 6/7: without dedup, only an authoritative "no such request" seen
-                # after every attempt's deadline makes a retry safe
-                last_deadline = max(a.deadline_at for a in attempts)
-                assert contract.lookup.kind == "status_api"
-                assert any(
-                    ev.verdict == "absent"
-                    and ev.source == "lookup"
-                    and ev.recorded_at >= last_deadline
-                    and ev.binding.key == op.provider_request_id
-                    for ev in evidence_items
+        assert not replayed or proven_absent
+        assert "idempotency_mismatch" not in dispatch_codes
+        assert len(reached) < contract.max_attempts
+        idem = contract.idempotency
+        if idem.kind == "keyed":
+            # rule 4: inside the key's retention window, minus the margin
+            assert idem.retention is not None
+            first = min(a.started_at for a in reached if a.key == op.provider_request_id)
+            assert now + contract.retention_margin < first + idem.retention
+            if not proven_absent:
+                # rule 10: the key must protect this retry
+                assert idem.keys_durable
+                assert not (
+                    idem.after_error == "key_released"
+                    and any(a.outcome not in ("confirmed", "rejected") for a in reached)
                 )
-            if contract.idempotency.errors_replayed:
-                assert "server_error" not in dispatch_codes
+                scopes = {
+                    ev.detail["scope"]
+                    for ev in evidence_items
+                    if ev.source == "dispatch" and "scope" in ev.detail
+                }
+                assert scopes <= {idem.scope}
+                if idem.after_error == "replayed":
+                    assert "server_error" not in dispatch_codes
+        else:
+            # rule 6/7: without dedup, only an authoritative "no such request" seen
+            # after every attempt's deadline makes a retry safe
+            last_deadline = max(a.deadline_at for a in reached)
+            assert contract.lookup.kind == "status_api"
+            assert any(
+                ev.verdict == "absent"
+                and ev.source == "lookup"
+                and ev.recorded_at >= last_deadline
+                and ev.binding.key == op.provider_request_id
+                for ev in evidence_items
+            )

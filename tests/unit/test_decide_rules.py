@@ -63,7 +63,7 @@ def test_rule_1_a_receipt_id_we_hold_binds_too() -> None:
 
 def test_rule_2_reject_only_on_a_definitive_refusal() -> None:
     op, attempts = operation(), [attempt()]
-    refusal = evidence("rejected", source="dispatch", code="case_not_found")
+    refusal = evidence("rejected", source="dispatch", code="case_not_found", attempt_n=1)
     assert decide(KEYED_STATUS, op, attempts, [refusal], grant(), T0 + S) == Reject(
         evidence_id=refusal.id
     )
@@ -112,7 +112,9 @@ def test_rule_5_a_replayed_stored_error_is_not_retried() -> None:
     # even a provider that does not promise to replay errors: a replay is no new information
     forgetful = KEYED_NO_LOOKUP.model_copy(
         update={
-            "idempotency": KEYED_NO_LOOKUP.idempotency.model_copy(update={"errors_replayed": False})
+            "idempotency": KEYED_NO_LOOKUP.idempotency.model_copy(
+                update={"after_error": "nothing_applied"}
+            )
         }
     )
     assert isinstance(decide(forgetful, op, attempts, [replayed], grant(), T0 + 90 * S), Review)

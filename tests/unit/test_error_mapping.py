@@ -10,7 +10,7 @@ import ssl
 import httpx
 import pytest
 
-from opledger.adapters.base import outcome_for_http_error
+from opledger.adapters.base import ErrorCodes, outcome_for_http_error, outcome_for_http_status
 from opledger.adapters.smtp import outcome_for_smtp_error
 from opledger.ledger import Ambiguous, Rejected
 
@@ -66,7 +66,9 @@ def test_every_httpx_exception_becomes_an_ambiguous_outcome(cls: type[Exception]
 @pytest.mark.parametrize(
     ("exc", "code"),
     [
-        (httpx.ConnectError("refused"), "connect_failed"),
+        (httpx.ConnectError("refused"), "not_sent"),
+        (httpx.ConnectTimeout("no answer"), "not_sent"),
+        (httpx.PoolTimeout("no free connection"), "not_sent"),
         (httpx.ReadTimeout("slow"), "timeout"),
         (httpx.RemoteProtocolError("peer closed"), "connection_lost"),
         (ConnectionResetError("reset"), "connection_lost"),
@@ -104,7 +106,6 @@ def test_every_smtplib_exception_is_mapped(cls: type[Exception]) -> None:
     "exc",
     [
         TimeoutError("slow"),
-        TimeoutError("slow"),
         ConnectionRefusedError("refused"),
         ConnectionResetError("reset"),
         BrokenPipeError("pipe"),
@@ -124,3 +125,71 @@ def test_smtp_permanent_refusals_reject_and_temporary_ones_do_not() -> None:
     assert isinstance(outcome_for_smtp_error(smtplib.SMTPDataError(451, b"later")), Ambiguous)
     refused = smtplib.SMTPRecipientsRefused({"a@b": (550, b"x"), "c@d": (450, b"y")})
     assert isinstance(outcome_for_smtp_error(refused), Ambiguous)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ConnectionRefusedError("refused"),
+        TimeoutError("no greeting"),
+        smtplib.SMTPServerDisconnected("closed before MAIL"),
+        smtplib.SMTPSenderRefused(451, b"later", "s@x"),
+        smtplib.SMTPRecipientsRefused({"a@b": (450, b"later")}),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_smtp_failures_before_data_sent_nothing(exc: Exception) -> None:
+    outcome = outcome_for_smtp_error(exc, message_sent=False)
+    assert isinstance(outcome, Ambiguous) and outcome.code == "not_sent"
+
+
+def test_a_temporary_refusal_after_data_took_no_custody() -> None:
+    outcome = outcome_for_smtp_error(smtplib.SMTPDataError(451, b"later"), message_sent=True)
+    assert isinstance(outcome, Ambiguous) and outcome.code == "not_sent"
+    cut = outcome_for_smtp_error(smtplib.SMTPServerDisconnected("gone"), message_sent=True)
+    assert isinstance(cut, Ambiguous) and cut.code == "connection_lost"
+
+
+CODES = ErrorCodes(
+    definitive=frozenset({"case_not_found"}),
+    conflicting_state=frozenset({"case_already_closed"}),
+    in_flight=frozenset({"key_in_use"}),
+    mismatch=frozenset({"key_reused"}),
+    poisoned=frozenset({"key_failed"}),
+)
+
+
+def _response(status: int, body: object, **headers: str) -> httpx.Response:
+    return httpx.Response(status, json=body, headers=headers)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "kind", "code", "conflicting"),
+    [
+        (404, {"error": {"code": "case_not_found"}}, "rejected", "case_not_found", False),
+        (409, {"error": {"code": "case_already_closed"}}, "rejected", "case_already_closed", True),
+        (409, {"error": {"code": "key_in_use"}}, "ambiguous", "in_flight", False),
+        (409, {"error": {"code": "key_reused"}}, "ambiguous", "idempotency_mismatch", False),
+        (422, {"error": {"code": "key_failed"}}, "ambiguous", "key_poisoned", False),
+        # a provider whose error bodies carry only a message: a refusal at once, but one our
+        # own earlier attempt may have caused
+        (422, {"message": "case is closed"}, "rejected", "http_422", True),
+        (400, {"message": "bad request"}, "rejected", "http_400", True),
+        (429, {"message": "slow down"}, "ambiguous", "http_429", False),
+        (408, {}, "ambiguous", "http_408", False),
+        (500, {"message": "oops"}, "ambiguous", "server_error", False),
+        (503, {"error": {"code": "case_not_found"}}, "ambiguous", "server_error", False),
+    ],
+)
+def test_http_statuses_are_read_by_code_first(
+    status: int, body: object, kind: str, code: str, conflicting: bool
+) -> None:
+    outcome = outcome_for_http_status(_response(status, body), CODES, provider="p")
+    assert (outcome.kind, outcome.code) == (kind, code)
+    assert getattr(outcome, "conflicting_state", False) is conflicting
+
+
+def test_a_replayed_error_is_marked() -> None:
+    response = _response(500, {"message": "oops"}, **{"Idempotent-Replayed": "true"})
+    outcome = outcome_for_http_status(response, CODES, provider="p")
+    assert isinstance(outcome, Ambiguous) and outcome.replayed

@@ -1,5 +1,5 @@
-"""send-by window: attempts that provably sent nothing, their send-by instant; review
-resolutions that override bound evidence or acknowledge a repeat risk
+"""send-by window: each attempt's send-by instant; review resolutions that override bound
+evidence or acknowledge that a retry may repeat the effect
 
 Revision ID: 0004
 Revises: 0003
@@ -22,12 +22,6 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     """Upgrade schema."""
     op.add_column("attempts", sa.Column("send_by", sa.DateTime(timezone=True), nullable=True))
-    op.drop_constraint(op.f("ck_attempts_outcome_kind"), "attempts", type_="check")
-    op.create_check_constraint(
-        op.f("ck_attempts_outcome_kind"),
-        "attempts",
-        "outcome IS NULL OR outcome IN ('confirmed', 'rejected', 'ambiguous', 'not_sent')",
-    )
     op.add_column(
         "review_actions",
         sa.Column(
@@ -46,11 +40,4 @@ def downgrade() -> None:
     """Downgrade schema."""
     op.drop_column("review_actions", "risk_acknowledged")
     op.drop_column("review_actions", "override_evidence")
-    op.execute("UPDATE attempts SET outcome = 'ambiguous' WHERE outcome = 'not_sent'")
-    op.drop_constraint(op.f("ck_attempts_outcome_kind"), "attempts", type_="check")
-    op.create_check_constraint(
-        op.f("ck_attempts_outcome_kind"),
-        "attempts",
-        "outcome IS NULL OR outcome IN ('confirmed', 'rejected', 'ambiguous')",
-    )
     op.drop_column("attempts", "send_by")

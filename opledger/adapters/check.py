@@ -1,0 +1,402 @@
+"""`opledger contract check`: compare a declared contract with what the provider does.
+
+A wrong contract is how a duplicate gets through, so before trusting one, exercise what
+can be observed in seconds against the provider's test endpoint: the same key replayed;
+the same key with another payload; two concurrent requests with one key; whether the
+response names our key and the body it executed; the longest key accepted; and, where the
+endpoint can inject a failure and a restart (the sandbox's admin API), what a failure
+after the change does to the key and whether keys survive a restart. Every probe is a
+real request with a fresh target and a fresh key, so it runs only against loopback or the
+test URL the adapter declares, unless the caller explicitly accepts the risk.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, Protocol
+from urllib.parse import urlsplit
+
+import httpx
+
+from opledger.ledger import Ambiguous, Claim, Confirmed, Operation, Outcome
+from opledger.ledger.canonical import canonicalize
+from opledger.ledger.contract import Contract
+from opledger.ledger.ids import new_operation_id
+from opledger.ledger.models import Record, Status
+
+from .base import IDEMPOTENCY_MISMATCH, IN_FLIGHT, NOT_SENT, Adapter
+
+Verdict = Literal["agrees", "disagrees", "not observed"]
+
+
+class Finding(Record):
+    """One fact: what the contract declares, what the provider did, and whether they agree."""
+
+    fact: str
+    declared: str
+    observed: str
+    verdict: Verdict
+
+
+class Probe(Protocol):
+    """What an adapter sends when its contract is checked: an action, a fresh target, and
+    a payload that differs with `variant`."""
+
+    def __call__(self, variant: int) -> tuple[str, str, dict[str, Any]]: ...
+
+
+class UnsafeTarget(Exception):
+    """The adapter points at an endpoint that is neither loopback nor its declared test URL."""
+
+
+def endpoint_is_safe(adapter: Adapter) -> bool:
+    """Loopback, or the test URL the adapter declares (`test_base_url`)."""
+    base = str(getattr(adapter, "base_url", "") or getattr(adapter, "url", "") or "")
+    test_url = getattr(adapter, "test_base_url", None)
+    if test_url and base.rstrip("/") == str(test_url).rstrip("/"):
+        return True
+    host = urlsplit(base).hostname or getattr(adapter, "host", "") or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _Session:
+    """Sends probe requests through the adapter itself, with synthetic claims: the exact
+    bytes, headers and error mapping production uses, and nothing written to a ledger."""
+
+    def __init__(self, adapter: Adapter, probe: Probe) -> None:
+        self.adapter, self.probe = adapter, probe
+        self.run = uuid.uuid4().hex[:8]
+
+    def claim(self, key: str, variant: int = 0, target: str | None = None) -> Claim:
+        action, default_target, payload = self.probe(variant)
+        frozen = canonicalize(payload)
+        now = datetime.now(UTC)
+        op = Operation(
+            id=new_operation_id(),
+            tenant="contract-check",
+            workflow_id=f"check-{self.run}",
+            intent_key=key,
+            action=action,
+            target=target or default_target,
+            provider=self.adapter.contract.provider,
+            payload_digest=frozen.digest,
+            payload_size=frozen.size,
+            authorization_ref="contract-check",
+            status=Status.DISPATCHING,
+            fence=1,
+            lease_owner="contract-check",
+            lease_expires_at=now + timedelta(minutes=1),
+            provider_request_id=key,
+            provider_result_id=None,
+            evidence_checked_at=None,
+            next_check_at=None,
+            record_version=1,
+            created_at=now,
+            updated_at=now,
+        )
+        return Claim(
+            op_id=op.id,
+            fence=1,
+            token="contract-check",
+            owner="contract-check",
+            lease_expires_at=op.lease_expires_at or now,
+            attempt_n=1,
+            started_at=now,
+            deadline_at=now + self.adapter.contract.max_in_flight,
+            key=key,
+            payload=payload,
+            payload_canonical=frozen.text,
+            operation=op,
+        )
+
+    def key(self, length: int | None = None) -> str:
+        key = f"chk_{self.run}_{uuid.uuid4().hex}"
+        if length is not None:
+            key = (key * (length // len(key) + 1))[:length]
+        return key
+
+    def send(self, claim: Claim) -> Outcome:
+        return self.adapter.dispatch(claim)
+
+
+def _seen(outcome: Outcome) -> str:
+    if isinstance(outcome, Confirmed):
+        replay = " (replayed)" if outcome.detail.get("replayed") else ""
+        return f"success {outcome.receipt_id}{replay}"
+    return f"{outcome.kind} {outcome.code}"
+
+
+def _applied_twice(first: Outcome, second: Outcome) -> bool | None:
+    """Did the second request with the same key make a change of its own?"""
+    if not isinstance(first, Confirmed) or not isinstance(second, Confirmed):
+        return None
+    if second.detail.get("replayed"):
+        return False
+    return second.receipt_id != first.receipt_id
+
+
+def check_contract(
+    adapter: Adapter,
+    probe: Probe,
+    *,
+    admin_url: str | None = None,
+    allow_remote: bool = False,
+    concurrency_delay_s: float = 0.0,
+) -> list[Finding]:
+    """Exercise the provider behind `adapter` and compare with `adapter.contract`.
+
+    `admin_url`: the sandbox's base URL, to inject a failure after the change and a restart
+    (real providers offer neither; those facts are then reported as not observed).
+    """
+    if not (allow_remote or endpoint_is_safe(adapter)):
+        raise UnsafeTarget(
+            "the adapter points at neither loopback nor its declared test URL: the check sends "
+            "real requests that change things there"
+        )
+    contract = adapter.contract
+    s = _Session(adapter, probe)
+    findings: list[Finding] = []
+    idem = contract.idempotency
+    keyed = idem.kind == "keyed"
+
+    def add(fact: str, declared: str, observed: str, verdict: Verdict) -> None:
+        findings.append(Finding(fact=fact, declared=declared, observed=observed, verdict=verdict))
+
+    # 1. the same key twice, the same body
+    key = s.key()
+    first = s.send(s.claim(key))
+    if not isinstance(first, Confirmed):
+        add("probe", "a success", _seen(first), "not observed")
+        return findings
+    second = s.send(s.claim(key, target=first.binding.target or None))
+    twice = _applied_twice(first, second)
+    declared = "keyed" if keyed else "none"
+    if twice is None:
+        add("idempotency", declared, f"second request: {_seen(second)}", "not observed")
+    else:
+        observed = "applied twice under one key" if twice else "answered from the key"
+        add("idempotency", declared, observed, "agrees" if twice != keyed else "disagrees")
+
+    # 2. what the response binds
+    b = first.binding
+    gives = "key_and_digest" if b.key and b.payload_digest else "key" if b.key else "nothing"
+    if b.payload_digest is not None and b.payload_digest != s.claim(key).operation.payload_digest:
+        gives = "another body's digest"
+    add(
+        "response_binds",
+        contract.response_binds,
+        gives,
+        "agrees" if gives == contract.response_binds else "disagrees",
+    )
+
+    if keyed:
+        # 3. the same key with another body
+        other = s.send(s.claim(key, variant=1, target=first.binding.target or None))
+        refused = isinstance(other, Ambiguous) and other.code == IDEMPOTENCY_MISMATCH
+        observed = "refused as another payload" if refused else f"not refused: {_seen(other)}"
+        add(
+            "payload_checked",
+            str(idem.payload_checked).lower(),
+            observed,
+            "agrees" if refused == idem.payload_checked else "disagrees",
+        )
+
+        # 4. two requests with one key at once
+        findings.append(_concurrent(s, contract, admin_url, concurrency_delay_s))
+
+        # 5. the longest key
+        findings.append(_key_length(s, contract))
+
+        # 6, 7. what a failure after the change does to the key; a restart
+        findings += _fault_facts(s, contract, admin_url)
+    return findings
+
+
+def _concurrent(s: _Session, contract: Contract, admin_url: str | None, delay_s: float) -> Finding:
+    declared: str = contract.idempotency.concurrent
+    if admin_url is not None and delay_s:
+        _admin(admin_url, "/_admin/config", {"account": _account(s), "processing_s": delay_s})
+    try:
+        key = s.key()
+        claims = [s.claim(key), s.claim(key)]
+        results: list[tuple[Outcome, float]] = [None, None]  # type: ignore[list-item]
+
+        def go(i: int) -> None:
+            start = time.monotonic()
+            results[i] = (s.send(claims[i]), time.monotonic() - start)
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in (0, 1)]
+        threads[0].start()
+        time.sleep(min(0.05, delay_s / 4) if delay_s else 0.01)
+        threads[1].start()
+        for t in threads:
+            t.join()
+    finally:
+        if admin_url is not None and delay_s:
+            _admin(admin_url, "/_admin/config", {"account": _account(s), "processing_s": 0.0})
+    (a, _), (b, waited) = results
+    conflict = any(isinstance(o, Ambiguous) and o.code == IN_FLIGHT for o in (a, b))
+    both = isinstance(a, Confirmed) and isinstance(b, Confirmed)
+    if conflict:
+        wait = f" after {waited:.1f} s" if waited >= 1 else ""
+        verdict: Verdict = "agrees" if declared == "conflict" else "disagrees"
+        declared_wait = contract.idempotency.conflict_wait.total_seconds()
+        if declared == "conflict" and waited >= 1 and declared_wait < waited / 2:
+            verdict = "disagrees"  # a wait the contract does not state (conflict_wait)
+        if declared_wait:
+            declared += f" after {declared_wait:g} s"
+        return Finding(
+            fact="concurrent",
+            declared=declared,
+            observed=f"the second was refused as in progress{wait}",
+            verdict=verdict,
+        )
+    if both and _applied_twice(a, b):
+        return Finding(
+            fact="concurrent",
+            declared=declared,
+            observed="both executed",
+            verdict="agrees" if declared == "unchecked" else "disagrees",
+        )
+    return Finding(
+        fact="concurrent",
+        declared=declared,
+        observed=f"not concurrent enough to tell ({_seen(a)}; {_seen(b)})",
+        verdict="not observed",
+    )
+
+
+def _key_length(s: _Session, contract: Contract) -> Finding:
+    limit = contract.idempotency.max_key_length
+    probe_len = limit if limit is not None else 300
+    at_limit = s.send(s.claim(s.key(probe_len)))
+    accepted = isinstance(at_limit, Confirmed)
+    if limit is None:
+        return Finding(
+            fact="max_key_length",
+            declared="no limit",
+            observed=f"a {probe_len}-character key: {_seen(at_limit)}",
+            verdict="agrees" if accepted else "disagrees",
+        )
+    over = s.send(s.claim(s.key(limit + 1)))
+    refused_over = not isinstance(over, Confirmed) and not (
+        isinstance(over, Ambiguous) and over.code == NOT_SENT
+    )
+    observed = f"{limit} characters: {_seen(at_limit)}; {limit + 1}: {_seen(over)}"
+    return Finding(
+        fact="max_key_length",
+        declared=str(limit),
+        observed=observed,
+        verdict="agrees" if accepted and refused_over else "disagrees",
+    )
+
+
+def _fault_facts(s: _Session, contract: Contract, admin_url: str | None) -> list[Finding]:
+    idem = contract.idempotency
+    if admin_url is None:
+        return [
+            Finding(
+                fact=fact,
+                declared=declared,
+                observed="needs an endpoint that can inject a failure and a restart",
+                verdict="not observed",
+            )
+            for fact, declared in (
+                ("after_error", idem.after_error),
+                ("keys_durable", str(idem.keys_durable).lower()),
+            )
+        ]
+    found = []
+    key = s.key()
+    _admin(
+        admin_url,
+        "/_admin/faults",
+        {"provider": _provider(s), "mode": "error_after_commit", "key": key},
+    )
+    failed = s.send(s.claim(key))
+    again = s.send(s.claim(key))
+    if isinstance(again, Confirmed) and not again.detail.get("replayed"):
+        observed = "key_released"  # the change was applied again under the same key
+    elif isinstance(again, Ambiguous) and (again.replayed or again.detail.get("replayed")):
+        observed = "replayed"
+    else:
+        observed = f"unclear ({_seen(failed)}; then {_seen(again)})"
+    verdict: Verdict = (
+        "agrees"
+        if observed == idem.after_error
+        else "not observed"
+        if observed.startswith("unclear")
+        else "disagrees"
+    )
+    # a provider that applies atomically never shows a change behind a 5xx: the fault
+    # injected here (applied, then 500) is exactly what such a contract denies
+    if idem.after_error == "nothing_applied" and observed in ("replayed", "key_released"):
+        verdict = "disagrees"
+    found.append(
+        Finding(fact="after_error", declared=idem.after_error, observed=observed, verdict=verdict)
+    )
+
+    key = s.key()
+    first = s.send(s.claim(key))
+    _admin(admin_url, "/_admin/restart", {})
+    after = s.send(s.claim(key))
+    lost = _applied_twice(first, after)
+    if lost is None:
+        found.append(
+            Finding(
+                fact="keys_durable",
+                declared=str(idem.keys_durable).lower(),
+                observed=f"{_seen(first)}; after a restart {_seen(after)}",
+                verdict="not observed",
+            )
+        )
+    else:
+        found.append(
+            Finding(
+                fact="keys_durable",
+                declared=str(idem.keys_durable).lower(),
+                observed="the key was forgotten" if lost else "the key survived",
+                verdict="agrees" if lost != idem.keys_durable else "disagrees",
+            )
+        )
+    return found
+
+
+def _account(s: _Session) -> str:
+    return str(getattr(s.adapter, "account", ""))
+
+
+def _provider(s: _Session) -> str:
+    """The sandbox's name for the provider behind the adapter ("crm", "email")."""
+    action, _, _ = s.probe(0)
+    return action.split(".", 1)[0]
+
+
+def _admin(base: str, path: str, body: dict[str, Any]) -> None:
+    response = httpx.post(base.rstrip("/") + path, json=body, timeout=10)
+    response.raise_for_status()
+
+
+def probe_for(adapter: Adapter) -> Probe | None:
+    """The adapter's own probe (`contract_probe`), if it offers one."""
+    probe = getattr(adapter, "contract_probe", None)
+    return probe if callable(probe) else None
+
+
+__all__ = [
+    "Finding",
+    "Probe",
+    "UnsafeTarget",
+    "check_contract",
+    "endpoint_is_safe",
+    "probe_for",
+]

@@ -1,0 +1,119 @@
+"""`opledger contract check` against the sandbox: silent when the contract is right, and
+for each way a real provider differs, the fact it gets wrong."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from opledger.adapters.check import UnsafeTarget, check_contract, endpoint_is_safe
+from opledger.adapters.crm import CrmAdapter, crm_contract
+from opledger.cli.main import app as cli
+from opledger.sandbox import Sandbox
+from opledger.settings import get_settings
+
+
+@pytest.fixture
+def crm(sandbox: Sandbox) -> Iterator[CrmAdapter]:
+    adapter = CrmAdapter(sandbox.http_url, account="checked", contract=crm_contract())
+    yield adapter
+    adapter.close()
+
+
+def _verdicts(sandbox: Sandbox, adapter: CrmAdapter) -> dict[str, str]:
+    findings = check_contract(
+        adapter,
+        adapter.contract_probe,
+        admin_url=sandbox.http_url,
+        concurrency_delay_s=0.5,
+    )
+    return {f.fact: f.verdict for f in findings}
+
+
+def test_a_right_contract_shows_no_disagreement(sandbox: Sandbox, crm: CrmAdapter) -> None:
+    verdicts = _verdicts(sandbox, crm)
+    assert set(verdicts) == {
+        "idempotency",
+        "response_binds",
+        "payload_checked",
+        "concurrent",
+        "max_key_length",
+        "after_error",
+        "keys_durable",
+    }
+    assert set(verdicts.values()) == {"agrees"}, verdicts
+
+
+@pytest.mark.parametrize(
+    ("switch", "fact"),
+    [
+        ({"keys": False}, "idempotency"),
+        ({"payload_check": False}, "payload_checked"),
+        ({"inflight_conflict": False}, "concurrent"),
+        ({"inflight_wait_s": 1.5}, "concurrent"),
+        ({"replay_errors": False}, "after_error"),
+        ({"keys_durable": False}, "keys_durable"),
+        ({"echo_digest": False}, "response_binds"),
+        ({"max_key_length": 100}, "max_key_length"),
+    ],
+    ids=lambda v: next(iter(v)) if isinstance(v, dict) else v,
+)
+def test_each_way_a_provider_differs_is_reported(
+    sandbox: Sandbox, crm: CrmAdapter, switch: dict[str, Any], fact: str
+) -> None:
+    sandbox.configure(account="checked", **switch)
+    verdicts = _verdicts(sandbox, crm)
+    assert verdicts[fact] == "disagrees", verdicts
+
+
+def test_a_contract_declaring_what_the_provider_does_agrees_again(
+    sandbox: Sandbox, sandbox_server: Sandbox
+) -> None:
+    sandbox.configure(
+        account="honest", replay_errors=False, keys_durable=False, payload_check=False
+    )
+    contract = crm_contract(after_error="key_released", keys_durable=False, payload_checked=False)
+    adapter = CrmAdapter(sandbox.http_url, account="honest", contract=contract)
+    try:
+        verdicts = _verdicts(sandbox, adapter)
+    finally:
+        adapter.close()
+    assert set(verdicts.values()) == {"agrees"}, verdicts
+
+
+def test_it_refuses_a_remote_endpoint_unless_told_so() -> None:
+    remote = CrmAdapter("https://crm.example.com", account="prod")
+    try:
+        assert not endpoint_is_safe(remote)
+        with pytest.raises(UnsafeTarget):
+            check_contract(remote, remote.contract_probe)
+        remote.test_base_url = "https://crm.example.com"  # type: ignore[attr-defined]
+        assert endpoint_is_safe(remote)  # the adapter's declared test endpoint
+    finally:
+        remote.close()
+    local = CrmAdapter("http://127.0.0.1:9", account="x")
+    assert endpoint_is_safe(local)
+    local.close()
+
+
+def test_the_command_exits_non_zero_on_a_disagreement(
+    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPLEDGER_CRM_URL", sandbox.http_url)
+    monkeypatch.setenv("OPLEDGER_CRM_ACCOUNT", "cli-check")
+    get_settings.cache_clear()
+    try:
+        runner = CliRunner()
+        args = ["contract", "check", "crm.close_case.v1", "--admin-url", sandbox.http_url]
+        ok = runner.invoke(cli, args)
+        assert ok.exit_code == 0, ok.output
+        assert "no disagreement" in ok.output
+        sandbox.configure(account="cli-check", replay_errors=False)
+        wrong = runner.invoke(cli, args)
+        assert wrong.exit_code == 1, wrong.output
+        assert "after_error" in wrong.output and "key_released" in wrong.output
+    finally:
+        get_settings.cache_clear()

@@ -1,0 +1,151 @@
+"""Property test against a real provider: every contract kind x how real providers behave x
+faults, settled by the real worker steps, judged by the provider's own ground truth.
+
+The sandbox CRM is switched to behave like providers this project did not write (a key
+released on a 5xx after the change was applied, no payload check, keys lost on restart,
+error bodies without codes, responses that bind nothing) and the contract declared for
+it tells the truth about that. Whatever happens, the provider must never apply our change
+twice, the ledger must never say `rejected` when our change was applied (our own earlier
+attempt caused the refusal) and never `confirmed` when it was not (a response that
+answered someone else's request).
+
+`make test` draws a sample of the combinations; OPLEDGER_BEHAVIOUR_EXAMPLES raises it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import UTC, datetime, timedelta
+from itertools import count
+
+import httpx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from opledger.adapters.crm import CrmAdapter, crm_contract
+from opledger.adapters.registry import Registry
+from opledger.ledger import Ledger, Status
+from opledger.sandbox import Sandbox
+from opledger.tasks import steps
+
+TIMEOUT = timedelta(seconds=0.25)
+IN_FLIGHT = timedelta(seconds=0.35)
+LEASE = timedelta(seconds=5)
+FAULTS = (
+    None,
+    "drop_after_commit",
+    "delay_after_commit",
+    "error_before_commit",
+    "error_after_commit",
+)
+_accounts = count(1)
+
+
+@st.composite
+def worlds(draw: st.DrawFn) -> dict[str, object]:
+    return {
+        "keys": draw(st.booleans()),
+        "lookup": draw(st.sampled_from(["status_api", "search", "none"])),
+        "replay_errors": draw(st.booleans()),
+        "keys_durable": draw(st.booleans()),
+        "payload_check": draw(st.booleans()),
+        "error_codes": draw(st.booleans()),
+        "echo_digest": draw(st.booleans()),
+        "fault": draw(st.sampled_from(FAULTS)),
+        "restart": draw(st.booleans()),  # the provider restarts after our first attempt
+        "foreign": draw(st.booleans()),  # another client used our key first, other body
+        "already_closed": draw(st.booleans()),  # someone else closed the case before us
+    }
+
+
+def _settle(ledger: Ledger, registry: Registry, op_id: str) -> Status:
+    """Reconcile as the sweeper would, until final or held for a person (bounded)."""
+    for _ in range(12):
+        op = ledger.get(op_id)
+        if op.status.final or any(r.resolution is None for r in ledger.history(op_id).reviews):
+            return op.status
+        wake = op.next_check_at or datetime.now(UTC)
+        time.sleep(min(1.0, max(0.0, (wake - datetime.now(UTC)).total_seconds())) + 0.02)
+        steps.reconcile(ledger, registry, op_id, owner="w2", lease=LEASE)
+    return ledger.get(op_id).status
+
+
+@settings(
+    max_examples=int(os.environ.get("OPLEDGER_BEHAVIOUR_EXAMPLES", "24")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(world=worlds())
+def test_no_duplicate_and_no_false_outcome_whatever_the_provider_does(
+    ledger: Ledger, sandbox_server: Sandbox, world: dict[str, object]
+) -> None:
+    sandbox = sandbox_server
+    account = f"behaviour{next(_accounts)}"
+    sandbox.configure(
+        account=account,
+        keys=world["keys"],
+        status_api=world["lookup"] == "status_api",
+        replay_errors=world["replay_errors"],
+        keys_durable=world["keys_durable"],
+        payload_check=world["payload_check"],
+        error_codes=world["error_codes"],
+        echo_digest=world["echo_digest"],
+        search_lag_s=0.1,
+    )
+    contract = crm_contract(
+        keys=bool(world["keys"]),
+        lookup=world["lookup"],  # type: ignore[arg-type]
+        request_timeout=TIMEOUT,
+        max_in_flight=IN_FLIGHT,
+        search_lag=timedelta(seconds=0.3),
+        lookup_interval=timedelta(seconds=0.2),
+        retention_margin=timedelta(0),
+        scope=f"account {account}",
+        after_error="replayed" if world["replay_errors"] else "key_released",
+        keys_durable=bool(world["keys_durable"]),
+        payload_checked=bool(world["payload_check"]),
+        response_binds="key_and_digest" if world["echo_digest"] else "nothing",
+    )
+    adapter = CrmAdapter(sandbox.http_url, account=account, contract=contract)
+    registry = Registry([adapter])
+    led = Ledger(ledger.engine, actions=registry)
+    try:
+        ref = f"auth_{account}"
+        led.grant(tenant="acme", scope=["crm.*"], granted_by="t", ref=ref)
+        target = f"case-{account}"
+        op = led.prepare(
+            tenant="acme",
+            workflow_id="wf",
+            intent_key=f"close-{account}",
+            action="crm.close_case.v1",
+            target=target,
+            payload={"note": "resolved"},
+            authorization_ref=ref,
+        )
+        key = op.provider_request_id
+        url = f"{sandbox.http_url}/crm/{account}/cases/{target}"
+        foreign = 0
+        if world["foreign"]:  # someone else's request under our key, another body
+            with httpx.Client() as client:
+                client.post(
+                    f"{url}/update", json={"fields": {"x": 1}}, headers={"Idempotency-Key": key}
+                )
+            foreign = 1
+        if world["already_closed"]:
+            sandbox.close_by_other(account, target)
+        if world["fault"] is not None:
+            sandbox.fault("crm", str(world["fault"]), delay_s=0.5, key=key)
+        steps.dispatch(led, registry, op.id, owner="w1", lease=LEASE)
+        if world["restart"]:
+            sandbox.restart()
+        status = _settle(led, registry, op.id)
+
+        ours = sandbox.effects(f"crm:{key}") - foreign
+        assert ours <= 1, f"the change was applied {ours} times"
+        if status is Status.REJECTED:
+            assert ours == 0, "rejected although our change was applied"
+        if status is Status.CONFIRMED:
+            assert ours == 1, "confirmed although our change was never applied"
+    finally:
+        adapter.close()

@@ -1,0 +1,227 @@
+"""One hand-written case per contract fact and per rule it feeds (DESIGN.md rules 1-3, 10, 11).
+
+Each test states what a real provider does, and what the decision must then do.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from opledger.adapters.crm import crm_contract
+from opledger.ledger import Ambiguous, Binding, Claim, Confirmed, Rejected, Status
+from opledger.ledger.consequences import consequences
+from opledger.ledger.contract import Contract
+from opledger.ledger.decide import (
+    BINDING_MISMATCH,
+    STATE_CONFLICT,
+    UNBOUND_RESPONSE,
+    Dispatch,
+    Lookup,
+    Reject,
+    Review,
+    Wait,
+    admit,
+    decide,
+)
+
+from .histories import DIGEST, OP_ID, T0, attempt, evidence, grant, operation
+
+S = timedelta(seconds=1)
+AFTER = T0 + 60 * S  # past every attempt's 20 s deadline
+
+
+def keyed(**facts: Any) -> Contract:
+    """The sandbox CRM without a lookup, with some facts changed."""
+    lookup = facts.pop("lookup", "none")
+    return crm_contract(request_timeout=10 * S, max_in_flight=20 * S, lookup=lookup, **facts)
+
+
+def server_error(n: int = 1, **detail: Any) -> Any:
+    return evidence("ambiguous", source="dispatch", attempt_n=n, code="server_error", **detail)
+
+
+def claim(n: int = 1) -> Claim:
+    op = operation()
+    return Claim(
+        op_id=OP_ID,
+        fence=n,
+        token="t",
+        owner="w",
+        lease_expires_at=T0 + 60 * S,
+        attempt_n=n,
+        started_at=T0,
+        deadline_at=T0 + 20 * S,
+        key=OP_ID,
+        payload={},
+        payload_canonical="{}",
+        operation=op,
+    )
+
+
+# -- rule 10: a same-key retry is safe only where the key survives what happened ------------
+
+
+def test_a_provider_that_releases_the_key_on_a_5xx_gets_no_same_key_retry() -> None:
+    released = keyed(after_error="key_released")
+    decision = decide(released, operation(), [attempt()], [server_error()], grant(), AFTER)
+    assert isinstance(decision, Review) and "releases a key" in decision.reason
+    # a timeout is as unreadable as a 5xx: the change may be applied and the key gone
+    timeout = evidence("ambiguous", source="dispatch", attempt_n=1, code="timeout")
+    assert isinstance(decide(released, operation(), [attempt()], [timeout], grant(), AFTER), Review)
+
+
+def test_the_same_5xx_is_retried_where_the_provider_applies_atomically() -> None:
+    atomic = keyed(after_error="nothing_applied")
+    decision = decide(atomic, operation(), [attempt()], [server_error()], grant(), AFTER)
+    assert decision == Dispatch(key=OP_ID, payload_digest=DIGEST)
+
+
+def test_a_provider_that_replays_its_5xx_is_not_asked_again() -> None:
+    replaying = keyed(after_error="replayed")
+    decision = decide(replaying, operation(), [attempt()], [server_error()], grant(), AFTER)
+    assert isinstance(decision, Review) and "replays it" in decision.reason
+    # but a timeout under such a key is safe to retry: the provider answers from the key
+    timeout = evidence("ambiguous", source="dispatch", attempt_n=1, code="timeout")
+    assert isinstance(
+        decide(replaying, operation(), [attempt()], [timeout], grant(), AFTER), Dispatch
+    )
+
+
+def test_a_released_key_is_looked_up_and_an_authoritative_absence_allows_the_retry() -> None:
+    released = keyed(after_error="key_released", lookup="status_api")
+    assert isinstance(
+        decide(released, operation(), [attempt()], [server_error()], grant(), AFTER), Lookup
+    )
+    absent = evidence("absent", at=AFTER)
+    decision = decide(released, operation(), [attempt()], [server_error(), absent], grant(), AFTER)
+    assert decision == Dispatch(key=OP_ID, payload_digest=DIGEST)
+
+
+def test_keys_lost_on_restart_are_looked_up_before_any_retry() -> None:
+    volatile = keyed(keys_durable=False)
+    timeout = evidence("ambiguous", source="dispatch", attempt_n=1, code="timeout")
+    decision = decide(volatile, operation(), [attempt()], [timeout], grant(), AFTER)
+    assert isinstance(decision, Review) and "restart" in decision.reason
+    with_status = keyed(keys_durable=False, lookup="status_api")
+    assert isinstance(
+        decide(with_status, operation(), [attempt()], [timeout], grant(), AFTER), Lookup
+    )
+
+
+def test_a_key_is_deduplicated_only_within_the_scope_it_was_sent_to() -> None:
+    moved = keyed(scope="account eu")
+    timeout = evidence(
+        "ambiguous", source="dispatch", attempt_n=1, code="timeout", scope="account us"
+    )
+    decision = decide(moved, operation(), [attempt()], [timeout], grant(), AFTER)
+    assert isinstance(decision, Review) and "one scope" in decision.reason
+    same = evidence("ambiguous", source="dispatch", attempt_n=1, code="timeout", scope="account eu")
+    assert isinstance(decide(moved, operation(), [attempt()], [same], grant(), AFTER), Dispatch)
+
+
+def test_a_key_longer_than_the_provider_accepts_is_never_sent() -> None:
+    short = keyed(max_key_length=10)
+    decision = decide(short, operation(Status.PREPARED, fence=0), [], [], grant(), T0)
+    assert isinstance(decision, Review) and "at most 10" in decision.reason
+
+
+# -- rules 1 and 11: what an attempt's answer may count as ----------------------------------
+
+
+def test_a_conflicting_state_after_an_earlier_attempt_is_our_own_effect() -> None:
+    closed = Rejected(code="case_already_closed", reason="closed", conflicting_state=True)
+    second = admit(keyed(), claim(2), closed)
+    assert isinstance(second, Ambiguous) and second.code == STATE_CONFLICT
+    # on the first attempt nobody but someone else can have closed it: a refusal
+    assert admit(keyed(), claim(1), closed) == closed
+
+
+def test_a_stored_conflicting_state_rejects_only_when_one_attempt_was_sent() -> None:
+    contract = keyed(lookup="status_api")
+    stored = evidence("rejected", at=AFTER, conflicting_state=True, code="case_already_closed")
+    one = decide(contract, operation(), [attempt()], [stored], grant(), AFTER)
+    assert one == Reject(evidence_id=stored.id)
+    two = [attempt(1), attempt(2, started=T0 + 30 * S)]
+    later = AFTER + 30 * S
+    assert not isinstance(decide(contract, operation(), two, [stored], grant(), later), Reject)
+
+
+def test_a_refusal_of_one_attempt_does_not_reject_a_later_one() -> None:
+    refusal = evidence("rejected", source="dispatch", attempt_n=1, code="case_not_found")
+    two = [attempt(1), attempt(2, started=T0 + 30 * S)]
+    decision = decide(keyed(), operation(), two, [refusal], grant(), AFTER + 30 * S)
+    assert not isinstance(decision, Reject)
+
+
+def test_a_response_bound_to_another_body_never_confirms() -> None:
+    other = Confirmed(receipt_id="r", binding=Binding(key=OP_ID, payload_digest="b" * 64))
+    outcome = admit(keyed(), claim(), other)
+    assert isinstance(outcome, Ambiguous) and outcome.code == BINDING_MISMATCH
+
+
+def test_a_response_without_the_digest_the_provider_gives_never_confirms() -> None:
+    bare = Confirmed(receipt_id="r", binding=Binding(key=OP_ID))
+    outcome = admit(keyed(response_binds="key_and_digest"), claim(), bare)
+    assert isinstance(outcome, Ambiguous) and outcome.code == UNBOUND_RESPONSE
+    assert admit(keyed(response_binds="key"), claim(), bare) == bare
+
+
+def test_a_replay_from_a_provider_that_does_not_check_payloads_needs_the_digest() -> None:
+    replay = Confirmed(receipt_id="r", binding=Binding(key=OP_ID), detail={"replayed": True})
+    unchecked = keyed(payload_checked=False, response_binds="key")
+    outcome = admit(unchecked, claim(), replay)
+    assert isinstance(outcome, Ambiguous) and outcome.code == UNBOUND_RESPONSE
+    checked = keyed(payload_checked=True, response_binds="key")
+    assert admit(checked, claim(), replay).kind == "confirmed"
+    bound = replay.model_copy(update={"binding": Binding(key=OP_ID, payload_digest=DIGEST)})
+    assert admit(unchecked, claim(), bound).kind == "confirmed"
+
+
+# -- rule 3 and max_attempts: "still executing" and "never sent" ----------------------------
+
+
+def test_still_executing_does_not_use_up_an_attempt_and_delays_the_next() -> None:
+    attempts = [attempt(n, started=T0 + (n - 1) * 30 * S) for n in range(1, 6)]
+    busy = [
+        evidence("ambiguous", source="dispatch", attempt_n=n, code="in_flight", at=T0 + n * 30 * S)
+        for n in range(2, 6)
+    ]
+    first = evidence("ambiguous", source="dispatch", attempt_n=1, code="timeout")
+    now = T0 + 150 * S + 0.5 * S  # just after the last "in progress" answer
+    assert isinstance(decide(keyed(), operation(), attempts, [first, *busy], grant(), now), Wait)
+    later = T0 + 200 * S  # four "in progress" answers did not use up the five attempts
+    decision = decide(keyed(), operation(), attempts, [first, *busy], grant(), later)
+    assert decision == Dispatch(key=OP_ID, payload_digest=DIGEST)
+
+
+def test_attempts_that_sent_nothing_are_no_attempt_in_flight() -> None:
+    refused = evidence("ambiguous", source="dispatch", attempt_n=1, code="not_sent")
+    no_dedup = crm_contract(keys=False, lookup="none", request_timeout=10 * S)
+    # nothing reached the provider, so even one without dedup is sent at once
+    decision = decide(no_dedup, operation(), [attempt()], [refused], grant(), T0 + 2 * S)
+    assert decision == Dispatch(key=OP_ID, payload_digest=DIGEST)
+    many = [attempt(n) for n in range(1, 6)]
+    all_refused = [
+        evidence("ambiguous", source="dispatch", attempt_n=n, code="not_sent") for n in range(1, 6)
+    ]
+    decision = decide(no_dedup, operation(), many, all_refused, grant(), T0 + 2 * S)
+    assert isinstance(decision, Review) and "none of which reached" in decision.reason
+
+
+# -- consequences come from the same facts --------------------------------------------------
+
+
+def test_the_review_never_promises_a_protection_the_contract_lacks() -> None:
+    released = keyed(after_error="key_released")
+    c = consequences(released, operation(), [attempt()], AFTER, [server_error()])
+    assert not c.same_key_retry_allowed
+    assert "no second" not in c.retry and "releases a key" in c.retry
+    atomic = keyed(after_error="nothing_applied")
+    c = consequences(atomic, operation(), [attempt()], AFTER, [server_error()])
+    assert c.same_key_retry_allowed and "no second change to the case is made" in c.retry
+    assert "undoing a change" in c.cancel
+    email = consequences(
+        keyed(), operation(action="email.send.v1"), [attempt()], AFTER, [server_error()]
+    )
+    assert "undoing an email" in email.cancel
