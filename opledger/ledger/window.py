@@ -15,8 +15,8 @@ a frozen VM whose clock catches up on resume) sees the pause as elapsed time.
 
 `SendWindow.check()` is called immediately before the first byte of the request leaves:
 by the shared HTTP client after the connection is set up (see
-`opledger.adapters.base.http_client`), by the SMTP adapter after EHLO and before MAIL, by
-the worker once more before it hands the claim to the adapter. A refused check raises
+`opledger.adapters.base.http_client`), by the SMTP adapter after the envelope and before
+DATA, by the worker once more before it hands the claim to the adapter. A refused check raises
 `SendWindowPassed` and marks the window `refused`, so the worker records the attempt as
 "not sent" whatever the adapter made of the exception.
 
