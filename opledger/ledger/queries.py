@@ -249,7 +249,6 @@ RECORD_OUTCOME = text(
         SET record_version = o.record_version + 1, evidence_checked_at = now(),
             updated_at = now()
         WHERE o.id = :op_id AND EXISTS (SELECT 1 FROM attempt) AND NOT EXISTS (SELECT 1 FROM op)
-        RETURNING o.status
     ),
     evidence_row AS (
         INSERT INTO evidence (op_id, attempt_n, fence, source, verdict, binding, detail, applied)
@@ -261,8 +260,7 @@ RECORD_OUTCOME = text(
         INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
         SELECT op.id, 'dispatching', op.status, op.fence, :actor, :reason FROM op
     )
-    SELECT (SELECT n FROM attempt) AS attempt_n, (SELECT status::text FROM late) AS late_status,
-           {_cols("op")}
+    SELECT (SELECT n FROM attempt) AS attempt_n, {_cols("op")}
     FROM (SELECT 1) AS one LEFT JOIN op ON true
     """
 )

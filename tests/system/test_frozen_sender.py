@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -159,3 +160,45 @@ def test_a_worker_frozen_between_claim_and_send_never_sends_after_its_window(
         else:  # nothing proves it was never sent while the frozen attempt was open
             assert op.status is Status.UNKNOWN and _in_review(history), op.action
     assert sys_ledger.list(status=[Status.DISPATCHING, Status.PREPARED]) == ()
+
+
+def test_a_call_that_outlives_its_lease_settles_as_soon_as_it_answers(
+    running: Stack, sys_ledger: Ledger, sandbox: Sandbox
+) -> None:
+    """The provider takes longer than the lease: the sweeper fences the worker out, its
+    success comes back and is kept as evidence, and the operation is confirmed at once,
+    not at the check scheduled for the attempt's in-flight deadline."""
+    env = {
+        "OPLEDGER_PROVIDER_TIMEOUT_SECONDS": "5",
+        "OPLEDGER_PROVIDER_IN_FLIGHT_SECONDS": "8",
+        "OPLEDGER_LEASE_SECONDS": "1.5",
+    }
+    configure_sandbox(sandbox, settings_of({**running.env, **env}))
+    slow = [kind for kind in ALL_KINDS if kind.name in ("keyed+status", "no-dedup")]
+    for kind in slow:
+        sandbox.configure(account=kind.account, processing_s=3.5)
+    running.kill_worker("w1")
+    running.start_worker("w1", concurrency=len(slow) + 2, **env)  # room for sweeps
+    try:
+        op_ids = [
+            prepare(sys_ledger, f"slow-{i}", action=kind.action, target=f"case-slow-{i}")
+            for i, kind in enumerate(slow)
+        ]
+        for op_id in op_ids:
+            dispatch.delay(op_id)
+        settled(sys_ledger, op_ids, timeout=30)
+    finally:
+        running.kill_worker("w1")  # back to the standard settings for the next test
+    for op_id in op_ids:
+        history = sys_ledger.history(op_id)
+        assert history.operation.status is Status.CONFIRMED
+        reasons = [t.reason for t in history.transitions]
+        assert "lease expired" in reasons  # it really was fenced out
+        (attempt,) = history.attempts
+        confirmed_at = history.transitions[-1].at
+        # well before the check the in-flight deadline would have scheduled (13 s)
+        assert confirmed_at < attempt.deadline_at - timedelta(seconds=3), (
+            confirmed_at,
+            attempt.deadline_at,
+        )
+    assert audit(sys_ledger, sandbox.truth(), op_ids).clean
