@@ -106,7 +106,8 @@ class Settings(BaseSettings):
     )
     review_webhook_deduplicates: bool = Field(
         default=False,
-        description="The webhook receiver deduplicates by Idempotency-Key (allows same-key "
+        description="The webhook receiver deduplicates by Idempotency-Key, in a store that "
+        "survives its restarts and keeps the first answer, errors included (allows same-key "
         "retries of a notification).",
     )
     lookup_interval_seconds: float = Field(

@@ -35,6 +35,7 @@ from .base import (
     error_code,
     http_client,
     outcome_for_http_error,
+    reuses_connections,
 )
 
 ACTIONS: tuple[str, ...] = ("webhook.post.v1",)
@@ -49,7 +50,13 @@ def webhook_contract(
 ) -> Contract:
     return Contract(
         provider="webhook",
-        idempotency=Idempotency(kind="keyed", scope="endpoint", retention=retention)
+        idempotency=Idempotency(
+            kind="keyed",
+            scope="endpoint",
+            retention=retention,
+            after_error="replayed",
+            keys_durable=True,
+        )
         if deduplicates
         else Idempotency(kind="none"),
         lookup=Lookup(kind="none"),
@@ -65,7 +72,10 @@ class WebhookAdapter:
     def __init__(self, url: str, *, contract: Contract | None = None) -> None:
         self.url = url
         self.contract = contract or webhook_contract()
-        self._client = http_client(self.contract.request_timeout.total_seconds())
+        self._client = http_client(
+            self.contract.request_timeout.total_seconds(),
+            reuse=reuses_connections(self.contract),
+        )
 
     def dispatch(self, claim: Claim) -> Outcome:
         try:

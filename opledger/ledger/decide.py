@@ -135,8 +135,13 @@ def admit(contract: Contract | None, claim: Claim, outcome: Outcome) -> Outcome:
     A confirmation that names another key, target or body, or lacks what the provider's
     responses bind, confirms nothing: it becomes ambiguous. A refusal saying the target is
     already in the state we asked for is ambiguous after an earlier attempt that may have
-    applied. Without a contract (the ledger's own API) only the binding is checked.
+    applied. Without a contract (the ledger's own API) only the binding is checked. With a
+    keyed contract, the outcome records the scope the attempt was sent into.
     """
+    if contract is not None and contract.idempotency.kind == "keyed":
+        outcome = outcome.model_copy(
+            update={"detail": {**outcome.detail, "scope": contract.idempotency.scope}}
+        )
     if isinstance(outcome, Confirmed):
         b = outcome.binding
         clashes = binding_clashes(b, claim.operation, claim.key)

@@ -255,3 +255,48 @@ def test_the_review_policy_hands_over_an_operation_unknown_for_too_long(rig_for:
     result = rig.reconcile(op_id, steps.ReviewPolicy(after=timedelta(seconds=1)))
     assert isinstance(result.decision, Review) and "still unknown" in result.decision.reason
     assert len(rig.requests(op_id)) == 1
+
+
+def test_an_smtp_review_names_the_message_id_and_a_refused_connection_is_resent(
+    ledger: Ledger, sandbox: Sandbox
+) -> None:
+    from opledger.adapters.smtp import SmtpAdapter, message_id_for, smtp_contract
+
+    contract = smtp_contract(request_timeout=TIMEOUT, max_in_flight=IN_FLIGHT)
+    down = SmtpAdapter("127.0.0.1", 9, contract=contract)  # nothing listens: refused
+    up = SmtpAdapter(sandbox.smtp_host, sandbox.smtp_port, contract=contract)
+    led = Ledger(ledger.engine, actions=Registry([up]))
+    led.grant(tenant="acme", scope=["email.*"], granted_by="t", ref="auth_mail")
+
+    def prepare(intent: str) -> str:
+        return led.prepare(
+            tenant="acme",
+            workflow_id="wf",
+            intent_key=intent,
+            action="email.smtp_send.v1",
+            target="owner@acme.test",
+            payload={"to": "owner@acme.test", "subject": "welcome", "text": "hi"},
+            authorization_ref="auth_mail",
+        ).id
+
+    # refused before anything was sent: no review, the next reconcile sends it
+    refused = prepare("refused")
+    steps.dispatch(led, Registry([down]), refused, owner="w1", lease=LEASE)
+    assert led.history(refused).evidence[-1].detail["code"] == "not_sent"
+    result = steps.reconcile(led, Registry([up]), refused, owner="w2", lease=LEASE)
+    assert isinstance(result.decision, Dispatch)
+    assert led.get(refused).status is Status.CONFIRMED
+    assert sandbox.effects(f"smtp:{message_id_for(led.get(refused))}") == 1
+
+    # cut after DATA: a person decides, told which Message-ID to search for
+    cut = prepare("cut")
+    sandbox.fault("smtp", "drop_after_data")
+    steps.dispatch(led, Registry([up]), cut, owner="w1", lease=LEASE)
+    deadline = max(a.deadline_at for a in led.history(cut).attempts)
+    time.sleep(max(0.0, (deadline - datetime.now(deadline.tzinfo)).total_seconds()) + 0.05)
+    result = steps.reconcile(led, Registry([up]), cut, owner="w2", lease=LEASE)
+    assert isinstance(result.decision, Review)
+    (review,) = led.history(cut).reviews
+    message_id = message_id_for(led.get(cut))
+    assert message_id in review.snapshot["search_hint"]
+    assert led.history(cut).evidence[0].detail["message_id"] == message_id

@@ -134,7 +134,8 @@ def test_a_conflicting_state_after_an_earlier_attempt_is_our_own_effect() -> Non
     second = admit(keyed(), claim(2), closed)
     assert isinstance(second, Ambiguous) and second.code == STATE_CONFLICT
     # on the first attempt nobody but someone else can have closed it: a refusal
-    assert admit(keyed(), claim(1), closed) == closed
+    first = admit(keyed(), claim(1), closed)
+    assert isinstance(first, Rejected) and first.code == "case_already_closed"
 
 
 def test_a_stored_conflicting_state_rejects_only_when_one_attempt_was_sent() -> None:
@@ -164,7 +165,7 @@ def test_a_response_without_the_digest_the_provider_gives_never_confirms() -> No
     bare = Confirmed(receipt_id="r", binding=Binding(key=OP_ID))
     outcome = admit(keyed(response_binds="key_and_digest"), claim(), bare)
     assert isinstance(outcome, Ambiguous) and outcome.code == UNBOUND_RESPONSE
-    assert admit(keyed(response_binds="key"), claim(), bare) == bare
+    assert admit(keyed(response_binds="key"), claim(), bare).kind == "confirmed"
 
 
 def test_a_replay_from_a_provider_that_does_not_check_payloads_needs_the_digest() -> None:
@@ -225,3 +226,8 @@ def test_the_review_never_promises_a_protection_the_contract_lacks() -> None:
         keyed(), operation(action="email.send.v1"), [attempt()], AFTER, [server_error()]
     )
     assert "undoing an email" in email.cancel
+
+
+def test_every_attempt_records_the_scope_it_was_sent_into() -> None:
+    lost = Ambiguous(code="timeout", reason="slow")
+    assert admit(keyed(scope="account eu"), claim(), lost).detail["scope"] == "account eu"

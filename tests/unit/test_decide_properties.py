@@ -158,7 +158,7 @@ def histories(
                 st.sampled_from([DIGEST, "b" * 64, None]),
                 st.sampled_from([None, "rcpt-1", "rcpt-2"]),
                 st.sampled_from(CODES),
-                st.booleans(),
+                st.sampled_from([False, False, False, True]),  # replayed
                 st.integers(0, 4 * 86400),
                 st.integers(1, max(n, 1)),
                 st.sampled_from([None, "account a", "account b"]),
@@ -314,3 +314,64 @@ def test_the_decision_keeps_every_rule(history: tuple) -> None:  # type: ignore[
                 and ev.binding.key == op.provider_request_id
                 for ev in evidence_items
             )
+
+
+@st.composite
+def unread_histories(
+    draw: st.DrawFn,
+) -> tuple[Contract, Operation, list[Attempt], list[Evidence], object]:
+    """Keyed contracts with every combination of facts, after attempts whose outcome was
+    never read (timeouts, resets, 5xx), past every deadline: where a same-key retry is
+    decided by the key's protection alone."""
+    base = draw(st.sampled_from([c for c in CONTRACTS if c.idempotency.kind == "keyed"]))
+    idem = base.idempotency.model_copy(
+        update={
+            "after_error": draw(st.sampled_from(["replayed", "nothing_applied", "key_released"])),
+            "keys_durable": draw(st.booleans()),
+            "scope": draw(st.sampled_from(["account a", "account b"])),
+            "failed_attempt_poisons_key": False,
+        }
+    )
+    contract = base.model_copy(
+        update={"idempotency": idem, "lookup": base.lookup.model_copy(update={"kind": "none"})}
+    )
+    n = draw(st.integers(1, 3))
+    attempts = [
+        attempt(i + 1, started=T0 + i * 600 * S, in_flight=contract.max_in_flight) for i in range(n)
+    ]
+    evidence_items = [
+        evidence(
+            "ambiguous",
+            source="dispatch",
+            attempt_n=i + 1,
+            code=draw(st.sampled_from(["timeout", "connection_lost", "server_error"])),
+            replayed=False,
+            **(
+                {"scope": s}
+                if (s := draw(st.sampled_from([None, "account a", "account b"])))
+                else {}
+            ),
+        )
+        for i in range(n)
+    ]
+    now = max(a.deadline_at for a in attempts) + draw(st.integers(1, 3600)) * S
+    return contract, operation(), attempts, evidence_items, now
+
+
+@settings(max_examples=1000, deadline=None)
+@given(unread_histories())
+def test_a_same_key_retry_only_where_the_key_protects_it(history: tuple) -> None:  # type: ignore[type-arg]
+    contract, op, attempts, evidence_items, now = history
+    decision = decide(contract, op, attempts, evidence_items, grant(), now)
+    event(type(decision).__name__)
+    if not isinstance(decision, Dispatch):
+        return
+    idem = contract.idempotency
+    # rule 10: the provider keeps keys across restarts, does not drop a key on a failure,
+    # and every earlier attempt went to the scope this one goes to
+    assert idem.keys_durable
+    assert idem.after_error != "key_released"
+    assert all(ev.detail.get("scope", idem.scope) == idem.scope for ev in evidence_items)
+    # rule 5: a provider that stores its 5xx replays it
+    if idem.after_error == "replayed":
+        assert all(ev.detail["code"] != "server_error" for ev in evidence_items)
