@@ -207,6 +207,19 @@ class CrmAdapter:
                 binding=Binding(key=key),
                 detail={**detail, "conflicting_state": True},
             )
+        if (
+            isinstance(code, int)
+            and code >= 500
+            and stored.get("applied") is False
+            and self.contract.idempotency.after_error == "replayed"
+        ):
+            # the CRM's own records: this request failed without taking effect, and the
+            # key replays that failure, so it never will: a definitive "not done"
+            return LookupResult(
+                verdict=REJECTED,
+                binding=Binding(key=key),
+                detail={**detail, "code": "failed_without_effect"},
+            )
         return LookupResult(verdict=INCONCLUSIVE, binding=Binding(key=key), detail=detail)
 
     def _search(self, operation: Operation) -> LookupResult:

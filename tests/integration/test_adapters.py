@@ -107,7 +107,8 @@ def test_crm_faults_are_ambiguous_never_rejected(
     verdict = crm.lookup(claim.operation, []).verdict
     # the status API answers from the provider's own records: an error that followed the
     # change does not hide it
-    assert verdict == ("confirmed" if applied else "inconclusive")
+    # and a failure it recorded without effect, whose key replays it, is a definitive no
+    assert verdict == ("confirmed" if applied else "rejected")
 
 
 def test_crm_replays_a_stored_500_and_says_so(

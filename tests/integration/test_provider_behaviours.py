@@ -123,6 +123,7 @@ KNOWN = {
     "keys_lost_declared": {"keys_durable": False, "restart": True, "fault": "drop_after_commit"},
     "sent_to_another_scope": {"fault": "drop_after_commit", "moved": True},
     "status_api_after_a_5xx": {"lookup": "status_api", "fault": "error_after_commit"},
+    "status_api_stored_5xx": {"lookup": "status_api", "fault": "error_before_commit"},
 }
 
 
@@ -131,6 +132,8 @@ def test_the_worlds_that_went_wrong(ledger: Ledger, sandbox_server: Sandbox, nam
     status = _run(ledger, sandbox_server, {**BASE, **KNOWN[name]})
     if name == "status_api_after_a_5xx":
         assert status is Status.CONFIRMED  # an authoritative status API settles it
+    if name == "status_api_stored_5xx":
+        assert status is Status.REJECTED  # failed without effect, and its key replays that
 
 
 @settings(
