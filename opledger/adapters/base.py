@@ -8,13 +8,24 @@ It never raises a client library's exception upward: every failure becomes an `O
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Protocol, runtime_checkable
 
 import httpx
 from pydantic import Field
 
-from opledger.ledger import Ambiguous, Attempt, Binding, Claim, Operation, Outcome
+from opledger.ledger import (
+    Ambiguous,
+    Attempt,
+    Binding,
+    Claim,
+    Operation,
+    Outcome,
+    SendWindow,
+    SendWindowPassed,
+)
 from opledger.ledger.contract import Contract, Idempotency, Lookup
 from opledger.ledger.decide import (
     ABSENT,
@@ -49,6 +60,7 @@ __all__ = [
     "LookupResult",
     "outcome_for_http_error",
     "outcome_for_http_status",
+    "sending",
 ]
 
 
@@ -71,7 +83,15 @@ class Adapter(Protocol):
     actions: tuple[str, ...]
 
     def dispatch(self, claim: Claim) -> Outcome:
-        """Send one attempt: `claim.payload` under `claim.key`. Never raises."""
+        """Send one attempt: `claim.payload` under `claim.key`. Never raises.
+
+        The worker calls it inside `sending(claim.window)`: requests made with
+        `http_client` check the claim's send-by window after the connection is set up and
+        before the first byte leaves. An adapter speaking another protocol calls
+        `claim.window.check()` itself, right before the command that carries the effect
+        (SMTP: after the envelope, before DATA). A refused check raises `SendWindowPassed`; map it
+        like any other exception — the worker records the attempt as not sent anyway.
+        """
         ...
 
     def lookup(self, operation: Operation, attempts: Sequence[Attempt]) -> LookupResult:
@@ -87,6 +107,8 @@ def outcome_for_http_error(exc: Exception) -> Ambiguous:
     that was never made (refused, timed out while connecting, no free connection in the
     pool) proves that nothing was sent.
     """
+    if isinstance(exc, SendWindowPassed):  # refused at the wire: no byte left
+        return Ambiguous(code=NOT_SENT, reason=str(exc)[:500], detail={"why": "window_passed"})
     if isinstance(exc, httpx.ConnectTimeout | httpx.ConnectError | httpx.PoolTimeout):
         return Ambiguous(
             code=NOT_SENT,
@@ -111,6 +133,55 @@ def outcome_for_http_error(exc: Exception) -> Ambiguous:
     return Ambiguous(code=code, reason=f"{type(exc).__name__}: {exc}"[:500])
 
 
+_WINDOW: ContextVar[SendWindow | None] = ContextVar("opledger_send_window", default=None)
+
+
+@contextmanager
+def sending(window: SendWindow) -> Iterator[SendWindow]:
+    """Arm `window` for the requests this thread makes inside the block."""
+    token = _WINDOW.set(window)
+    try:
+        yield window
+    finally:
+        _WINDOW.reset(token)
+
+
+def _headers_started(name: str) -> bool:
+    # httpcore's trace events: "http11.send_request_headers.started" (and "http2...."),
+    # after "connection.connect_tcp" / "connection.start_tls" have completed.
+    return name.endswith("send_request_headers.started")
+
+
+class WindowedTransport(httpx.BaseTransport):
+    """Refuses to send once the armed claim's send-by window has passed.
+
+    The check runs from httpcore's trace hook when the request headers are about to be
+    written: after the connection (TCP, TLS) is set up or taken from the pool, before any
+    byte of the request leaves. Outside `sending(...)` (lookups, other clients) it does
+    nothing.
+    """
+
+    def __init__(self, inner: httpx.BaseTransport) -> None:
+        self._inner = inner
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        window = _WINDOW.get()
+        if window is not None:
+            prior: Callable[..., Any] | None = request.extensions.get("trace")
+
+            def trace(name: str, info: dict[str, Any]) -> None:
+                if _headers_started(name):
+                    window.check()
+                if prior is not None:
+                    prior(name, info)
+
+            request.extensions = {**request.extensions, "trace": trace}
+        return self._inner.handle_request(request)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
 def reuses_connections(contract: Contract) -> bool:
     """Whether requests may go over kept-alive connections.
 
@@ -124,12 +195,15 @@ def reuses_connections(contract: Contract) -> bool:
 
 
 def http_client(timeout: float, *, reuse: bool = True) -> httpx.Client:
-    """An httpx client with its own retries off: the adapter and the decision own retrying."""
+    """An httpx client with its own retries off (the adapter and the decision own
+    retrying) that honours the armed claim's send-by window at the wire."""
     return httpx.Client(
         timeout=httpx.Timeout(timeout),
-        transport=httpx.HTTPTransport(
-            retries=0,
-            limits=httpx.Limits(max_keepalive_connections=None if reuse else 0),
+        transport=WindowedTransport(
+            httpx.HTTPTransport(
+                retries=0,
+                limits=httpx.Limits(max_keepalive_connections=None if reuse else 0),
+            )
         ),
         follow_redirects=False,
     )

@@ -56,6 +56,17 @@ class Registry:
             result[c.provider] = max(result.get(c.provider, c.max_in_flight), c.max_in_flight)
         return result
 
+    def send_window_by_provider(self) -> dict[str, timedelta]:
+        """Each provider's send-by window: how long after its claim a worker may still
+        start a request. It is the contract's request timeout — at least the time a
+        connection may take to set up (the check comes after it), so a normal claim never
+        misses it — and the attempt's in-flight deadline grows by as much."""
+        result: dict[str, timedelta] = {}
+        for adapter in self._by_action.values():
+            c = adapter.contract
+            result[c.provider] = min(result.get(c.provider, c.request_timeout), c.request_timeout)
+        return result
+
     def close(self) -> None:
         """Close every adapter that holds connections."""
         for adapter in {id(a): a for a in self._by_action.values()}.values():

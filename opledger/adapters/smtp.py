@@ -136,6 +136,9 @@ class SmtpAdapter:
                 code, reply = smtp.rcpt(to)
                 if code not in (250, 251):
                     raise smtplib.SMTPRecipientsRefused({to: (code, reply)})
+                # the claim's send-by window, checked right before the message leaves: a
+                # refusal here sends no DATA, so nothing can have been accepted
+                claim.window.check()
             except Exception as exc:
                 return outcome_for_smtp_error(exc, message_sent=False)
             try:

@@ -50,6 +50,13 @@ KINDS = (
     Kind("search", "crms", "search-only", keys=False, lookup="search"),
     Kind("no-dedup", "crmn", "no-dedup", keys=False, lookup="none"),
 )
+#: a provider without deduplication whose status API answers authoritatively by our key:
+#: "absent" after the in-flight deadline allows a retry. Registered beside KINDS (the
+#: frozen-sender system tests use it) but not driven by the crash-window tests or chaos.
+NO_DEDUP_STATUS = Kind(
+    "no-dedup+status", "crmx", "no-dedup-status", keys=False, lookup="status_api"
+)
+ALL_KINDS = (*KINDS, NO_DEDUP_STATUS)
 EMAIL_ACCOUNT = "mail"
 
 
@@ -69,7 +76,7 @@ def build_registry(settings: Settings) -> Registry:
                 concurrent="unchecked",  # the sandbox answers no concurrent request with 409
             ),
         )
-        for kind in KINDS
+        for kind in ALL_KINDS
     ]
     adapters.append(
         EmailAdapter(
@@ -97,7 +104,7 @@ def _unchecked(contract: Contract) -> Contract:
 
 def configure_sandbox(sandbox: Any, settings: Settings) -> None:
     """Give each kind's account its protections (and nothing more) in the sandbox."""
-    for kind in KINDS:
+    for kind in ALL_KINDS:
         sandbox.configure(account=kind.account, **kind.sandbox_config(settings))
     sandbox.configure(
         account=EMAIL_ACCOUNT,

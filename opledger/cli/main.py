@@ -262,8 +262,10 @@ def review_show(op_id: str, tenant: TenantOption, operator: OperatorOption) -> N
         e = view.consequences
         effects.add_row("confirmed", e.confirmed)
         effects.add_row("rejected", e.rejected)
-        effects.add_row("retry", e.retry)
-        effects.add_row("retry --new-key", e.retry_new_key)
+        no_dedup = view.contract is not None and view.contract.idempotency.kind == "none"
+        effects.add_row("retry --accept-risk" if no_dedup else "retry", e.retry)
+        if not no_dedup:
+            effects.add_row("retry --new-key", e.retry_new_key)
         effects.add_row("cancel", e.cancel)
     console.print(effects)
     console.print(f"shown to {operator} at version {view.operation.record_version}")
@@ -280,6 +282,20 @@ def review_resolve(
     new_key: Annotated[
         bool, typer.Option("--new-key", help="Retry with a new key, accepting the risk shown.")
     ] = False,
+    accept_risk: Annotated[
+        bool,
+        typer.Option(
+            "--accept-risk",
+            help="Retry although the provider does not deduplicate: the effect may repeat.",
+        ),
+    ] = False,
+    override_evidence: Annotated[
+        bool,
+        typer.Option(
+            "--override-evidence",
+            help="Resolve against evidence on record that binds this operation (audited).",
+        ),
+    ] = False,
 ) -> None:
     """Settle a review you were shown: a fenced transition plus an audit row."""
     try:
@@ -292,6 +308,8 @@ def review_resolve(
                 note=note,
                 evidence=evidence,
                 new_key=new_key,
+                acknowledge_risk=accept_risk,
+                override_evidence=override_evidence,
             )
     except LedgerError as exc:
         console.print(f"[red]refused: {exc}[/red]")

@@ -35,7 +35,14 @@ from .errors import (
     StaleFence,
     UnknownAuthorization,
 )
-from .ids import check_action, check_identifier, check_operation_id, new_operation_id
+from .ids import (
+    check_action,
+    check_identifier,
+    check_key,
+    check_operation_id,
+    check_operator,
+    new_operation_id,
+)
 from .migrate import sqlalchemy_url
 from .models import (
     Ambiguous,
@@ -54,8 +61,11 @@ from .models import (
     Transition,
 )
 from .reviews import Reviews
+from .window import SendWindow, clock
 
 DEFAULT_LEASE = timedelta(seconds=60)
+#: how long a claim may start its request when no provider-specific window is given
+DEFAULT_SEND_WINDOW = timedelta(seconds=10)
 SCOPE_PATTERN_MAX = 120
 
 
@@ -103,11 +113,15 @@ class Ledger:
         *,
         actions: ActionResolver | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        send_window: timedelta = DEFAULT_SEND_WINDOW,
     ) -> None:
+        if send_window <= timedelta(0):
+            raise InvalidInput("send_window must be positive", field="send_window")
         self.engine = engine
         self._auto = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.actions: ActionResolver = actions or PrefixResolver()
         self.max_payload_bytes = max_payload_bytes
+        self.send_window = send_window
 
     @classmethod
     def from_url(
@@ -115,10 +129,18 @@ class Ledger:
         url: str,
         *,
         actions: ActionResolver | None = None,
-        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_payload_bytes: int | None = None,
         pool_size: int = 5,
     ) -> Ledger:
-        """A ledger on the Postgres database at `url` (any postgresql:// form)."""
+        """A ledger on the Postgres database at `url` (any postgresql:// form).
+
+        `max_payload_bytes` defaults to the `OPLEDGER_MAX_PAYLOAD_BYTES` setting, as the
+        workers read it.
+        """
+        if max_payload_bytes is None:
+            from opledger.settings import Settings
+
+            max_payload_bytes = Settings().max_payload_bytes
         engine = create_engine(
             sqlalchemy_url(url), pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800
         )
@@ -178,8 +200,8 @@ class Ledger:
 
         Granting the same ref again with the same tenant and scope returns it unchanged.
         """
-        check_identifier("tenant", tenant)
-        check_identifier("granted_by", granted_by)
+        tenant = check_key("tenant", tenant)
+        granted_by = check_operator("granted_by", granted_by)
         ref = check_identifier("ref", ref) if ref is not None else f"auth_{new_operation_id()[3:]}"
         patterns = _check_scope(scope)
         if expires_at is not None and expires_at.tzinfo is None:
@@ -211,7 +233,7 @@ class Ledger:
         Revoking twice keeps the first revocation.
         """
         check_identifier("ref", ref)
-        check_identifier("by", by)
+        by = check_operator("by", by)
         check_identifier("reason", reason, max_length=2000)
         with self._tx() as conn:
             row = conn.execute(q.REVOKE_AUTHORIZATION, {"ref": ref, "by": by, "reason": reason})
@@ -251,13 +273,15 @@ class Ledger:
 
         Idempotent per (tenant, workflow_id, intent_key): the same call again returns the
         same operation. The same intent with another action, target, payload or
-        authorization raises `IntentConflict`. With `session=`, the insert joins the
+        authorization raises `IntentConflict`. `tenant`, `workflow_id`, `intent_key` and
+        `target` are normalised to Unicode NFC (an NFD spelling names the same operation)
+        and may not contain invisible characters. With `session=`, the insert joins the
         caller's transaction (outbox): it exists only if the caller commits.
         """
-        check_identifier("tenant", tenant)
-        check_identifier("workflow_id", workflow_id)
-        check_identifier("intent_key", intent_key)
-        check_identifier("target", target)
+        tenant = check_key("tenant", tenant)
+        workflow_id = check_key("workflow_id", workflow_id)
+        intent_key = check_key("intent_key", intent_key)
+        target = check_key("target", target)
         check_identifier("authorization_ref", authorization_ref)
         check_action(action)
         provider = self.actions.provider_for(action)
@@ -366,6 +390,8 @@ class Ledger:
         retry: bool = False,
         expected_fence: int | None = None,
         authorized_by: str | None = None,
+        send_window: timedelta | None = None,
+        send_window_by_provider: Mapping[str, timedelta] | None = None,
     ) -> Claim | None:
         """Take a fenced claim so the caller may cross the boundary, or None.
 
@@ -379,6 +405,12 @@ class Ledger:
         With `expected_fence`, the claim succeeds only if nobody moved the operation since
         the caller read it (the decision that allowed a retry saw that fence).
 
+        The claim is good for *starting* the request only until `claim.send_by`: the
+        provider's entry in `send_window_by_provider`, else `send_window`, else the
+        ledger's default, after the claim. The attempt's in-flight deadline counts from
+        `send_by`, and `claim.window.check()` refuses once the window has passed on this
+        process's monotonic clock (`opledger.ledger.window`).
+
         Returns None when the operation is not in that status (claimed by someone else,
         finished, ...). Raises `AuthorizationRevoked` when its grant is no longer active:
         a prepared operation is cancelled first; an unknown one stays unknown.
@@ -390,9 +422,16 @@ class Ledger:
         deadline = in_flight if in_flight is not None else lease
         if deadline <= timedelta(0):
             raise InvalidInput("in_flight must be positive", field="in_flight")
+        window = send_window if send_window is not None else self.send_window
+        windows = dict(send_window_by_provider or {})
+        if window <= timedelta(0) or any(w <= timedelta(0) for w in windows.values()):
+            raise InvalidInput("send_window must be positive", field="send_window")
         from_status = Status.UNKNOWN if retry else Status.PREPARED
         token = secrets.token_hex(16)
         with self._single() as conn:
+            # Read before the statement leaves: the database's now() is later than this
+            # moment, so the window measured from here never ends after send_by.
+            opened = clock()
             row = conn.execute(
                 q.CLAIM,
                 {
@@ -404,6 +443,8 @@ class Ledger:
                     "in_flight_map": _json(
                         {p: t.total_seconds() for p, t in (in_flight_by_provider or {}).items()}
                     ),
+                    "send_window": window,
+                    "window_map": _json({p: t.total_seconds() for p, t in windows.items()}),
                     "from_status": from_status.value,
                     "expected_fence": expected_fence,
                     "authorized_by": authorized_by,
@@ -425,10 +466,18 @@ class Ledger:
             attempt_n=row.attempt_n,
             started_at=row.attempt_started_at,
             deadline_at=row.attempt_deadline_at,
+            db_now=row.db_now,
+            send_by=row.attempt_send_by,
             key=row.provider_request_id,
             payload=json.loads(row.canonical),
             payload_canonical=row.canonical,
             operation=operation,
+            window=SendWindow(
+                op_id=op_id,
+                send_by=row.attempt_send_by,
+                length=row.attempt_send_by - row.db_now,
+                opened=opened,
+            ),
         )
 
     def _explain_refused_claim(
@@ -460,7 +509,9 @@ class Ledger:
         One statement: the attempt is closed, the evidence kept and the status moved
         (confirmed, rejected, or unknown for an ambiguous outcome, due for a check after
         `recheck`). When a newer claim holds the operation, the evidence and the attempt's
-        outcome are still kept, the status is not moved, and `StaleFence` is raised.
+        outcome are still kept (and the record version bumped: it is a new fact), the
+        status is not moved, and `StaleFence` is raised; its `status` says where the
+        operation stands.
         """
         outcome = admit(None, claim, outcome)
         to_status = _STATUS_OF[outcome.kind]
@@ -489,7 +540,7 @@ class Ledger:
             self._raise_fenced(conn, claim, evidence_kept=row.attempt_n is not None)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _raise_fenced(self, conn: Connection, claim: Claim, *, evidence_kept: bool) -> None:
+    def _raise_fenced(self, conn: Connection, claim: Claim, *, evidence_kept: bool) -> NoReturn:
         state = conn.execute(
             q.FENCE_STATE, {"op_id": claim.op_id, "fence": claim.fence}
         ).one_or_none()
@@ -512,6 +563,7 @@ class Ledger:
             fence=claim.fence,
             current_fence=state.fence,
             evidence_kept=evidence_kept,
+            status=state.status,
         )
 
     # -- reconciliation -----------------------------------------------------------------
@@ -733,7 +785,7 @@ class Ledger:
         """Operations, newest first, optionally filtered by status and tenant."""
         statuses = [Status(s).value for s in status] if status is not None else None
         if tenant is not None:
-            check_identifier("tenant", tenant)
+            tenant = check_key("tenant", tenant)
         with self._single() as conn:
             rows = conn.execute(
                 q.LIST_OPERATIONS,

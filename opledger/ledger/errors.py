@@ -44,6 +44,10 @@ class PayloadTooLarge(InvalidInput):
     """The canonical payload is larger than the configured limit."""
 
 
+class PayloadTooDeep(InvalidInput):
+    """The payload nests objects and arrays deeper than the limit."""
+
+
 class IntentConflict(LedgerError):
     """This intent key already names a different action, target, payload or authorization.
 
@@ -109,3 +113,17 @@ class StaleView(ReviewError):
 
 class RetryNeedsNewKey(ReviewError):
     """A same-key retry is unsafe here; acknowledge the risk with a new key."""
+
+
+class RetryNeedsAcknowledgement(ReviewError):
+    """This retry could repeat the effect (the provider does not deduplicate): say that
+    you accept the risk you were shown (`acknowledge_risk=True`, `--accept-risk`)."""
+
+
+class ContradictsEvidence(ReviewError):
+    """The resolution contradicts evidence on record that binds this operation (a receipt
+    that confirms it, a definitive refusal): it needs an explicit override."""
+
+
+class SendWindowPassed(LedgerError):
+    """The claim's send-by window has passed: nothing may be sent under it any more."""

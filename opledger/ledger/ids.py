@@ -43,6 +43,49 @@ def check_identifier(name: str, value: object, *, max_length: int = MAX_IDENTIFI
     return value
 
 
+#: characters that render as nothing although Unicode calls them letters or symbols
+INVISIBLE = frozenset("\u115f\u1160\u3164\uffa0\u2800\u180e")
+
+
+def _invisible(ch: str) -> bool:
+    return unicodedata.category(ch) == "Cf" or ch in INVISIBLE
+
+
+def check_key(name: str, value: object, *, max_length: int = MAX_IDENTIFIER_LENGTH) -> str:
+    """An identifier that names something (tenant, workflow, intent key, target), in NFC.
+
+    Two spellings of one text (NFC and NFD "café") are one name: the value is normalised
+    to NFC before it is stored or compared. Invisible format characters (zero-width
+    spaces and joiners, bidi controls) are refused: they make two names look like one.
+    """
+    check_identifier(name, value, max_length=max_length)
+    assert isinstance(value, str)
+    if any(_invisible(ch) for ch in value):
+        raise InvalidIdentifier(
+            f"{name} contains invisible characters (zero-width, bidi or filler)", field=name
+        )
+    normal = unicodedata.normalize("NFC", value)
+    if len(normal) > max_length:
+        raise InvalidIdentifier(
+            f"{name} is {len(normal)} characters; the limit is {max_length}", field=name
+        )
+    return normal
+
+
+def check_operator(name: str, value: object, *, max_length: int = 120) -> str:
+    """A person's name in the audit trail: printable, visible characters only, in NFC.
+
+    Refused: control, format (zero-width, bidi) and other non-printable characters, blank
+    fillers, and leading or trailing spaces, so no name can pass for another one.
+    """
+    normal = check_key(name, value, max_length=max_length)
+    if normal != normal.strip():
+        raise InvalidIdentifier(f"{name} has leading or trailing spaces", field=name)
+    if not all(ch.isprintable() for ch in normal):
+        raise InvalidIdentifier(f"{name} contains characters that do not print", field=name)
+    return normal
+
+
 def check_action(value: object) -> str:
     """Return `value` if it looks like a versioned action such as ``crm.close_case.v1``."""
     check_identifier("action", value, max_length=120)

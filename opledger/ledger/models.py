@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from .window import SendWindow
+
 
 class Record(BaseModel):
     """Base of every record the ledger hands out: frozen, strict about unknown fields."""
@@ -80,8 +82,12 @@ class Claim(Record):
     """A fenced hold on an operation, returned by `Ledger.claim`.
 
     Every write made under it is conditional on `fence` and `token`; the attempt row was
-    committed before this object was returned, so the provider call may start.
+    committed before this object was returned, so the provider call may start — but only
+    until `send_by`: `window.check()` refuses once the window has passed, measured on this
+    process's monotonic clock (see `opledger.ledger.window`).
     """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     op_id: str
     fence: int
@@ -91,10 +97,17 @@ class Claim(Record):
     attempt_n: int
     started_at: AwareDatetime
     deadline_at: AwareDatetime
+    #: the database's time when the claim committed (None: not issued by a ledger)
+    db_now: AwareDatetime | None = None
+    #: no request may start under this claim after this instant (database time)
+    send_by: AwareDatetime | None = None
     key: str
     payload: dict[str, Any]
     payload_canonical: str
     operation: Operation
+    #: the send-by window on this process's clock; checked right before bytes leave. A
+    #: claim built by hand (a contract probe, not issued by a ledger) has none to enforce.
+    window: SendWindow = Field(default_factory=SendWindow.unbounded, exclude=True, repr=False)
 
 
 class Binding(Record):
@@ -157,6 +170,8 @@ class Attempt(Record):
     outcome: Literal["confirmed", "rejected", "ambiguous"] | None
     response: dict[str, Any] | None
     authorized_by: str | None
+    #: the claim's send-by instant (None for attempts recorded before it existed)
+    send_by: AwareDatetime | None = None
 
 
 class Evidence(Record):

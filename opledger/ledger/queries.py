@@ -115,7 +115,7 @@ LIST_OPERATIONS = text(
 SELECT_ATTEMPTS = text(
     """
     SELECT op_id, n, fence, owner, provider_key AS key, started_at, deadline_at, finished_at,
-           outcome, response, authorized_by
+           outcome, response, authorized_by, send_by
     FROM attempts WHERE op_id = :op_id ORDER BY n
     """
 )
@@ -144,9 +144,27 @@ SELECT_REVIEWS = text(
 
 # The claim: fence + 1, lease, attempt row and frozen payload in one statement. The grant
 # is re-checked in the same WHERE, so a revoked authorization can never win a claim.
+# The claim is good for starting a request until send_by = now() + the provider's send
+# window; the attempt's in-flight deadline is send_by + the provider's max in-flight time,
+# so no retry starts while a late sender could still be sending.
 CLAIM = text(
     f"""
-    WITH op AS (
+    WITH win AS (
+        SELECT coalesce(
+            make_interval(
+                secs => (CAST(:window_map AS jsonb) ->> o.provider)::double precision
+            ),
+            :send_window
+        ) AS send_window,
+        coalesce(
+            make_interval(
+                secs => (CAST(:in_flight_map AS jsonb) ->> o.provider)::double precision
+            ),
+            :in_flight
+        ) AS in_flight
+        FROM operations AS o WHERE o.id = :op_id
+    ),
+    op AS (
         UPDATE operations AS o
         SET status = 'dispatching', fence = o.fence + 1,
             lease_owner = :owner, lease_token = :token, lease_expires_at = now() + :lease,
@@ -163,21 +181,17 @@ CLAIM = text(
     ),
     attempt AS (
         INSERT INTO attempts (
-            op_id, n, fence, owner, claim_token, provider_key, started_at, deadline_at,
-            authorized_by
+            op_id, n, fence, owner, claim_token, provider_key, started_at, send_by,
+            deadline_at, authorized_by
         )
         SELECT op.id,
                coalesce((SELECT max(n) FROM attempts WHERE op_id = op.id), 0) + 1,
                op.fence, :owner, :token, op.provider_request_id, now(),
-               now() + coalesce(
-                   make_interval(
-                       secs => (CAST(:in_flight_map AS jsonb) ->> op.provider)::double precision
-                   ),
-                   :in_flight
-               ),
+               now() + win.send_window,
+               now() + win.send_window + win.in_flight,
                :authorized_by
-        FROM op
-        RETURNING n, started_at, deadline_at
+        FROM op CROSS JOIN win
+        RETURNING n, started_at, send_by, deadline_at
     ),
     transition AS (
         INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
@@ -185,7 +199,8 @@ CLAIM = text(
         FROM op
     )
     SELECT {_cols("op")}, attempt.n AS attempt_n, attempt.started_at AS attempt_started_at,
-           attempt.deadline_at AS attempt_deadline_at, p.canonical
+           attempt.deadline_at AS attempt_deadline_at, attempt.send_by AS attempt_send_by,
+           now() AS db_now, p.canonical
     FROM op
     CROSS JOIN attempt
     LEFT JOIN operation_payloads AS p ON p.op_id = op.id
@@ -205,7 +220,8 @@ CLAIM_REFUSAL = text(
 # The outcome: attempt closed, evidence kept, status moved, all under the claim's fence and
 # token. The evidence row is written whenever the claim's own attempt is still open, even
 # when the fence has moved on (a stale worker's late result is a fact worth keeping); the
-# status moves only while the claim still holds the operation.
+# status moves only while the claim still holds the operation. A kept late result is a new
+# fact too: it bumps record_version (`late`), so a review shown before it is stale.
 RECORD_OUTCOME = text(
     f"""
     WITH attempt AS (
@@ -227,6 +243,12 @@ RECORD_OUTCOME = text(
         WHERE o.id = :op_id AND o.fence = :fence AND o.lease_token = :token
           AND o.status = 'dispatching' AND EXISTS (SELECT 1 FROM attempt)
         RETURNING o.*
+    ),
+    late AS (
+        UPDATE operations AS o
+        SET record_version = o.record_version + 1, evidence_checked_at = now(),
+            updated_at = now()
+        WHERE o.id = :op_id AND EXISTS (SELECT 1 FROM attempt) AND NOT EXISTS (SELECT 1 FROM op)
     ),
     evidence_row AS (
         INSERT INTO evidence (op_id, attempt_n, fence, source, verdict, binding, detail, applied)
@@ -301,6 +323,12 @@ RESOLVE = text(
     applied AS (
         UPDATE evidence SET applied = true
         WHERE id = :evidence_id AND op_id = :op_id AND EXISTS (SELECT 1 FROM op)
+    ),
+    -- evidence that arrived while a person was reviewing it settles the review too
+    closed AS (
+        UPDATE reviews SET resolution = :to_status, resolved_by = :actor, resolved_at = now(),
+                           note = :reason
+        WHERE op_id = :op_id AND resolved_at IS NULL AND EXISTS (SELECT 1 FROM op)
     ),
     transition AS (
         INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
@@ -528,16 +556,16 @@ CLOSE_REVIEW = text(
 INSERT_REVIEW_ACTION = text(
     """
     INSERT INTO review_actions (review_id, op_id, tenant, operator, resolution, note, evidence,
-                                new_key, fence, shown)
+                                new_key, fence, shown, override_evidence, risk_acknowledged)
     VALUES (:review_id, :op_id, :tenant, :operator, :resolution, :note, :evidence, :new_key,
-            :fence, CAST(:shown AS jsonb))
+            :fence, CAST(:shown AS jsonb), :override_evidence, :risk_acknowledged)
     """
 )
 
 SELECT_REVIEW_ACTIONS = text(
     """
     SELECT id, review_id, op_id, tenant, operator, resolution, note, evidence, new_key, fence,
-           shown, at
+           shown, override_evidence, risk_acknowledged, at
     FROM review_actions WHERE op_id = :op_id AND tenant = :tenant ORDER BY id
     """
 )

@@ -18,14 +18,17 @@ from pydantic import AwareDatetime
 from . import queries as q
 from .consequences import Consequences, consequences
 from .contract import Contract
+from .decide import CONFIRMED, REJECTED, binds
 from .errors import (
+    ContradictsEvidence,
     InvalidInput,
+    RetryNeedsAcknowledgement,
     RetryNeedsNewKey,
     ReviewAlreadyResolved,
     ReviewNotFound,
     StaleView,
 )
-from .ids import check_action, check_identifier, check_operation_id
+from .ids import check_action, check_identifier, check_key, check_operation_id, check_operator
 from .models import Attempt, Evidence, Operation, Record, Review, Status
 
 if TYPE_CHECKING:
@@ -76,6 +79,10 @@ class ReviewAction(Record):
     new_key: str | None
     fence: int
     shown: dict[str, Any]
+    #: the resolution contradicted bound evidence on record and the operator overrode it
+    override_evidence: bool = False
+    #: a retry that could repeat the effect, acknowledged by the operator
+    risk_acknowledged: bool = False
     at: AwareDatetime
 
 
@@ -107,7 +114,7 @@ class Reviews:
         limit: int = 100,
     ) -> tuple[ReviewSummary, ...]:
         """Open reviews of `tenant`, oldest first; `action` may end in '*' (a prefix)."""
-        check_identifier("tenant", tenant)
+        tenant = check_key("tenant", tenant)
         pattern = None
         if action is not None:
             if action.endswith("*"):
@@ -130,8 +137,8 @@ class Reviews:
     def show(self, op_id: str, *, tenant: str, operator: str) -> ReviewView:
         """Everything a reviewer needs, recorded as this operator's latest view."""
         check_operation_id(op_id)
-        check_identifier("tenant", tenant)
-        check_identifier("operator", operator)
+        tenant = check_key("tenant", tenant)
+        operator = check_operator("operator", operator)
         with self._ledger.engine.begin() as conn:
             row = conn.execute(q.OPEN_REVIEW_FOR, {"op_id": op_id, "tenant": tenant}).one_or_none()
             if row is None:
@@ -177,16 +184,29 @@ class Reviews:
         evidence: str | None = None,
         new_key: bool = False,
         seen_version: int | None = None,
+        acknowledge_risk: bool = False,
+        override_evidence: bool = False,
     ) -> Operation:
         """Settle a review: a fenced transition plus an audit row, in one transaction.
 
-        Refused when there is no open review in this tenant, when it was already resolved,
-        when the operation changed since this operator's latest `show` (or `seen_version`),
-        and for a same-key retry the provider's key retention no longer covers.
+        The same rules as the CLI, with no way around them:
+
+        - this operator must have been shown the review (`show`), and nothing may have
+          changed since that view (new evidence, a late outcome, another resolution);
+          `seen_version`, when given, must also be the version of that view;
+        - a retry that could repeat the effect needs the risk acknowledged: a provider
+          that does not deduplicate needs `acknowledge_risk=True` (or a new key), a key
+          past the provider's retention needs `new_key=True` (`RetryNeedsAcknowledgement`,
+          `RetryNeedsNewKey`);
+        - a resolution that contradicts evidence on record binding this operation
+          (rejected or retry over a receipt that confirms it, confirmed over a definitive
+          refusal) needs `override_evidence=True` (`ContradictsEvidence`).
+
+        The audit row keeps the view the operator was shown, and both acknowledgements.
         """
         check_operation_id(op_id)
-        check_identifier("tenant", tenant)
-        check_identifier("operator", operator)
+        tenant = check_key("tenant", tenant)
+        operator = check_operator("operator", operator)
         check_identifier("note", note, max_length=4000)
         if evidence is not None:
             check_identifier("evidence", evidence, max_length=4000)
@@ -207,15 +227,19 @@ class Reviews:
             view = conn.execute(
                 q.LAST_VIEW, {"review_id": row.review_id, "operator": operator}
             ).one_or_none()
-            seen = (
-                seen_version
-                if seen_version is not None
-                else (view.record_version if view else None)
-            )
-            if seen is None:
+            if view is None:
                 raise StaleView(
                     f"{operator} has not been shown the review of {op_id}: run `review show` first",
                     op_id=op_id,
+                )
+            seen = view.record_version
+            if seen_version is not None and seen_version != seen:
+                raise StaleView(
+                    f"{operator} was last shown {op_id} at version {seen}, not "
+                    f"{seen_version}: show it again before deciding",
+                    op_id=op_id,
+                    seen=seen,
+                    current=op.record_version,
                 )
             if seen != op.record_version or op.status is not Status.UNKNOWN:
                 raise StaleView(
@@ -225,10 +249,23 @@ class Reviews:
                     seen=seen,
                     current=op.record_version,
                 )
-            shown: dict[str, Any] = dict(view.shown) if view is not None else {}
+            shown: dict[str, Any] = dict(view.shown)
+            history = self._ledger.history(op_id)
+            overriding = self._check_evidence(op, history.attempts, history.evidence, chosen)
+            if overriding and not override_evidence:
+                raise ContradictsEvidence(
+                    f"resolving {op_id} as {chosen.value} contradicts evidence on record "
+                    f"({overriding}): pass an explicit override (--override-evidence) if you "
+                    "are sure",
+                    op_id=op_id,
+                    evidence=overriding,
+                )
             key = None
+            acknowledged = False
             if chosen is Resolution.RETRY:
-                key = self._check_retry(op, new_key)
+                key, acknowledged = self._check_retry(
+                    op, history.attempts, history.evidence, new_key, acknowledge_risk
+                )
             fence = op.fence
             reason = f"review resolved as {chosen.value} by {operator}: {note}"
             if chosen is Resolution.RETRY:
@@ -293,6 +330,8 @@ class Reviews:
                     "new_key": key,
                     "fence": after.fence,
                     "shown": _json(shown),
+                    "override_evidence": bool(overriding),
+                    "risk_acknowledged": acknowledged,
                 },
             )
         return after
@@ -300,26 +339,68 @@ class Reviews:
     def audit(self, op_id: str, *, tenant: str) -> tuple[ReviewAction, ...]:
         """Every resolution of `op_id`'s reviews, oldest first."""
         check_operation_id(op_id)
-        check_identifier("tenant", tenant)
+        tenant = check_key("tenant", tenant)
         with self._ledger.engine.connect() as conn:
             rows = conn.execute(q.SELECT_REVIEW_ACTIONS, {"op_id": op_id, "tenant": tenant})
             return tuple(ReviewAction.model_validate(dict(r._mapping)) for r in rows)
 
-    def _check_retry(self, op: Operation, new_key: bool) -> str | None:
-        history = self._ledger.history(op.id)
-        if new_key:
-            return f"{op.id}.k{len(history.attempts) + 1}"
+    def _check_evidence(
+        self,
+        op: Operation,
+        attempts: tuple[Attempt, ...],
+        evidence: tuple[Evidence, ...],
+        chosen: Resolution,
+    ) -> str:
+        """Which bound evidence on record this resolution contradicts ('' for none)."""
+        keys = frozenset({op.provider_request_id, *(a.key for a in attempts)})
+        against = {
+            Resolution.REJECTED: CONFIRMED,
+            Resolution.RETRY: CONFIRMED,
+            Resolution.CONFIRMED: REJECTED,
+        }.get(chosen)
+        hits = [
+            ev
+            for ev in evidence
+            if against is not None
+            and ev.source != "operator"
+            and ev.verdict == against
+            and binds(ev, op, keys)
+        ]
+        return ", ".join(f"{ev.source} evidence {ev.id}: {ev.verdict}" for ev in hits)
+
+    def _check_retry(
+        self,
+        op: Operation,
+        attempts: tuple[Attempt, ...],
+        evidence: tuple[Evidence, ...],
+        new_key: bool,
+        acknowledge: bool,
+    ) -> tuple[str | None, bool]:
+        """The new key, if any, and whether the retry's risk was acknowledged; raises when
+        a retry that could repeat the effect was not acknowledged."""
+        key = f"{op.id}.k{len(attempts) + 1}" if new_key else None
         contract = self._contract(op.action)
         if contract is None:
+            if new_key:
+                return key, True
             raise RetryNeedsNewKey(
                 f"no adapter contract is known for {op.action}: a same-key retry cannot be "
                 "judged safe; use a new key to acknowledge the risk",
                 op_id=op.id,
             )
-        effects = consequences(contract, op, history.attempts, datetime.now(UTC), history.evidence)
+        effects = consequences(contract, op, attempts, datetime.now(UTC), evidence)
+        if contract.idempotency.kind == "none":
+            if not (acknowledge or new_key):
+                raise RetryNeedsAcknowledgement(
+                    f"{effects.retry} Acknowledge the risk to retry (--accept-risk).",
+                    op_id=op.id,
+                )
+            return key, True
+        if new_key:
+            return key, True
         if not effects.same_key_retry_allowed:
             raise RetryNeedsNewKey(effects.retry, op_id=op.id)
-        return None
+        return None, False
 
     def _raise_missing(self, conn: Any, op_id: str, tenant: str) -> NoReturn:
         done = conn.execute(

@@ -138,6 +138,8 @@ attempts = Table(
     Column("provider_key", Text, nullable=False),
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     Column("deadline_at", DateTime(timezone=True), nullable=False),
+    #: the claim's send-by instant: no request of this attempt leaves after it
+    Column("send_by", DateTime(timezone=True)),
     Column("finished_at", DateTime(timezone=True)),
     Column("outcome", Text),
     Column("response", JSONB),
@@ -230,6 +232,10 @@ review_actions = Table(
     Column("new_key", Text),
     Column("fence", BigInteger, nullable=False),
     Column("shown", JSONB, nullable=False),
+    #: the resolution contradicts bound evidence on record, and the operator said so
+    Column("override_evidence", Boolean, nullable=False, server_default=text("false")),
+    #: a retry that could repeat the effect, with the operator's explicit acknowledgement
+    Column("risk_acknowledged", Boolean, nullable=False, server_default=text("false")),
     Column("at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     CheckConstraint(
         "resolution IN ('confirmed', 'rejected', 'retry', 'cancel')", name="resolution_kind"

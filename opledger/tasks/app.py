@@ -99,7 +99,9 @@ def dispatch(self: Any, op_id: str) -> str:
     try:
         check_operation_id(op_id)
         rt = runtime()
-        return steps.dispatch(rt.ledger, rt.registry, op_id, owner=rt.owner, lease=rt.lease).action
+        return steps.dispatch(
+            rt.ledger, rt.registry, op_id, owner=rt.owner, lease=rt.lease, settle=reconcile.delay
+        ).action
     except (MalformedOperationId, OperationNotFound, UnknownAction) as exc:
         log.error("dispatch refused for %r: %s", op_id, exc)
         return "refused"
@@ -125,6 +127,7 @@ def reconcile(self: Any, op_id: str) -> str:
             lease=rt.lease,
             policy=policy,
             on_review=notify_review.delay,
+            settle=reconcile.delay,
         ).action
     except (MalformedOperationId, OperationNotFound, UnknownAction) as exc:
         log.error("reconcile refused for %r: %s", op_id, exc)

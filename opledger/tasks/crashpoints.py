@@ -4,6 +4,9 @@ Armed per process by the environment: ``OPLEDGER_CRASHPOINT=name`` kills the pro
 first time it reaches `name`, ``name:n`` the n-th time; several may be given, separated
 by commas. An armed point sends SIGKILL to its own process: a real crash, no exception,
 no cleanup, no broker ack. When nothing is armed, `reached` returns at once.
+
+``OPLEDGER_CRASHPOINT_SIGNAL=SIGSTOP`` freezes the process there instead (a GC pause, a
+VM freeze): it carries on where it stopped when someone sends it SIGCONT.
 """
 
 from __future__ import annotations
@@ -32,14 +35,21 @@ def _parse(spec: str) -> dict[str, int]:
     return armed
 
 
+def _signal(name: str) -> signal.Signals:
+    if name not in ("SIGKILL", "SIGSTOP"):
+        raise ValueError(f"OPLEDGER_CRASHPOINT_SIGNAL must be SIGKILL or SIGSTOP, not {name!r}")
+    return signal.Signals[name]
+
+
 _armed: dict[str, int] | None = _parse(os.environ.get("OPLEDGER_CRASHPOINT", "")) or None
+_sig = _signal(os.environ.get("OPLEDGER_CRASHPOINT_SIGNAL", "SIGKILL"))
 _passes: dict[str, int] = {}
 
 
 def reached(name: str) -> None:
-    """Kill this process with SIGKILL if `name` is armed and this is its n-th pass."""
+    """Kill (or stop) this process if `name` is armed and this is its n-th pass."""
     if _armed is None or name not in _armed:
         return
     _passes[name] = _passes.get(name, 0) + 1
     if _passes[name] == _armed[name]:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), _sig)

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
-from opledger.adapters.base import Adapter
+from opledger.adapters.base import Adapter, sending
 from opledger.adapters.registry import Registry
 from opledger.ledger import (
     Ambiguous,
@@ -25,12 +25,14 @@ from opledger.ledger import (
     Ledger,
     Operation,
     Outcome,
+    SendWindowPassed,
     StaleFence,
     Status,
     UnknownAuthorization,
 )
 from opledger.ledger.consequences import consequences
 from opledger.ledger.decide import (
+    NOT_SENT,
     Confirm,
     Decision,
     Dispatch,
@@ -62,23 +64,61 @@ class StepResult:
     decision: Decision | None = None
 
 
-def _send(ledger: Ledger, adapter: Adapter, claim: Claim) -> StepResult:
-    """Cross the boundary under `claim` and record what came back."""
-    crashpoints.reached("dispatch.before_call")
+#: called with an operation id when a fenced-out worker's outcome was kept and the
+#: operation is unknown: reconcile it now rather than at the next scheduled check
+Settle = Callable[[str], None]
+
+
+def _send(
+    ledger: Ledger, adapter: Adapter, claim: Claim, settle: Settle | None = None
+) -> StepResult:
+    """Cross the boundary under `claim` and record what came back.
+
+    Nothing is sent once the claim's send-by window has passed: the window is checked
+    here, and again at the wire (the shared HTTP client after connection set-up, SMTP
+    after the envelope). A refused check is recorded as not sent (`NOT_SENT`), whatever the
+    adapter made of it: the attempt provably carried no request.
+    """
     try:
-        outcome = adapter.dispatch(claim)
+        claim.window.check()
+        crashpoints.reached("dispatch.before_call")
+        with sending(claim.window):
+            outcome = adapter.dispatch(claim)
+    except SendWindowPassed:
+        outcome = _not_sent(claim)
     except Exception as exc:  # an adapter bug must not leave the row dispatching
         log.exception("adapter %s raised on %s", type(adapter).__name__, claim.op_id)
         outcome = Ambiguous(code="adapter_error", reason=f"{type(exc).__name__}: {exc}"[:500])
+    if claim.window.refused:  # the check raised inside the adapter: no byte left
+        outcome = _not_sent(claim)
     crashpoints.reached("dispatch.after_call")
     outcome = admit(adapter.contract, claim, outcome)
     try:
         op = _save(ledger, claim, outcome)
-    except StaleFence:
+    except StaleFence as exc:
         log.warning("fenced out of %s; outcome kept as evidence", claim.op_id)
+        if (
+            settle is not None
+            and exc.fields.get("evidence_kept")
+            and (exc.fields.get("status") == Status.UNKNOWN.value)
+        ):
+            settle(claim.op_id)
         return StepResult("fenced")
     crashpoints.reached("dispatch.after_save")
     return StepResult("dispatched", op)
+
+
+def _not_sent(claim: Claim) -> Ambiguous:
+    log.warning("%s: send-by window passed (send by %s); nothing sent", claim.op_id, claim.send_by)
+    return Ambiguous(
+        code=NOT_SENT,
+        reason="not sent: the send-by window had passed",
+        detail={
+            "why": "window_passed",
+            "send_by": claim.send_by.isoformat() if claim.send_by else None,
+            "late_s": round(-claim.window.remaining(), 3),
+        },
+    )
 
 
 def _save(ledger: Ledger, claim: Claim, outcome: Outcome, attempts: int = 6) -> Operation:
@@ -97,12 +137,24 @@ def _save(ledger: Ledger, claim: Claim, outcome: Outcome, attempts: int = 6) -> 
 
 
 def dispatch(
-    ledger: Ledger, registry: Registry, op_id: str, *, owner: str, lease: timedelta
+    ledger: Ledger,
+    registry: Registry,
+    op_id: str,
+    *,
+    owner: str,
+    lease: timedelta,
+    settle: Settle | None = None,
 ) -> StepResult:
-    """First dispatch of a prepared operation. A no-op for anything else (redelivery)."""
+    """First dispatch of a prepared operation. A no-op for anything else (redelivery).
+    `settle(op_id)` is called when this worker was fenced out but its outcome was kept
+    on an unknown operation (to reconcile it at once)."""
     try:
         claim = ledger.claim(
-            op_id, owner=owner, lease=lease, in_flight_by_provider=registry.in_flight_by_provider()
+            op_id,
+            owner=owner,
+            lease=lease,
+            in_flight_by_provider=registry.in_flight_by_provider(),
+            send_window_by_provider=registry.send_window_by_provider(),
         )
     except AuthorizationRevoked:
         return StepResult("cancelled")
@@ -110,7 +162,7 @@ def dispatch(
         log.info("dispatch of %s: not claimable (already claimed, finished or unknown)", op_id)
         return StepResult("noop")
     crashpoints.reached("dispatch.after_claim")
-    return _send(ledger, registry.adapter_for(claim.operation.action), claim)
+    return _send(ledger, registry.adapter_for(claim.operation.action), claim, settle)
 
 
 def snapshot(history: History, adapter: Adapter, reason: str, now: datetime) -> dict[str, Any]:
@@ -149,9 +201,10 @@ def reconcile(
     max_lookups: int = 2,
     policy: ReviewPolicy = ReviewPolicy(),
     on_review: Callable[[str], None] | None = None,
+    settle: Settle | None = None,
 ) -> StepResult:
     """Run the retry decision on an unknown operation and act on it. `on_review(op_id)` is
-    called when this step opened a review (to notify someone)."""
+    called when this step opened a review (to notify someone); `settle` as in `dispatch`."""
     history = ledger.history(op_id)
     op = history.operation
     if op.status is not Status.UNKNOWN:
@@ -185,6 +238,12 @@ def reconcile(
         op = history.operation
         if op.status is not Status.UNKNOWN:
             return StepResult("noop", op)
+    if any(r.resolved_at is None for r in history.reviews) and not isinstance(
+        decision, Confirm | Reject
+    ):
+        # A person has it: only evidence that settles it acts before they do (a fenced-out
+        # worker's late receipt, say); anything else waits for their resolution.
+        return StepResult("review", op, decision)
     waiting = isinstance(decision, Wait | HoldUnknown | Lookup)
     if waiting and history.attempts and op.operator_retry_by is None:
         first = min(a.started_at for a in history.attempts)
@@ -201,6 +260,7 @@ def reconcile(
             lease=lease,
             now=now,
             on_review=on_review,
+            settle=settle,
         )
     except StaleFence:
         return StepResult("fenced", decision=decision)
@@ -217,6 +277,7 @@ def _act(
     lease: timedelta,
     now: Callable[[], datetime],
     on_review: Callable[[str], None] | None,
+    settle: Settle | None = None,
 ) -> StepResult:
     op = history.operation
     if isinstance(decision, Confirm | Reject):
@@ -257,11 +318,12 @@ def _act(
             retry=True,
             expected_fence=op.fence,
             in_flight_by_provider=registry.in_flight_by_provider(),
+            send_window_by_provider=registry.send_window_by_provider(),
             authorized_by=op.operator_retry_by,
         )
     except AuthorizationRevoked:
         return StepResult("noop", ledger.get(op.id), decision)
     if claim is None:
         return StepResult("fenced", decision=decision)
-    result = _send(ledger, adapter, claim)
+    result = _send(ledger, adapter, claim, settle)
     return StepResult(result.action, result.operation, decision)

@@ -18,9 +18,11 @@ from opledger.ledger import (
     MalformedOperationId,
     OperationNotFound,
     PayloadNotCanonicalizable,
+    PayloadTooDeep,
     PayloadTooLarge,
     UnknownAction,
 )
+from opledger.ledger.canonical import MAX_DEPTH, MAX_ITEMS
 
 GOOD: dict[str, Any] = dict(
     tenant="acme",
@@ -41,7 +43,31 @@ def snapshot(ledger: Ledger) -> dict[str, int]:
         }
 
 
+def nested(depth: int) -> dict[str, Any]:
+    """An object nesting `depth` objects (the top one included), built without recursion."""
+    value: dict[str, Any] = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+def cyclic() -> dict[str, Any]:
+    loop: dict[str, Any] = {}
+    loop["self"] = loop
+    return loop
+
+
 PREPARE_CASES: list[tuple[str, dict[str, Any], type[LedgerError]]] = [
+    ("990 deep", {"payload": nested(990)}, PayloadTooDeep),
+    ("one too deep", {"payload": nested(MAX_DEPTH + 1)}, PayloadTooDeep),
+    ("deep in a list", {"payload": {"x": [[[[[nested(MAX_DEPTH)]]]]]}}, PayloadTooDeep),
+    ("cyclic", {"payload": cyclic()}, PayloadTooDeep),
+    ("wide array", {"payload": {"x": [0] * (MAX_ITEMS + 1)}}, PayloadTooLarge),
+    ("huge string", {"payload": {"x": "y" * (10 * 1024 * 1024)}}, PayloadTooLarge),
+    ("huge key", {"payload": {"y" * (300 * 1024): 1}}, PayloadTooLarge),
+    ("zero-width intent", {"intent_key": "close\u200b"}, InvalidIdentifier),
+    ("bidi target", {"target": "case-\u202e813"}, InvalidIdentifier),
+    ("word joiner tenant", {"tenant": "ac\u2060me"}, InvalidIdentifier),
     ("nan", {"payload": {"x": math.nan}}, PayloadNotCanonicalizable),
     ("infinity", {"payload": {"x": math.inf}}, PayloadNotCanonicalizable),
     ("non-string key", {"payload": {1: "x"}}, PayloadNotCanonicalizable),
@@ -75,6 +101,63 @@ def test_prepare_refuses_bad_input_and_writes_nothing(
     assert isinstance(info.value, LedgerError)
     assert str(info.value)
     assert snapshot(ledger) == before
+
+
+def test_a_payload_at_the_depth_limit_is_accepted_and_claimable(ledger: Ledger, grant: str) -> None:
+    op = ledger.prepare(**{**GOOD, "payload": nested(MAX_DEPTH)})
+    claim = ledger.claim(op.id, owner="w")
+    assert claim is not None and claim.payload == nested(MAX_DEPTH)
+
+
+def test_acceptance_does_not_depend_on_the_callers_stack_depth(ledger: Ledger, grant: str) -> None:
+    import sys
+
+    results: list[Any] = []
+
+    def deep(n: int) -> None:
+        if n > 0:
+            deep(n - 1)
+            return
+        for key, payload in (("deep-ok", nested(MAX_DEPTH)), ("deep-bad", nested(990))):
+            try:
+                results.append(ledger.prepare(**{**GOOD, "intent_key": key, "payload": payload}))
+            except LedgerError as exc:
+                results.append(exc)
+
+    # call from close to the recursion limit: only a few dozen frames are left
+    deep(sys.getrecursionlimit() - 120)
+    ok, bad = results
+    assert not isinstance(ok, Exception), ok
+    assert isinstance(bad, PayloadTooDeep)
+
+
+def test_nfc_and_nfd_spellings_of_an_intent_are_one_operation(ledger: Ledger, grant: str) -> None:
+    nfc = ledger.prepare(**{**GOOD, "intent_key": "caf\u00e9", "target": "Zo\u00eb"})
+    nfd = ledger.prepare(**{**GOOD, "intent_key": "cafe\u0301", "target": "Zoe\u0308"})
+    assert nfd.id == nfc.id
+    assert nfc.intent_key == "caf\u00e9" and nfc.target == "Zo\u00eb"  # stored in NFC
+    other_tenant = ledger.grant(
+        tenant="Mu\u0308nchen", scope=["crm.*"], granted_by="test", ref="auth_muc"
+    )
+    assert other_tenant.tenant == "M\u00fcnchen"
+    op = ledger.prepare(**{**GOOD, "tenant": "M\u00fcnchen", "authorization_ref": "auth_muc"})
+    assert ledger.list(tenant="Mu\u0308nchen") == (op,)
+
+
+def test_from_url_honours_the_payload_limit_setting(
+    database_url: str, grant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPLEDGER_MAX_PAYLOAD_BYTES", "100")
+    limited = Ledger.from_url(database_url, pool_size=1)
+    try:
+        assert limited.max_payload_bytes == 100
+        with pytest.raises(PayloadTooLarge):
+            limited.prepare(**{**GOOD, "payload": {"x": "y" * 200}})
+        explicit = Ledger.from_url(database_url, pool_size=1, max_payload_bytes=1000)
+        assert explicit.max_payload_bytes == 1000
+        explicit.engine.dispose()
+    finally:
+        limited.engine.dispose()
 
 
 def test_a_payload_just_under_the_limit_is_accepted(ledger: Ledger, grant: str) -> None:

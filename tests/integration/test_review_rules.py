@@ -1,0 +1,314 @@
+"""Review rules that hold on every path (Python API and CLI): every new fact makes a view
+stale, a resolution against bound evidence needs an override, a resolution needs a
+recorded view, a retry that could repeat an effect needs the risk acknowledged, and
+operator names are what they look like."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from opledger.adapters.crm import CrmAdapter, crm_contract
+from opledger.adapters.registry import Registry
+from opledger.adapters.smtp import SmtpAdapter, message_id_for, smtp_contract
+from opledger.cli.main import app as cli
+from opledger.ledger import (
+    Binding,
+    Confirmed,
+    ContradictsEvidence,
+    InvalidIdentifier,
+    Ledger,
+    Rejected,
+    RetryNeedsAcknowledgement,
+    StaleFence,
+    StaleView,
+    Status,
+)
+from opledger.sandbox import Sandbox
+from opledger.tasks import steps
+
+LEASE = timedelta(seconds=5)
+
+
+class Desk:
+    """A CRM (keyed or not, no lookup) and a reviewer's desk over it."""
+
+    def __init__(self, ledger: Ledger, sandbox: Sandbox, *, keys: bool = True) -> None:
+        self.sandbox = sandbox
+        sandbox.configure(keys=keys)
+        contract = crm_contract(
+            keys=keys,
+            lookup="none",
+            request_timeout=timedelta(seconds=0.5),
+            max_in_flight=timedelta(seconds=0.5),
+            retention_margin=timedelta(0),
+        )
+        self.adapter = CrmAdapter(sandbox.http_url, account="acme", contract=contract)
+        self.registry = Registry([self.adapter])
+        self.ledger = Ledger(ledger.engine, actions=self.registry)
+        self.ledger.grant(tenant="acme", scope=["crm.*"], granted_by="t", ref="auth_acme")
+
+    def prepare(self, key: str) -> str:
+        return self.ledger.prepare(
+            tenant="acme",
+            workflow_id="wf",
+            intent_key=key,
+            action="crm.close_case.v1",
+            target=f"case-{key}",
+            payload={"note": "resolved"},
+            authorization_ref="auth_acme",
+        ).id
+
+    def wait_deadline(self, op_id: str) -> None:
+        deadline = max(a.deadline_at for a in self.ledger.history(op_id).attempts)
+        time.sleep(max(0.0, deadline.timestamp() - time.time()) + 0.05)
+
+    def review(self, op_id: str) -> None:
+        self.wait_deadline(op_id)
+        result = steps.reconcile(
+            self.ledger,
+            self.registry,
+            op_id,
+            owner="w2",
+            lease=LEASE,
+            policy=steps.ReviewPolicy(after_attempts=1),
+        )
+        assert result.action == "review", result
+
+    def lost_response(self, key: str) -> str:
+        """An operation whose response was lost, in review."""
+        op_id = self.prepare(key)
+        self.sandbox.fault("crm", "drop_after_commit", key=op_id)
+        steps.dispatch(self.ledger, self.registry, op_id, owner="w1", lease=LEASE)
+        self.review(op_id)
+        return op_id
+
+    def show(self, op_id: str, operator: str = "alice") -> Any:
+        return self.ledger.reviews.show(op_id, tenant="acme", operator=operator)
+
+    def resolve(self, op_id: str, how: str, **kw: Any) -> Any:
+        kw.setdefault("operator", "alice")
+        return self.ledger.reviews.resolve(op_id, tenant="acme", resolution=how, note="n", **kw)
+
+
+@pytest.fixture
+def desk(ledger: Ledger, sandbox: Sandbox) -> Iterator[Desk]:
+    d = Desk(ledger, sandbox)
+    yield d
+    d.adapter.close()
+
+
+@pytest.fixture
+def keyless(ledger: Ledger, sandbox: Sandbox) -> Iterator[Desk]:
+    d = Desk(ledger, sandbox, keys=False)
+    yield d
+    d.adapter.close()
+
+
+def _stalled_in_review(desk: Desk) -> tuple[str, Any]:
+    """A worker claimed, froze before its outcome and was fenced out; the operation went
+    to review. Returns the operation and the stalled worker's claim."""
+    op_id = desk.prepare("stalled")
+    claim = desk.ledger.claim(
+        op_id,
+        owner="w1",
+        lease=timedelta(milliseconds=50),
+        in_flight=timedelta(milliseconds=100),
+        send_window=timedelta(milliseconds=100),
+    )
+    assert claim is not None
+    time.sleep(0.1)
+    assert desk.ledger.expire_leases() == [op_id]
+    desk.review(op_id)
+    return op_id, claim
+
+
+def test_a_late_outcome_kept_as_evidence_makes_the_view_stale(desk: Desk) -> None:
+    op_id, claim = _stalled_in_review(desk)
+    shown = desk.show(op_id)
+    late = Confirmed(
+        receipt_id="case-x@v2", binding=Binding(key=claim.key, target=claim.operation.target)
+    )
+    with pytest.raises(StaleFence):
+        desk.ledger.record_outcome(claim, late)
+    assert desk.ledger.get(op_id).record_version > shown.operation.record_version
+    with pytest.raises(StaleView, match="changed since it was shown"):
+        desk.resolve(op_id, "rejected")
+    assert desk.ledger.get(op_id).status is Status.UNKNOWN
+
+
+def test_lookup_evidence_makes_the_view_stale(desk: Desk) -> None:
+    op_id = desk.lost_response("lookup")
+    desk.show(op_id)
+    desk.ledger.record_evidence(op_id, source="lookup", verdict="inconclusive")
+    with pytest.raises(StaleView):
+        desk.resolve(op_id, "cancel")
+
+
+def test_rejecting_over_a_receipt_that_confirms_needs_an_audited_override(desk: Desk) -> None:
+    op_id, claim = _stalled_in_review(desk)
+    late = Confirmed(
+        receipt_id="case-x@v2", binding=Binding(key=claim.key, target=claim.operation.target)
+    )
+    with pytest.raises(StaleFence):
+        desk.ledger.record_outcome(claim, late)
+    desk.show(op_id)
+    with pytest.raises(ContradictsEvidence, match=r"dispatch evidence .*: confirmed"):
+        desk.resolve(op_id, "rejected")
+    with pytest.raises(ContradictsEvidence):
+        desk.resolve(op_id, "retry")
+    assert desk.ledger.get(op_id).status is Status.UNKNOWN
+    after = desk.resolve(op_id, "rejected", override_evidence=True)
+    assert after.status is Status.REJECTED
+    (action,) = desk.ledger.reviews.audit(op_id, tenant="acme")
+    assert action.override_evidence is True and action.resolution == "rejected"
+
+
+def test_confirming_over_a_definitive_refusal_needs_an_override(desk: Desk) -> None:
+    op_id, claim = _stalled_in_review(desk)
+    with pytest.raises(StaleFence):
+        desk.ledger.record_outcome(claim, Rejected(code="case_not_found", reason="no case"))
+    desk.show(op_id)
+    with pytest.raises(ContradictsEvidence):
+        desk.resolve(op_id, "confirmed")
+    assert desk.resolve(op_id, "confirmed", override_evidence=True).status is Status.CONFIRMED
+
+
+def test_agreeing_with_the_evidence_needs_no_override(desk: Desk) -> None:
+    op_id, claim = _stalled_in_review(desk)
+    late = Confirmed(receipt_id="r", binding=Binding(key=claim.key))
+    with pytest.raises(StaleFence):
+        desk.ledger.record_outcome(claim, late)
+    desk.show(op_id)
+    assert desk.resolve(op_id, "confirmed").status is Status.CONFIRMED
+    (action,) = desk.ledger.reviews.audit(op_id, tenant="acme")
+    assert action.override_evidence is False
+
+
+def test_the_python_api_cannot_skip_show(desk: Desk) -> None:
+    op_id = desk.lost_response("skip")
+    current = desk.ledger.get(op_id).record_version
+    with pytest.raises(StaleView, match="review show"):
+        desk.resolve(op_id, "confirmed", seen_version=current)
+    desk.show(op_id, operator="bob")  # someone else's view is not alice's
+    with pytest.raises(StaleView, match="review show"):
+        desk.resolve(op_id, "confirmed", seen_version=current)
+    desk.show(op_id)
+    with pytest.raises(StaleView, match="not 1"):
+        desk.resolve(op_id, "confirmed", seen_version=1)
+    desk.resolve(op_id, "confirmed", seen_version=current)
+    (action,) = desk.ledger.reviews.audit(op_id, tenant="acme")
+    assert action.shown["record_version"] == current and action.shown["attempts"]
+
+
+def test_a_no_dedup_retry_needs_the_risk_acknowledged(keyless: Desk) -> None:
+    op_id = keyless.prepare("keyless")
+    keyless.sandbox.fault("crm", "drop_after_commit", key=op_id)
+    steps.dispatch(keyless.ledger, keyless.registry, op_id, owner="w1", lease=LEASE)
+    keyless.review(op_id)  # rule 7: no dedup, no lookup
+    view = keyless.show(op_id)
+    assert "does not deduplicate" in view.consequences.retry
+    with pytest.raises(RetryNeedsAcknowledgement, match="accept-risk"):
+        keyless.resolve(op_id, "retry")
+    assert keyless.ledger.get(op_id).operator_retry_by is None
+    after = keyless.resolve(op_id, "retry", acknowledge_risk=True)
+    assert after.operator_retry_by == "alice"
+    (action,) = keyless.ledger.reviews.audit(op_id, tenant="acme")
+    assert action.risk_acknowledged is True and action.new_key is None
+
+
+def test_a_same_key_retry_within_retention_needs_no_acknowledgement(desk: Desk) -> None:
+    op_id = desk.lost_response("keyed")
+    desk.show(op_id)
+    desk.resolve(op_id, "retry")
+    (action,) = desk.ledger.reviews.audit(op_id, tenant="acme")
+    assert action.risk_acknowledged is False
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["ali\u200bce", "\u202eecila", "alice\u2060", "\u3164", " alice", "alice\n", "al\u00adice"],
+    ids=["zero-width", "bidi", "word-joiner", "filler", "leading-space", "newline", "soft-hyphen"],
+)
+def test_operator_names_must_be_visible_and_printable(desk: Desk, name: str) -> None:
+    op_id = desk.lost_response("names")
+    with pytest.raises(InvalidIdentifier):
+        desk.show(op_id, operator=name)
+    desk.show(op_id)
+    with pytest.raises(InvalidIdentifier):
+        desk.resolve(op_id, "cancel", operator=name)
+    assert desk.ledger.get(op_id).status is Status.UNKNOWN
+
+
+def test_operator_names_in_nfd_are_the_same_operator(desk: Desk) -> None:
+    op_id = desk.lost_response("nfd")
+    desk.show(op_id, operator="Jos\u00e9")  # NFC
+    assert desk.resolve(op_id, "cancel", operator="Jose\u0301").status is Status.CANCELLED
+    (action,) = desk.ledger.reviews.audit(op_id, tenant="acme")
+    assert action.operator == "Jos\u00e9"
+
+
+def test_the_cli_refuses_an_unacknowledged_smtp_retry(
+    ledger: Ledger, database_url: str, sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opledger.settings import get_settings
+
+    adapter = SmtpAdapter(
+        sandbox.smtp_host,
+        sandbox.smtp_port,
+        contract=smtp_contract(
+            request_timeout=timedelta(seconds=0.5), max_in_flight=timedelta(seconds=0.5)
+        ),
+    )
+    registry = Registry([adapter])
+    mail = Ledger(ledger.engine, actions=registry)
+    mail.grant(tenant="acme", scope=["email.*"], granted_by="t", ref="auth_acme")
+    op = mail.prepare(
+        tenant="acme",
+        workflow_id="wf",
+        intent_key="mail",
+        action="email.smtp_send.v1",
+        target="owner@acme.test",
+        payload={"to": "owner@acme.test", "subject": "Case closed", "text": "done"},
+        authorization_ref="auth_acme",
+    )
+    sandbox.fault("smtp", "drop_after_data", key=message_id_for(op))
+    steps.dispatch(mail, registry, op.id, owner="w1", lease=LEASE)
+    deadline = mail.history(op.id).attempts[0].deadline_at
+    time.sleep(max(0.0, deadline.timestamp() - time.time()) + 0.05)
+    assert steps.reconcile(mail, registry, op.id, owner="w2", lease=LEASE).action == "review"
+
+    monkeypatch.setenv("OPLEDGER_DATABASE_URL", database_url)
+    monkeypatch.setenv("OPLEDGER_SMTP_HOST", sandbox.smtp_host)
+    monkeypatch.setenv("OPLEDGER_SMTP_PORT", str(sandbox.smtp_port))
+    monkeypatch.setenv("COLUMNS", "250")
+    get_settings.cache_clear()
+    try:
+        runner = CliRunner()
+        base = ["review", "resolve", op.id, "--tenant", "acme", "--operator", "bob"]
+        shown = runner.invoke(
+            cli, ["review", "show", op.id, "--tenant", "acme", "--operator", "bob"]
+        )
+        assert shown.exit_code == 0, shown.output
+        assert "--accept-risk" in shown.output
+        refused = runner.invoke(cli, [*base, "--as", "retry", "--note", "again"])
+        assert refused.exit_code == 2, refused.output
+        assert "accept-risk" in refused.output
+        assert mail.get(op.id).operator_retry_by is None
+    finally:
+        get_settings.cache_clear()
+    after = mail.reviews.resolve(
+        op.id,
+        tenant="acme",
+        operator="bob",
+        resolution="retry",
+        note="again",
+        acknowledge_risk=True,
+    )
+    assert after.operator_retry_by == "bob"
+    assert sandbox.effects(f"smtp:{message_id_for(op)}") == 1  # not sent again yet
