@@ -336,8 +336,8 @@ def decide(
         if busy_until is not None and now < busy_until:  # Rule 3
             return Wait(until=busy_until)
         if operation.status is Status.PREPARED or attempts:
-            codes = attempt_codes(evidence)
-            unsent = sum(1 for a in attempts if codes.get(a.n) == NOT_SENT)
+            by_attempt = attempt_codes(evidence)
+            unsent = sum(1 for a in attempts if by_attempt.get(a.n) == NOT_SENT)
             if unsent >= contract.max_attempts:
                 return Review(reason=f"{unsent} attempts, none of which reached the provider")
             return _send(contract, operation)
