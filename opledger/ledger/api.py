@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -138,9 +139,7 @@ class Ledger:
         workers read it.
         """
         if max_payload_bytes is None:
-            from opledger.settings import Settings
-
-            max_payload_bytes = Settings().max_payload_bytes
+            max_payload_bytes = _payload_limit_from_environment()
         engine = create_engine(
             sqlalchemy_url(url), pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800
         )
@@ -801,6 +800,24 @@ _STATUS_OF = {
     "rejected": Status.REJECTED,
     "ambiguous": Status.UNKNOWN,
 }
+
+
+def _payload_limit_from_environment() -> int:
+    """`OPLEDGER_MAX_PAYLOAD_BYTES` as the workers read it; only that variable, so an
+    unrelated setting cannot stop a ledger from opening."""
+    raw = os.environ.get("OPLEDGER_MAX_PAYLOAD_BYTES")
+    if raw is None or not raw.strip():
+        return DEFAULT_MAX_PAYLOAD_BYTES
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = 0
+    if limit <= 0:
+        raise InvalidInput(
+            f"OPLEDGER_MAX_PAYLOAD_BYTES must be a positive whole number of bytes, not {raw!r}",
+            field="OPLEDGER_MAX_PAYLOAD_BYTES",
+        )
+    return limit
 
 
 def _detail_of(outcome: Outcome) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from opledger.ledger import (
     ForgedFence,
     IntentConflict,
     InvalidIdentifier,
+    InvalidInput,
     Ledger,
     LedgerError,
     MalformedOperationId,
@@ -158,6 +159,11 @@ def test_from_url_honours_the_payload_limit_setting(
         explicit.engine.dispose()
     finally:
         limited.engine.dispose()
+    monkeypatch.setenv("OPLEDGER_LEASE_SECONDS", "abc")  # an unrelated setting stops nothing
+    Ledger.from_url(database_url, pool_size=1).engine.dispose()
+    monkeypatch.setenv("OPLEDGER_MAX_PAYLOAD_BYTES", "lots")
+    with pytest.raises(InvalidInput, match="OPLEDGER_MAX_PAYLOAD_BYTES"):
+        Ledger.from_url(database_url, pool_size=1)
 
 
 def test_a_payload_just_under_the_limit_is_accepted(ledger: Ledger, grant: str) -> None:
