@@ -126,7 +126,7 @@ class SmtpAdapter:
             )
         except Exception as exc:  # no connection: nothing was sent
             return outcome_for_smtp_error(exc, message_sent=False)
-        with smtp:
+        try:
             try:
                 smtp.ehlo_or_helo_if_needed()
                 code, reply = smtp.mail(self.sender)
@@ -142,9 +142,18 @@ class SmtpAdapter:
             except Exception as exc:
                 return outcome_for_smtp_error(exc, message_sent=False)
             try:
-                smtp.data(message.as_bytes())
+                # smtplib raises only when DATA itself is refused; the reply to the
+                # message body comes back as a return value
+                code, reply = smtp.data(message.as_bytes())
+                if code != 250:
+                    raise smtplib.SMTPDataError(code, reply)
             except Exception as exc:
                 return outcome_for_smtp_error(exc, message_sent=True)
+        finally:
+            try:
+                smtp.quit()  # custody was taken (or not) before this: its failure changes nothing
+            except Exception:
+                smtp.close()
         return Confirmed(
             receipt_id=str(message["Message-ID"]),
             binding=Binding(key=claim.key, target=claim.operation.target),

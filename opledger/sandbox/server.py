@@ -40,6 +40,8 @@ FAULT_MODES = (
     "error_before_commit",  # a 500 and no effect
     "error_after_commit",  # the effect is applied, then a 500
     "drop_after_data",  # SMTP: the message is accepted, the connection closes before the 250
+    "refuse_after_data",  # SMTP: the body is refused for good (554), nothing accepted
+    "defer_after_data",  # SMTP: the body is refused for now (451), nothing accepted
 )
 
 
@@ -495,11 +497,17 @@ class SmtpHandler:
         state = STATE
         message = message_from_bytes(envelope.original_content or envelope.content)
         message_id = str(message.get("Message-ID", "")).strip()
+        fault = state.take_fault("smtp", message_id)
+        if fault is not None and fault.mode in ("refuse_after_data", "defer_after_data"):
+            code = 554 if fault.mode == "refuse_after_data" else 451
+            state.requests[f"smtp:{message_id}"].append(
+                {"arrived": time.time(), "completed": time.time(), "status": code}
+            )
+            return f"{code} sandbox fault: message not accepted"
         state.effects[f"smtp:{message_id}"] += 1
         state.requests[f"smtp:{message_id}"].append(
             {"arrived": time.time(), "completed": time.time(), "status": 250}
         )
-        fault = state.take_fault("smtp", message_id)
         if fault is not None and fault.mode == "drop_after_data":
             server.transport.close()
         return "250 2.0.0 Message accepted for delivery"

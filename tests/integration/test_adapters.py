@@ -266,3 +266,20 @@ def test_requests_a_key_cannot_protect_never_ride_an_idle_connection(ledger: Led
             peers[keys] = {r["peer"] for k in sent for r in truth[k]}
     assert len(peers[True]) == 2  # reused, then a new one after the idle close
     assert len(peers[False]) == 3  # never reused
+
+
+def test_smtp_reads_the_reply_to_the_message_body(ledger: Ledger, sandbox: Sandbox) -> None:
+    smtp = SmtpAdapter(
+        sandbox.smtp_host, sandbox.smtp_port, contract=smtp_contract(request_timeout=S)
+    )
+    payload = {"to": "o@acme.test", "subject": "hi"}
+    refused = claim_for(ledger, "email.smtp_send.v1", "o@acme.test", payload, "refused")
+    sandbox.fault("smtp", "refuse_after_data")
+    outcome = smtp.dispatch(refused)
+    assert isinstance(outcome, Rejected), outcome  # 554 after the body: refused for good
+    deferred = claim_for(ledger, "email.smtp_send.v1", "o@acme.test", payload, "deferred")
+    sandbox.fault("smtp", "defer_after_data")
+    outcome = smtp.dispatch(deferred)
+    assert isinstance(outcome, Ambiguous) and outcome.code == "not_sent", outcome
+    for claim in (refused, deferred):
+        assert sandbox.effects(f"smtp:{message_id_for(claim.operation)}") == 0
