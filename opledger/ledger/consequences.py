@@ -55,7 +55,7 @@ def consequences(
     noun = effect_noun(operation.action)
     idem = contract.idempotency
     key = operation.provider_request_id
-    uses = [a.started_at for a in sent_attempts(attempts, evidence) if a.key == key]
+    uses = [a.started_at for a in sent_attempts(contract, attempts, evidence) if a.key == key]
     key_age = now - min(uses) if uses else None
     busy_until = in_flight_until(contract, attempts, evidence)
     wait = (

@@ -206,11 +206,15 @@ def attempt_codes(evidence: Sequence[Evidence]) -> dict[int, str]:
     }
 
 
-def sent_attempts(attempts: Sequence[Attempt], evidence: Sequence[Evidence]) -> list[Attempt]:
+def sent_attempts(
+    contract: Contract, attempts: Sequence[Attempt], evidence: Sequence[Evidence]
+) -> list[Attempt]:
     """The attempts that may have reached the provider and executed there: not those that
-    provably sent nothing, nor those the provider refused because another was executing."""
+    provably sent nothing, nor, where the contract says the provider refuses a concurrent
+    request with our key, those it refused because another was executing."""
     codes = attempt_codes(evidence)
-    return [a for a in attempts if codes.get(a.n) not in (NOT_SENT, IN_FLIGHT)]
+    skipped = {NOT_SENT, IN_FLIGHT} if contract.idempotency.concurrent == "conflict" else {NOT_SENT}
+    return [a for a in attempts if codes.get(a.n) not in skipped]
 
 
 def in_flight_until(
@@ -218,25 +222,31 @@ def in_flight_until(
 ) -> datetime | None:
     """Until when an earlier request may still be executing at the provider (rule 3).
 
-    Each attempt that may have been sent counts to its deadline; a provider's "a request
-    with this key is executing" answer proves one was still running when it came, so
-    nothing is sent before one lookup interval after it.
+    Each attempt that may have been sent counts to its deadline. Where the contract says
+    the provider refuses a concurrent request, its "a request with this key is executing"
+    answer proves one was still running when it came, so nothing is sent before one lookup
+    interval after it; where it says it does not, such an answer is an attempt like any
+    other.
     """
-    ends = [a.deadline_at for a in sent_attempts(attempts, evidence)]
-    ends += [
-        ev.recorded_at + max(contract.lookup.interval, timedelta(seconds=1))
-        for ev in evidence
-        if ev.source == "dispatch" and _code(ev) == IN_FLIGHT
-    ]
+    ends = [a.deadline_at for a in sent_attempts(contract, attempts, evidence)]
+    if contract.idempotency.concurrent == "conflict":
+        ends += [
+            ev.recorded_at + max(contract.lookup.interval, timedelta(seconds=1))
+            for ev in evidence
+            if ev.source == "dispatch" and _code(ev) == IN_FLIGHT
+        ]
     return max(ends, default=None)
 
 
 def _key_first_used(
-    operation: Operation, attempts: Sequence[Attempt], evidence: Sequence[Evidence]
+    contract: Contract,
+    operation: Operation,
+    attempts: Sequence[Attempt],
+    evidence: Sequence[Evidence],
 ) -> datetime | None:
     uses = [
         a.started_at
-        for a in sent_attempts(attempts, evidence)
+        for a in sent_attempts(contract, attempts, evidence)
         if a.key == operation.provider_request_id
     ]
     return min(uses, default=None)
@@ -251,7 +261,7 @@ def retention_risk(
 ) -> str | None:
     """Rule 4: why the provider may have forgotten our key by now, or None."""
     retention = contract.idempotency.retention
-    first_use = _key_first_used(operation, attempts, evidence)
+    first_use = _key_first_used(contract, operation, attempts, evidence)
     if retention is None or first_use is None:
         return None
     if now + contract.retention_margin >= first_use + retention:
@@ -275,7 +285,7 @@ def same_key_retry_risk(
     idem = contract.idempotency
     if idem.kind == "none":
         return "the provider does not deduplicate: a retry could repeat the effect"
-    if _key_first_used(operation, attempts, evidence) is None:
+    if _key_first_used(contract, operation, attempts, evidence) is None:
         return None  # the provider never saw this key
     expired = retention_risk(contract, operation, attempts, evidence, now)
     if expired is not None:
@@ -293,7 +303,8 @@ def same_key_retry_risk(
     if not idem.keys_durable:
         return "the provider's key store does not survive a restart: it may have forgotten the key"
     if idem.after_error == "key_released" and any(
-        a.outcome not in ("confirmed", "rejected") for a in sent_attempts(attempts, evidence)
+        a.outcome not in ("confirmed", "rejected")
+        for a in sent_attempts(contract, attempts, evidence)
     ):
         return (
             "the provider releases a key when a request fails, possibly after applying the "
@@ -315,7 +326,7 @@ def decide(
         raise ValueError(f"{operation.id} is {operation.status}: there is nothing to decide")
     keys = frozenset({operation.provider_request_id, *(a.key for a in attempts)})
     authorized = authorization is not None and authorization.active_at(now)
-    sent = sent_attempts(attempts, evidence)
+    sent = sent_attempts(contract, attempts, evidence)
 
     # Rule 1: confirm only on evidence that binds this operation.
     for ev in evidence:
@@ -323,7 +334,7 @@ def decide(
             return Confirm(evidence_id=ev.id)
     # Rule 2: reject only on a definitive refusal of this very request.
     for ev in evidence:
-        if ev.verdict == REJECTED and _rejects(ev, operation, keys, contract, sent):
+        if ev.verdict == REJECTED and _rejects(ev, operation, keys, contract, sent, evidence):
             return Reject(evidence_id=ev.id)
 
     busy_until = in_flight_until(contract, attempts, evidence)
@@ -400,6 +411,7 @@ def _rejects(
     keys: frozenset[str],
     contract: Contract,
     sent: Sequence[Attempt],
+    evidence: Sequence[Evidence],
 ) -> bool:
     """Rules 2 and 11: the refusal binds this operation, covers every attempt that may have
     applied, and is not a conflicting state our own earlier attempt may have caused."""
@@ -408,8 +420,20 @@ def _rejects(
     if ev.detail.get("conflicting_state") and len(sent) > 1:
         return False
     if ev.source == "dispatch":
-        # a refusal of one attempt says nothing of a later one that may have applied
-        return ev.attempt_n is not None and all(a.n <= ev.attempt_n for a in sent)
+        # a refusal of one attempt says nothing of a later one that may have applied, nor
+        # of an earlier one, unless the earlier one went under the same key and the key
+        # protected it (the provider would have answered from it, not refused)
+        if ev.attempt_n is None or any(a.n > ev.attempt_n for a in sent):
+            return False
+        refused = next((a for a in sent if a.n == ev.attempt_n), None)
+        earlier = [a for a in sent if a.n < ev.attempt_n]
+        if not earlier:
+            return True
+        return (
+            refused is not None
+            and all(a.key == refused.key for a in earlier)
+            and same_key_retry_risk(contract, operation, earlier, evidence, ev.recorded_at) is None
+        )
     # a lookup by key speaks for the attempts sent with that key only
     return all(a.key == ev.binding.key for a in sent)
 
@@ -442,7 +466,7 @@ def _retry(
     """Nothing is in flight and no evidence settles it: may we send again?"""
     if not authorized:  # Rule 8: revoked authority stops new writes.
         return Review(reason="authorization revoked; the outcome of the last attempt is unknown")
-    sent = sent_attempts(attempts, evidence)
+    sent = sent_attempts(contract, attempts, evidence)
     if len(sent) >= contract.max_attempts:
         return Review(reason=f"{len(sent)} attempts left it unknown")
     idem = contract.idempotency

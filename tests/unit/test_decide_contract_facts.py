@@ -231,3 +231,34 @@ def test_the_review_never_promises_a_protection_the_contract_lacks() -> None:
 def test_every_attempt_records_the_scope_it_was_sent_into() -> None:
     lost = Ambiguous(code="timeout", reason="slow")
     assert admit(keyed(scope="account eu"), claim(), lost).detail["scope"] == "account eu"
+
+
+def test_a_refusal_after_an_unprotected_earlier_attempt_is_no_rejection() -> None:
+    """Attempt 1 may have applied; attempt 2 (a new key, or a key that did not protect it)
+    is refused: the refusal speaks for attempt 2 only."""
+    two_keys = [attempt(1), attempt(2, started=T0 + 30 * S, key=f"{OP_ID}.k2")]
+    lost = evidence("ambiguous", source="dispatch", attempt_n=1, code="timeout")
+    refusal = evidence(
+        "rejected", source="dispatch", attempt_n=2, key=f"{OP_ID}.k2", code="case_not_found"
+    )
+    op = operation(provider_request_id=f"{OP_ID}.k2")
+    later = AFTER + 30 * S
+    assert not isinstance(decide(keyed(), op, two_keys, [lost, refusal], grant(), later), Reject)
+    same_key = [attempt(1), attempt(2, started=T0 + 30 * S)]
+    refused = evidence("rejected", source="dispatch", attempt_n=2, code="case_not_found")
+    protected = decide(keyed(), operation(), same_key, [lost, refused], grant(), later)
+    assert protected == Reject(evidence_id=refused.id)  # the key would have answered for 1
+    released = keyed(after_error="key_released")
+    decision = decide(released, operation(), same_key, [lost, refused], grant(), later)
+    assert not isinstance(decision, Reject)
+
+
+def test_still_executing_is_read_only_from_a_provider_that_says_so() -> None:
+    busy = evidence("ambiguous", source="dispatch", attempt_n=2, code="in_flight", at=AFTER)
+    first = evidence("ambiguous", source="dispatch", attempt_n=1, code="timeout")
+    attempts = [attempt(1), attempt(2, started=AFTER - S)]
+    unchecked = keyed(concurrent="unchecked")
+    # an "in progress" answer the contract does not promise is an attempt like any other:
+    # its own deadline holds the next one back, and it counts
+    decision = decide(unchecked, operation(), attempts, [first, busy], grant(), AFTER + 2 * S)
+    assert isinstance(decision, Wait) and decision.until == AFTER - S + 20 * S

@@ -201,12 +201,16 @@ def _code(ev: Evidence) -> object:
     return ev.detail.get("code")
 
 
-def _reached(attempts: list[Attempt], evidence_items: list[Evidence]) -> list[Attempt]:
-    """Attempts that may have executed at the provider (independent of the code's helper)."""
+def _reached(
+    contract: Contract, attempts: list[Attempt], evidence_items: list[Evidence]
+) -> list[Attempt]:
+    """Attempts that may have executed at the provider: all but those that provably sent
+    nothing, and, where the provider refuses concurrent requests, those it so refused."""
+    skip_codes = {"not_sent"}
+    if contract.idempotency.concurrent == "conflict":
+        skip_codes.add("in_flight")
     skipped = {
-        ev.attempt_n
-        for ev in evidence_items
-        if ev.source == "dispatch" and _code(ev) in ("not_sent", "in_flight")
+        ev.attempt_n for ev in evidence_items if ev.source == "dispatch" and _code(ev) in skip_codes
     }
     return [a for a in attempts if a.n not in skipped]
 
@@ -218,7 +222,7 @@ def test_the_decision_keeps_every_rule(history: tuple) -> None:  # type: ignore[
     decision: Decision = decide(contract, op, attempts, evidence_items, auth, now)
     event(type(decision).__name__)
     by_id = {ev.id: ev for ev in evidence_items}
-    reached = _reached(attempts, evidence_items)
+    reached = _reached(contract, attempts, evidence_items)
 
     if isinstance(decision, Confirm):
         ev = by_id[decision.evidence_id]
@@ -232,9 +236,17 @@ def test_the_decision_keeps_every_rule(history: tuple) -> None:  # type: ignore[
         assert ev.verdict == "rejected" and _binds(ev, op, contract)
         # rule 11: never a conflicting state that our own earlier attempt may have caused
         assert not (ev.detail.get("conflicting_state") and len(reached) > 1)
-        # and never a refusal of one attempt while a later one may have applied
+        # and never a refusal of one attempt while a later one may have applied, nor while
+        # an earlier one under a key that did not protect it may have
         if ev.source == "dispatch":
             assert all(a.n <= (ev.attempt_n or 0) for a in reached)
+            earlier = [a for a in reached if a.n < (ev.attempt_n or 0)]
+            if earlier:
+                idem = contract.idempotency
+                assert idem.kind == "keyed" and idem.keys_durable
+                assert idem.after_error != "key_released" or all(
+                    a.outcome in ("confirmed", "rejected") for a in earlier
+                )
 
     if isinstance(decision, Wait):
         assert decision.until > now
@@ -257,11 +269,12 @@ def test_the_decision_keeps_every_rule(history: tuple) -> None:  # type: ignore[
         # rule 3: never while an earlier attempt may still be in flight, nor right after the
         # provider said one with our key was still executing
         assert all(now >= a.deadline_at for a in reached)
-        assert all(
-            now >= ev.recorded_at + S
-            for ev in evidence_items
-            if ev.source == "dispatch" and _code(ev) == "in_flight"
-        )
+        if contract.idempotency.concurrent == "conflict":
+            assert all(
+                now >= ev.recorded_at + S
+                for ev in evidence_items
+                if ev.source == "dispatch" and _code(ev) == "in_flight"
+            )
         if not reached:
             return  # nothing ever reached the provider: sending is a first attempt
         if op.operator_retry_by is not None:
