@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from opledger.ledger import UnknownAction
 from opledger.ledger.contract import Contract
-from opledger.ledger.ids import check_action
+from opledger.ledger.ids import LONGEST_KEY, check_action
 from opledger.settings import Settings
 
 from .base import Adapter
@@ -26,6 +26,16 @@ class Registry:
             self.register(adapter)
 
     def register(self, adapter: Adapter) -> None:
+        """Serve the adapter's actions. Refused: an action already served by another, and a
+        provider that would refuse opledger's keys (`max_key_length`), so no operation is
+        prepared that could never be sent."""
+        idem = adapter.contract.idempotency
+        limit = idem.max_key_length
+        if idem.kind == "keyed" and limit is not None and limit < LONGEST_KEY:
+            raise ValueError(
+                f"{adapter.contract.provider} accepts keys of at most {limit} characters; "
+                f"opledger's keys take up to {LONGEST_KEY}"
+            )
         for action in adapter.actions:
             check_action(action)
             if action in self._by_action and self._by_action[action] is not adapter:

@@ -12,6 +12,9 @@ from .errors import InvalidIdentifier, MalformedOperationId, UnknownAction
 OP_ID_RE = re.compile(r"^op_[0-9A-HJKMNP-TV-Z]{26}$")
 ACTION_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+\.v[1-9][0-9]*$")
 MAX_IDENTIFIER_LENGTH = 200
+#: the longest idempotency key opledger sends: an operation id, or one with an operator's
+#: new-key suffix (".k" and the attempt number, up to 999 attempts)
+LONGEST_KEY = len("op_") + 26 + len(".k999")
 
 
 def new_operation_id() -> str:

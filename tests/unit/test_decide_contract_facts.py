@@ -8,7 +8,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from opledger.adapters.crm import crm_contract
+import pytest
+
+from opledger.adapters.crm import CrmAdapter, crm_contract
+from opledger.adapters.registry import Registry
 from opledger.ledger import Ambiguous, Binding, Claim, Confirmed, Rejected, Status
 from opledger.ledger.consequences import consequences
 from opledger.ledger.contract import Contract
@@ -124,6 +127,16 @@ def test_a_key_longer_than_the_provider_accepts_is_never_sent() -> None:
     short = keyed(max_key_length=10)
     decision = decide(short, operation(Status.PREPARED, fence=0), [], [], grant(), T0)
     assert isinstance(decision, Review) and "at most 10" in decision.reason
+    # and such a provider is refused when its adapter is registered, before any prepare
+    refused = CrmAdapter("http://127.0.0.1:9", account="a", contract=short)
+    accepted = CrmAdapter("http://127.0.0.1:9", account="a", contract=keyed(max_key_length=64))
+    try:
+        with pytest.raises(ValueError, match="at most 10 characters"):
+            Registry([refused])
+        Registry([accepted])
+    finally:
+        refused.close()
+        accepted.close()
 
 
 # -- rules 1 and 11: what an attempt's answer may count as ----------------------------------
