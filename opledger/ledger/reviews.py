@@ -18,7 +18,7 @@ from pydantic import AwareDatetime
 from . import queries as q
 from .consequences import Consequences, consequences
 from .contract import Contract
-from .decide import CONFIRMED, REJECTED, binds
+from .decide import CONFIRMED, REJECTED, binds, retention_risk
 from .errors import (
     ContradictsEvidence,
     InvalidInput,
@@ -398,9 +398,19 @@ class Reviews:
             return key, True
         if new_key:
             return key, True
-        if not effects.same_key_retry_allowed:
+        if effects.same_key_retry_allowed:
+            return None, False
+        now = datetime.now(UTC)
+        if retention_risk(contract, op, attempts, evidence, now) is not None:
+            # the provider may have forgotten the key: the same key is a new request
             raise RetryNeedsNewKey(effects.retry, op_id=op.id)
-        return None, False
+        # the key no longer protects the retry (released on an error, lost on a restart,
+        # another scope), but it may still deduplicate: keep it, once the risk is accepted
+        if not acknowledge:
+            raise RetryNeedsAcknowledgement(
+                f"{effects.retry} Acknowledge the risk to retry (--accept-risk).", op_id=op.id
+            )
+        return None, True
 
     def _raise_missing(self, conn: Any, op_id: str, tenant: str) -> NoReturn:
         done = conn.execute(

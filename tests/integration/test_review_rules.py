@@ -38,10 +38,13 @@ LEASE = timedelta(seconds=5)
 class Desk:
     """A CRM (keyed or not, no lookup) and a reviewer's desk over it."""
 
-    def __init__(self, ledger: Ledger, sandbox: Sandbox, *, keys: bool = True) -> None:
+    def __init__(
+        self, ledger: Ledger, sandbox: Sandbox, *, keys: bool = True, **facts: Any
+    ) -> None:
         self.sandbox = sandbox
         sandbox.configure(keys=keys)
         contract = crm_contract(
+            **facts,
             keys=keys,
             lookup="none",
             request_timeout=timedelta(seconds=0.5),
@@ -220,6 +223,26 @@ def test_a_no_dedup_retry_needs_the_risk_acknowledged(keyless: Desk) -> None:
     assert after.operator_retry_by == "alice"
     (action,) = keyless.ledger.reviews.audit(op_id, tenant="acme")
     assert action.risk_acknowledged is True and action.new_key is None
+
+
+def test_a_key_that_no_longer_protects_is_kept_once_the_risk_is_accepted(
+    ledger: Ledger, sandbox: Sandbox
+) -> None:
+    """A provider that releases keys on errors: the key may no longer deduplicate, but it
+    still might, so the retry keeps it, once the operator accepts the risk."""
+    released = Desk(ledger, sandbox, after_error="key_released")
+    try:
+        op_id = released.lost_response("released")
+        view = released.show(op_id)
+        assert "releases a key" in view.consequences.retry
+        with pytest.raises(RetryNeedsAcknowledgement, match="accept-risk"):
+            released.resolve(op_id, "retry")
+        after = released.resolve(op_id, "retry", acknowledge_risk=True)
+        assert after.provider_request_id == op_id  # the same key, not a new one
+        (action,) = released.ledger.reviews.audit(op_id, tenant="acme")
+        assert action.risk_acknowledged is True and action.new_key is None
+    finally:
+        released.adapter.close()
 
 
 def test_a_same_key_retry_within_retention_needs_no_acknowledgement(desk: Desk) -> None:
