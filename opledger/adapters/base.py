@@ -182,6 +182,17 @@ class WindowedTransport(httpx.BaseTransport):
         self._inner.close()
 
 
+def scoped(contract: Contract, where: str) -> Contract:
+    """The contract with its key scope made concrete: `where` (the account and endpoint an
+    adapter sends to) added unless the scope already names it. Every attempt records this
+    scope, so a retry after the adapter was pointed elsewhere is not taken as protected."""
+    idem = contract.idempotency
+    if idem.kind != "keyed" or where in idem.scope:
+        return contract
+    concrete = f"{idem.scope} {where}".strip()
+    return contract.model_copy(update={"idempotency": idem.model_copy(update={"scope": concrete})})
+
+
 def reuses_connections(contract: Contract) -> bool:
     """Whether requests may go over kept-alive connections.
 

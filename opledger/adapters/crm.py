@@ -44,6 +44,7 @@ from .base import (
     outcome_for_http_error,
     outcome_for_http_status,
     reuses_connections,
+    scoped,
 )
 
 VERBS = {"close_case.v1": "close", "update_case.v1": "update"}
@@ -122,7 +123,7 @@ class CrmAdapter:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.account = account
-        self.contract = contract or crm_contract()
+        self.contract = scoped(contract or crm_contract(), f"{account} at {self.base_url}")
         self._verbs = {f"{namespace}.{name}": verb for name, verb in VERBS.items()}
         self.actions: tuple[str, ...] = tuple(self._verbs)
         self._client = http_client(
@@ -192,8 +193,13 @@ class CrmAdapter:
         if code in (200, 201) and isinstance(body, dict) and "case_id" in body:
             return LookupResult(
                 verdict=CONFIRMED,
+                # asked by our key, the answer is about our key even where the body does
+                # not repeat it (a body naming another key still contradicts it)
                 binding=_binding(body).model_copy(
-                    update={"receipt_id": f"{body['case_id']}@v{body['version']}"}
+                    update={
+                        "receipt_id": f"{body['case_id']}@v{body['version']}",
+                        "key": body.get("idempotency_key") or key,
+                    }
                 ),
                 detail={"source": "status_api", "stored_status": code},
             )

@@ -34,6 +34,7 @@ from .base import (
     outcome_for_http_error,
     outcome_for_http_status,
     reuses_connections,
+    scoped,
 )
 
 ACTIONS: tuple[str, ...] = ("email.send.v1",)
@@ -71,6 +72,9 @@ def email_contract(
         if keys
         else Idempotency(kind="none"),
         lookup=Lookup(kind="search", lag=search_lag, interval=lookup_interval),
+        # the message id answers the request on our connection with our key; a replay
+        # comes only for the same key and body (the payload is checked)
+        response_binds="key",
         success_proves="accepted",
         request_timeout=request_timeout,
         max_in_flight=max_in_flight or request_timeout * 2,
@@ -91,7 +95,7 @@ class EmailAdapter:
     def __init__(self, base_url: str, *, account: str, contract: Contract | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.account = account
-        self.contract = contract or email_contract()
+        self.contract = scoped(contract or email_contract(), f"{account} at {self.base_url}")
         self._client = http_client(
             self.contract.request_timeout.total_seconds(),
             reuse=reuses_connections(self.contract),

@@ -44,7 +44,7 @@ STRIPE_V2 = Contract(
         kind="keyed",
         scope="account + API + sandbox",
         retention=30 * D,
-        after_error="nothing_applied",
+        after_error="rerun_failed",
         keys_durable=True,
     ),
     lookup=Lookup(kind="search", lag=timedelta(minutes=1)),
@@ -52,7 +52,8 @@ STRIPE_V2 = Contract(
     max_in_flight=_in_flight,
     source="Stripe API v2: keys 30 days; failed or partly failed work is re-executed, a success "
     "is not repeated; payload check and concurrent requests not documented (cautious: "
-    "unchecked); lists eventually consistent (docs.stripe.com api-v2-overview)",
+    "unchecked); a durable key store assumed for a hosted API; lists eventually consistent "
+    "(docs.stripe.com api-v2-overview)",
 )
 
 PAYPAL_ORDERS = Contract(
@@ -61,7 +62,7 @@ PAYPAL_ORDERS = Contract(
         kind="keyed",
         scope="PayPal-Request-Id per API",
         retention=6 * H,
-        after_error="nothing_applied",
+        after_error="rerun_failed",
         keys_durable=True,
     ),
     lookup=Lookup(kind="search", lag=3 * H),
@@ -69,8 +70,8 @@ PAYPAL_ORDERS = Contract(
     max_in_flight=_in_flight,
     source="PayPal Orders v2: PayPal-Request-Id kept 6 h (72 h on request); a retry returns the "
     "latest status of the first request, retry on timeouts and 5xx while the id is kept; "
-    "payload check not documented for v2 (cautious: unchecked); Transaction Search up to 3 h "
-    "behind (developer.paypal.com idempotency)",
+    "payload check not documented for v2 (cautious: unchecked); a durable key store assumed "
+    "for a hosted API; Transaction Search up to 3 h behind (developer.paypal.com idempotency)",
 )
 
 ADYEN = Contract(
@@ -89,8 +90,8 @@ ADYEN = Contract(
     max_in_flight=_in_flight,
     source="Adyen: Idempotency-Key <= 64 chars, at least 31 days, first response returned, key "
     "echoed in the response, not checked across regions; what a transient error does to the key "
-    "is not documented (cautious: released); webhooks for lost responses "
-    "(docs.adyen.com api-idempotency)",
+    "is not documented (cautious: released); a durable key store assumed for a hosted API; "
+    "webhooks for lost responses (docs.adyen.com api-idempotency)",
 )
 
 RESEND = Contract(
@@ -112,8 +113,8 @@ RESEND = Contract(
     source="Resend POST /emails: Idempotency-Key <= 256 chars, 24 h; 409 "
     "invalid_idempotent_request (other payload) vs concurrent_idempotent_requests; replay "
     "returns the same email id; errors "
-    "not documented (cautious: released); GET /emails/{id} needs the id, so it is no lookup by "
-    "key (resend.com docs)",
+    "not documented (cautious: released); a durable key store assumed for a hosted API; GET "
+    "/emails/{id} needs the id, so it is no lookup by key (resend.com docs)",
 )
 
 SENDGRID = Contract(
@@ -164,7 +165,8 @@ ZENDESK = Contract(
     max_in_flight=_in_flight,
     source="Zendesk POST /api/v2/tickets: Idempotency-Key, x-idempotency-lookup hit/miss, "
     "mismatch 400 IdempotentRequestError, keys expire after 2 h (SDK); errors and concurrent "
-    "requests not documented (cautious); search lags minutes",
+    "requests not documented (cautious); a durable key store assumed for a hosted API; search "
+    "lags minutes",
 )
 
 SHOPIFY = Contract(
@@ -184,8 +186,9 @@ SHOPIFY = Contract(
     max_in_flight=_in_flight,
     source="Shopify Admin GraphQL @idempotent: IDEMPOTENCY_CONCURRENT_REQUEST, "
     "IDEMPOTENCY_KEY_PARAMETER_MISMATCH, IDEMPOTENCY_PREVIOUS_ATTEMPT_FAILED (a failure is "
-    "remembered and a new key needed); retention not read: 24 h assumed "
-    "(shopify.dev implementing-idempotency)",
+    "remembered and a new key needed); retention not read: 24 h assumed (not a documented "
+    "figure: check it before relying on same-key retries late in a day); a durable key store "
+    "assumed for a hosted API (shopify.dev implementing-idempotency)",
 )
 
 IDEMPOTENCY_MIDDLEWARE = Contract(

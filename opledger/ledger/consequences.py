@@ -137,6 +137,8 @@ _AFTER_ERROR = {
     "replayed": "stores a failure under the key and replays it",
     "nothing_applied": "applies the change and records the key in one commit, so a failure "
     "leaves nothing applied",
+    "rerun_failed": "answers a retry with the first request's current outcome and re-runs "
+    "only work that failed",
     "key_released": "releases the key when a request fails, possibly after applying the change",
 }
 

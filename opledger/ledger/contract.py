@@ -21,12 +21,14 @@ from .models import Record
 #: - "replayed": the failure is stored under the key and every retry gets it back (Stripe v1):
 #:   a same-key retry after such an error learns nothing;
 #: - "nothing_applied": recording the key and applying the change are one commit at the
-#:   provider, so a failure leaves nothing applied and the key free (Stripe v2 re-runs failed
-#:   work, PayPal returns the latest status): a same-key retry is safe;
+#:   provider, so a failure leaves nothing applied and the key free: a same-key retry is safe;
+#: - "rerun_failed": a retry with the key returns the first request's current outcome and
+#:   re-runs only the work that failed (Stripe v2 re-executes failed or partly failed work,
+#:   PayPal returns the latest status): a same-key retry is safe;
 #: - "key_released": the key is dropped on an error although the change may already have been
 #:   applied (idempotency middlewares that never store a 5xx): a same-key retry after any
 #:   outcome we could not read may apply the change again. The cautious default.
-AfterError = Literal["replayed", "nothing_applied", "key_released"]
+AfterError = Literal["replayed", "nothing_applied", "rerun_failed", "key_released"]
 
 #: What a request gets while another one with the same key is still executing:
 #: - "conflict": a refusal at once (HTTP 409 "in progress"), or after `conflict_wait`;

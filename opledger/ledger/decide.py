@@ -194,6 +194,11 @@ def binds(
         return False
     if contract is not None and evidence.source == "dispatch" and evidence.verdict == CONFIRMED:
         return _unbound(contract, b, bool(evidence.detail.get("replayed"))) is None
+    if contract is not None and evidence.verdict == CONFIRMED:
+        # a lookup by key at a provider that stores any body under a key: only the body's
+        # digest tells our request from someone else's under the same key
+        idem = contract.idempotency
+        return idem.kind != "keyed" or idem.payload_checked or b.payload_digest is not None
     return True
 
 

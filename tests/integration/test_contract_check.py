@@ -117,3 +117,18 @@ def test_the_command_exits_non_zero_on_a_disagreement(
         assert "after_error" in wrong.output and "key_released" in wrong.output
     finally:
         get_settings.cache_clear()
+
+
+def test_the_email_adapter_checks_clean_against_the_sandbox(sandbox: Sandbox) -> None:
+    from opledger.adapters.email import EmailAdapter
+
+    email = EmailAdapter(sandbox.http_url, account="mail-check")
+    try:
+        findings = check_contract(
+            email, email.contract_probe, admin_url=sandbox.http_url, concurrency_delay_s=0.5
+        )
+    finally:
+        email.close()
+    verdicts = {f.fact: f.verdict for f in findings}
+    assert "disagrees" not in verdicts.values(), findings
+    assert verdicts["idempotency"] == verdicts["payload_checked"] == "agrees"

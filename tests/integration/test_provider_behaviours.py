@@ -68,14 +68,14 @@ def worlds(draw: st.DrawFn) -> dict[str, object]:
 
 def _settle(ledger: Ledger, registry: Registry, op_id: str) -> Status:
     """Reconcile as the sweeper would, until final or held for a person (bounded)."""
-    for _ in range(12):
+    for _ in range(20):
         op = ledger.get(op_id)
         if op.status.final or any(r.resolution is None for r in ledger.history(op_id).reviews):
             return op.status
         wake = op.next_check_at or datetime.now(UTC)
         time.sleep(min(1.0, max(0.0, (wake - datetime.now(UTC)).total_seconds())) + 0.02)
         steps.reconcile(ledger, registry, op_id, owner="w2", lease=LEASE)
-    return ledger.get(op_id).status
+    raise AssertionError(f"{op_id} neither settled nor went to a person: {ledger.get(op_id)}")
 
 
 BASE = {
@@ -97,7 +97,11 @@ BASE = {
 KNOWN = {
     # a middleware that releases the key on a 5xx after the change was applied
     "5xx_after_commit_key_released": {"replay_errors": False, "fault": "error_after_commit"},
-    "timeout_key_released": {"replay_errors": False, "fault": "drop_after_commit"},
+    "5xx_on_a_close_key_released": {
+        "verb": "close",
+        "replay_errors": False,
+        "fault": "error_after_commit",
+    },
     # a key store lost on restart, and a contract that does not say so: the retry's
     # "already closed" is our own effect
     "keys_lost_own_effect_refused": {
@@ -119,6 +123,12 @@ KNOWN = {
     "foreign_replay_bound_by_digest": {"payload_check": False, "foreign": True},
     "foreign_replay_unbound": {"payload_check": False, "foreign": True, "echo_digest": False},
     "foreign_seen_by_search": {"keys": False, "lookup": "search", "foreign": True},
+    "foreign_seen_by_status_api": {
+        "lookup": "status_api",
+        "foreign": True,
+        "payload_check": False,
+        "echo_digest": False,
+    },
     "closed_by_someone_else": {"verb": "close", "already_closed": True},
     "keys_lost_declared": {"keys_durable": False, "restart": True, "fault": "drop_after_commit"},
     "sent_to_another_scope": {"fault": "drop_after_commit", "moved": True},

@@ -194,6 +194,10 @@ def _binds(ev: Evidence, op: Operation, contract: Contract) -> bool:
         replayed = bool(ev.detail.get("replayed"))
         if replayed and not contract.idempotency.payload_checked and b.payload_digest is None:
             return False  # maybe someone else's stored response
+    elif ev.verdict == "confirmed":
+        idem = contract.idempotency
+        if idem.kind == "keyed" and not idem.payload_checked and b.payload_digest is None:
+            return False  # a lookup by key cannot tell whose body the key carried
     return ours and b.target in (None, op.target) and b.payload_digest in (None, op.payload_digest)
 
 
