@@ -254,7 +254,7 @@ def sweep_cost(
         started = time.perf_counter()
         ledger.expire_leases(limit=500, backoff=timedelta(seconds=30))
         ledger.due_checks(limit=500, backoff=timedelta(seconds=30))
-        ledger.relay(older_than=timedelta(minutes=1), publish=lambda _op: None, limit=500)
+        ledger.relay(older_than=timedelta(minutes=1), publish=lambda _op, _gen: None, limit=500)
         timings.append((time.perf_counter() - started) * 1000)
     plans = {}
     with ledger.engine.begin() as conn:

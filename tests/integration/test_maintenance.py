@@ -91,9 +91,16 @@ def test_relay_publishes_unclaimed_prepared_operations_then_marks_them(
     _age(ledger, claimed, 120)
     ledger.claim(claimed, owner="w")
     published: list[str] = []
-    assert ledger.relay(older_than=timedelta(seconds=60), publish=published.append) == [old]
+    assert ledger.relay(
+        older_than=timedelta(seconds=60), publish=lambda op_id, _gen: published.append(op_id)
+    ) == [old]
     assert published == [old]
-    assert ledger.relay(older_than=timedelta(seconds=60), publish=published.append) == []
+    assert (
+        ledger.relay(
+            older_than=timedelta(seconds=60), publish=lambda op_id, _gen: published.append(op_id)
+        )
+        == []
+    )
     assert fresh not in published
 
 
@@ -106,8 +113,14 @@ def test_a_crash_between_publish_and_mark_publishes_again(ledger: Ledger, grant:
         raise RuntimeError("crashed before marking")
 
     with pytest.raises(RuntimeError):
-        ledger.relay(older_than=timedelta(seconds=60), publish=published.append, before_mark=crash)
-    assert ledger.relay(older_than=timedelta(seconds=60), publish=published.append) == [old]
+        ledger.relay(
+            older_than=timedelta(seconds=60),
+            publish=lambda op_id, _gen: published.append(op_id),
+            before_mark=crash,
+        )
+    assert ledger.relay(
+        older_than=timedelta(seconds=60), publish=lambda op_id, _gen: published.append(op_id)
+    ) == [old]
     assert published == [old, old]
 
 

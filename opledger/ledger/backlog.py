@@ -1,0 +1,104 @@
+"""The backlog guard: how many messages a sweep may publish into a queue right now.
+
+The relay and the sweep publish again what may have been lost. Under a backlog the
+original message is usually not lost but *late*; publishing again would only lengthen the
+queue every worker must drain (congestive collapse). So each run samples the queue's
+depth and publishes only into headroom:
+
+- the **drain rate** is measured from consecutive samples: the depth left after the last
+  run's publishes minus the depth now (a lower bound: other publishers add to the queue),
+  or, where the caller has one, a counter of what the workers consumed (for dispatch: the
+  claims the ledger numbered), whichever is larger, over the time between; it decays
+  slowly so one quiet interval does not forget it;
+- the queue is **shallow** when it holds no more than the workers drain in one interval;
+- a run may publish ``drain per interval - depth`` messages; into an empty queue, twice
+  the measured drain and at least a tenth of the batch, so the estimate can grow;
+- the relay additionally waits until the queue has been shallow for ``hold_for`` (its
+  ``after`` setting): a message that was queued behind a backlog had that long to arrive.
+
+Pure (no I/O, no clock): the ledger stores the state in ``queue_guards`` and passes `now`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import NamedTuple
+
+#: the relay's wait after a publish doubles with each re-publication, at most this often
+RELAY_MAX_DOUBLINGS = 4
+
+
+class Handout(NamedTuple):
+    """An operation handed to a queue, with the generation its message carries."""
+
+    op_id: str
+    gen: int
+
+
+#: half-life of the measured drain rate when nothing shows the workers draining
+DRAIN_HALF_LIFE = timedelta(seconds=60)
+
+
+@dataclass(frozen=True)
+class GuardState:
+    """What ``queue_guards`` keeps for one queue between two runs."""
+
+    sampled_at: datetime | None = None
+    depth_after: int | None = None  #: depth right after the last run's publishes
+    counter: int | None = None  #: the consumption counter at the last sample
+    drain_per_s: float = 0.0
+    shallow_since: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many messages this run may publish, and the state to store (the caller adds
+    what it published to ``depth_after``)."""
+
+    allowed: int
+    state: GuardState
+    shallow: bool
+
+
+def plan(
+    state: GuardState,
+    *,
+    depth: int | None,
+    now: datetime,
+    counter: int | None = None,
+    interval: timedelta,
+    limit: int,
+    hold_for: timedelta = timedelta(0),
+) -> Plan:
+    """The publishing budget of one run.
+
+    `depth` None means the queue could not be read: no global guard then (each
+    operation's own backoff still applies), so an unreadable depth never stops recovery.
+    """
+    floor = max(1, limit // 10)
+    if depth is None:
+        return Plan(allowed=limit, state=replace(state, sampled_at=None), shallow=True)
+    drain = state.drain_per_s
+    if state.sampled_at is not None and now > state.sampled_at:
+        elapsed = (now - state.sampled_at).total_seconds()
+        decayed = drain * 0.5 ** (elapsed / DRAIN_HALF_LIFE.total_seconds())
+        drained = (state.depth_after or 0) - depth
+        if counter is not None and state.counter is not None:
+            drained = max(drained, counter - state.counter)
+        observed = max(0, drained) / elapsed
+        drain = max(observed, decayed)
+    per_interval = drain * interval.total_seconds()
+    shallow = depth <= per_interval
+    since = (state.shallow_since or now) if shallow else None
+    if not shallow or now - (since or now) < hold_for:
+        allowed = 0
+    elif depth == 0:
+        allowed = max(floor, math.ceil(2 * per_interval))
+    else:
+        allowed = math.floor(per_interval - depth)
+    new = GuardState(
+        sampled_at=now, depth_after=depth, counter=counter, drain_per_s=drain, shallow_since=since
+    )
+    return Plan(allowed=min(limit, allowed), state=new, shallow=shallow)
