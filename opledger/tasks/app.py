@@ -105,7 +105,7 @@ def _stamp_sent(sender: str | None = None, headers: dict[str, Any] | None = None
     # When a dispatch or reconcile message was published: only an old enough message can
     # have been superseded, so only those are checked against the latest generation.
     if headers is not None and sender in ("opledger.dispatch", "opledger.reconcile"):
-        headers[backlog.SENT_HEADER] = time.time()
+        headers.setdefault(backlog.SENT_HEADER, time.time())
 
 
 def _superseded(task: Any, kind: str, op_id: str, gen: int, min_age: float) -> bool:
