@@ -15,11 +15,44 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import redis
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT arrived: unwind, so every `finally` stops what it started.
+
+    A BaseException (like KeyboardInterrupt), so no `except Exception` swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGINT into `Interrupted` in the main thread for the duration, so a
+    chaos run, the demo or the bench unwinds and stops every process it started. Signals
+    arriving while it unwinds are ignored: the cleanup runs to its end."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def free_port() -> int:

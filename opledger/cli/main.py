@@ -411,6 +411,7 @@ def chaos(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from opledger.chaos.run import ChaosConfig, run_chaos
+    from opledger.chaos.stack import Interrupted, stop_on_signals
 
     config = ChaosConfig(
         ops=ops,
@@ -441,7 +442,12 @@ def chaos(
             )
             bar.update(task, completed=done, total=total, note=note)
 
-        result = run_chaos(config, progress=progress)
+        with stop_on_signals():
+            try:
+                result = run_chaos(config, progress=progress)
+            except Interrupted as stop:
+                err.print(f"[red]{stop}: every process stopped, temporary files removed[/red]")
+                raise typer.Exit(stop.exit_code) from None
     summary = result.summary()
     if as_json:
         print(json.dumps(summary))
@@ -467,6 +473,7 @@ def demo(
     """The onboarding story, then the same story broken at every crash window."""
     import json
 
+    from opledger.chaos.stack import Interrupted, stop_on_signals
     from opledger.demo import Row, run_demo
 
     console.print(
@@ -480,7 +487,12 @@ def demo(
         console.print(f"[dim]... {row.scenario}[/dim]")
         table.add_row(row.scenario, row.broken, row.outcome, row.effects, row.review)
 
-    summary = run_demo(keep=keep, on_row=on_row)
+    with stop_on_signals():
+        try:
+            summary = run_demo(keep=keep, on_row=on_row)
+        except Interrupted as stop:
+            console.print(f"[red]{stop}: every process stopped, temporary files removed[/red]")
+            raise typer.Exit(stop.exit_code) from None
     console.print(table)
     duplicates = summary["duplicate_effects"]
     style = "green" if duplicates == 0 and not summary["stuck"] and not summary["lost"] else "red"
@@ -522,6 +534,7 @@ def bench(
     import json
 
     from opledger.bench import QUICK, BenchConfig, run_bench
+    from opledger.chaos.stack import Interrupted, stop_on_signals
 
     config = QUICK if quick else BenchConfig()
     changes: dict[str, object] = {
@@ -535,7 +548,12 @@ def bench(
         changes["sizes"] = (small, large)
     config = dataclasses.replace(config, **{k: v for k, v in changes.items() if v})  # type: ignore[arg-type]
     err = Console(stderr=True)
-    result = run_bench(config, progress=lambda m: err.print(f"[dim]{m}[/dim]"))
+    with stop_on_signals():
+        try:
+            result = run_bench(config, progress=lambda m: err.print(f"[dim]{m}[/dim]"))
+        except Interrupted as stop:
+            err.print(f"[red]{stop}: every process stopped, temporary files removed[/red]")
+            raise typer.Exit(stop.exit_code) from None
     if as_json:
         print(json.dumps(result))
         return
