@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -86,6 +86,7 @@ class ChaosResult:
     redis_restarts: int
     postgres_restarts: int
     elapsed_s: float
+    max_queued: dict[str, int] = field(default_factory=dict)  #: deepest queue seen, by name
 
     def summary(self) -> dict[str, Any]:
         a = self.audit
@@ -109,6 +110,8 @@ class ChaosResult:
             "redis_restarts": self.redis_restarts,
             "postgres_restarts": self.postgres_restarts,
             "elapsed_s": round(self.elapsed_s, 1),
+            "max_dispatch_queued": self.max_queued.get("dispatch", 0),
+            "max_reconcile_queued": self.max_queued.get("reconcile", 0),
             "seed": self.seed,
             "problems": a.problems[:20],
         }
@@ -254,12 +257,16 @@ def _run(
     next_publish = 0.0
     last = [0]
     polled = [0.0]
+    max_queued = {"dispatch": 0, "reconcile": 0}
 
     def report(force: bool = False) -> int:
         now = time.monotonic()
         if not force and now - polled[0] < 1.0:  # the count is a query: once a second
             return last[0]
         polled[0] = now
+        for queue in max_queued:  # the broker must never hold a multiple of the backlog
+            with contextlib.suppress(Exception):
+                max_queued[queue] = max(max_queued[queue], redis.queued(queue))
         try:
             last[0] = _settled_count(ledger, f"chaos-{config.seed}")
         except DBAPIError:  # Postgres is restarting: keep the last count
@@ -322,6 +329,7 @@ def _run(
         redis_restarts=counters["redis"],
         postgres_restarts=counters["postgres"],
         elapsed_s=elapsed_total,
+        max_queued=max_queued,
     )
 
 
