@@ -296,7 +296,8 @@ def _run(
                 point = f"{rng.choice(CRASH_POINTS)}:{rng.randint(1, 4)}"
                 armed = {"OPLEDGER_CRASHPOINT": point}
                 counters["armed"] += 1
-            stack.start_worker(name, concurrency=1, **armed)
+            # Not waiting for it to be ready: the run goes on breaking things meanwhile.
+            stack.spawn_worker(name, concurrency=1, **armed)
             next_kill = time.monotonic() - started + rng.expovariate(1 / config.kill_every)
         if redis_at and elapsed >= redis_at[0]:
             redis_at.pop(0)

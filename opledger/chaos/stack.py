@@ -215,6 +215,19 @@ class Stack:
         self.beat: Proc | None = None
 
     def start_worker(self, name: str = "w1", concurrency: int = 2, **env: str) -> Proc:
+        """Start a worker and return once it is ready (raise if it died)."""
+        proc = self.spawn_worker(name, concurrency, **env)
+        wait_until(
+            lambda: "ready." in proc.output() or proc.proc.poll() is not None,
+            60,
+            f"worker {name} to be ready",
+        )
+        if proc.proc.poll() is not None:
+            raise AssertionError(f"worker {name} died:\n{proc.output()[-3000:]}")
+        return proc
+
+    def spawn_worker(self, name: str = "w1", concurrency: int = 2, **env: str) -> Proc:
+        """Start a worker without waiting for it to be ready."""
         if name in self.workers:  # never leave a process behind under a reused name
             self.workers.pop(name).kill()
         proc = Proc(
@@ -224,13 +237,6 @@ class Stack:
             self.workdir / f"{self.name}-worker-{name}.log",
         )
         self.workers[name] = proc
-        wait_until(
-            lambda: "ready." in proc.output() or proc.proc.poll() is not None,
-            60,
-            f"worker {name} to be ready",
-        )
-        if proc.proc.poll() is not None:
-            raise AssertionError(f"worker {name} died:\n{proc.output()[-3000:]}")
         return proc
 
     def start_beat(self) -> Proc:
