@@ -343,6 +343,7 @@ def backlog_drain(
     server_url: str,
     work: Path,
     mode: str,
+    redis: PrivateRedis,
     progress: Callable[[str], None] = lambda _m: None,
 ) -> dict[str, float]:
     """`cfg.backlog` prepared operations, each published once, behind a CRM answering in
@@ -356,12 +357,11 @@ def backlog_drain(
 
     n = cfg.backlog
     database_url, drop = devstack.scratch_database(server_url, "opledger_backlog")
-    redis = PrivateRedis(work)
+    redis.restart()  # empty, with nothing left of an earlier run
     sandbox = Sandbox()
     stack: Stack | None = None
     ledger = None
     try:
-        redis.start()
         sandbox.start()
         sandbox.configure(processing_s=PROVIDER_S)
         env = {**stack_env(database_url, redis.url, sandbox, work), **BACKLOG_ENV}
@@ -459,7 +459,6 @@ def backlog_drain(
         if ledger is not None:
             ledger.engine.dispose()
         sandbox.stop()
-        redis.kill()
         drop()
 
 
@@ -472,9 +471,13 @@ def backlog(
 ) -> dict[str, float]:
     """The backlog benchmark: guarded drain beside a drain without relay and sweep, then
     a guarded drain whose broker is wiped halfway."""
-    guarded = backlog_drain(cfg, server_url, work, "guarded", progress)
-    off = backlog_drain(cfg, server_url, work, "off", progress)
-    wipe = backlog_drain(cfg, server_url, work, "wipe", progress)
+    redis = PrivateRedis(work)  # one broker URL for the three runs (the producer pool)
+    try:
+        guarded = backlog_drain(cfg, server_url, work, "guarded", redis, progress)
+        off = backlog_drain(cfg, server_url, work, "off", redis, progress)
+        wipe = backlog_drain(cfg, server_url, work, "wipe", redis, progress)
+    finally:
+        redis.kill()
     return {
         "backlog_ops": cfg.backlog,
         "backlog_drain_ops_s": guarded["ops_s"],
