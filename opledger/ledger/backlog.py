@@ -77,19 +77,41 @@ def plan(
     `depth` None means the queue could not be read: no global guard then (each
     operation's own backoff still applies), so an unreadable depth never stops recovery.
     """
-    floor = max(1, limit // 10)
     if depth is None:
         return Plan(allowed=limit, state=replace(state, sampled_at=None), shallow=True)
+    if state.sampled_at is not None and (now - state.sampled_at) < interval / 2:
+        # Two runs close together (an overlap) would divide noise by almost nothing: keep
+        # the reference sample (its time, depth and counter; what is published now adds
+        # to its depth), so the next run measures over the whole span.
+        return _budget(state, depth, now, interval, limit, hold_for)
     drain = state.drain_per_s
-    if state.sampled_at is not None and now > state.sampled_at:
+    if state.sampled_at is not None:
         elapsed = (now - state.sampled_at).total_seconds()
         decayed = drain * 0.5 ** (elapsed / DRAIN_HALF_LIFE.total_seconds())
         drained = (state.depth_after or 0) - depth
         if counter is not None and state.counter is not None:
             drained = max(drained, counter - state.counter)
-        observed = max(0, drained) / elapsed
-        drain = max(observed, decayed)
-    per_interval = drain * interval.total_seconds()
+        drain = max(max(0, drained) / elapsed, decayed)
+    new = GuardState(
+        sampled_at=now,
+        depth_after=depth,
+        counter=counter,
+        drain_per_s=drain,
+        shallow_since=state.shallow_since,
+    )
+    return _budget(new, depth, now, interval, limit, hold_for)
+
+
+def _budget(
+    state: GuardState,
+    depth: int,
+    now: datetime,
+    interval: timedelta,
+    limit: int,
+    hold_for: timedelta,
+) -> Plan:
+    floor = max(1, limit // 10)
+    per_interval = state.drain_per_s * interval.total_seconds()
     shallow = depth <= per_interval
     since = (state.shallow_since or now) if shallow else None
     if not shallow or now - (since or now) < hold_for:
@@ -98,7 +120,6 @@ def plan(
         allowed = max(floor, math.ceil(2 * per_interval))
     else:
         allowed = math.floor(per_interval - depth)
-    new = GuardState(
-        sampled_at=now, depth_after=depth, counter=counter, drain_per_s=drain, shallow_since=since
+    return Plan(
+        allowed=min(limit, allowed), state=replace(state, shallow_since=since), shallow=shallow
     )
-    return Plan(allowed=min(limit, allowed), state=new, shallow=shallow)

@@ -74,3 +74,10 @@ def test_a_quiet_queue_forgets_its_drain_slowly() -> None:
 def test_an_unreadable_queue_disables_the_guard_but_not_the_backoff() -> None:
     p = plan(GuardState(drain_per_s=5.0), depth=None, now=_at(0), interval=HALF, limit=500)
     assert p.allowed == 500
+
+
+def test_two_runs_close_together_keep_the_reference_sample() -> None:
+    state = GuardState(sampled_at=_at(0), depth_after=100, counter=10, drain_per_s=4.0)
+    p = plan(state, depth=100, counter=10, now=_at(0.05), interval=HALF, limit=500)
+    assert p.state.sampled_at == _at(0) and p.state.counter == 10
+    assert p.state.drain_per_s == 4.0  # no rate from 50 ms of noise
