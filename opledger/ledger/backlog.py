@@ -5,11 +5,11 @@ original message is usually not lost but *late*; publishing again would only len
 queue every worker must drain (congestive collapse). So each run samples the queue's
 depth and publishes only into headroom:
 
-- the **drain rate** is measured from consecutive samples: the depth left after the last
-  run's publishes minus the depth now (a lower bound: other publishers add to the queue),
-  or, where the caller has one, a counter of what the workers consumed (for dispatch: the
-  claims the ledger numbered), whichever is larger, over the time between; it decays
-  slowly so one quiet interval does not forget it;
+- the **drain rate** is measured between consecutive samples: from a counter of what the
+  workers consumed where the caller has one (for dispatch: the claims the ledger
+  numbered), else from the depth left after the last run's publishes minus the depth now
+  (a lower bound while others publish too); it decays slowly, so one quiet interval does
+  not forget it;
 - the queue is **shallow** when it holds no more than the workers drain in one interval;
 - a run may publish ``drain per interval - depth`` messages; into an empty queue, twice
   the measured drain and at least a tenth of the batch, so the estimate can grow;
@@ -88,9 +88,10 @@ def plan(
     if state.sampled_at is not None:
         elapsed = (now - state.sampled_at).total_seconds()
         decayed = drain * 0.5 ** (elapsed / DRAIN_HALF_LIFE.total_seconds())
-        drained = (state.depth_after or 0) - depth
         if counter is not None and state.counter is not None:
-            drained = max(drained, counter - state.counter)
+            drained = counter - state.counter  # a wiped queue is no sign of draining
+        else:
+            drained = (state.depth_after or 0) - depth
         drain = max(max(0, drained) / elapsed, decayed)
     new = GuardState(
         sampled_at=now,

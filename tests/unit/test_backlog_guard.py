@@ -24,6 +24,12 @@ def test_a_deep_queue_holds_everything() -> None:
     assert p.state.shallow_since is None
 
 
+def test_a_wiped_queue_is_no_sign_of_draining_where_claims_are_counted() -> None:
+    state = GuardState(sampled_at=_at(0), depth_after=1_800, counter=500, drain_per_s=0.0)
+    p = plan(state, depth=0, counter=506, now=_at(1), interval=HALF, limit=500)
+    assert p.state.drain_per_s == 6.0
+
+
 def test_the_claim_counter_measures_drain_when_others_refill_the_queue() -> None:
     # Agents publish as fast as workers drain: the depth stays at 30, yet 200 claims/s.
     state = GuardState(sampled_at=_at(0), depth_after=30, counter=1_000)
