@@ -249,7 +249,7 @@ def test_checks_are_handed_out_only_into_the_headroom_and_numbered(
     every = timedelta(seconds=0.5)
     # A reconcile queue 500 deep that drained 100 since the last sample: hold.
     ledger.hand_out_checks(backoff=backoff, depth=600, interval=every)
-    time.sleep(0.2)
+    time.sleep(0.3)  # rates are measured over at least half an interval
     assert ledger.hand_out_checks(backoff=backoff, depth=500, interval=every) == []
     # Empty: a first batch goes out, each check numbered 1.
     out = ledger.hand_out_checks(backoff=backoff, depth=0, interval=every, limit=40)
