@@ -10,9 +10,11 @@ depth and publishes only into headroom:
   numbered), else from the depth left after the last run's publishes minus the depth now
   (a lower bound while others publish too); it decays slowly, so one quiet interval does
   not forget it;
-- the queue is **shallow** when it holds no more than the workers drain in one interval;
-- a run may publish ``drain per interval - depth`` messages; into an empty queue, twice
-  the measured drain and at least a tenth of the batch, so the estimate can grow;
+- the queue is **shallow** when it holds no more than the workers drain in two intervals
+  (at least a hundredth of the batch, so an idle queue can show its drain);
+- a run may fill it up to that mark and no further: a message published now is consumed
+  within about two intervals, well before anything would publish it again, and the
+  estimate can double each interval while the workers keep up;
 - the relay additionally waits until the queue has been shallow for ``hold_for`` (its
   ``after`` setting): a message that was queued behind a backlog had that long to arrive.
 
@@ -111,16 +113,17 @@ def _budget(
     limit: int,
     hold_for: timedelta,
 ) -> Plan:
-    floor = max(1, limit // 10)
-    per_interval = state.drain_per_s * interval.total_seconds()
-    shallow = depth <= per_interval
+    # The queue may hold what the workers drain in two intervals (at least a small floor,
+    # so an idle queue can show its drain and the estimate double each interval); a
+    # message published into it waits about that long. Deeper than that is a backlog.
+    floor = max(1, limit // 100)
+    fill = max(floor, 2 * state.drain_per_s * interval.total_seconds())
+    shallow = depth <= fill
     since = (state.shallow_since or now) if shallow else None
-    if not shallow or now - (since or now) < hold_for:
-        allowed = 0
-    elif depth == 0:
-        allowed = max(floor, math.ceil(2 * per_interval))
-    else:
-        allowed = math.floor(per_interval - depth)
+    held = not shallow or now - (since or now) < hold_for
+    allowed = 0 if held else max(0, min(limit, math.floor(fill - depth)))
     return Plan(
-        allowed=min(limit, allowed), state=replace(state, shallow_since=since), shallow=shallow
+        allowed=allowed,
+        state=replace(state, shallow_since=since),
+        shallow=shallow,
     )

@@ -35,7 +35,7 @@ def test_the_claim_counter_measures_drain_when_others_refill_the_queue() -> None
     state = GuardState(sampled_at=_at(0), depth_after=30, counter=1_000)
     p = plan(state, depth=30, counter=1_200, now=_at(1), interval=HALF, limit=500)
     assert p.state.drain_per_s == 200.0
-    assert p.shallow and p.allowed == 70  # 100 per interval, 30 already queued
+    assert p.shallow and p.allowed == 170  # two intervals' drain, 30 already queued
 
 
 def test_the_relay_waits_until_the_queue_was_shallow_for_its_hold() -> None:
@@ -57,18 +57,26 @@ def test_the_relay_waits_until_the_queue_was_shallow_for_its_hold() -> None:
     assert later.state.shallow_since == _at(1)
 
 
-def test_an_empty_queue_after_a_wipe_gets_a_floor_and_the_budget_grows() -> None:
+def test_an_idle_queue_gets_a_floor_and_the_budget_doubles_while_drained() -> None:
     p = plan(GuardState(), depth=0, now=_at(0), interval=HALF, limit=500)
-    assert p.allowed == 50  # a tenth of the batch: no drain measured yet
-    # the 50 were drained within the interval: the estimate rises, and doubles into empty
+    assert p.allowed == 5  # a hundredth of the batch: no drain measured yet
+    # the 5 were claimed within the interval: twice as many may go next
     q = plan(
-        GuardState(sampled_at=_at(0), depth_after=50, drain_per_s=0.0),
+        GuardState(sampled_at=_at(0), depth_after=5, counter=0),
         depth=0,
+        counter=5,
         now=_at(0.5),
         interval=HALF,
         limit=500,
     )
-    assert q.state.drain_per_s == 100.0 and q.allowed == 100
+    assert q.state.drain_per_s == 10.0 and q.allowed == 10
+
+
+def test_what_the_guard_itself_queued_is_no_backlog() -> None:
+    # 100 claims/s: the relay may keep up to 100 queued; 80 are: still shallow since T0.
+    state = GuardState(sampled_at=_at(0), counter=0, depth_after=100, shallow_since=_at(-5))
+    p = plan(state, depth=80, counter=100, now=_at(1), interval=HALF, limit=500)
+    assert p.shallow and p.state.shallow_since == _at(-5) and p.allowed == 20
 
 
 def test_a_quiet_queue_forgets_its_drain_slowly() -> None:
