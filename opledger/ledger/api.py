@@ -669,9 +669,9 @@ class Ledger:
         """Due checks to hand to reconcile, each numbered (its `check_gen`).
 
         With `interval` (the sweep's) the backlog guard applies: `depth` is the reconcile
-        queue's depth now, and only as many checks are handed out as the workers drain in
-        one interval beyond what is queued, so a check does not wait in the queue long
-        enough to fall due again: at most one outstanding check per operation.
+        queue's depth now, and checks are handed out only until the queue holds what the
+        workers drain in two intervals, so a check does not wait in the queue long enough
+        to fall due again: at most one outstanding check per operation.
         """
         rows: Sequence[Any] = []
         if interval is None:
@@ -707,7 +707,7 @@ class Ledger:
 
         With `interval` (the relay's) the backlog guard applies: `depth` is the dispatch
         queue's depth now; nothing is published while the queue is deeper than the workers
-        drain in one interval, nor until it has been that shallow for `older_than` (a
+        drain in two intervals, nor until it has been that shallow for `older_than` (a
         message queued behind a backlog had that long to arrive), and then only into the
         headroom. In one transaction: lock a batch (SKIP LOCKED), publish each, then mark
         them. A crash between publishing and marking only publishes them again later,

@@ -273,7 +273,7 @@ def relay() -> int:
     """Publish again the prepared operations whose message is plausibly lost.
 
     Each one at most once per backoff (doubling), never while the dispatch queue is deeper
-    than the workers drain in one interval (the backlog guard), and each message carries
+    than the workers drain in two intervals (the backlog guard), and each message carries
     its generation so a superseded one is dropped by the worker."""
     rt = runtime()
     queue = queue_of("opledger.dispatch")
