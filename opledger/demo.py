@@ -29,7 +29,7 @@ from opledger import devstack
 from opledger.adapters.registry import load_registry
 from opledger.chaos.audit import Audit, audit, effect_key, settled
 from opledger.chaos.run import stack_env
-from opledger.chaos.stack import PrivateRedis, Proc, Stack, free_port, wait_until
+from opledger.chaos.stack import PrivateRedis, Proc, Stack, free_port, use_broker, wait_until
 from opledger.chaos.variants import KINDS, configure_sandbox
 from opledger.ledger import IntentConflict, Ledger
 from opledger.ledger.migrate import upgrade
@@ -127,7 +127,7 @@ class Story:
     def start(self) -> None:
         from opledger.tasks.app import app
 
-        app.conf.broker_url = self.svc.broker_url
+        use_broker(app, self.svc.broker_url)
         configure_sandbox(self.sandbox, self.settings)
         self.ledger.grant(tenant="acme", scope=["*"], granted_by="demo", ref="auth_demo_agent")
         self.stack.start_worker("agent-worker")

@@ -30,7 +30,7 @@ from opledger.sandbox import Sandbox
 from opledger.settings import Settings
 
 from .audit import Audit, audit
-from .stack import PrivateRedis, Stack
+from .stack import PrivateRedis, Stack, use_broker
 from .variants import KINDS, build_registry, configure_sandbox
 
 #: short leases and intervals so recovery happens in seconds
@@ -222,7 +222,7 @@ def _run(
 
     from opledger.tasks.app import app, dispatch
 
-    app.conf.broker_url = redis.url
+    use_broker(app, redis.url)
     configure_sandbox(sandbox, settings)
     ledger.grant(tenant="acme", scope=["*"], granted_by="chaos", ref="auth_chaos")
     names = [f"chaos{i}" for i in range(config.workers)]

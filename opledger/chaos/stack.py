@@ -55,6 +55,20 @@ def stop_on_signals() -> Iterator[None]:
             signal.signal(sig, old)
 
 
+def use_broker(app: Any, url: str) -> None:
+    """Make this process publish through `app` to `url` from now on.
+
+    Setting `broker_url` alone is not enough once the app has published: its connection
+    and producer pools keep the old broker (what Celery itself resets after a fork)."""
+    app.conf.broker_url = url
+    if app._pool is not None:
+        app._pool.force_close_all()
+    app._pool = None
+    amqp = app.__dict__.get("amqp")
+    if amqp is not None:
+        amqp._producer_pool = None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
