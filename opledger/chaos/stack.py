@@ -60,6 +60,8 @@ def use_broker(app: Any, url: str) -> None:
 
     Setting `broker_url` alone is not enough once the app has published: its connection
     and producer pools keep the old broker (what Celery itself resets after a fork)."""
+    if app.conf.broker_url == url:
+        return  # same broker (perhaps restarted): its pools reconnect by themselves
     app.conf.broker_url = url
     if app._pool is not None:
         app._pool.force_close_all()
