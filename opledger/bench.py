@@ -13,13 +13,16 @@ Timings are compared side by side (ratios), because a shared machine is noisy.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,7 @@ from sqlalchemy.orm import Session
 from opledger import devstack
 from opledger.adapters.base import Contract, Idempotency, Lookup, LookupResult
 from opledger.adapters.registry import Registry
-from opledger.chaos.stack import PrivateRedis, Proc, Stack, wait_until
+from opledger.chaos.stack import PrivateRedis, Proc, Stack, use_broker, wait_until
 from opledger.ledger import Attempt, Binding, Claim, Confirmed, Ledger, Operation, Outcome
 from opledger.settings import Settings
 
@@ -94,9 +97,35 @@ class BenchConfig:
     prepares: int = 2_000
     repeats: int = 5
     concurrency: int = os.cpu_count() or 2
+    backlog: int = 20_000  #: prepared operations behind the slow provider (0: skip)
+    backlog_concurrency: int = 8  #: processes in each of the two backlog workers
+    backlog_only: bool = False
 
 
-QUICK = BenchConfig(tasks=2_000, sizes=(10_000, 100_000), prepares=500, repeats=3)
+QUICK = BenchConfig(tasks=2_000, sizes=(10_000, 100_000), prepares=500, repeats=3, backlog=3_000)
+
+# The backlog runs: relay and sweep at the fastest settings the chaos run uses.
+BACKLOG_ENV = {
+    "OPLEDGER_ADAPTERS": "opledger.adapters.defaults:build_registry",
+    "OPLEDGER_SWEEP_INTERVAL_SECONDS": "0.5",
+    "OPLEDGER_RELAY_AFTER_SECONDS": "2",
+    "OPLEDGER_CHECK_BACKOFF_SECONDS": "2",
+    "OPLEDGER_LEASE_SECONDS": "3",
+    "OPLEDGER_PROVIDER_TIMEOUT_SECONDS": "1",
+    "OPLEDGER_PROVIDER_IN_FLIGHT_SECONDS": "2",
+    "OPLEDGER_LOOKUP_INTERVAL_SECONDS": "0.5",
+}
+PROVIDER_S = 0.1  #: how long the sandbox CRM takes to answer, in the backlog runs
+
+BACKLOG_COUNTS = """
+SELECT count(*) FILTER (WHERE status IN ('confirmed', 'rejected', 'cancelled')
+                          OR (status = 'unknown' AND EXISTS (
+                              SELECT 1 FROM reviews AS r
+                              WHERE r.op_id = o.id AND r.resolved_at IS NULL))) AS settled,
+       count(*) FILTER (WHERE status IN ('prepared', 'unknown')) AS waiting,
+       count(*) FILTER (WHERE status IN ('prepared', 'dispatching')) AS pending
+FROM operations AS o WHERE tenant = 'backlog'
+"""
 
 
 def _drain(
@@ -142,7 +171,7 @@ def throughput(cfg: BenchConfig, stack: Stack, ledger: Ledger, redis_url: str) -
 
     from opledger.tasks.app import app, dispatch
 
-    app.conf.broker_url = redis_url
+    use_broker(app, redis_url)
     ledger.grant(tenant="bench", scope=["bench.*"], granted_by="bench", ref="auth_bench")
     op_ids = [
         ledger.prepare(
@@ -254,7 +283,7 @@ def sweep_cost(
         started = time.perf_counter()
         ledger.expire_leases(limit=500, backoff=timedelta(seconds=30))
         ledger.due_checks(limit=500, backoff=timedelta(seconds=30))
-        ledger.relay(older_than=timedelta(minutes=1), publish=lambda _op: None, limit=500)
+        ledger.relay(older_than=timedelta(minutes=1), publish=lambda _op, _gen: None, limit=500)
         timings.append((time.perf_counter() - started) * 1000)
     plans = {}
     with ledger.engine.begin() as conn:
@@ -310,26 +339,199 @@ def prepare_rates(ledger: Ledger, n: int) -> dict[str, float]:
     return {"prepare_ops_s": alone, "prepare_in_tx_ops_s": in_tx}
 
 
+def backlog_drain(
+    cfg: BenchConfig,
+    server_url: str,
+    work: Path,
+    mode: str,
+    redis: PrivateRedis,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> dict[str, float]:
+    """`cfg.backlog` prepared operations, each published once, behind a CRM answering in
+    100 ms, drained by two workers. `mode`: 'guarded' (beat running: relay and sweep at
+    their fastest), 'off' (no beat at all), 'wipe' (guarded, and the broker's data is
+    wiped once when half are settled). Samples the broker's messages per waiting
+    operation every 0.5 s, while at least 1% (and 100) of them are still waiting."""
+    from opledger.chaos.run import stack_env
+    from opledger.sandbox import Sandbox
+    from opledger.tasks.app import app, dispatch
+
+    n = cfg.backlog
+    database_url, drop = devstack.scratch_database(server_url, "opledger_backlog")
+    redis.restart()  # empty, with nothing left of an earlier run
+    sandbox = Sandbox()
+    stack: Stack | None = None
+    ledger = None
+    try:
+        sandbox.start()
+        sandbox.configure(processing_s=PROVIDER_S)
+        env = {**stack_env(database_url, redis.url, sandbox, work), **BACKLOG_ENV}
+        stack = Stack(env, work, name=f"backlog-{mode}")
+        from opledger.adapters.registry import load_registry
+
+        ledger = Ledger.from_url(database_url, actions=load_registry(Settings.from_environ(env)))
+        ledger.grant(tenant="backlog", scope=["crm.*"], granted_by="bench", ref="auth_backlog")
+        progress(f"backlog ({mode}): preparing {n} operations")
+        op_ids: list[str] = []
+        for first in range(0, n, 500):
+            with Session(ledger.engine) as session:
+                for i in range(first, min(n, first + 500)):
+                    op_ids.append(
+                        ledger.prepare(
+                            tenant="backlog",
+                            workflow_id="backlog",
+                            intent_key=f"op-{i}",
+                            action="crm.close_case.v1",
+                            target=f"case-{i}",
+                            payload={"note": f"backlog {i}"},
+                            authorization_ref="auth_backlog",
+                            session=session,
+                        ).id
+                    )
+                session.commit()
+        use_broker(app, redis.url)
+        for op_id in op_ids:
+            dispatch.delay(op_id)
+        if redis.queued("dispatch") != n:
+            raise AssertionError(f"backlog ({mode}): {n} published, not in the broker")
+        if mode != "off":
+            stack.start_beat()
+        workers = [
+            Proc(
+                name,
+                [
+                    "worker",
+                    "-c",
+                    str(cfg.backlog_concurrency),
+                    "--loglevel",
+                    "INFO",
+                    "--hostname",
+                    f"{name}@%h",
+                ],
+                env,
+                work / f"backlog-{mode}-{name}.log",
+            )
+            for name in ("b1", "b2")
+        ]
+        for proc in workers:
+            stack.workers[proc.name] = proc
+        for proc in workers:
+            wait_until(partial(_ready, proc), 120, f"{proc.name} to start")
+
+        def counts() -> Any:
+            with ledger.engine.connect() as conn:
+                return conn.execute(text(BACKLOG_COUNTS)).one()
+
+        # Timed: from both workers ready until every operation had its call (none left
+        # prepared or dispatching), the same end in every mode.
+        start = counts()
+        started = time.perf_counter()
+        progress(f"backlog ({mode}): draining")
+        ratio_max = 0.0
+        queued_max = 0
+        wiped = False
+        deadline = time.monotonic() + max(600.0, n / 10)
+        now = start
+        while now.pending:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"backlog ({mode}): {now.pending} never dispatched")
+            time.sleep(0.5)
+            try:
+                queued = redis.queued("dispatch") + redis.queued("reconcile")
+            except Exception:  # the broker is being wiped
+                queued = 0
+            now = counts()
+            queued_max = max(queued_max, queued)
+            if now.waiting >= max(100, n // 100):
+                ratio_max = max(ratio_max, queued / now.waiting)
+            if mode == "wipe" and not wiped and now.settled >= n // 2:
+                redis.restart()  # every queued message is gone
+                wiped = True
+        elapsed = time.perf_counter() - started
+        # Then (untimed) every operation must end settled, where a sweep runs at all.
+        while mode != "off" and now.settled < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"backlog ({mode}): {n - now.settled} never settled")
+            time.sleep(0.5)
+            now = counts()
+        effects = sandbox.truth()["effects"]
+        return {
+            "ops_s": (start.pending) / elapsed,
+            "msgs_per_op_max": ratio_max,
+            "queued_max": float(queued_max),
+            "settled": float(now.settled),
+            "duplicates": float(sum(max(0, int(c) - 1) for c in effects.values())),
+            "elapsed_s": elapsed,
+        }
+    finally:
+        if stack is not None:
+            stack.stop_all()
+        if ledger is not None:
+            ledger.engine.dispose()
+        sandbox.stop()
+        drop()
+
+
+def _ready(proc: Proc) -> bool:
+    return "ready." in proc.output()
+
+
+def backlog(
+    cfg: BenchConfig, server_url: str, work: Path, progress: Callable[[str], None]
+) -> dict[str, float]:
+    """The backlog benchmark: guarded drain beside a drain without relay and sweep, then
+    a guarded drain whose broker is wiped halfway."""
+    redis = PrivateRedis(work)  # one broker URL for the three runs (the producer pool)
+    try:
+        guarded = backlog_drain(cfg, server_url, work, "guarded", redis, progress)
+        off = backlog_drain(cfg, server_url, work, "off", redis, progress)
+        wipe = backlog_drain(cfg, server_url, work, "wipe", redis, progress)
+    finally:
+        redis.kill()
+    return {
+        "backlog_ops": cfg.backlog,
+        "backlog_drain_ops_s": guarded["ops_s"],
+        "backlog_drain_off_ops_s": off["ops_s"],
+        "backlog_ratio": guarded["ops_s"] / off["ops_s"],
+        "backlog_msgs_per_op_max": guarded["msgs_per_op_max"],
+        "backlog_queued_max": guarded["queued_max"],
+        "backlog_duplicates": guarded["duplicates"] + off["duplicates"] + wipe["duplicates"],
+        "backlog_wipe_settled": wipe["settled"],
+        "backlog_wipe_drain_ops_s": wipe["ops_s"],
+        "backlog_wipe_msgs_per_op_max": wipe["msgs_per_op_max"],
+    }
+
+
 def run_bench(
     cfg: BenchConfig, *, progress: Callable[[str], None] = lambda _m: None
 ) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="opledger-bench-"))
-    server_url = devstack.postgres_url()
-    url, drop = devstack.scratch_database(server_url, "opledger_bench")
-    redis = PrivateRedis(work)
-    redis.start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
-    env.update(
-        OPLEDGER_DATABASE_URL=url,
-        OPLEDGER_BROKER_URL=redis.url,
-        OPLEDGER_ADAPTERS="opledger.bench:build_registry",
-        OPLEDGER_STATE_DIR=str(work),
-        PYTHONUNBUFFERED="1",
-    )
-    stack = Stack(env, work)
-    ledger = Ledger.from_url(url, actions=build_registry(Settings.from_environ(env)))
-    result: dict[str, Any] = {"tasks": cfg.tasks, "concurrency": cfg.concurrency}
-    try:
+    """Every measure; every process it starts is stopped and its directory removed."""
+    with contextlib.ExitStack() as cleanup:
+        work = Path(tempfile.mkdtemp(prefix="opledger-bench-"))
+        cleanup.callback(shutil.rmtree, work, ignore_errors=True)
+        server_url = devstack.postgres_url()
+        if cfg.backlog_only:
+            return {
+                k: round(float(v), 3) for k, v in backlog(cfg, server_url, work, progress).items()
+            }
+        url, drop = devstack.scratch_database(server_url, "opledger_bench")
+        cleanup.callback(drop)
+        redis = PrivateRedis(work)
+        cleanup.callback(redis.kill)
+        redis.start()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
+        env.update(
+            OPLEDGER_DATABASE_URL=url,
+            OPLEDGER_BROKER_URL=redis.url,
+            OPLEDGER_ADAPTERS="opledger.bench:build_registry",
+            OPLEDGER_STATE_DIR=str(work),
+            PYTHONUNBUFFERED="1",
+        )
+        stack = Stack(env, work)
+        cleanup.callback(stack.stop_all)
+        ledger = Ledger.from_url(url, actions=build_registry(Settings.from_environ(env)))
+        cleanup.callback(ledger.engine.dispose)
+        result: dict[str, Any] = {"tasks": cfg.tasks, "concurrency": cfg.concurrency}
         progress(f"throughput: {cfg.tasks} tasks, bare Celery then opledger")
         result.update(throughput(cfg, stack, ledger, redis.url))
         progress(f"prepare: {cfg.prepares} alone and in caller transactions")
@@ -349,6 +551,9 @@ def run_bench(
             for per_size in plans.values()
             for plan in per_size.values()
         )
+        stack.stop_all()
+        if cfg.backlog:
+            result.update(backlog(cfg, server_url, work, progress))
         for key in (
             "celery_ops_s",
             "ledger_ops_s",
@@ -360,9 +565,8 @@ def run_bench(
             "prepare_in_tx_ops_s",
         ):
             result[key] = round(float(result[key]), 3)
+        for key, value in list(result.items()):
+            if key.startswith("backlog_"):
+                result[key] = round(float(value), 3)
         return result
-    finally:
-        stack.stop_all()
-        ledger.engine.dispose()
-        redis.kill()
-        drop()
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import tempfile
 import uuid
@@ -28,7 +29,7 @@ from opledger import devstack
 from opledger.adapters.registry import load_registry
 from opledger.chaos.audit import Audit, audit, effect_key, settled
 from opledger.chaos.run import stack_env
-from opledger.chaos.stack import PrivateRedis, Proc, Stack, free_port, wait_until
+from opledger.chaos.stack import PrivateRedis, Proc, Stack, free_port, use_broker, wait_until
 from opledger.chaos.variants import KINDS, configure_sandbox
 from opledger.ledger import IntentConflict, Ledger
 from opledger.ledger.migrate import upgrade
@@ -62,43 +63,51 @@ class Services:
 
 @contextlib.contextmanager
 def services(keep: bool) -> Iterator[Services]:
-    workdir = Path(
-        os.environ.get("OPLEDGER_STATE_DIR") or tempfile.mkdtemp(prefix="opledger-demo-")
-    )
-    workdir = workdir.resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    postgres = None
-    server_url = os.environ.get("OPLEDGER_DATABASE_URL")
-    if not server_url:
-        postgres = devstack.EmbeddedPostgres(workdir / "postgres")
-        server_url = postgres.url
-    drop_database = None
-    if os.environ.get("OPLEDGER_DATABASE_URL"):
-        database_url = server_url  # the configured ledger: migrate it and use it
-        upgrade(database_url)
-    else:
-        database_url, drop_database = devstack.scratch_database(server_url, "opledger_demo")
-    redis = None
-    broker_url = os.environ.get("OPLEDGER_BROKER_URL", "")
-    if not broker_url:
-        redis = PrivateRedis(workdir)
-        redis.start()
-        broker_url = redis.url
-    svc = Services(database_url, broker_url, redis, postgres, workdir)
-    try:
-        yield svc
-    finally:
+    """Postgres, Redis and a work directory for the demo. Unless kept, everything started
+    here is stopped and the temporary directory removed, also when interrupted."""
+    with contextlib.ExitStack() as stack:
+        configured_dir = os.environ.get("OPLEDGER_STATE_DIR")
+        workdir = Path(configured_dir or tempfile.mkdtemp(prefix="opledger-demo-")).resolve()
+        if not configured_dir and not keep:
+            stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        workdir.mkdir(parents=True, exist_ok=True)
+        postgres = None
+        server_url = os.environ.get("OPLEDGER_DATABASE_URL")
+        if not server_url:
+            postgres = devstack.EmbeddedPostgres(workdir / "postgres")
+            if not keep:
+                stack.callback(postgres.stop)
+            server_url = postgres.url
+        if os.environ.get("OPLEDGER_DATABASE_URL"):
+            database_url = server_url  # the configured ledger: migrate it and use it
+            upgrade(database_url)
+        else:
+            database_url, drop_database = devstack.scratch_database(server_url, "opledger_demo")
+            if not keep:
+                stack.callback(_quietly, drop_database)
+        redis = None
+        broker_url = os.environ.get("OPLEDGER_BROKER_URL", "")
+        if not broker_url:
+            redis = PrivateRedis(workdir)
+            if not keep:
+                stack.callback(redis.kill)
+            redis.start()
+            broker_url = redis.url
+        svc = Services(database_url, broker_url, redis, postgres, workdir)
         if not keep:
-            for stop in reversed(svc.cleanup):
-                with contextlib.suppress(Exception):
-                    stop()
-            if redis is not None:
-                redis.kill()
-            if drop_database is not None:
-                with contextlib.suppress(psycopg.Error):
-                    drop_database()
-            if postgres is not None:
-                postgres.stop()
+            stack.callback(_stop_all, svc.cleanup)
+        yield svc
+
+
+def _stop_all(cleanup: list[Callable[[], None]]) -> None:
+    for stop in reversed(cleanup):
+        with contextlib.suppress(Exception):
+            stop()
+
+
+def _quietly(drop: Callable[[], None]) -> None:
+    with contextlib.suppress(psycopg.Error):
+        drop()
 
 
 class Story:
@@ -118,7 +127,7 @@ class Story:
     def start(self) -> None:
         from opledger.tasks.app import app
 
-        app.conf.broker_url = self.svc.broker_url
+        use_broker(app, self.svc.broker_url)
         configure_sandbox(self.sandbox, self.settings)
         self.ledger.grant(tenant="acme", scope=["*"], granted_by="demo", ref="auth_demo_agent")
         self.stack.start_worker("agent-worker")

@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from sqlalchemy import text
@@ -29,7 +30,7 @@ from opledger.sandbox import Sandbox
 from opledger.settings import Settings
 
 from .audit import Audit, audit
-from .stack import PrivateRedis, Stack
+from .stack import PrivateRedis, Stack, use_broker
 from .variants import KINDS, build_registry, configure_sandbox
 
 #: short leases and intervals so recovery happens in seconds
@@ -85,6 +86,7 @@ class ChaosResult:
     redis_restarts: int
     postgres_restarts: int
     elapsed_s: float
+    max_queued: dict[str, int] = field(default_factory=dict)  #: deepest queue seen, by name
 
     def summary(self) -> dict[str, Any]:
         a = self.audit
@@ -108,6 +110,8 @@ class ChaosResult:
             "redis_restarts": self.redis_restarts,
             "postgres_restarts": self.postgres_restarts,
             "elapsed_s": round(self.elapsed_s, 1),
+            "max_dispatch_queued": self.max_queued.get("dispatch", 0),
+            "max_reconcile_queued": self.max_queued.get("reconcile", 0),
             "seed": self.seed,
             "review_share_by_provider": a.reviews_by_provider,
             "problems": a.problems[:20],
@@ -125,6 +129,10 @@ def stack_env(
     plus the fast settings and the given database, broker, providers and state dir."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
     env.update(FAST_ENV)
+    # The processes' own temporary files (billiard's pymp-* of a SIGKILLed worker) stay
+    # inside the work directory, and go with it.
+    tmp = workdir / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
     env.update(
         OPLEDGER_DATABASE_URL=database_url,
         OPLEDGER_BROKER_URL=broker_url,
@@ -133,6 +141,7 @@ def stack_env(
         OPLEDGER_SMTP_HOST=sandbox.smtp_host,
         OPLEDGER_SMTP_PORT=str(sandbox.smtp_port),
         OPLEDGER_STATE_DIR=str(workdir),
+        TMPDIR=str(tmp),
         PYTHONUNBUFFERED="1",
     )
     return env
@@ -168,142 +177,200 @@ def run_chaos(
     progress: Callable[[int, int, dict[str, int]], None] | None = None,
     workdir: Path | None = None,
 ) -> ChaosResult:
-    """Run one chaos experiment and audit it. Every process it starts is stopped."""
+    """Run one chaos experiment and audit it.
+
+    Every process it starts is stopped and the temporary directory it made is removed,
+    also when it is interrupted: wrap it in `stop_on_signals()` so SIGTERM unwinds too."""
+    with contextlib.ExitStack() as cleanup:
+        if workdir is None:
+            work = Path(tempfile.mkdtemp(prefix="opledger-chaos-"))
+            cleanup.callback(shutil.rmtree, work, ignore_errors=True)
+        else:
+            work = workdir
+        return _run(config, work, cleanup, progress)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _run(
+    config: ChaosConfig,
+    work: Path,
+    cleanup: contextlib.ExitStack,
+    progress: Callable[[int, int, dict[str, int]], None] | None,
+) -> ChaosResult:
     rng = random.Random(config.seed)
-    work = workdir or Path(tempfile.mkdtemp(prefix="opledger-chaos-"))
-    own_pg = devstack.EmbeddedPostgres(work / "postgres") if config.restart_postgres else None
+    own_pg = None
+    if config.restart_postgres:
+        own_pg = devstack.EmbeddedPostgres(work / "postgres")
+        cleanup.callback(own_pg.stop)
     server_url = own_pg.url if own_pg else devstack.postgres_url()
     database_url, drop_database = devstack.scratch_database(server_url, "opledger_chaos")
+    cleanup.callback(_quietly, drop_database)
     redis = PrivateRedis(work)
+    cleanup.callback(redis.kill)
     redis.start()
-    sandbox = Sandbox().start()
+    sandbox = Sandbox()
+    cleanup.callback(sandbox.stop)
+    sandbox.start()
     env = stack_env(database_url, redis.url, sandbox, work)
     settings = Settings.from_environ(env)
     stack = Stack(env, work)
+    cleanup.callback(stack.stop_all)
     ledger = Ledger.from_url(database_url, actions=build_registry(settings))
+    cleanup.callback(ledger.engine.dispose)
     counters = {"kills": 0, "armed": 0, "redis": 0, "postgres": 0}
     started = time.monotonic()
     op_ids: list[str] = []
-    try:
-        from opledger.tasks.app import app, dispatch
 
-        app.conf.broker_url = redis.url
-        configure_sandbox(sandbox, settings)
-        ledger.grant(tenant="acme", scope=["*"], granted_by="chaos", ref="auth_chaos")
-        names = [f"chaos{i}" for i in range(config.workers)]
-        for name in names:
-            stack.start_worker(name, concurrency=1)
-        stack.start_beat()
+    from opledger.tasks.app import app, dispatch
 
-        for i in range(config.ops):
-            intent = _intent(rng, i)
-            op = ledger.prepare(
+    use_broker(app, redis.url)
+    configure_sandbox(sandbox, settings)
+    ledger.grant(tenant="acme", scope=["*"], granted_by="chaos", ref="auth_chaos")
+    names = [f"chaos{i}" for i in range(config.workers)]
+    for name in names:
+        stack.start_worker(name, concurrency=1)
+    stack.start_beat()
+
+    def publish_next() -> None:
+        """Prepare the next operation and publish it, as an agent would (outbox-style)."""
+        i = len(op_ids)
+        intent = _intent(rng, i)
+        faulty = rng.random() < config.fault_rate
+        op = _retrying(
+            lambda: ledger.prepare(
                 tenant="acme",
                 workflow_id=f"chaos-{config.seed}",
                 intent_key=f"op-{i}",
                 authorization_ref="auth_chaos",
                 **intent,
-            )
-            op_ids.append(op.id)
-            if rng.random() < config.fault_rate:
-                _inject_fault(sandbox, rng, op.id, intent["action"])
-        # Publish over most of the chaos window, so kills and restarts hit work in flight.
-        publish_every = 0.7 * config.chaos_seconds / max(1, len(op_ids))
-        unpublished = list(op_ids)
-        next_publish = 0.0
+            ),
+            ledger,
+        )
+        op_ids.append(op.id)
+        if faulty:
+            _inject_fault(sandbox, rng, op.id, intent["action"])
+        with contextlib.suppress(Exception):  # a broker restarting: the relay finds it
+            dispatch.delay(op.id)
 
-        last = [0]
+    # Prepare and publish over most of the chaos window, so kills and restarts hit work
+    # in flight (an operation prepared long before its message would be the relay's).
+    publish_every = 0.7 * config.chaos_seconds / max(1, config.ops)
+    next_publish = 0.0
+    last = [0]
+    polled = [0.0]
+    max_queued = {"dispatch": 0, "reconcile": 0}
 
-        def report() -> int:
-            try:
-                last[0] = _settled_count(ledger, op_ids)
-            except DBAPIError:  # Postgres is restarting: keep the last count
-                ledger.engine.dispose()
-            if progress:
-                progress(last[0], len(op_ids), counters)
+    def report(force: bool = False) -> int:
+        now = time.monotonic()
+        if not force and now - polled[0] < 1.0:  # the count is a query: once a second
             return last[0]
+        polled[0] = now
+        for queue in max_queued:  # the broker must never hold a multiple of the backlog
+            with contextlib.suppress(Exception):
+                max_queued[queue] = max(max_queued[queue], redis.queued(queue))
+        try:
+            last[0] = _settled_count(ledger, f"chaos-{config.seed}")
+        except DBAPIError:  # Postgres is restarting: keep the last count
+            ledger.engine.dispose()
+        if progress:
+            progress(last[0], config.ops, counters)
+        return last[0]
 
-        # Break things for a while.
-        redis_at = sorted(
-            rng.uniform(0.2, 0.8) * config.chaos_seconds for _ in range(config.redis_restarts)
-        )
-        postgres_at = [rng.uniform(0.3, 0.7) * config.chaos_seconds] if own_pg else []
-        next_kill = rng.expovariate(1 / config.kill_every)
-        while (elapsed := time.monotonic() - started) < config.chaos_seconds:
-            while unpublished and elapsed >= next_publish:
-                dispatch.delay(unpublished.pop(0))
-                next_publish += publish_every
-            if not unpublished and report() == len(op_ids):
-                break
-            if elapsed >= next_kill:
-                name = rng.choice(names)
-                stack.kill_worker(name)
-                counters["kills"] += 1
-                armed = {}
-                if rng.random() < 0.6:
-                    point = f"{rng.choice(CRASH_POINTS)}:{rng.randint(1, 4)}"
-                    armed = {"OPLEDGER_CRASHPOINT": point}
-                    counters["armed"] += 1
-                stack.start_worker(name, concurrency=1, **armed)
-                next_kill = elapsed + rng.expovariate(1 / config.kill_every)
-            if redis_at and elapsed >= redis_at[0]:
-                redis_at.pop(0)
-                redis.restart()
-                counters["redis"] += 1
-            if postgres_at and own_pg and elapsed >= postgres_at[0]:
-                postgres_at.pop(0)
-                own_pg.restart()
-                ledger.engine.dispose()
-                counters["postgres"] += 1
-            time.sleep(0.05)
-            report()
-
-        for op_id in unpublished:  # a short chaos window: the rest goes out now
-            dispatch.delay(op_id)
-        # Then let it heal: clean workers only, bounded in time.
-        for name in names:
+    # Break things for a while.
+    redis_at = sorted(
+        rng.uniform(0.2, 0.8) * config.chaos_seconds for _ in range(config.redis_restarts)
+    )
+    postgres_at = [rng.uniform(0.3, 0.7) * config.chaos_seconds] if own_pg else []
+    next_kill = rng.expovariate(1 / config.kill_every)
+    while (elapsed := time.monotonic() - started) < config.chaos_seconds:
+        while len(op_ids) < config.ops and elapsed >= next_publish:
+            publish_next()
+            next_publish += publish_every
+        if len(op_ids) == config.ops and report() == config.ops:
+            break
+        if elapsed >= next_kill:
+            name = rng.choice(names)
             stack.kill_worker(name)
-            stack.start_worker(name, concurrency=1)
-        deadline = time.monotonic() + config.settle_timeout
-        while report() < len(op_ids) and time.monotonic() < deadline:
+            counters["kills"] += 1
+            armed = {}
+            if rng.random() < 0.6:
+                point = f"{rng.choice(CRASH_POINTS)}:{rng.randint(1, 4)}"
+                armed = {"OPLEDGER_CRASHPOINT": point}
+                counters["armed"] += 1
+            # Not waiting for it to be ready: the run goes on breaking things meanwhile.
+            stack.spawn_worker(name, concurrency=1, **armed)
+            next_kill = time.monotonic() - started + rng.expovariate(1 / config.kill_every)
+        if redis_at and elapsed >= redis_at[0]:
+            redis_at.pop(0)
+            redis.restart()
+            counters["redis"] += 1
+        if postgres_at and own_pg and elapsed >= postgres_at[0]:
+            postgres_at.pop(0)
+            own_pg.restart()
+            ledger.engine.dispose()
+            counters["postgres"] += 1
+        time.sleep(0.05)
+        report()
+
+    while len(op_ids) < config.ops:  # a short chaos window: the rest goes out now
+        publish_next()
+    # Then let it heal: clean workers only, bounded in time.
+    for name in names:
+        stack.kill_worker(name)
+        stack.start_worker(name, concurrency=1)
+    deadline = time.monotonic() + config.settle_timeout
+    while report(force=True) < len(op_ids) and time.monotonic() < deadline:
+        time.sleep(1.0)
+    elapsed_total = time.monotonic() - started
+    result = audit(ledger, sandbox.truth(), op_ids)
+    return ChaosResult(
+        audit=result,
+        seed=config.seed,
+        kills=counters["kills"],
+        crash_points_armed=counters["armed"],
+        redis_restarts=counters["redis"],
+        postgres_restarts=counters["postgres"],
+        elapsed_s=elapsed_total,
+        max_queued=max_queued,
+    )
+
+
+T = TypeVar("T")
+
+
+def _retrying(call: Callable[[], T], ledger: Ledger, attempts: int = 60) -> T:
+    """`call()`, riding out a Postgres restart (the run restarts it on purpose)."""
+    for n in range(attempts):
+        try:
+            return call()
+        except DBAPIError:
+            if n == attempts - 1:
+                raise
+            ledger.engine.dispose()
             time.sleep(0.5)
-        elapsed_total = time.monotonic() - started
-        result = audit(ledger, sandbox.truth(), op_ids)
-        return ChaosResult(
-            audit=result,
-            seed=config.seed,
-            kills=counters["kills"],
-            crash_points_armed=counters["armed"],
-            redis_restarts=counters["redis"],
-            postgres_restarts=counters["postgres"],
-            elapsed_s=elapsed_total,
-        )
-    finally:
-        stack.stop_all()
-        ledger.engine.dispose()
-        sandbox.stop()
-        redis.kill()
-        with contextlib.suppress(psycopg.Error):
-            drop_database()
-        if own_pg is not None:
-            own_pg.stop()
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _settled_count(ledger: Ledger, op_ids: list[str]) -> int:
-    """Operations that are final, or unknown with an open review."""
+def _quietly(drop: Callable[[], None]) -> None:
+    with contextlib.suppress(psycopg.Error):
+        drop()
+
+
+def _settled_count(ledger: Ledger, workflow_id: str) -> int:
+    """The run's operations that are final, or unknown with an open review."""
     with ledger.engine.connect() as conn:
         return int(
             conn.execute(
                 text(
                     """
                     SELECT count(*) FROM operations AS o
-                    WHERE o.id = ANY(:ids)
+                    WHERE o.workflow_id = :wf
                       AND (o.status IN ('confirmed', 'rejected', 'cancelled')
                            OR (o.status = 'unknown' AND EXISTS (
                                SELECT 1 FROM reviews AS r
                                WHERE r.op_id = o.id AND r.resolved_at IS NULL)))
                     """
                 ),
-                {"ids": op_ids},
+                {"wf": workflow_id},
             ).scalar_one()
         )

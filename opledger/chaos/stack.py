@@ -15,11 +15,60 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import redis
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT arrived: unwind, so every `finally` stops what it started.
+
+    A BaseException (like KeyboardInterrupt), so no `except Exception` swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGINT into `Interrupted` in the main thread for the duration, so a
+    chaos run, the demo or the bench unwinds and stops every process it started. Signals
+    arriving while it unwinds are ignored: the cleanup runs to its end."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def use_broker(app: Any, url: str) -> None:
+    """Make this process publish through `app` to `url` from now on.
+
+    Setting `broker_url` alone is not enough once the app has published: its connection
+    and producer pools keep the old broker (what Celery itself resets after a fork)."""
+    if app.conf.broker_url == url:
+        return  # same broker (perhaps restarted): its pools reconnect by themselves
+    app.conf.broker_url = url
+    if app._pool is not None:
+        app._pool.force_close_all()
+    app._pool = None
+    amqp = app.__dict__.get("amqp")
+    if amqp is not None:
+        amqp._producer_pool = None
 
 
 def free_port() -> int:
@@ -182,6 +231,19 @@ class Stack:
         self.beat: Proc | None = None
 
     def start_worker(self, name: str = "w1", concurrency: int = 2, **env: str) -> Proc:
+        """Start a worker and return once it is ready (raise if it died)."""
+        proc = self.spawn_worker(name, concurrency, **env)
+        wait_until(
+            lambda: "ready." in proc.output() or proc.proc.poll() is not None,
+            60,
+            f"worker {name} to be ready",
+        )
+        if proc.proc.poll() is not None:
+            raise AssertionError(f"worker {name} died:\n{proc.output()[-3000:]}")
+        return proc
+
+    def spawn_worker(self, name: str = "w1", concurrency: int = 2, **env: str) -> Proc:
+        """Start a worker without waiting for it to be ready."""
         if name in self.workers:  # never leave a process behind under a reused name
             self.workers.pop(name).kill()
         proc = Proc(
@@ -191,13 +253,6 @@ class Stack:
             self.workdir / f"{self.name}-worker-{name}.log",
         )
         self.workers[name] = proc
-        wait_until(
-            lambda: "ready." in proc.output() or proc.proc.poll() is not None,
-            60,
-            f"worker {name} to be ready",
-        )
-        if proc.proc.poll() is not None:
-            raise AssertionError(f"worker {name} died:\n{proc.output()[-3000:]}")
         return proc
 
     def start_beat(self) -> Proc:

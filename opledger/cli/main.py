@@ -489,6 +489,7 @@ def chaos(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from opledger.chaos.run import ChaosConfig, run_chaos
+    from opledger.chaos.stack import Interrupted, stop_on_signals
 
     config = ChaosConfig(
         ops=ops,
@@ -519,7 +520,12 @@ def chaos(
             )
             bar.update(task, completed=done, total=total, note=note)
 
-        result = run_chaos(config, progress=progress)
+        with stop_on_signals():
+            try:
+                result = run_chaos(config, progress=progress)
+            except Interrupted as stop:
+                err.print(f"[red]{stop}: every process stopped, temporary files removed[/red]")
+                raise typer.Exit(stop.exit_code) from None
     summary = result.summary()
     if as_json:
         print(json.dumps(summary))
@@ -545,6 +551,7 @@ def demo(
     """The onboarding story, then the same story broken at every crash window."""
     import json
 
+    from opledger.chaos.stack import Interrupted, stop_on_signals
     from opledger.demo import Row, run_demo
 
     console.print(
@@ -558,7 +565,12 @@ def demo(
         console.print(f"[dim]... {row.scenario}[/dim]")
         table.add_row(row.scenario, row.broken, row.outcome, row.effects, row.review)
 
-    summary = run_demo(keep=keep, on_row=on_row)
+    with stop_on_signals():
+        try:
+            summary = run_demo(keep=keep, on_row=on_row)
+        except Interrupted as stop:
+            console.print(f"[red]{stop}: every process stopped, temporary files removed[/red]")
+            raise typer.Exit(stop.exit_code) from None
     console.print(table)
     duplicates = summary["duplicate_effects"]
     style = "green" if duplicates == 0 and not summary["stuck"] and not summary["lost"] else "red"
@@ -594,12 +606,21 @@ def bench(
     ] = None,
     prepares: Annotated[int | None, typer.Option(help="Prepares per rate measure.")] = None,
     repeats: Annotated[int | None, typer.Option(help="Timed sweeps per size.")] = None,
+    backlog: Annotated[
+        int | None,
+        typer.Option(help="Prepared operations in the backlog drains (0: skip them)."),
+    ] = None,
+    backlog_only: Annotated[
+        bool, typer.Option("--backlog-only", help="Only the backlog drains.")
+    ] = False,
 ) -> None:
-    """Measure the ledger beside bare Celery: throughput ratio, round trips, sweep cost."""
+    """Measure the ledger beside bare Celery (throughput ratio, round trips, sweep cost),
+    and a backlog behind a slow provider drained with and without relay and sweep."""
     import dataclasses
     import json
 
     from opledger.bench import QUICK, BenchConfig, run_bench
+    from opledger.chaos.stack import Interrupted, stop_on_signals
 
     config = QUICK if quick else BenchConfig()
     changes: dict[str, object] = {
@@ -612,13 +633,24 @@ def bench(
         small, large = (int(x) for x in sizes.split(","))
         changes["sizes"] = (small, large)
     config = dataclasses.replace(config, **{k: v for k, v in changes.items() if v})  # type: ignore[arg-type]
+    if backlog is not None:
+        config = dataclasses.replace(config, backlog=backlog)
+    config = dataclasses.replace(config, backlog_only=backlog_only)
     err = Console(stderr=True)
-    result = run_bench(config, progress=lambda m: err.print(f"[dim]{m}[/dim]"))
+    with stop_on_signals():
+        try:
+            result = run_bench(config, progress=lambda m: err.print(f"[dim]{m}[/dim]"))
+        except Interrupted as stop:
+            err.print(f"[red]{stop}: every process stopped, temporary files removed[/red]")
+            raise typer.Exit(stop.exit_code) from None
     if as_json:
         print(json.dumps(result))
         return
     table = Table("measure", "value", "target")
     targets = {
+        "backlog_ratio": ">= 0.9",
+        "backlog_msgs_per_op_max": "<= 1.5",
+        "backlog_wipe_settled": f"= {config.backlog}",
         "ratio": ">= 0.8",
         "round_trips_per_op": "<= 2",
         "sweep_ms_1m": f"<= 2 x sweep_ms_10k = {2 * result['sweep_ms_10k']:.1f}",
@@ -627,7 +659,7 @@ def bench(
         if key != "sweep_plans":
             table.add_row(key, str(value), targets.get(key, ""))
     console.print(table)
-    for size, plans in result["sweep_plans"].items():
+    for size, plans in result.get("sweep_plans", {}).items():
         for name, plan in plans.items():
             console.print(f"[dim]{size} {name}: {plan}[/dim]")
 

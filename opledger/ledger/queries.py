@@ -395,7 +395,8 @@ EXPIRE_LEASES = text(
 )
 
 # Unknown operations whose check is due. Pushing next_check_at forward is the sweep's
-# claim on the check: a lost reconcile message makes it due again after `backoff`.
+# claim on the check: a lost reconcile message makes it due again after `backoff`. Each
+# hand-out is numbered (check_gen), and the number travels in the reconcile message.
 DUE_CHECKS = text(
     """
     WITH due AS (
@@ -405,17 +406,22 @@ DUE_CHECKS = text(
         LIMIT :limit
         FOR UPDATE SKIP LOCKED
     )
-    UPDATE operations AS o SET next_check_at = now() + :backoff
+    UPDATE operations AS o
+    SET next_check_at = now() + :backoff, check_gen = o.check_gen + 1
     FROM due WHERE o.id = due.id
-    RETURNING o.id
+    RETURNING o.id, o.check_gen
     """
 )
 
+# Prepared operations whose message is plausibly lost: nobody claimed them for `after`
+# since their last publish, and each re-publication doubles that wait (capped), so an
+# operation whose message is merely late is not published again and again.
 RELAY_CANDIDATES = text(
     """
-    SELECT id FROM operations
+    SELECT id, relay_gen FROM operations
     WHERE status = 'prepared' AND created_at < now() - :after
-      AND (enqueued_at IS NULL OR enqueued_at < now() - :after)
+      AND coalesce(enqueued_at, created_at)
+          < now() - :after * power(2, least(relay_gen, :max_doublings))
     ORDER BY created_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
@@ -423,8 +429,43 @@ RELAY_CANDIDATES = text(
 )
 
 MARK_ENQUEUED = text(
-    "UPDATE operations SET enqueued_at = now() WHERE id = ANY(:ids) AND status = 'prepared'"
+    """
+    UPDATE operations SET enqueued_at = now(), relay_gen = relay_gen + 1
+    WHERE id = ANY(:ids) AND status = 'prepared'
+    """
 ).bindparams(bindparam("ids", type_=ARRAY(Text)))
+
+# The backlog guard's state for one queue (see ledger/backlog.py), locked for one run.
+ENSURE_QUEUE_GUARD = text(
+    "INSERT INTO queue_guards (queue) VALUES (:queue) ON CONFLICT (queue) DO NOTHING"
+)
+
+LOCK_QUEUE_GUARD = text(
+    """
+    SELECT sampled_at, depth_after, counter, drain_per_s, shallow_since, now() AS now
+    FROM queue_guards WHERE queue = :queue
+    FOR UPDATE
+    """
+)
+
+SELECT_QUEUE_GUARD = text(
+    """
+    SELECT sampled_at, depth_after, counter, drain_per_s, shallow_since
+    FROM queue_guards WHERE queue = :queue
+    """
+)
+
+SAVE_QUEUE_GUARD = text(
+    """
+    UPDATE queue_guards
+    SET sampled_at = :sampled_at, depth_after = :depth_after, counter = :counter,
+        drain_per_s = :drain_per_s, shallow_since = :shallow_since
+    WHERE queue = :queue
+    """
+)
+
+# Claims numbered so far (the attempts' identity): what the workers consumed from dispatch.
+CLAIM_COUNTER = text("SELECT coalesce(max(id), 0) FROM attempts")
 
 PURGE_PAYLOADS = text(
     """

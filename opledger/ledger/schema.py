@@ -9,6 +9,7 @@ from sqlalchemy import (
     Column,
     DateTime,
     Enum,
+    Float,
     ForeignKey,
     Identity,
     Index,
@@ -84,6 +85,10 @@ operations = Table(
     Column("evidence_checked_at", DateTime(timezone=True)),
     Column("next_check_at", DateTime(timezone=True)),
     Column("enqueued_at", DateTime(timezone=True)),
+    # Publish generations: how often the relay re-published it, how many checks were
+    # handed to reconcile. Carried in the message, so a superseded duplicate is dropped.
+    Column("relay_gen", Integer, nullable=False, server_default=text("0")),
+    Column("check_gen", Integer, nullable=False, server_default=text("0")),
     Column("operator_retry_by", Text),
     Column("record_version", Integer, nullable=False, server_default=text("1")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
@@ -117,6 +122,19 @@ Index(
 )
 Index("ix_operations_tenant_status", operations.c.tenant, operations.c.status)
 Index("ix_operations_authorization_ref", operations.c.authorization_ref)
+
+# One row per broker queue the sweeps publish to: the last depth sample, the drain rate
+# measured from the samples, and since when the queue has been shallow (backlog guard).
+queue_guards = Table(
+    "queue_guards",
+    metadata,
+    Column("queue", Text, primary_key=True),
+    Column("sampled_at", DateTime(timezone=True)),
+    Column("depth_after", BigInteger),
+    Column("counter", BigInteger),
+    Column("drain_per_s", Float, nullable=False, server_default=text("0")),
+    Column("shallow_since", DateTime(timezone=True)),
+)
 
 operation_payloads = Table(
     "operation_payloads",

@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import before_task_publish, worker_process_init
 from sqlalchemy.exc import DBAPIError
 
 from opledger import devstack
@@ -24,7 +25,7 @@ from opledger.ledger import Ledger, MalformedOperationId, OperationNotFound, Unk
 from opledger.ledger.ids import check_operation_id
 from opledger.settings import Settings, get_settings
 
-from . import crashpoints, steps
+from . import backlog, crashpoints, steps
 
 log = logging.getLogger("opledger.tasks")
 
@@ -87,6 +88,43 @@ def _after_fork(**_: Any) -> None:
         _runtime = None
 
 
+_generations: backlog.Generations | None = None
+
+
+def generations() -> backlog.Generations:
+    """This process's store of the latest published message generations."""
+    global _generations
+    if _generations is None:
+        ttl = 2 * int(get_settings().visibility_timeout_seconds)  # outlives any redelivery
+        _generations = backlog.Generations(app.conf.broker_url, ttl_s=ttl)
+    return _generations
+
+
+@before_task_publish.connect
+def _stamp_sent(sender: str | None = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
+    # When a dispatch or reconcile message was published: only an old enough message can
+    # have been superseded, so only those are checked against the latest generation.
+    if headers is not None and sender in ("opledger.dispatch", "opledger.reconcile"):
+        headers.setdefault(backlog.SENT_HEADER, time.time())
+
+
+def _superseded(task: Any, kind: str, op_id: str, gen: int, min_age: float) -> bool:
+    """A duplicate a newer publish made redundant: dropped before any database work."""
+    age = backlog.message_age(task.request.headers)
+    if age is None or age < min_age:
+        return False
+    if not generations().superseded(kind, op_id, gen):
+        return False
+    log.info("%s of %s: generation %d superseded by a newer message; dropped", kind, op_id, gen)
+    return True
+
+
+def queue_of(task_name: str) -> str:
+    """The queue a task is routed to (celeryconfig.task_routes)."""
+    route = (app.conf.task_routes or {}).get(task_name, {})
+    return str(route.get("queue", app.conf.task_default_queue))
+
+
 def _retry_on_database_error(task: Any, exc: DBAPIError) -> Any:
     countdown = min(2**task.request.retries, 30)  # far below the visibility timeout
     log.warning("database unavailable (%s); retrying in %ss", type(exc.orig).__name__, countdown)
@@ -94,10 +132,16 @@ def _retry_on_database_error(task: Any, exc: DBAPIError) -> Any:
 
 
 @app.task(name="opledger.dispatch", bind=True)
-def dispatch(self: Any, op_id: str) -> str:
-    """Claim a prepared operation under a fence and send it. A no-op when redelivered."""
+def dispatch(self: Any, op_id: str, gen: int = 0) -> str:
+    """Claim a prepared operation under a fence and send it. A no-op when redelivered.
+
+    `gen` is the relay's publish generation (0: the first publish); a message older than
+    the relay's wait whose generation a newer publish superseded is dropped unread."""
     try:
         check_operation_id(op_id)
+        settings = get_settings()
+        if _superseded(self, "dispatch", op_id, int(gen), settings.relay_after_seconds):
+            return "superseded"
         rt = runtime()
         return steps.dispatch(
             rt.ledger, rt.registry, op_id, owner=rt.owner, lease=rt.lease, settle=reconcile.delay
@@ -110,10 +154,16 @@ def dispatch(self: Any, op_id: str) -> str:
 
 
 @app.task(name="opledger.reconcile", bind=True)
-def reconcile(self: Any, op_id: str) -> str:
-    """Run the retry decision on an unknown operation and act on it."""
+def reconcile(self: Any, op_id: str, gen: int = 0) -> str:
+    """Run the retry decision on an unknown operation and act on it.
+
+    `gen` numbers the sweep's hand-out of this check; a message older than the check
+    backoff whose check was handed out again since is dropped unread."""
     try:
         check_operation_id(op_id)
+        settings = get_settings()
+        if gen and _superseded(self, "check", op_id, int(gen), settings.check_backoff_seconds):
+            return "superseded"
         rt = runtime()
         policy = steps.ReviewPolicy(
             after_attempts=rt.settings.review_after_attempts,
@@ -138,19 +188,31 @@ def reconcile(self: Any, op_id: str) -> str:
 
 @app.task(name="opledger.sweep")
 def sweep() -> dict[str, int]:
-    """Fence out expired leases and hand due checks to reconcile."""
+    """Fence out expired leases and hand due checks to reconcile.
+
+    Expired leases become checks due at once; the checks are handed out only into the
+    reconcile queue's headroom (the backlog guard), so a check never waits there long
+    enough to fall due a second time."""
     rt = runtime()
     backoff = timedelta(seconds=rt.settings.check_backoff_seconds)
-    expired = rt.ledger.expire_leases(limit=rt.settings.sweep_batch, backoff=backoff)
-    due = rt.ledger.due_checks(limit=rt.settings.sweep_batch, backoff=backoff)
-    for op_id in (*expired, *due):
-        reconcile.delay(op_id)
+    expired = rt.ledger.expire_leases(limit=rt.settings.sweep_batch, backoff=timedelta(0))
+    queue = queue_of("opledger.reconcile")
+    handouts = rt.ledger.hand_out_checks(
+        limit=rt.settings.sweep_batch,
+        backoff=backoff,
+        depth=backlog.queue_depth(app, queue),
+        interval=timedelta(seconds=rt.settings.sweep_interval_seconds),
+        queue=queue,
+    )
+    for handout in handouts:
+        reconcile.apply_async((handout.op_id,), {"gen": handout.gen})
+    generations().published("check", list(handouts))
     unnotified = rt.ledger.due_notifications(limit=rt.settings.sweep_batch, backoff=backoff)
     for op_id in unnotified:
         notify_review.delay(op_id)
-    if expired or due:
-        log.info("sweep: %d leases expired, %d checks due", len(expired), len(due))
-    return {"expired": len(expired), "due": len(due), "notify": len(unnotified)}
+    if expired or handouts:
+        log.info("sweep: %d leases expired, %d checks handed out", len(expired), len(handouts))
+    return {"expired": len(expired), "due": len(handouts), "notify": len(unnotified)}
 
 
 NOTIFY_ACTION = "webhook.post.v1"
@@ -211,18 +273,29 @@ def notify_review(self: Any, op_id: str) -> str:
 
 @app.task(name="opledger.relay")
 def relay() -> int:
-    """Publish again the prepared operations whose message never arrived."""
-    rt = runtime()
+    """Publish again the prepared operations whose message is plausibly lost.
 
-    def publish(op_id: str) -> None:
-        dispatch.delay(op_id)
+    Each one at most once per backoff (doubling), never while the dispatch queue is deeper
+    than the workers drain in two intervals (the backlog guard), and each message carries
+    its generation so a superseded one is dropped by the worker."""
+    rt = runtime()
+    queue = queue_of("opledger.dispatch")
+    published: list[tuple[str, int]] = []
+
+    def publish(op_id: str, gen: int) -> None:
+        dispatch.apply_async((op_id,), {"gen": gen})
+        published.append((op_id, gen))
 
     ids = rt.ledger.relay(
         older_than=timedelta(seconds=rt.settings.relay_after_seconds),
         publish=publish,
         limit=rt.settings.sweep_batch,
         before_mark=lambda: crashpoints.reached("relay.after_publish"),
+        depth=backlog.queue_depth(app, queue),
+        interval=timedelta(seconds=rt.settings.sweep_interval_seconds),
+        queue=queue,
     )
+    generations().published("dispatch", published)
     if ids:
         log.info("relay: re-published %d prepared operations", len(ids))
     return len(ids)

@@ -91,9 +91,16 @@ def test_relay_publishes_unclaimed_prepared_operations_then_marks_them(
     _age(ledger, claimed, 120)
     ledger.claim(claimed, owner="w")
     published: list[str] = []
-    assert ledger.relay(older_than=timedelta(seconds=60), publish=published.append) == [old]
+    assert ledger.relay(
+        older_than=timedelta(seconds=60), publish=lambda op_id, _gen: published.append(op_id)
+    ) == [old]
     assert published == [old]
-    assert ledger.relay(older_than=timedelta(seconds=60), publish=published.append) == []
+    assert (
+        ledger.relay(
+            older_than=timedelta(seconds=60), publish=lambda op_id, _gen: published.append(op_id)
+        )
+        == []
+    )
     assert fresh not in published
 
 
@@ -106,8 +113,14 @@ def test_a_crash_between_publish_and_mark_publishes_again(ledger: Ledger, grant:
         raise RuntimeError("crashed before marking")
 
     with pytest.raises(RuntimeError):
-        ledger.relay(older_than=timedelta(seconds=60), publish=published.append, before_mark=crash)
-    assert ledger.relay(older_than=timedelta(seconds=60), publish=published.append) == [old]
+        ledger.relay(
+            older_than=timedelta(seconds=60),
+            publish=lambda op_id, _gen: published.append(op_id),
+            before_mark=crash,
+        )
+    assert ledger.relay(
+        older_than=timedelta(seconds=60), publish=lambda op_id, _gen: published.append(op_id)
+    ) == [old]
     assert published == [old, old]
 
 
@@ -171,3 +184,74 @@ def test_one_open_review_per_operation_and_no_more_checks(ledger: Ledger, grant:
     assert ledger.due_checks(backoff=timedelta(seconds=1)) == []
     with pytest.raises(StaleFence):
         ledger.open_review(op_id, fence=0, reason="from an old view")
+
+
+# -- the backlog guard (relay and check hand-outs publish only into the queue's headroom) --
+
+
+def _relay(ledger: Ledger, depth: int | None, after: float = 0.3) -> list[tuple[str, int]]:
+    published: list[tuple[str, int]] = []
+    ledger.relay(
+        older_than=timedelta(seconds=after),
+        publish=lambda op_id, gen: published.append((op_id, gen)),
+        depth=depth,
+        interval=timedelta(seconds=0.1),
+    )
+    return published
+
+
+def test_the_relay_holds_while_the_queue_is_deep_and_resumes_once_it_drained(
+    ledger: Ledger, grant: str
+) -> None:
+    waiting = [_prepare(ledger, f"w{i}") for i in range(5)]
+    for op_id in waiting:
+        _age(ledger, op_id, 120)
+    # Their messages are queued behind 10,000 others: late, not lost.
+    assert _relay(ledger, depth=10_000) == []
+    assert _relay(ledger, depth=9_990) == []
+    guard = ledger.queue_guard("dispatch")
+    assert guard is not None and guard.shallow_since is None
+    # The queue drained (a broker wipe looks the same): after it stayed shallow for the
+    # relay's wait, each one is published once, as generation 1.
+    assert _relay(ledger, depth=0) == []
+    time.sleep(0.35)
+    assert sorted(_relay(ledger, depth=0)) == sorted((op_id, 1) for op_id in waiting)
+    assert _relay(ledger, depth=0) == []  # not again before its doubled wait
+
+
+def test_each_republication_doubles_the_wait(ledger: Ledger, grant: str) -> None:
+    op_id = _prepare(ledger, "lost-again")
+    _age(ledger, op_id, 120)
+    published: list[int] = []
+    for _ in range(3):
+        _age(ledger, op_id, 0.65, column="enqueued_at")
+        ledger.relay(
+            older_than=timedelta(seconds=0.2), publish=lambda _op, gen: published.append(gen)
+        )
+    # waits of 0.2, 0.4 and 0.8 s: the third run comes too early for generation 3
+    assert published == [1, 2]
+    with ledger.engine.connect() as conn:
+        assert (
+            conn.execute(
+                text("SELECT relay_gen FROM operations WHERE id = :id"), {"id": op_id}
+            ).scalar_one()
+            == 2
+        )
+
+
+def test_checks_are_handed_out_only_into_the_headroom_and_numbered(
+    ledger: Ledger, grant: str
+) -> None:
+    ops = [_unknown(ledger, f"u{i}") for i in range(6)]
+    for op_id in ops:
+        _age(ledger, op_id, 5, column="next_check_at")
+    backoff = timedelta(seconds=30)
+    every = timedelta(seconds=0.5)
+    # A reconcile queue 500 deep that drained 100 since the last sample: hold.
+    ledger.hand_out_checks(backoff=backoff, depth=600, interval=every)
+    time.sleep(0.3)  # rates are measured over at least half an interval
+    assert ledger.hand_out_checks(backoff=backoff, depth=500, interval=every) == []
+    # Empty: a first batch goes out, each check numbered 1.
+    out = ledger.hand_out_checks(backoff=backoff, depth=0, interval=every, limit=40)
+    assert sorted(out) == sorted((op_id, 1) for op_id in ops)
+    assert ledger.hand_out_checks(backoff=backoff, depth=0, interval=every) == []

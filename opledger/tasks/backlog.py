@@ -1,0 +1,93 @@
+"""What the relay and the sweep need from the broker to avoid multiplying a backlog.
+
+- `queue_depth`: messages waiting in a queue, through kombu (`queue_declare(passive=True)`
+  answers with the message count on Redis — the sum of its priority lists — and on
+  RabbitMQ alike). A queue that does not exist holds nothing (Redis drops an empty list).
+- `Generations`: the generation of the latest message published for an operation, so a
+  worker can drop a superseded duplicate without a database round trip.
+
+Dropping is safe because the relay writes an operation's generation only *after* the newer
+message was handed to the broker: a dropped message always has a newer one behind it. If
+the broker loses that newer message (a restart, a wipe), the generation is lost with it
+when it lives in the same Redis; and if it survives, the operation is still `prepared`, so
+the relay publishes it once more after its backoff (at most 2^RELAY_MAX_DOUBLINGS times
+the relay's `after`). A store that cannot be read never drops anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any
+
+log = logging.getLogger("opledger.tasks")
+
+#: the header every dispatch/reconcile message carries: when it was published (epoch s)
+SENT_HEADER = "opledger_sent"
+
+
+def queue_depth(app: Any, queue: str) -> int | None:
+    """Messages waiting in `queue`; None when the broker cannot be read."""
+    from amqp.exceptions import NotFound
+    from kombu.exceptions import ChannelError
+
+    try:
+        with app.connection_for_write() as conn:
+            channel = conn.channel()
+            try:
+                return int(channel.queue_declare(queue=queue, passive=True).message_count)
+            except (ChannelError, NotFound):
+                return 0  # no such queue: nothing waiting (Redis drops an empty list)
+            finally:
+                with contextlib.suppress(Exception):  # a channel the broker already closed
+                    channel.close()
+    except Exception as exc:  # an unreadable broker only disables the guard
+        log.warning("cannot read the depth of queue %s: %s", queue, exc)
+        return None
+
+
+class Generations:
+    """Latest published generation per (kind, operation) in Redis, with a time to live."""
+
+    def __init__(self, url: str | None, ttl_s: int) -> None:
+        self.ttl_s = ttl_s
+        self._client: Any = None
+        if url and url.split(":", 1)[0] in ("redis", "rediss"):
+            import redis
+
+            self._client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+
+    @staticmethod
+    def _key(kind: str, op_id: str) -> str:
+        return f"opledger:gen:{kind}:{op_id}"
+
+    def published(self, kind: str, handouts: list[tuple[str, int]]) -> None:
+        """Record generations whose messages were just handed to the broker."""
+        if self._client is None or not handouts:
+            return
+        try:
+            with self._client.pipeline(transaction=False) as pipe:
+                for op_id, gen in handouts:
+                    pipe.set(self._key(kind, op_id), gen, ex=self.ttl_s)
+                pipe.execute()
+        except Exception as exc:  # without them nothing is dropped: safe
+            log.warning("cannot record message generations: %s", exc)
+
+    def superseded(self, kind: str, op_id: str, gen: int) -> bool:
+        """True only when a newer message than generation `gen` was published."""
+        if self._client is None:
+            return False
+        try:
+            latest = self._client.get(self._key(kind, op_id))
+        except Exception:  # unreadable: never drop
+            return False
+        return latest is not None and int(latest) > gen
+
+
+def message_age(headers: dict[str, Any] | None) -> float | None:
+    """Seconds since the message was published, from its header (None without one)."""
+    sent = (headers or {}).get(SENT_HEADER)
+    if not isinstance(sent, int | float):
+        return None
+    return max(0.0, time.time() - float(sent))
