@@ -14,14 +14,13 @@ from __future__ import annotations
 from celery.schedules import schedule
 from kombu.entity import Exchange, Queue
 
-from opledger import devstack
-from opledger.settings import get_settings
+from opledger.settings import DEFAULT_BROKER_URL, get_settings
 
 _settings = get_settings()
 
 # Unset: the local Redis. `opledger worker`, `beat` and `demo` start an embedded one first
 # when none answers (development only); importing this module never starts anything.
-broker_url = _settings.broker_url or devstack.LOCAL_REDIS
+broker_url = _settings.broker_url or DEFAULT_BROKER_URL
 broker_connection_retry_on_startup = True
 
 task_serializer = "json"

@@ -8,6 +8,13 @@ from functools import lru_cache
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+#: the broker Celery uses when `OPLEDGER_BROKER_URL` is unset
+DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
+
+
+class NotConfigured(RuntimeError):
+    """A setting a production process needs is missing: it refuses to guess."""
+
 
 class Settings(BaseSettings):
     """Everything configurable. Each field is the environment variable ``OPLEDGER_<NAME>``."""
@@ -113,6 +120,16 @@ class Settings(BaseSettings):
     lookup_interval_seconds: float = Field(
         default=5.0, gt=0, description="Time between two lookups of a still-pending request."
     )
+
+    def require_database_url(self) -> str:
+        """The ledger's URL; a runtime process never falls back to a database of its own."""
+        if not self.database_url:
+            raise NotConfigured(
+                "OPLEDGER_DATABASE_URL is not set: a worker, beat or agent process needs the "
+                "ledger's Postgres URL (development commands such as `opledger demo` find or "
+                "start one themselves)"
+            )
+        return self.database_url
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> Settings:

@@ -1,6 +1,6 @@
 """Shared fixtures: a real Postgres database for the ledger, migrated once per session.
 
-The server is the one `opledger.devstack` finds: OPLEDGER_DATABASE_URL, the local server on
+The server is the one `opledger.dev.devstack` finds: OPLEDGER_DATABASE_URL, the local server on
 127.0.0.1:5432, or an embedded Postgres started from the dev extra. Each test session gets
 its own database, and each test starts from empty tables.
 """
@@ -15,10 +15,10 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from opledger import devstack
+from opledger.dev import devstack
 from opledger.ledger import Ledger
 from opledger.ledger.migrate import upgrade
-from opledger.sandbox import Sandbox
+from opledger.dev.sandbox import Sandbox
 
 TABLES = (
     "review_actions, review_views, reviews, transitions, evidence, attempts, "

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from opledger import devstack
+from opledger.dev import devstack
 from opledger.adapters.registry import load_registry
 from opledger.ledger import History, Ledger, LedgerError, Operation, Resolution, Status
 from opledger.ledger.consequences import contract_facts
@@ -389,7 +389,7 @@ def sandbox(
     smtp_port: Annotated[int, typer.Option(help="SMTP port (0: any).")] = 0,
 ) -> None:
     """Run the sandbox CRM, email API and SMTP server until interrupted."""
-    from opledger.sandbox.__main__ import serve
+    from opledger.dev.sandbox.__main__ import serve
 
     serve(host, port, smtp_port)
 
@@ -488,8 +488,8 @@ def chaos(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from opledger.chaos.run import ChaosConfig, run_chaos
-    from opledger.chaos.stack import Interrupted, stop_on_signals
+    from opledger.dev.chaos.run import ChaosConfig, run_chaos
+    from opledger.dev.chaos.stack import Interrupted, stop_on_signals
 
     config = ChaosConfig(
         ops=ops,
@@ -551,8 +551,8 @@ def demo(
     """The onboarding story, then the same story broken at every crash window."""
     import json
 
-    from opledger.chaos.stack import Interrupted, stop_on_signals
-    from opledger.demo import Row, run_demo
+    from opledger.dev.chaos.stack import Interrupted, stop_on_signals
+    from opledger.dev.demo import Row, run_demo
 
     console.print(
         "[bold]opledger demo[/bold]: an agent closes case-318 in the CRM and emails the "
@@ -619,8 +619,8 @@ def bench(
     import dataclasses
     import json
 
-    from opledger.bench import QUICK, BenchConfig, run_bench
-    from opledger.chaos.stack import Interrupted, stop_on_signals
+    from opledger.dev.bench import QUICK, BenchConfig, run_bench
+    from opledger.dev.chaos.stack import Interrupted, stop_on_signals
 
     config = QUICK if quick else BenchConfig()
     changes: dict[str, object] = {

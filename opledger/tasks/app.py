@@ -19,7 +19,6 @@ from celery import Celery
 from celery.signals import before_task_publish, worker_process_init
 from sqlalchemy.exc import DBAPIError
 
-from opledger import devstack
 from opledger.adapters.registry import Registry, load_registry
 from opledger.ledger import Ledger, MalformedOperationId, OperationNotFound, UnknownAction
 from opledger.ledger.ids import check_operation_id
@@ -56,7 +55,7 @@ def runtime() -> Runtime:
     if _runtime is None or _runtime.owner != _owner():
         settings = get_settings()
         registry = load_registry(settings)
-        url = settings.database_url or devstack.ledger_database_url()
+        url = settings.require_database_url()
         ledger = Ledger.from_url(
             url, actions=registry, max_payload_bytes=settings.max_payload_bytes, pool_size=2
         )

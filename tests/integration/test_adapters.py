@@ -14,7 +14,7 @@ from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.adapters.email import EmailAdapter, email_contract
 from opledger.adapters.smtp import SmtpAdapter, message_id_for, smtp_contract
 from opledger.ledger import Ambiguous, Claim, Confirmed, Ledger, Rejected
-from opledger.sandbox import Sandbox
+from opledger.dev.sandbox import Sandbox
 
 S = timedelta(seconds=1)
 A = TypeVar("A")

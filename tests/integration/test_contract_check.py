@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from opledger.adapters.check import UnsafeTarget, check_contract, endpoint_is_safe
 from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.cli.main import app as cli
-from opledger.sandbox import Sandbox
+from opledger.dev.sandbox import Sandbox
 from opledger.settings import get_settings
 
 

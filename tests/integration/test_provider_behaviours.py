@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.adapters.registry import Registry
 from opledger.ledger import Ledger, Status
-from opledger.sandbox import Sandbox
+from opledger.dev.sandbox import Sandbox
 from opledger.tasks import steps
 
 TIMEOUT = timedelta(seconds=0.25)

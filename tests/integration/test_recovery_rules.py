@@ -18,7 +18,7 @@ from opledger.adapters.registry import Registry
 from opledger.ledger import Ledger, Status
 from opledger.ledger.contract import Contract
 from opledger.ledger.decide import Dispatch, Review
-from opledger.sandbox import Sandbox
+from opledger.dev.sandbox import Sandbox
 from opledger.tasks import steps
 
 TIMEOUT = timedelta(seconds=0.5)

@@ -29,7 +29,7 @@ from opledger.ledger import (
     StaleView,
     Status,
 )
-from opledger.sandbox import Sandbox
+from opledger.dev.sandbox import Sandbox
 from opledger.tasks import steps
 
 LEASE = timedelta(seconds=5)

@@ -24,7 +24,7 @@ from opledger.ledger import (
     Status,
 )
 from opledger.ledger.decide import Dispatch
-from opledger.sandbox import Sandbox
+from opledger.dev.sandbox import Sandbox
 from opledger.tasks import steps
 
 LEASE = timedelta(seconds=5)

@@ -28,7 +28,7 @@ from opledger.ledger import (
     Status,
 )
 from opledger.ledger.decide import NOT_SENT, Dispatch
-from opledger.sandbox import Sandbox
+from opledger.dev.sandbox import Sandbox
 from opledger.tasks import steps
 
 LEASE = timedelta(seconds=30)

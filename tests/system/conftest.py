@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from opledger.adapters.registry import load_registry
-from opledger.chaos.audit import settled as is_settled
-from opledger.chaos.run import stack_env
-from opledger.chaos.stack import PrivateRedis, Stack, wait_until
+from opledger.dev.chaos.audit import settled as is_settled
+from opledger.dev.chaos.run import stack_env
+from opledger.dev.chaos.stack import PrivateRedis, Stack, wait_until
 from opledger.ledger import Ledger, Status
-from opledger.sandbox import Sandbox
+from opledger.dev.sandbox import Sandbox
 from opledger.settings import Settings
 
 

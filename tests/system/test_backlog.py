@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from opledger.chaos.stack import PrivateRedis, Stack, wait_until
+from opledger.dev.chaos.stack import PrivateRedis, Stack, wait_until
 from opledger.ledger import Ledger, Status
-from opledger.sandbox import Sandbox
+from opledger.dev.sandbox import Sandbox
 from opledger.tasks.app import dispatch
 from opledger.tasks.backlog import SENT_HEADER, Generations, queue_depth
 

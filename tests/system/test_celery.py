@@ -7,10 +7,10 @@ import signal
 import httpx
 import pytest
 
-from opledger.chaos.audit import in_flight_races
-from opledger.chaos.stack import Proc, Stack, free_port, wait_until
+from opledger.dev.chaos.audit import in_flight_races
+from opledger.dev.chaos.stack import Proc, Stack, free_port, wait_until
 from opledger.ledger import Ledger, Status
-from opledger.sandbox import Sandbox
+from opledger.dev.sandbox import Sandbox
 from opledger.tasks.app import dispatch
 
 from .conftest import prepare, settled

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from opledger.chaos.audit import audit
-from opledger.chaos.stack import Stack, wait_until
-from opledger.chaos.variants import KINDS, configure_sandbox
+from opledger.dev.chaos.audit import audit
+from opledger.dev.chaos.stack import Stack, wait_until
+from opledger.dev.chaos.variants import KINDS, configure_sandbox
 from opledger.ledger import IntentConflict, Ledger, Status
 from opledger.ledger.decide import Review
-from opledger.sandbox import Sandbox
+from opledger.dev.sandbox import Sandbox
 from opledger.tasks.app import dispatch
 
 from .conftest import prepare, settings_of, settled

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from opledger.chaos.stack import Stack
+from opledger.dev.chaos.stack import Stack
 
 pytestmark = pytest.mark.system
 

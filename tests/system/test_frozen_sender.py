@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from opledger.chaos.audit import audit, effect_key
-from opledger.chaos.stack import Stack, wait_until
-from opledger.chaos.variants import ALL_KINDS, EMAIL_ACCOUNT, configure_sandbox
+from opledger.dev.chaos.audit import audit, effect_key
+from opledger.dev.chaos.stack import Stack, wait_until
+from opledger.dev.chaos.variants import ALL_KINDS, EMAIL_ACCOUNT, configure_sandbox
 from opledger.ledger import History, Ledger, Status
-from opledger.sandbox import Sandbox
+from opledger.dev.sandbox import Sandbox
 from opledger.tasks.app import dispatch
 
 from .conftest import prepare, settings_of, settled

@@ -6,9 +6,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from opledger.chaos.stack import PrivateRedis, Stack
+from opledger.dev.chaos.stack import PrivateRedis, Stack
 from opledger.ledger import Ledger, Status
-from opledger.sandbox import Sandbox
+from opledger.dev.sandbox import Sandbox
 from opledger.tasks.outbox import prepare_and_dispatch
 
 from .conftest import settled

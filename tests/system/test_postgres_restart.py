@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from opledger.adapters.registry import load_registry
-from opledger.chaos.run import stack_env
-from opledger.chaos.stack import PrivateRedis, Proc, Stack, wait_until
-from opledger.devstack import EmbeddedPostgres
+from opledger.dev.chaos.run import stack_env
+from opledger.dev.chaos.stack import PrivateRedis, Proc, Stack, wait_until
+from opledger.dev.devstack import EmbeddedPostgres
 from opledger.ledger import Ledger, Status
 from opledger.ledger.migrate import upgrade
-from opledger.sandbox import Sandbox
+from opledger.dev.sandbox import Sandbox
 
 from .conftest import prepare, settings_of, settled
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from opledger.chaos.audit import audit
-from opledger.chaos.stack import Stack, wait_until
-from opledger.chaos.variants import KINDS, configure_sandbox
+from opledger.dev.chaos.audit import audit
+from opledger.dev.chaos.stack import Stack, wait_until
+from opledger.dev.chaos.variants import KINDS, configure_sandbox
 from opledger.ledger import Ledger, Status
-from opledger.sandbox import Sandbox
+from opledger.dev.sandbox import Sandbox
 from opledger.tasks.app import dispatch, notify_review
 
 from .conftest import prepare, settings_of, settled

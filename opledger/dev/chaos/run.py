@@ -24,9 +24,9 @@ import psycopg
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from opledger import devstack
+from opledger.dev import devstack
 from opledger.ledger import Ledger
-from opledger.sandbox import Sandbox
+from opledger.dev.sandbox import Sandbox
 from opledger.settings import Settings
 
 from .audit import Audit, audit
@@ -44,7 +44,7 @@ FAST_ENV = {
     "OPLEDGER_RELAY_AFTER_SECONDS": "2",
     "OPLEDGER_SEARCH_LAG_SECONDS": "1",
     "OPLEDGER_KEY_RETENTION_SECONDS": "3600",
-    "OPLEDGER_ADAPTERS": "opledger.chaos.variants:build_registry",
+    "OPLEDGER_ADAPTERS": "opledger.dev.chaos.variants:build_registry",
 }
 CRASH_POINTS = (
     "dispatch.after_claim",

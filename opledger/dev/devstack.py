@@ -12,8 +12,10 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
+from opledger.settings import DEFAULT_BROKER_URL
+
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
-LOCAL_REDIS = "redis://127.0.0.1:6379/0"
+LOCAL_REDIS = DEFAULT_BROKER_URL
 STATE_DIR = Path(os.environ.get("OPLEDGER_STATE_DIR", ".opledger"))
 
 

@@ -13,8 +13,8 @@ is a switch, so a test can prove that opledger (not the provider) prevented a du
 - ground truth: how many times each effect was applied, and every request per key with
   its arrival and completion times.
 
-Run it with `opledger sandbox` or `python -m opledger.sandbox`; tests use
-`opledger.sandbox.Sandbox`. State is in memory and starts empty.
+Run it with `opledger sandbox` or `python -m opledger.dev.sandbox`; tests use
+`opledger.dev.sandbox.Sandbox`. State is in memory and starts empty.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ contract protects against duplicates: no provider here answers a concurrent requ
 a conflict, so if opledger ever sent a second request while the first was in flight, the
 ground truth would show it.
 
-    OPLEDGER_ADAPTERS=opledger.chaos.variants:build_registry
+    OPLEDGER_ADAPTERS=opledger.dev.chaos.variants:build_registry
 """
 
 from __future__ import annotations

@@ -32,10 +32,10 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from opledger import devstack
+from opledger.dev import devstack
 from opledger.adapters.base import Contract, Idempotency, Lookup, LookupResult
 from opledger.adapters.registry import Registry
-from opledger.chaos.stack import PrivateRedis, Proc, Stack, use_broker, wait_until
+from opledger.dev.chaos.stack import PrivateRedis, Proc, Stack, use_broker, wait_until
 from opledger.ledger import Attempt, Binding, Claim, Confirmed, Ledger, Operation, Outcome
 from opledger.settings import Settings
 
@@ -155,7 +155,7 @@ def throughput(cfg: BenchConfig, stack: Stack, ledger: Ledger, redis_url: str) -
         "celery",
         [
             "-A",
-            "opledger.bench:bare",
+            "opledger.dev.bench:bare",
             "worker",
             "-Q",
             "bench",
@@ -352,8 +352,8 @@ def backlog_drain(
     their fastest), 'off' (no beat at all), 'wipe' (guarded, and the broker's data is
     wiped once when half are settled). Samples the broker's messages per waiting
     operation every 0.5 s, while at least 1% (and 100) of them are still waiting."""
-    from opledger.chaos.run import stack_env
-    from opledger.sandbox import Sandbox
+    from opledger.dev.chaos.run import stack_env
+    from opledger.dev.sandbox import Sandbox
     from opledger.tasks.app import app, dispatch
 
     n = cfg.backlog
@@ -523,7 +523,7 @@ def run_bench(
         env.update(
             OPLEDGER_DATABASE_URL=url,
             OPLEDGER_BROKER_URL=redis.url,
-            OPLEDGER_ADAPTERS="opledger.bench:build_registry",
+            OPLEDGER_ADAPTERS="opledger.dev.bench:build_registry",
             OPLEDGER_STATE_DIR=str(work),
             PYTHONUNBUFFERED="1",
         )

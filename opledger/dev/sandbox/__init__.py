@@ -46,7 +46,7 @@ class Sandbox:
     def start(self) -> Sandbox:
         self._log_file = open(self._log, "ab") if self._log else None  # noqa: SIM115
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "opledger.sandbox", *self._args],
+            [sys.executable, "-m", "opledger.dev.sandbox", *self._args],
             stdout=subprocess.PIPE,
             stderr=self._log_file or subprocess.DEVNULL,
             text=True,
@@ -122,7 +122,7 @@ class Sandbox:
         return int(self._post("/_admin/restart")["keys_forgotten"])
 
     def configure(self, account: str | None = None, **settings: Any) -> dict[str, Any]:
-        """Switch protections and knobs (see `opledger.sandbox.server.Config`), for one
+        """Switch protections and knobs (see `opledger.dev.sandbox.server.Config`), for one
         account or (without `account`) for every account without its own settings."""
         body = {**settings, **({"account": account} if account is not None else {})}
         return self._post("/_admin/config", body)
