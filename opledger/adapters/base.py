@@ -28,18 +28,17 @@ from opledger.ledger import (
 )
 from opledger.ledger.contract import Contract, Idempotency, Lookup
 from opledger.ledger.decide import (
-    ABSENT,
-    CONFIRMED,
     IDEMPOTENCY_MISMATCH,
     IN_FLIGHT,
-    INCONCLUSIVE,
     KEY_POISONED,
     NOT_SENT,
-    PENDING,
-    REJECTED,
     SERVER_ERROR,
 )
-from opledger.ledger.models import Record, Rejected
+from opledger.ledger.models import Record, Rejected, Verdict
+
+# A lookup's verdicts, for adapters' brevity.
+CONFIRMED, REJECTED = Verdict.CONFIRMED, Verdict.REJECTED
+ABSENT, PENDING, INCONCLUSIVE = Verdict.ABSENT, Verdict.PENDING, Verdict.INCONCLUSIVE
 
 __all__ = [
     "ABSENT",
@@ -58,6 +57,7 @@ __all__ = [
     "Idempotency",
     "Lookup",
     "LookupResult",
+    "Verdict",
     "outcome_for_http_error",
     "outcome_for_http_status",
     "sending",
@@ -68,7 +68,7 @@ class LookupResult(Record):
     """What a lookup learned: a verdict (confirmed, rejected, absent, pending,
     inconclusive), what it binds, and the provider's answer for the record."""
 
-    verdict: str
+    verdict: Verdict
     binding: Binding = Binding()
     detail: dict[str, object] = Field(default_factory=dict)
 
@@ -83,7 +83,7 @@ class Adapter(Protocol):
     actions: tuple[str, ...]
 
     def dispatch(self, claim: Claim) -> Outcome:
-        """Send one attempt: `claim.payload` under `claim.key`. Never raises.
+        """Send one attempt: `claim.payload` under `claim.idempotency_key`. Never raises.
 
         The worker calls it inside `sending(claim.window)`: requests made with
         `http_client` check the claim's send-by window after the connection is set up and

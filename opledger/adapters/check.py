@@ -98,7 +98,7 @@ class _Session:
             fence=1,
             lease_owner="contract-check",
             lease_expires_at=now + timedelta(minutes=1),
-            provider_request_id=key,
+            idempotency_key=key,
             provider_result_id=None,
             evidence_checked_at=None,
             next_check_at=None,
@@ -115,7 +115,7 @@ class _Session:
             attempt_n=1,
             started_at=now,
             deadline_at=now + self.adapter.contract.max_in_flight,
-            key=key,
+            idempotency_key=key,
             payload=payload,
             payload_canonical=frozen.text,
             operation=op,
@@ -191,7 +191,13 @@ def check_contract(
 
     # 2. what the response binds
     b = first.binding
-    gives = "key_and_digest" if b.key and b.payload_digest else "key" if b.key else "nothing"
+    gives = (
+        "key_and_digest"
+        if b.idempotency_key and b.payload_digest
+        else "key"
+        if b.idempotency_key
+        else "nothing"
+    )
     if b.payload_digest is not None and b.payload_digest != s.claim(key).operation.payload_digest:
         gives = "another body's digest"
     add(

@@ -143,7 +143,10 @@ class CrmAdapter:
             response = self._client.post(
                 self._url(f"/cases/{op.target}/{verb}"),
                 content=claim.payload_canonical.encode(),
-                headers={"Idempotency-Key": claim.key, "Content-Type": "application/json"},
+                headers={
+                    "Idempotency-Key": claim.idempotency_key,
+                    "Content-Type": "application/json",
+                },
             )
             return self._outcome(claim, response)
         except Exception as exc:  # mapped at the edge, never leaked
@@ -168,7 +171,9 @@ class CrmAdapter:
             if self.contract.lookup.kind == "status_api":
                 # every key this operation was sent with (an operator's retry may have
                 # given it a new one): whichever applied the change confirms it
-                keys = dict.fromkeys([operation.provider_request_id, *(a.key for a in attempts)])
+                keys = dict.fromkeys(
+                    [operation.idempotency_key, *(a.idempotency_key for a in attempts)]
+                )
                 results = [self._status(operation, key) for key in keys]
                 found = [r for r in results if r.verdict == CONFIRMED]
                 return found[0] if found else results[0]
@@ -183,9 +188,11 @@ class CrmAdapter:
     def _status(self, operation: Operation, key: str) -> LookupResult:
         response = self._client.get(self._url(f"/requests/{key}"))
         if response.status_code == 404 and error_code(response) == "no_such_request":
-            return LookupResult(verdict=ABSENT, binding=Binding(key=key), detail={"status": 404})
+            return LookupResult(
+                verdict=ABSENT, binding=Binding(idempotency_key=key), detail={"status": 404}
+            )
         if response.status_code == 202:
-            return LookupResult(verdict=PENDING, binding=Binding(key=key))
+            return LookupResult(verdict=PENDING, binding=Binding(idempotency_key=key))
         if response.status_code != 200:
             return LookupResult(verdict=INCONCLUSIVE, detail={"status": response.status_code})
         stored = response.json()
@@ -206,11 +213,13 @@ class CrmAdapter:
         err = (body.get("error") or {}).get("code", "") if isinstance(body, dict) else ""
         detail = {"stored_status": code, "code": err}
         if isinstance(code, int) and 400 <= code < 500 and err in CODES.definitive:
-            return LookupResult(verdict=REJECTED, binding=Binding(key=key), detail=detail)
+            return LookupResult(
+                verdict=REJECTED, binding=Binding(idempotency_key=key), detail=detail
+            )
         if isinstance(code, int) and 400 <= code < 500 and err in CODES.conflicting_state:
             return LookupResult(
                 verdict=REJECTED,
-                binding=Binding(key=key),
+                binding=Binding(idempotency_key=key),
                 detail={**detail, "conflicting_state": True},
             )
         if (
@@ -223,13 +232,15 @@ class CrmAdapter:
             # key replays that failure, so it never will: a definitive "not done"
             return LookupResult(
                 verdict=REJECTED,
-                binding=Binding(key=key),
+                binding=Binding(idempotency_key=key),
                 detail={**detail, "code": "failed_without_effect"},
             )
-        return LookupResult(verdict=INCONCLUSIVE, binding=Binding(key=key), detail=detail)
+        return LookupResult(
+            verdict=INCONCLUSIVE, binding=Binding(idempotency_key=key), detail=detail
+        )
 
     def _search(self, operation: Operation) -> LookupResult:
-        key = operation.provider_request_id
+        key = operation.idempotency_key
         response = self._client.get(self._url("/search"), params={"key": key})
         if response.status_code != 200:
             return LookupResult(verdict=INCONCLUSIVE, detail={"status": response.status_code})
@@ -241,7 +252,7 @@ class CrmAdapter:
                 return LookupResult(
                     verdict=CONFIRMED,
                     binding=Binding(
-                        key=key,
+                        idempotency_key=key,
                         target=hit["case_id"],
                         payload_digest=str(digest) if digest is not None else None,
                         resulting_version=str(hit["version"]),
@@ -266,7 +277,7 @@ def _binding(body: dict[str, object]) -> Binding:
     the version it produced (each only when the CRM names it)."""
     key, digest = body.get("idempotency_key"), body.get("request_digest")
     return Binding(
-        key=str(key) if key is not None else None,
+        idempotency_key=str(key) if key is not None else None,
         payload_digest=str(digest) if digest is not None else None,
         target=str(body["case_id"]),
         resulting_version=str(body["version"]),

@@ -105,7 +105,7 @@ class EmailAdapter:
         body = {**claim.payload, "marker": marker_for(claim.operation)}
         headers = {"Content-Type": "application/json"}
         if self.contract.idempotency.kind == "keyed":
-            headers["Idempotency-Key"] = claim.key
+            headers["Idempotency-Key"] = claim.idempotency_key
         try:
             response = self._client.post(
                 f"{self.base_url}/email/{self.account}/send", json=body, headers=headers
@@ -119,7 +119,9 @@ class EmailAdapter:
         if status in (200, 202):
             return Confirmed(
                 receipt_id=str(response.json()["id"]),
-                binding=Binding(key=claim.key, target=claim.operation.target),
+                binding=Binding(
+                    idempotency_key=claim.idempotency_key, target=claim.operation.target
+                ),
                 accepted_only=True,
                 detail={
                     "status": status,
@@ -144,7 +146,7 @@ class EmailAdapter:
                 return LookupResult(
                     verdict=CONFIRMED,
                     binding=Binding(
-                        key=operation.provider_request_id,
+                        idempotency_key=operation.idempotency_key,
                         receipt_id=hit["id"],
                         target=operation.target,
                     ),

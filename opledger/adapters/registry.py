@@ -6,7 +6,7 @@ import importlib
 from collections.abc import Iterable
 from datetime import timedelta
 
-from opledger.ledger import UnknownAction
+from opledger.ledger import ClaimTerms, UnknownAction
 from opledger.ledger.contract import Contract
 from opledger.ledger.ids import LONGEST_KEY, check_action
 from opledger.settings import Settings
@@ -22,6 +22,7 @@ class Registry:
 
     def __init__(self, adapters: Iterable[Adapter] = ()) -> None:
         self._by_action: dict[str, Adapter] = {}
+        self._terms: dict[timedelta, ClaimTerms] = {}
         for adapter in adapters:
             self.register(adapter)
 
@@ -41,6 +42,7 @@ class Registry:
             if action in self._by_action and self._by_action[action] is not adapter:
                 raise ValueError(f"{action} is already served by another adapter")
             self._by_action[action] = adapter
+        self._terms.clear()
 
     def adapter_for(self, action: str) -> Adapter:
         check_action(action)
@@ -57,6 +59,17 @@ class Registry:
 
     def provider_for(self, action: str) -> str:
         return self.adapter_for(action).contract.provider
+
+    def claim_terms(self, lease: timedelta) -> ClaimTerms:
+        """The claim terms for this registry's providers under `lease`, built once."""
+        terms = self._terms.get(lease)
+        if terms is None:
+            terms = self._terms[lease] = ClaimTerms(
+                lease=lease,
+                in_flight_by_provider=self.in_flight_by_provider(),
+                send_window_by_provider=self.send_window_by_provider(),
+            )
+        return terms
 
     def in_flight_by_provider(self) -> dict[str, timedelta]:
         """Each provider's longest in-flight time, for the claim's attempt deadline."""

@@ -156,7 +156,7 @@ class SmtpAdapter:
                 smtp.close()
         return Confirmed(
             receipt_id=str(message["Message-ID"]),
-            binding=Binding(key=claim.key, target=claim.operation.target),
+            binding=Binding(idempotency_key=claim.idempotency_key, target=claim.operation.target),
             accepted_only=True,
         )
 

@@ -82,7 +82,10 @@ class WebhookAdapter:
             response = self._client.post(
                 self.url,
                 content=claim.payload_canonical.encode(),
-                headers={"Idempotency-Key": claim.key, "Content-Type": "application/json"},
+                headers={
+                    "Idempotency-Key": claim.idempotency_key,
+                    "Content-Type": "application/json",
+                },
             )
         except Exception as exc:
             return outcome_for_http_error(exc)
@@ -93,8 +96,10 @@ class WebhookAdapter:
         detail = {"status": status, "code": error_code(response)}
         if 200 <= status < 300:
             return Confirmed(
-                receipt_id=f"{claim.key}@webhook",
-                binding=Binding(key=claim.key, target=claim.operation.target),
+                receipt_id=f"{claim.idempotency_key}@webhook",
+                binding=Binding(
+                    idempotency_key=claim.idempotency_key, target=claim.operation.target
+                ),
                 detail=detail,
             )
         if 400 <= status < 500 and status not in (408, 409, 425, 429):

@@ -12,8 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from opledger.dev import devstack
 from opledger.adapters.registry import load_registry
+from opledger.dev import devstack
 from opledger.ledger import History, Ledger, LedgerError, Operation, Resolution, Status
 from opledger.ledger.consequences import contract_facts
 from opledger.ledger.migrate import upgrade
@@ -106,7 +106,7 @@ def history_tables(history: History) -> list[Table]:
         "payload_digest",
         "authorization_ref",
         "fence",
-        "provider_request_id",
+        "idempotency_key",
         "provider_result_id",
         "lease_owner",
         "lease_expires_at",
@@ -124,7 +124,7 @@ def history_tables(history: History) -> list[Table]:
             str(a.n),
             str(a.fence),
             a.owner,
-            a.key,
+            a.idempotency_key,
             _when(a.started_at),
             _when(a.deadline_at),
             _when(a.finished_at),
@@ -318,9 +318,7 @@ def review_resolve(
         from opledger.tasks.app import reconcile
 
         reconcile.delay(op_id)  # the sweeper would also find it due
-        console.print(
-            f"[green]retry authorized by {operator}[/green]; key {after.provider_request_id}"
-        )
+        console.print(f"[green]retry authorized by {operator}[/green]; key {after.idempotency_key}")
     else:
         console.print(f"[green]{op_id} is now {after.status.value}[/green]")
 

@@ -32,9 +32,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from opledger.dev import devstack
 from opledger.adapters.base import Contract, Idempotency, Lookup, LookupResult
 from opledger.adapters.registry import Registry
+from opledger.dev import devstack
 from opledger.dev.chaos.stack import PrivateRedis, Proc, Stack, use_broker, wait_until
 from opledger.ledger import Attempt, Binding, Claim, Confirmed, Ledger, Operation, Outcome
 from opledger.settings import Settings
@@ -56,7 +56,9 @@ class InstantAdapter:
     )
 
     def dispatch(self, claim: Claim) -> Outcome:
-        return Confirmed(receipt_id=claim.key, binding=Binding(key=claim.key))
+        return Confirmed(
+            receipt_id=claim.idempotency_key, binding=Binding(idempotency_key=claim.idempotency_key)
+        )
 
     def lookup(self, operation: Operation, attempts: Sequence[Attempt]) -> LookupResult:
         return LookupResult(verdict="inconclusive")
@@ -236,7 +238,7 @@ def throughput(cfg: BenchConfig, stack: Stack, ledger: Ledger, redis_url: str) -
 FILL = """
 INSERT INTO operations (id, tenant, workflow_id, intent_key, action, target, provider,
                         payload_digest, payload_size, authorization_ref, status, fence,
-                        provider_request_id, created_at, updated_at)
+                        idempotency_key, created_at, updated_at)
 SELECT 'op_' || upper(lpad(to_hex(i), 26, '0')), 'bench', 'fill', 'k' || i, 'bench.noop.v1',
        't' || i, 'bench', repeat('a', 64), 2, 'auth_bench', 'confirmed', 2,
        'op_' || upper(lpad(to_hex(i), 26, '0')), now() - interval '1 day', now() - interval '1 day'

@@ -11,16 +11,15 @@ import fnmatch
 import json
 import os
 import secrets
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, Protocol
 
+from pydantic import ValidationError
 from sqlalchemy import Connection, Engine, create_engine
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from . import backlog
+from . import backlog, store
 from . import queries as q
 from .backlog import RELAY_MAX_DOUBLINGS, Handout
 from .canonical import DEFAULT_MAX_PAYLOAD_BYTES, canonicalize
@@ -32,7 +31,6 @@ from .errors import (
     ForgedFence,
     IntentConflict,
     InvalidInput,
-    LedgerError,
     OperationNotFound,
     OutOfScope,
     StaleFence,
@@ -49,21 +47,23 @@ from .ids import (
 from .migrate import sqlalchemy_url
 from .models import (
     Ambiguous,
-    Attempt,
     Authorization,
     Binding,
     Claim,
+    ClaimTerms,
     Confirmed,
     Evidence,
+    EvidenceSource,
     History,
     Operation,
     Outcome,
     Rejected,
     Review,
     Status,
-    Transition,
+    Verdict,
 )
 from .reviews import Reviews
+from .store import Store
 from .window import SendWindow, clock
 
 DEFAULT_LEASE = timedelta(seconds=60)
@@ -93,16 +93,6 @@ def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
 
 
-def _translate(exc: DBAPIError) -> LedgerError | None:
-    """Map the guard trigger's errors to the ledger's own; None when it is something else."""
-    code = getattr(exc.orig, "sqlstate", None)
-    if code == "OL001":
-        return ForbiddenTransition(str(exc.orig).splitlines()[0])
-    if code == "OL002":
-        return ForgedFence(str(exc.orig).splitlines()[0])
-    return None
-
-
 class Ledger:
     """The durable record of intended external effects, on Postgres.
 
@@ -121,7 +111,9 @@ class Ledger:
         if send_window <= timedelta(0):
             raise InvalidInput("send_window must be positive", field="send_window")
         self.engine = engine
-        self._auto = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._store = Store(engine)
+        self._tx = self._store.transaction
+        self._single = self._store.statement
         self.actions: ActionResolver = actions or PrefixResolver()
         self.max_payload_bytes = max_payload_bytes
         self.send_window = send_window
@@ -151,40 +143,11 @@ class Ledger:
     def reviews(self) -> Reviews:
         """The operator review queue (list, show, resolve), scoped per tenant."""
         contract_for = getattr(self.actions, "contract_for", None)
-        return Reviews(self, contract_for if callable(contract_for) else None)
+        return Reviews(self._store, contract_for if callable(contract_for) else None)
 
     def dispose(self) -> None:
         """Drop pooled connections (call in a forked child; never share them across fork)."""
-        self.engine.dispose(close=False)
-
-    # -- connections -------------------------------------------------------------------
-
-    @contextmanager
-    def _tx(self, session: Session | None = None) -> Iterator[Connection]:
-        """One transaction: the caller's (via `session`) or our own, committed on exit."""
-        try:
-            if session is not None:
-                yield session.connection()
-            else:
-                with self.engine.begin() as conn:
-                    yield conn
-        except DBAPIError as exc:
-            mapped = _translate(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
-
-    @contextmanager
-    def _single(self) -> Iterator[Connection]:
-        """An autocommit connection: each statement is its own transaction, one round trip."""
-        try:
-            with self._auto.connect() as conn:
-                yield conn
-        except DBAPIError as exc:
-            mapped = _translate(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
+        self._store.dispose()
 
     # -- authorizations ----------------------------------------------------------------
 
@@ -225,7 +188,7 @@ class Ledger:
                         f"authorization {ref!r} already exists with another tenant or scope",
                         ref=ref,
                     )
-        return _authorization(row)
+        return store.authorization(row)
 
     def revoke(self, ref: str, *, by: str, reason: str) -> Authorization:
         """Revoke a grant. New writes under it stop; lookups and evidence continue.
@@ -244,7 +207,7 @@ class Ledger:
             )
         if found is None:
             raise UnknownAuthorization(f"no authorization {ref!r}", ref=ref)
-        return _authorization(found)
+        return store.authorization(found)
 
     def authorization(self, ref: str) -> Authorization:
         """The grant named `ref`."""
@@ -253,7 +216,7 @@ class Ledger:
             row = conn.execute(q.SELECT_AUTHORIZATION, {"ref": ref}).one_or_none()
         if row is None:
             raise UnknownAuthorization(f"no authorization {ref!r}", ref=ref)
-        return _authorization(row)
+        return store.authorization(row)
 
     # -- prepare -----------------------------------------------------------------------
 
@@ -304,7 +267,7 @@ class Ledger:
                     "payload_digest": frozen.digest,
                     "payload_size": frozen.size,
                     "authorization_ref": authorization_ref,
-                    "provider_request_id": op_id,
+                    "idempotency_key": op_id,
                     "canonical": frozen.text,
                     "actor": actor,
                 },
@@ -314,7 +277,7 @@ class Ledger:
                     q.SELECT_OPERATION_BY_INTENT,
                     {"tenant": tenant, "workflow_id": workflow_id, "intent_key": intent_key},
                 ).one()
-                existing = _operation(row)
+                existing = store.operation(row)
                 differs = [
                     name
                     for name, mine in (
@@ -333,7 +296,7 @@ class Ledger:
                         differs=tuple(differs),
                     )
                 return existing
-        return _operation(row)
+        return store.operation(row)
 
     # -- reads -------------------------------------------------------------------------
 
@@ -344,7 +307,7 @@ class Ledger:
             row = conn.execute(q.SELECT_OPERATION, {"op_id": op_id}).one_or_none()
         if row is None:
             raise OperationNotFound(f"no operation {op_id}", op_id=op_id)
-        return _operation(row)
+        return store.operation(row)
 
     def payload(self, op_id: str) -> dict[str, Any] | None:
         """The frozen payload of `op_id`, or None once it has been purged."""
@@ -360,23 +323,8 @@ class Ledger:
     def history(self, op_id: str) -> History:
         """Everything recorded about `op_id`: attempts, evidence, transitions and reviews."""
         check_operation_id(op_id)
-        with self.engine.connect() as conn, conn.begin():
-            conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            row = conn.execute(q.SELECT_OPERATION, {"op_id": op_id}).one_or_none()
-            if row is None:
-                raise OperationNotFound(f"no operation {op_id}", op_id=op_id)
-            params = {"op_id": op_id}
-            attempts = tuple(_attempt(r) for r in conn.execute(q.SELECT_ATTEMPTS, params))
-            evidence = tuple(_evidence(r) for r in conn.execute(q.SELECT_EVIDENCE, params))
-            transitions = tuple(_transition(r) for r in conn.execute(q.SELECT_TRANSITIONS, params))
-            reviews = tuple(_review(r) for r in conn.execute(q.SELECT_REVIEWS, params))
-        return History(
-            operation=_operation(row),
-            attempts=attempts,
-            evidence=evidence,
-            transitions=transitions,
-            reviews=reviews,
-        )
+        with self._store.snapshot() as conn:
+            return self._store.history(conn, op_id)
 
     # -- the fenced claim ----------------------------------------------------------------
 
@@ -385,49 +333,79 @@ class Ledger:
         op_id: str,
         *,
         owner: str,
-        lease: timedelta = DEFAULT_LEASE,
-        in_flight: timedelta | None = None,
-        in_flight_by_provider: Mapping[str, timedelta] | None = None,
-        retry: bool = False,
-        expected_fence: int | None = None,
-        authorized_by: str | None = None,
-        send_window: timedelta | None = None,
-        send_window_by_provider: Mapping[str, timedelta] | None = None,
+        terms: ClaimTerms | None = None,
+        lease: timedelta | None = None,
     ) -> Claim | None:
-        """Take a fenced claim so the caller may cross the boundary, or None.
+        """Take a fenced claim on a prepared operation (its first dispatch), or None.
 
         One statement, committed before returning: the fence grows by one, the lease is
         set, the attempt row (with its in-flight deadline) is written and the frozen
-        payload comes back. The deadline is the operation's provider's entry in
-        `in_flight_by_provider` (an adapter contract's `max_in_flight`), else `in_flight`,
-        else the lease. `retry=False` claims a prepared operation (first dispatch);
-        `retry=True` claims an unknown one whose retry the decision allowed.
+        payload comes back. `terms` say how long the lease holds (`lease` overrides it),
+        how long the request may take to start (the provider's send window) and how long
+        it may still execute at the provider (its in-flight time); see `ClaimTerms`.
 
-        With `expected_fence`, the claim succeeds only if nobody moved the operation since
-        the caller read it (the decision that allowed a retry saw that fence).
+        The claim is good for *starting* the request only until `claim.send_by`; the
+        attempt's in-flight deadline counts from `send_by`, and `claim.window.check()`
+        refuses once the window has passed on this process's monotonic clock
+        (`opledger.ledger.window`).
 
-        The claim is good for *starting* the request only until `claim.send_by`: the
-        provider's entry in `send_window_by_provider`, else `send_window`, else the
-        ledger's default, after the claim. The attempt's in-flight deadline counts from
-        `send_by`, and `claim.window.check()` refuses once the window has passed on this
-        process's monotonic clock (`opledger.ledger.window`).
-
-        Returns None when the operation is not in that status (claimed by someone else,
-        finished, ...). Raises `AuthorizationRevoked` when its grant is no longer active:
-        a prepared operation is cancelled first; an unknown one stays unknown.
+        Returns None when the operation is not prepared, or a live lease holds it (claimed
+        by someone else, finished, unknown...). Raises `AuthorizationRevoked` when its
+        grant is no longer active; the prepared operation is cancelled first.
         """
+        return self._claim(op_id, Status.PREPARED, owner, self._terms(terms, lease), "claim")
+
+    def claim_retry(
+        self,
+        op_id: str,
+        *,
+        owner: str,
+        expected_fence: int,
+        authorized_by: str | None = None,
+        terms: ClaimTerms | None = None,
+        lease: timedelta | None = None,
+    ) -> Claim | None:
+        """Take a fenced claim on an unknown operation whose retry the decision allowed.
+
+        As `claim`, but only if nobody moved the operation since the caller read it at
+        `expected_fence` (the fence the decision saw). `authorized_by` names the operator
+        whose review resolution allowed it, recorded on the attempt. A revoked grant
+        raises `AuthorizationRevoked` and leaves the operation unknown.
+        """
+        reason = "retry" if authorized_by is None else f"retry authorized by {authorized_by}"
+        return self._claim(
+            op_id,
+            Status.UNKNOWN,
+            owner,
+            self._terms(terms, lease),
+            reason,
+            expected_fence=expected_fence,
+            authorized_by=authorized_by,
+        )
+
+    def _terms(self, terms: ClaimTerms | None, lease: timedelta | None) -> ClaimTerms:
+        try:
+            chosen = terms or ClaimTerms()
+            if lease is not None:
+                chosen = ClaimTerms.model_validate(chosen.model_dump() | {"lease": lease})
+        except ValidationError as exc:
+            raise InvalidInput(f"claim terms: {exc.errors()[0]['msg']}", field="terms") from exc
+        return chosen
+
+    def _claim(
+        self,
+        op_id: str,
+        from_status: Status,
+        owner: str,
+        terms: ClaimTerms,
+        reason: str,
+        *,
+        expected_fence: int | None = None,
+        authorized_by: str | None = None,
+    ) -> Claim | None:
         check_operation_id(op_id)
         check_identifier("owner", owner)
-        if lease <= timedelta(0):
-            raise InvalidInput("lease must be positive", field="lease")
-        deadline = in_flight if in_flight is not None else lease
-        if deadline <= timedelta(0):
-            raise InvalidInput("in_flight must be positive", field="in_flight")
-        window = send_window if send_window is not None else self.send_window
-        windows = dict(send_window_by_provider or {})
-        if window <= timedelta(0) or any(w <= timedelta(0) for w in windows.values()):
-            raise InvalidInput("send_window must be positive", field="send_window")
-        from_status = Status.UNKNOWN if retry else Status.PREPARED
+        lease = terms.lease
         token = secrets.token_hex(16)
         with self._single() as conn:
             # Read before the statement leaves: the database's now() is later than this
@@ -440,16 +418,14 @@ class Ledger:
                     "owner": owner,
                     "token": token,
                     "lease": lease,
-                    "in_flight": deadline,
-                    "in_flight_map": _json(
-                        {p: t.total_seconds() for p, t in (in_flight_by_provider or {}).items()}
-                    ),
-                    "send_window": window,
-                    "window_map": _json({p: t.total_seconds() for p, t in windows.items()}),
+                    "in_flight": terms.in_flight or lease,
+                    "in_flight_map": _seconds_map(terms.in_flight_by_provider),
+                    "send_window": terms.send_window or self.send_window,
+                    "window_map": _seconds_map(terms.send_window_by_provider),
                     "from_status": from_status.value,
                     "expected_fence": expected_fence,
                     "authorized_by": authorized_by,
-                    "reason": "retry" if retry else "claim",
+                    "reason": reason,
                 },
             ).one_or_none()
             if row is None:
@@ -457,7 +433,7 @@ class Ledger:
                 return None
         if row.canonical is None:  # purged payloads belong to finished operations only
             raise ForbiddenTransition(f"{op_id} has no frozen payload left", op_id=op_id)
-        operation = _operation(row)
+        operation = store.operation(row)
         return Claim(
             op_id=op_id,
             fence=operation.fence,
@@ -469,7 +445,7 @@ class Ledger:
             deadline_at=row.attempt_deadline_at,
             db_now=row.db_now,
             send_by=row.attempt_send_by,
-            key=row.provider_request_id,
+            idempotency_key=row.idempotency_key,
             payload=json.loads(row.canonical),
             payload_canonical=row.canonical,
             operation=operation,
@@ -516,7 +492,11 @@ class Ledger:
         """
         outcome = admit(None, claim, outcome)
         to_status = _STATUS_OF[outcome.kind]
-        binding = outcome.binding if isinstance(outcome, Confirmed) else Binding(key=claim.key)
+        binding = (
+            outcome.binding
+            if isinstance(outcome, Confirmed)
+            else Binding(idempotency_key=claim.idempotency_key)
+        )
         with self._single() as conn:
             row = conn.execute(
                 q.RECORD_OUTCOME,
@@ -529,7 +509,7 @@ class Ledger:
                     "to_status": to_status.value,
                     "receipt_id": outcome.receipt_id if isinstance(outcome, Confirmed) else None,
                     "recheck": recheck,
-                    "source": "dispatch",
+                    "source": EvidenceSource.DISPATCH.value,
                     "binding": _json(binding.model_dump(mode="json", exclude_none=True)),
                     "detail": _json(_detail_of(outcome)),
                     "actor": claim.owner,
@@ -537,7 +517,7 @@ class Ledger:
                 },
             ).one()
             if row.id is not None:
-                return _operation(row)
+                return store.operation(row)
             self._raise_fenced(conn, claim, evidence_kept=row.attempt_n is not None)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -573,8 +553,8 @@ class Ledger:
         self,
         op_id: str,
         *,
-        source: str,
-        verdict: str,
+        source: EvidenceSource | str,
+        verdict: Verdict | str,
         binding: Binding | None = None,
         detail: Mapping[str, Any] | None = None,
         attempt_n: int | None = None,
@@ -582,11 +562,17 @@ class Ledger:
     ) -> Evidence:
         """Append a fact learned about `op_id` (a lookup result, an operator's note).
 
-        Evidence never moves the status by itself: `resolve` does, citing it.
+        Evidence never moves the status by itself: `settle` does, citing it.
         """
         check_operation_id(op_id)
-        check_identifier("source", source, max_length=40)
-        check_identifier("verdict", verdict, max_length=40)
+        try:
+            source, verdict = EvidenceSource(source), Verdict(verdict)
+        except ValueError as exc:
+            raise InvalidInput(
+                f"evidence source must be one of {[s.value for s in EvidenceSource]} and its "
+                f"verdict one of {[v.value for v in Verdict]}: {exc}",
+                field="evidence",
+            ) from exc
         with self._single() as conn:
             row = conn.execute(
                 q.INSERT_EVIDENCE,
@@ -594,8 +580,8 @@ class Ledger:
                     "op_id": op_id,
                     "attempt_n": attempt_n,
                     "fence": fence,
-                    "source": source,
-                    "verdict": verdict,
+                    "source": source.value,
+                    "verdict": verdict.value,
                     "binding": _json(
                         (binding or Binding()).model_dump(mode="json", exclude_none=True)
                     ),
@@ -604,9 +590,9 @@ class Ledger:
             ).one_or_none()
         if row is None:
             raise OperationNotFound(f"no operation {op_id}", op_id=op_id)
-        return _evidence(row)
+        return store.record(Evidence, row)
 
-    def resolve(
+    def settle(
         self,
         op_id: str,
         *,
@@ -624,10 +610,12 @@ class Ledger:
         """
         check_operation_id(op_id)
         if to not in (Status.CONFIRMED, Status.REJECTED):
-            raise ForbiddenTransition(f"resolve settles as confirmed or rejected, not {to}")
+            raise ForbiddenTransition(
+                f"settle moves an operation to confirmed or rejected, not {to}"
+            )
         with self._single() as conn:
             row = conn.execute(
-                q.RESOLVE,
+                q.SETTLE_ON_EVIDENCE,
                 {
                     "op_id": op_id,
                     "fence": fence,
@@ -640,7 +628,7 @@ class Ledger:
             ).one_or_none()
         if row is None:
             self._raise_moved(op_id, fence)
-        return _operation(row)
+        return store.operation(row)
 
     def schedule_check(self, op_id: str, *, fence: int, at: datetime) -> Operation:
         """Ask the sweeper to reconcile an unknown operation again at `at`."""
@@ -651,7 +639,7 @@ class Ledger:
             ).one_or_none()
         if row is None:
             self._raise_moved(op_id, fence)
-        return _operation(row)
+        return store.operation(row)
 
     def open_review(
         self, op_id: str, *, fence: int, reason: str, snapshot: Mapping[str, Any] | None = None
@@ -677,7 +665,7 @@ class Ledger:
             if current.status is not Status.UNKNOWN or current.fence != fence:
                 self._raise_moved(op_id, fence)
             return None
-        return _review(row)
+        return store.record(Review, row)
 
     def _raise_moved(self, op_id: str, fence: int) -> NoReturn:
         current = self.get(op_id)
@@ -883,7 +871,7 @@ class Ledger:
                     op_id=op_id,
                     status=current.status,
                 )
-        return _operation(row)
+        return store.operation(row)
 
     def list(
         self, *, status: Iterable[Status] | None = None, tenant: str | None = None, limit: int = 100
@@ -897,7 +885,7 @@ class Ledger:
                 q.LIST_OPERATIONS,
                 {"statuses": statuses, "tenant": tenant, "limit": max(1, min(limit, 10_000))},
             )
-            return tuple(_operation(r) for r in rows)
+            return tuple(store.operation(r) for r in rows)
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -907,6 +895,10 @@ _STATUS_OF = {
     "rejected": Status.REJECTED,
     "ambiguous": Status.UNKNOWN,
 }
+
+
+def _seconds_map(durations: Mapping[str, timedelta]) -> str:
+    return _json({name: d.total_seconds() for name, d in durations.items()})
 
 
 def _payload_limit_from_environment() -> int:
@@ -975,34 +967,3 @@ def _guard_state(row: Any) -> backlog.GuardState:
         drain_per_s=row.drain_per_s,
         shallow_since=row.shallow_since,
     )
-
-
-def _operation(row: Any) -> Operation:
-    m = row._mapping
-    return Operation.model_validate({name: m[name] for name in Operation.model_fields})
-
-
-def _authorization(row: Any) -> Authorization:
-    m = dict(row._mapping)
-    m["scope"] = tuple(m["scope"])
-    return Authorization.model_validate({name: m[name] for name in Authorization.model_fields})
-
-
-def _attempt(row: Any) -> Attempt:
-    m = row._mapping
-    return Attempt.model_validate({name: m[name] for name in Attempt.model_fields})
-
-
-def _evidence(row: Any) -> Evidence:
-    m = row._mapping
-    return Evidence.model_validate({name: m[name] for name in Evidence.model_fields})
-
-
-def _transition(row: Any) -> Transition:
-    m = row._mapping
-    return Transition.model_validate({name: m[name] for name in Transition.model_fields})
-
-
-def _review(row: Any) -> Review:
-    m = row._mapping
-    return Review.model_validate({name: m[name] for name in Review.model_fields})

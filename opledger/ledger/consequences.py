@@ -25,17 +25,6 @@ class Consequences(Record):
     key_age: timedelta | None
 
 
-def effect_noun(action: str) -> str:
-    """What the effect is called in a sentence ("a second email")."""
-    if action.startswith("email."):
-        return "email"
-    if ".close_case." in action or ".update_case." in action:
-        return "change to the case"
-    if action.startswith(("payment.", "charge.", "refund.")):
-        return "charge"
-    return "effect"
-
-
 def _a(noun: str) -> str:
     return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
 
@@ -52,10 +41,14 @@ def consequences(
     Whether a same-key retry is protected is the retry decision's own answer
     (`same_key_retry_risk`), so the text never promises a protection the contract lacks.
     """
-    noun = effect_noun(operation.action)
+    noun = contract.effect
     idem = contract.idempotency
-    key = operation.provider_request_id
-    uses = [a.started_at for a in sent_attempts(contract, attempts, evidence) if a.key == key]
+    key = operation.idempotency_key
+    uses = [
+        a.started_at
+        for a in sent_attempts(contract, attempts, evidence)
+        if a.idempotency_key == key
+    ]
     key_age = now - min(uses) if uses else None
     busy_until = in_flight_until(contract, attempts, evidence)
     wait = (

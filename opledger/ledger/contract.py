@@ -113,6 +113,9 @@ class Contract(Record):
     #: after this many attempts that reached the provider, a person decides ("still
     #: executing" answers and attempts that provably sent nothing do not count)
     max_attempts: int = 5
+    #: what one effect is called in a sentence ("email", "payment", "change to the case"):
+    #: the review's consequences say what a retry could repeat in these words
+    effect: str = "effect"
     #: where the numbers come from
     source: str = ""
 

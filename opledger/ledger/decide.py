@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
+from pydantic import Field
+
 from .contract import Contract
 from .models import (
     Ambiguous,
@@ -18,11 +20,13 @@ from .models import (
     Claim,
     Confirmed,
     Evidence,
+    EvidenceSource,
     Operation,
     Outcome,
     Record,
     Rejected,
     Status,
+    Verdict,
 )
 
 # Codes an adapter (or `admit`) uses for outcomes the decision treats specially.
@@ -35,17 +39,13 @@ STATE_CONFLICT = "state_conflict"  #: a refusal our own earlier attempt may have
 BINDING_MISMATCH = "binding_mismatch"  #: a receipt that names another key, target or body
 UNBOUND_RESPONSE = "unbound_response"  #: a success that does not show it answers our request
 
-#: lookup verdicts
-CONFIRMED, REJECTED = "confirmed", "rejected"
-ABSENT = "absent"  #: an authoritative status API says it never saw this request
-PENDING = "pending"  #: the provider says the request is still executing
-INCONCLUSIVE = "inconclusive"  #: nothing that binds this operation either way
+DISPATCH, LOOKUP = EvidenceSource.DISPATCH, EvidenceSource.LOOKUP
 
 
 class Dispatch(Record):
     """Send (again) now, with this key and the frozen payload whose digest is given."""
 
-    key: str
+    idempotency_key: str
     payload_digest: str
 
 
@@ -55,8 +55,8 @@ class Wait(Record):
     until: datetime
 
 
-class Lookup(Record):
-    """Ask the provider for evidence now."""
+class AskProvider(Record):
+    """Look the request up at the provider now (its status API or search)."""
 
 
 class Confirm(Record):
@@ -78,13 +78,27 @@ class HoldUnknown(Record):
     reason: str
 
 
-class Review(Record):
-    """Nothing automatic can resolve it safely: a person decides."""
+class NeedsReview(Record):
+    """Nothing automatic can resolve it safely: a person decides (a review opens)."""
 
     reason: str
 
 
-Decision = Dispatch | Wait | Lookup | Confirm | Reject | HoldUnknown | Review
+Decision = Dispatch | Wait | AskProvider | Confirm | Reject | HoldUnknown | NeedsReview
+
+
+class ReviewPolicy(Record):
+    """When a person takes over even though the contract would let us keep trying."""
+
+    #: attempts that left it unknown (the contract's own `max_attempts` applies if lower)
+    after_attempts: int = Field(default=5, gt=0)
+    #: time since the first attempt while it is still waiting or looking
+    after: timedelta = timedelta(hours=24)
+
+
+def our_keys(operation: Operation, attempts: Sequence[Attempt]) -> frozenset[str]:
+    """Every idempotency key this operation was, or will be, sent under."""
+    return frozenset({operation.idempotency_key, *(a.idempotency_key for a in attempts)})
 
 
 def human(delta: timedelta) -> str:
@@ -104,7 +118,7 @@ def binding_clashes(binding: Binding, operation: Operation, key: str | None) -> 
     return [
         name
         for name, theirs, ours in (
-            ("key", binding.key, key),
+            ("key", binding.idempotency_key, key),
             ("target", binding.target, operation.target),
             ("payload_digest", binding.payload_digest, operation.payload_digest),
         )
@@ -114,7 +128,7 @@ def binding_clashes(binding: Binding, operation: Operation, key: str | None) -> 
 
 def _unbound(contract: Contract, binding: Binding, replayed: bool) -> str | None:
     """Why a success response does not show that it answers our request, or None."""
-    if contract.response_binds in ("key", "key_and_digest") and binding.key is None:
+    if contract.response_binds in ("key", "key_and_digest") and binding.idempotency_key is None:
         return "the response does not name our key, although the provider gives it"
     if contract.response_binds == "key_and_digest" and binding.payload_digest is None:
         return (
@@ -144,7 +158,7 @@ def admit(contract: Contract | None, claim: Claim, outcome: Outcome) -> Outcome:
         )
     if isinstance(outcome, Confirmed):
         b = outcome.binding
-        clashes = binding_clashes(b, claim.operation, claim.key)
+        clashes = binding_clashes(b, claim.operation, claim.idempotency_key)
         if clashes:
             return Ambiguous(
                 code=BINDING_MISMATCH,
@@ -183,7 +197,7 @@ def binds(
     neither its target nor its payload; a success response from dispatch also carries what
     the contract says the provider's responses bind."""
     b = evidence.binding
-    ours = (b.key is not None and b.key in keys) or (
+    ours = (b.idempotency_key is not None and b.idempotency_key in keys) or (
         b.receipt_id is not None and b.receipt_id == operation.provider_result_id
     )
     if not (
@@ -192,9 +206,13 @@ def binds(
         and (b.payload_digest is None or b.payload_digest == operation.payload_digest)
     ):
         return False
-    if contract is not None and evidence.source == "dispatch" and evidence.verdict == CONFIRMED:
+    if (
+        contract is not None
+        and evidence.source == DISPATCH
+        and evidence.verdict == Verdict.CONFIRMED
+    ):
         return _unbound(contract, b, bool(evidence.detail.get("replayed"))) is None
-    if contract is not None and evidence.verdict == CONFIRMED:
+    if contract is not None and evidence.verdict == Verdict.CONFIRMED:
         # a lookup by key at a provider that stores any body under a key: only the body's
         # digest tells our request from someone else's under the same key
         idem = contract.idempotency
@@ -207,7 +225,7 @@ def attempt_codes(evidence: Sequence[Evidence]) -> dict[int, str]:
     return {
         ev.attempt_n: _code(ev)
         for ev in evidence
-        if ev.source == "dispatch" and ev.attempt_n is not None
+        if ev.source == DISPATCH and ev.attempt_n is not None
     }
 
 
@@ -238,7 +256,7 @@ def in_flight_until(
         ends += [
             ev.recorded_at + max(contract.lookup.interval, timedelta(seconds=1))
             for ev in evidence
-            if ev.source == "dispatch" and _code(ev) == IN_FLIGHT
+            if ev.source == DISPATCH and _code(ev) == IN_FLIGHT
         ]
     return max(ends, default=None)
 
@@ -252,7 +270,7 @@ def _key_first_used(
     uses = [
         a.started_at
         for a in sent_attempts(contract, attempts, evidence)
-        if a.key == operation.provider_request_id
+        if a.idempotency_key == operation.idempotency_key
     ]
     return min(uses, default=None)
 
@@ -296,9 +314,7 @@ def same_key_retry_risk(
     if expired is not None:
         return expired
     scopes = {
-        str(ev.detail["scope"])
-        for ev in evidence
-        if ev.source == "dispatch" and "scope" in ev.detail
+        str(ev.detail["scope"]) for ev in evidence if ev.source == DISPATCH and "scope" in ev.detail
     }
     if scopes - {idem.scope}:
         return (
@@ -325,21 +341,51 @@ def decide(
     evidence: Sequence[Evidence],
     authorization: Authorization | None,
     now: datetime,
+    policy: ReviewPolicy | None = None,
 ) -> Decision:
-    """What to do next with `operation`, given everything known about it at `now`."""
+    """What to do next with `operation`, given everything known about it at `now`.
+
+    `policy` hands it to a person sooner than the contract alone would: after
+    `policy.after_attempts` attempts, or while it is still waiting or looking
+    `policy.after` since its first attempt (unless an operator asked for this retry).
+    """
     if operation.status.final:
         raise ValueError(f"{operation.id} is {operation.status}: there is nothing to decide")
-    keys = frozenset({operation.provider_request_id, *(a.key for a in attempts)})
+    if policy is not None and policy.after_attempts < contract.max_attempts:
+        contract = contract.model_copy(update={"max_attempts": policy.after_attempts})
+    decision = _decide(contract, operation, attempts, evidence, authorization, now)
+    if (
+        policy is not None
+        and isinstance(decision, Wait | HoldUnknown | AskProvider)
+        and attempts
+        and operation.operator_retry_by is None
+        and now - min(a.started_at for a in attempts) > policy.after
+    ):
+        return NeedsReview(reason=f"still unknown {human(policy.after)} after the first attempt")
+    return decision
+
+
+def _decide(
+    contract: Contract,
+    operation: Operation,
+    attempts: Sequence[Attempt],
+    evidence: Sequence[Evidence],
+    authorization: Authorization | None,
+    now: datetime,
+) -> Decision:
+    keys = our_keys(operation, attempts)
     authorized = authorization is not None and authorization.active_at(now)
     sent = sent_attempts(contract, attempts, evidence)
 
     # Rule 1: confirm only on evidence that binds this operation.
     for ev in evidence:
-        if ev.verdict == CONFIRMED and binds(ev, operation, keys, contract):
+        if ev.verdict == Verdict.CONFIRMED and binds(ev, operation, keys, contract):
             return Confirm(evidence_id=ev.id)
     # Rule 2: reject only on a definitive refusal of this very request.
     for ev in evidence:
-        if ev.verdict == REJECTED and _rejects(ev, operation, keys, contract, sent, evidence):
+        if ev.verdict == Verdict.REJECTED and _rejects(
+            ev, operation, keys, contract, sent, evidence
+        ):
             return Reject(evidence_id=ev.id)
 
     busy_until = in_flight_until(contract, attempts, evidence)
@@ -348,51 +394,49 @@ def decide(
         # nothing (a refused connection, a send window that had passed) or was refused
         # because another request with our key was executing.
         if not authorized:  # Rule 8
-            return Review(reason="authorization revoked before anything was sent")
+            return NeedsReview(reason="authorization revoked before anything was sent")
         if busy_until is not None and now < busy_until:  # Rule 3
             return Wait(until=busy_until)
         if operation.status is Status.PREPARED or attempts:
             by_attempt = attempt_codes(evidence)
             unsent = sum(1 for a in attempts if by_attempt.get(a.n) == NOT_SENT)
             if unsent >= contract.max_attempts:
-                return Review(reason=f"{unsent} attempts, none of which reached the provider")
+                return NeedsReview(reason=f"{unsent} attempts, none of which reached the provider")
             return _send(contract, operation)
-        return Review(reason=f"{operation.status} with no attempt on record")
+        return NeedsReview(reason=f"{operation.status} with no attempt on record")
 
     operator_retry = operation.operator_retry_by is not None
-    codes = {_code(ev) for ev in evidence if ev.source == "dispatch"}
+    codes = {_code(ev) for ev in evidence if ev.source == DISPATCH}
     if IDEMPOTENCY_MISMATCH in codes and not operator_retry:
-        return Review(reason="the provider says this key was used with a different payload")
+        return NeedsReview(reason="the provider says this key was used with a different payload")
 
     assert busy_until is not None
 
     # Rule 3: never start a second attempt while an earlier one may still be in flight.
     if now < busy_until:
         if contract.lookup.kind == "status_api" and not _recent_lookup(evidence, now, contract):
-            return Lookup()
+            return AskProvider()
         return Wait(until=busy_until)
 
     # A person resolved the review with "retry" and saw what it could cause (a key past
     # its retention needed their explicit new key). Authority is still re-checked (rule 8).
     if operator_retry:
         if not authorized:
-            return Review(reason="authorization revoked; the operator's retry was not sent")
+            return NeedsReview(reason="authorization revoked; the operator's retry was not sent")
         return _send(contract, operation)
 
-    after_deadline = [
-        ev for ev in evidence if ev.source == "lookup" and ev.recorded_at >= busy_until
-    ]
+    after_deadline = [ev for ev in evidence if ev.source == LOOKUP and ev.recorded_at >= busy_until]
     latest = max(after_deadline, key=lambda ev: ev.recorded_at, default=None)
 
     if contract.lookup.kind == "status_api":
         if latest is None:
-            return Lookup()
-        if latest.verdict == PENDING:
+            return AskProvider()
+        if latest.verdict == Verdict.PENDING:
             # The provider still executes it: a retry now would race it.
             return _hold_or_lookup(
                 evidence, now, contract, "the provider reports it still in progress"
             )
-        if latest.verdict == ABSENT and binds_key(latest, keys):
+        if latest.verdict == Verdict.ABSENT and binds_key(latest, keys):
             # Rule 6: an authoritative "no such request" after the deadline proves it never
             # took effect; a retry is safe if the other rules allow one.
             return _retry(contract, operation, attempts, evidence, authorized, now, True)
@@ -405,7 +449,7 @@ def decide(
         if now < visible_after:
             return HoldUnknown(next_check=visible_after, reason="waiting for search to catch up")
         if latest is None or latest.recorded_at < visible_after:
-            return Lookup()
+            return AskProvider()
 
     return _retry(contract, operation, attempts, evidence, authorized, now, False)
 
@@ -424,7 +468,7 @@ def _rejects(
         return False
     if ev.detail.get("conflicting_state") and len(sent) > 1:
         return False
-    if ev.source == "dispatch":
+    if ev.source == DISPATCH:
         # a refusal of one attempt says nothing of a later one that may have applied, nor
         # of an earlier one, unless the earlier one went under the same key and the key
         # protected it (the provider would have answered from it, not refused)
@@ -436,27 +480,27 @@ def _rejects(
             return True
         return (
             refused is not None
-            and all(a.key == refused.key for a in earlier)
+            and all(a.idempotency_key == refused.idempotency_key for a in earlier)
             and same_key_retry_risk(contract, operation, earlier, evidence, ev.recorded_at) is None
         )
     # a lookup by key speaks for the attempts sent with that key only
-    return all(a.key == ev.binding.key for a in sent)
+    return all(a.idempotency_key == ev.binding.idempotency_key for a in sent)
 
 
 def _send(contract: Contract, operation: Operation) -> Decision:
     """Dispatch with our key, unless the provider would refuse the key itself."""
     limit = contract.idempotency.max_key_length
-    key = operation.provider_request_id
+    key = operation.idempotency_key
     if contract.idempotency.kind == "keyed" and limit is not None and len(key) > limit:
-        return Review(
+        return NeedsReview(
             reason=f"our key {key!r} is {len(key)} characters; the provider accepts at most "
             f"{limit}, so it was not sent"
         )
-    return Dispatch(key=key, payload_digest=operation.payload_digest)
+    return Dispatch(idempotency_key=key, payload_digest=operation.payload_digest)
 
 
 def binds_key(evidence: Evidence, keys: frozenset[str]) -> bool:
-    return evidence.binding.key is not None and evidence.binding.key in keys
+    return evidence.binding.idempotency_key is not None and evidence.binding.idempotency_key in keys
 
 
 def _retry(
@@ -470,16 +514,18 @@ def _retry(
 ) -> Decision:
     """Nothing is in flight and no evidence settles it: may we send again?"""
     if not authorized:  # Rule 8: revoked authority stops new writes.
-        return Review(reason="authorization revoked; the outcome of the last attempt is unknown")
+        return NeedsReview(
+            reason="authorization revoked; the outcome of the last attempt is unknown"
+        )
     sent = sent_attempts(contract, attempts, evidence)
     if len(sent) >= contract.max_attempts:
-        return Review(reason=f"{len(sent)} attempts left it unknown")
+        return NeedsReview(reason=f"{len(sent)} attempts left it unknown")
     idem = contract.idempotency
     if idem.kind == "none":
         if proven_absent:
             return _send(contract, operation)
         # Rule 7: no dedup and no decisive lookup.
-        return Review(
+        return NeedsReview(
             reason="the provider neither deduplicates nor answers authoritatively; "
             "a retry could repeat the effect"
         )
@@ -487,28 +533,30 @@ def _retry(
     # the provider says it never saw the request (its records of keys end there too).
     expired = retention_risk(contract, operation, attempts, evidence, now)
     if expired is not None:
-        return Review(reason=f"{expired}; a retry could create a new effect")
+        return NeedsReview(reason=f"{expired}; a retry could create a new effect")
     if proven_absent:
         return _send(contract, operation)
     # Rule 10: a key the provider may have dropped protects nothing.
     risk = same_key_retry_risk(contract, operation, attempts, evidence, now)
     if risk is not None:
-        return Review(reason=f"{risk}; a retry could create a new effect")
-    dispatch_evidence = [ev for ev in evidence if ev.source == "dispatch"]
+        return NeedsReview(reason=f"{risk}; a retry could create a new effect")
+    dispatch_evidence = [ev for ev in evidence if ev.source == DISPATCH]
     if idem.failed_attempt_poisons_key and any(
         _code(ev) == KEY_POISONED for ev in dispatch_evidence
     ):
-        return Review(
+        return NeedsReview(
             reason="the provider refuses this key after a failed attempt and wants a new one"
         )
     # Rule 5: a replayed stored error is not new information, and a provider that stores
     # errors will replay the one it has: retrying the same key cannot learn more.
     if any(ev.detail.get("replayed") for ev in dispatch_evidence):
-        return Review(reason="the provider replays a stored error for this key")
+        return NeedsReview(reason="the provider replays a stored error for this key")
     if idem.after_error == "replayed" and any(
         _code(ev) == SERVER_ERROR for ev in dispatch_evidence
     ):
-        return Review(reason="the provider stored a server error for this key; retrying replays it")
+        return NeedsReview(
+            reason="the provider stored a server error for this key; retrying replays it"
+        )
     return _send(contract, operation)
 
 
@@ -519,7 +567,7 @@ def _code(ev: Evidence) -> str:
 
 def _recent_lookup(evidence: Sequence[Evidence], now: datetime, contract: Contract) -> bool:
     return any(
-        ev.source == "lookup" and now - ev.recorded_at < contract.lookup.interval for ev in evidence
+        ev.source == LOOKUP and now - ev.recorded_at < contract.lookup.interval for ev in evidence
     )
 
 
@@ -527,9 +575,9 @@ def _hold_or_lookup(
     evidence: Sequence[Evidence], now: datetime, contract: Contract, reason: str
 ) -> Decision:
     if _recent_lookup(evidence, now, contract):
-        last = max(ev.recorded_at for ev in evidence if ev.source == "lookup")
+        last = max(ev.recorded_at for ev in evidence if ev.source == LOOKUP)
         return HoldUnknown(next_check=last + contract.lookup.interval, reason=reason)
-    return Lookup()
+    return AskProvider()
 
 
 def _hold_or_review(
@@ -538,5 +586,5 @@ def _hold_or_review(
     last = max(sent, key=lambda a: a.n)
     give_up = last.deadline_at + max(contract.lookup.interval * 3, timedelta(seconds=1))
     if now >= give_up:
-        return Review(reason=reason)
+        return NeedsReview(reason=reason)
     return HoldUnknown(next_check=min(now + contract.lookup.interval, give_up), reason=reason)

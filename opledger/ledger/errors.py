@@ -95,6 +95,10 @@ class ForgedFence(FenceError):
     """This claim was never issued by the ledger for this operation."""
 
 
+class FenceWentBack(FenceError):
+    """A write would have lowered an operation's fence; the database refused it."""
+
+
 class ReviewError(LedgerError):
     """The review request was refused; nothing changed."""
 
@@ -123,6 +127,15 @@ class RetryNeedsAcknowledgement(ReviewError):
 class ContradictsEvidence(ReviewError):
     """The resolution contradicts evidence on record that binds this operation (a receipt
     that confirms it, a definitive refusal): it needs an explicit override."""
+
+
+class DatabaseUnavailable(LedgerError):
+    """The ledger's database could not be reached, or asked for the work to be retried
+    (connection lost, restarting, serialization failure). Transient: retry later."""
+
+
+class SchemaMissing(LedgerError):
+    """The ledger's tables are missing or out of date: run `opledger migrate`."""
 
 
 class SendWindowPassed(LedgerError):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from .window import SendWindow
 
@@ -67,7 +67,7 @@ class Operation(Record):
     fence: int
     lease_owner: str | None
     lease_expires_at: AwareDatetime | None
-    provider_request_id: str
+    idempotency_key: str
     provider_result_id: str | None
     evidence_checked_at: AwareDatetime | None
     next_check_at: AwareDatetime | None
@@ -76,6 +76,33 @@ class Operation(Record):
     record_version: int
     created_at: AwareDatetime
     updated_at: AwareDatetime
+
+
+class ClaimTerms(Record):
+    """How long a claim holds its operation and how long its attempt may take.
+
+    Built once per worker process (`Registry.claim_terms`); the per-provider entries come
+    from the adapters' contracts and win over the defaults. `in_flight` defaults to the
+    lease, `send_window` to the ledger's own default.
+    """
+
+    lease: timedelta = timedelta(seconds=60)
+    in_flight: timedelta | None = None
+    send_window: timedelta | None = None
+    in_flight_by_provider: dict[str, timedelta] = Field(default_factory=dict)
+    send_window_by_provider: dict[str, timedelta] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _positive(self) -> ClaimTerms:
+        durations: dict[str, list[timedelta | None]] = {
+            "lease": [self.lease],
+            "in_flight": [self.in_flight, *self.in_flight_by_provider.values()],
+            "send_window": [self.send_window, *self.send_window_by_provider.values()],
+        }
+        for name, values in durations.items():
+            if any(v is not None and v <= timedelta(0) for v in values):
+                raise ValueError(f"{name} must be positive")
+        return self
 
 
 class Claim(Record):
@@ -101,7 +128,8 @@ class Claim(Record):
     db_now: AwareDatetime | None = None
     #: no request may start under this claim after this instant (database time)
     send_by: AwareDatetime | None = None
-    key: str
+    #: our idempotency key for this attempt (what the provider deduplicates on)
+    idempotency_key: str
     payload: dict[str, Any]
     payload_canonical: str
     operation: Operation
@@ -113,7 +141,8 @@ class Claim(Record):
 class Binding(Record):
     """What a piece of evidence ties together. A confirmation must bind this operation."""
 
-    key: str | None = None
+    #: the idempotency key the provider saw (ours, if it answers our request)
+    idempotency_key: str | None = None
     receipt_id: str | None = None
     target: str | None = None
     payload_digest: str | None = None
@@ -163,7 +192,7 @@ class Attempt(Record):
     n: int
     fence: int
     owner: str
-    key: str
+    idempotency_key: str
     started_at: AwareDatetime
     deadline_at: AwareDatetime
     finished_at: AwareDatetime | None
@@ -174,6 +203,25 @@ class Attempt(Record):
     send_by: AwareDatetime | None = None
 
 
+class EvidenceSource(StrEnum):
+    """Where a piece of evidence came from."""
+
+    DISPATCH = "dispatch"  #: the provider's answer to one of our attempts
+    LOOKUP = "lookup"  #: an adapter's lookup (status API, key replay, search)
+    OPERATOR = "operator"  #: a person's resolution of a review
+
+
+class Verdict(StrEnum):
+    """What a piece of evidence says about the operation."""
+
+    CONFIRMED = "confirmed"  #: it happened
+    REJECTED = "rejected"  #: the provider definitively refused it
+    AMBIGUOUS = "ambiguous"  #: an attempt's outcome that may or may not have applied
+    ABSENT = "absent"  #: an authoritative status API says it never saw the request
+    PENDING = "pending"  #: the provider says the request is still executing
+    INCONCLUSIVE = "inconclusive"  #: nothing that binds this operation either way
+
+
 class Evidence(Record):
     """A fact learned about an operation. Kept even when it could not move the status."""
 
@@ -181,8 +229,8 @@ class Evidence(Record):
     op_id: str
     attempt_n: int | None
     fence: int | None
-    source: str
-    verdict: str
+    source: EvidenceSource
+    verdict: Verdict
     binding: Binding
     detail: dict[str, Any]
     applied: bool

@@ -1,8 +1,11 @@
 """Every statement the ledger runs, named, in one place.
 
-Each status change is one conditional UPDATE on (id, fence or expected status); the
-companion rows (attempt, evidence, transition) are written by data-modifying CTEs of the
-same statement, so a change and its audit trail commit together in one round trip.
+Each status change is one conditional UPDATE on (id, fence and expected status); the
+companion rows (attempt, evidence) are written by data-modifying CTEs of the same
+statement, so a change and its facts commit together in one round trip. The audit trail
+(`transitions`) is written by the database itself: a trigger records every status or fence
+change from the row's OLD and NEW values, with the `changed_by` and `change_reason` the
+statement sets (migration 0006). No statement here writes a transition row.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ OPERATION_COLUMNS = (
     "fence",
     "lease_owner",
     "lease_expires_at",
-    "provider_request_id",
+    "idempotency_key",
     "provider_result_id",
     "evidence_checked_at",
     "next_check_at",
@@ -41,27 +44,35 @@ OPERATION_COLUMNS = (
     "updated_at",
 )
 
+
+def grant_active(alias: str) -> str:
+    """Whether the grant `alias` is active now: the one SQL spelling of the rule that
+    `Authorization.active_at` states in Python."""
+    a = alias
+    return f"({a}.revoked_at IS NULL AND ({a}.expires_at IS NULL OR {a}.expires_at > now()))"
+
+
 AUTH_COLUMNS = (
-    "ref, tenant, scope, granted_by, granted_at, expires_at, revoked_at, revoked_by, "
-    "revoke_reason, (revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())) AS active"
+    "a.ref, a.tenant, a.scope, a.granted_by, a.granted_at, a.expires_at, a.revoked_at, "
+    f"a.revoked_by, a.revoke_reason, {grant_active('a')} AS active"
 )
 
 INSERT_AUTHORIZATION: TextClause = text(
     f"""
-    INSERT INTO authorizations (ref, tenant, scope, granted_by, expires_at)
+    INSERT INTO authorizations AS a (ref, tenant, scope, granted_by, expires_at)
     VALUES (:ref, :tenant, :scope, :granted_by, :expires_at)
     ON CONFLICT (ref) DO NOTHING
     RETURNING {AUTH_COLUMNS}
     """
 ).bindparams(bindparam("scope", type_=ARRAY(Text)))
 
-SELECT_AUTHORIZATION = text(f"SELECT {AUTH_COLUMNS} FROM authorizations WHERE ref = :ref")
+SELECT_AUTHORIZATION = text(f"SELECT {AUTH_COLUMNS} FROM authorizations AS a WHERE a.ref = :ref")
 
 REVOKE_AUTHORIZATION = text(
     f"""
-    UPDATE authorizations
+    UPDATE authorizations AS a
     SET revoked_at = now(), revoked_by = :by, revoke_reason = :reason
-    WHERE ref = :ref AND revoked_at IS NULL
+    WHERE a.ref = :ref AND a.revoked_at IS NULL
     RETURNING {AUTH_COLUMNS}
     """
 )
@@ -71,21 +82,19 @@ INSERT_OPERATION = text(
     WITH ins AS (
         INSERT INTO operations (
             id, tenant, workflow_id, intent_key, action, target, provider,
-            payload_digest, payload_size, authorization_ref, provider_request_id
+            payload_digest, payload_size, authorization_ref, idempotency_key,
+            changed_by, change_reason
         )
         VALUES (
             :id, :tenant, :workflow_id, :intent_key, :action, :target, :provider,
-            :payload_digest, :payload_size, :authorization_ref, :provider_request_id
+            :payload_digest, :payload_size, :authorization_ref, :idempotency_key,
+            :actor, 'prepared'
         )
         ON CONFLICT (tenant, workflow_id, intent_key) DO NOTHING
         RETURNING *
     ),
     payload AS (
         INSERT INTO operation_payloads (op_id, canonical) SELECT id, :canonical FROM ins
-    ),
-    transition AS (
-        INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
-        SELECT id, NULL, 'prepared', 0, :actor, 'prepared' FROM ins
     )
     SELECT {_cols("ins")} FROM ins
     """
@@ -114,7 +123,7 @@ LIST_OPERATIONS = text(
 
 SELECT_ATTEMPTS = text(
     """
-    SELECT op_id, n, fence, owner, provider_key AS key, started_at, deadline_at, finished_at,
+    SELECT op_id, n, fence, owner, idempotency_key, started_at, deadline_at, finished_at,
            outcome, response, authorized_by, send_by
     FROM attempts WHERE op_id = :op_id ORDER BY n
     """
@@ -169,34 +178,29 @@ CLAIM = text(
         SET status = 'dispatching', fence = o.fence + 1,
             lease_owner = :owner, lease_token = :token, lease_expires_at = now() + :lease,
             next_check_at = NULL, operator_retry_by = NULL,
+            changed_by = :owner, change_reason = :reason,
             record_version = o.record_version + 1, updated_at = now()
         FROM authorizations AS a
         WHERE o.id = :op_id
           AND o.status = CAST(:from_status AS op_status)
           AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
           AND (CAST(:expected_fence AS bigint) IS NULL OR o.fence = :expected_fence)
-          AND a.ref = o.authorization_ref
-          AND a.revoked_at IS NULL AND (a.expires_at IS NULL OR a.expires_at > now())
+          AND a.ref = o.authorization_ref AND {grant_active("a")}
         RETURNING o.*
     ),
     attempt AS (
         INSERT INTO attempts (
-            op_id, n, fence, owner, claim_token, provider_key, started_at, send_by,
+            op_id, n, fence, owner, claim_token, idempotency_key, started_at, send_by,
             deadline_at, authorized_by
         )
         SELECT op.id,
                coalesce((SELECT max(n) FROM attempts WHERE op_id = op.id), 0) + 1,
-               op.fence, :owner, :token, op.provider_request_id, now(),
+               op.fence, :owner, :token, op.idempotency_key, now(),
                now() + win.send_window,
                now() + win.send_window + win.in_flight,
                :authorized_by
         FROM op CROSS JOIN win
         RETURNING n, started_at, send_by, deadline_at
-    ),
-    transition AS (
-        INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
-        SELECT op.id, CAST(:from_status AS op_status), 'dispatching', op.fence, :owner, :reason
-        FROM op
     )
     SELECT {_cols("op")}, attempt.n AS attempt_n, attempt.started_at AS attempt_started_at,
            attempt.deadline_at AS attempt_deadline_at, attempt.send_by AS attempt_send_by,
@@ -208,10 +212,8 @@ CLAIM = text(
 )
 
 CLAIM_REFUSAL = text(
-    """
-    SELECT o.status::text AS status, o.authorization_ref,
-           (a.revoked_at IS NULL AND (a.expires_at IS NULL OR a.expires_at > now()))
-               AS grant_active
+    f"""
+    SELECT o.status::text AS status, o.authorization_ref, {grant_active("a")} AS grant_active
     FROM operations AS o JOIN authorizations AS a ON a.ref = o.authorization_ref
     WHERE o.id = :op_id
     """
@@ -239,6 +241,7 @@ RECORD_OUTCOME = text(
             evidence_checked_at = now(),
             next_check_at = CASE WHEN CAST(:to_status AS text) = 'unknown'
                                  THEN now() + :recheck END,
+            changed_by = :actor, change_reason = :reason,
             record_version = o.record_version + 1, updated_at = now()
         WHERE o.id = :op_id AND o.fence = :fence AND o.lease_token = :token
           AND o.status = 'dispatching' AND EXISTS (SELECT 1 FROM attempt)
@@ -255,10 +258,6 @@ RECORD_OUTCOME = text(
         SELECT :op_id, attempt.n, :fence, :source, :kind, CAST(:binding AS jsonb),
                CAST(:detail AS jsonb), EXISTS (SELECT 1 FROM op)
         FROM attempt
-    ),
-    transition AS (
-        INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
-        SELECT op.id, 'dispatching', op.status, op.fence, :actor, :reason FROM op
     )
     SELECT (SELECT n FROM attempt) AS attempt_n, {_cols("op")}
     FROM (SELECT 1) AS one LEFT JOIN op ON true
@@ -279,13 +278,10 @@ CANCEL = text(
     WITH op AS (
         UPDATE operations AS o
         SET status = 'cancelled', fence = o.fence + 1, next_check_at = NULL,
+            changed_by = :actor, change_reason = :reason,
             record_version = o.record_version + 1, updated_at = now()
         WHERE o.id = :op_id AND o.status = 'prepared'
         RETURNING o.*
-    ),
-    transition AS (
-        INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
-        SELECT op.id, 'prepared', 'cancelled', op.fence, :actor, :reason FROM op
     )
     SELECT {_cols("op")} FROM op
     """
@@ -308,7 +304,7 @@ INSERT_EVIDENCE = text(
 )
 
 # Settle an unknown operation on evidence, conditional on the fence the decision saw.
-RESOLVE = text(
+SETTLE_ON_EVIDENCE = text(
     f"""
     WITH op AS (
         UPDATE operations AS o
@@ -316,6 +312,7 @@ RESOLVE = text(
             lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
             next_check_at = NULL, evidence_checked_at = now(),
             provider_result_id = coalesce(CAST(:receipt_id AS text), o.provider_result_id),
+            changed_by = :actor, change_reason = :reason,
             record_version = o.record_version + 1, updated_at = now()
         WHERE o.id = :op_id AND o.fence = :fence AND o.status = 'unknown'
         RETURNING o.*
@@ -329,10 +326,6 @@ RESOLVE = text(
         UPDATE reviews SET resolution = :to_status, resolved_by = :actor, resolved_at = now(),
                            note = :reason
         WHERE op_id = :op_id AND resolved_at IS NULL AND EXISTS (SELECT 1 FROM op)
-    ),
-    transition AS (
-        INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
-        SELECT op.id, 'unknown', op.status, op.fence, :actor, :reason FROM op
     )
     SELECT {_cols("op")} FROM op
     """
@@ -382,13 +375,9 @@ EXPIRE_LEASES = text(
         SET status = 'unknown', fence = o.fence + 1,
             lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
             next_check_at = now() + :backoff, record_version = o.record_version + 1,
-            updated_at = now()
+            changed_by = :actor, change_reason = 'lease expired', updated_at = now()
         FROM stale WHERE o.id = stale.id
         RETURNING o.id, o.fence
-    ),
-    transition AS (
-        INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
-        SELECT op.id, 'dispatching', 'unknown', op.fence, :actor, 'lease expired' FROM op
     )
     SELECT id FROM op
     """
@@ -548,13 +537,10 @@ SETTLE_BY_OPERATOR = text(
         SET status = CAST(:to_status AS op_status), fence = o.fence + 1,
             lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
             next_check_at = NULL, operator_retry_by = NULL,
+            changed_by = :operator, change_reason = :reason,
             record_version = o.record_version + 1, updated_at = now()
         WHERE o.id = :op_id AND o.fence = :fence AND o.status = 'unknown'
         RETURNING o.*
-    ),
-    transition AS (
-        INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
-        SELECT op.id, 'unknown', op.status, op.fence, :operator, :reason FROM op
     )
     SELECT {_cols("op")} FROM op
     """
@@ -565,15 +551,12 @@ AUTHORIZE_RETRY = text(
     WITH op AS (
         UPDATE operations AS o
         SET operator_retry_by = :operator,
-            provider_request_id = coalesce(CAST(:new_key AS text), o.provider_request_id),
+            idempotency_key = coalesce(CAST(:new_key AS text), o.idempotency_key),
             fence = o.fence + 1, next_check_at = now(),
+            changed_by = :operator, change_reason = :reason,
             record_version = o.record_version + 1, updated_at = now()
         WHERE o.id = :op_id AND o.fence = :fence AND o.status = 'unknown'
         RETURNING o.*
-    ),
-    transition AS (
-        INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
-        SELECT op.id, 'unknown', 'unknown', op.fence, :operator, :reason FROM op
     )
     SELECT {_cols("op")} FROM op
     """

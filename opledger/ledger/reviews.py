@@ -11,14 +11,15 @@ import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from pydantic import AwareDatetime
 
 from . import queries as q
+from . import store
 from .consequences import Consequences, consequences
 from .contract import Contract
-from .decide import CONFIRMED, REJECTED, binds, retention_risk
+from .decide import binds, our_keys, retention_risk
 from .errors import (
     ContradictsEvidence,
     InvalidInput,
@@ -29,10 +30,17 @@ from .errors import (
     StaleView,
 )
 from .ids import check_action, check_identifier, check_key, check_operation_id, check_operator
-from .models import Attempt, Evidence, Operation, Record, Review, Status
-
-if TYPE_CHECKING:
-    from .api import Ledger
+from .models import (
+    Attempt,
+    Evidence,
+    EvidenceSource,
+    Operation,
+    Record,
+    Review,
+    Status,
+    Verdict,
+)
+from .store import Store
 
 
 class Resolution(StrEnum):
@@ -93,8 +101,8 @@ def _json(value: Any) -> str:
 class Reviews:
     """`ledger.reviews`: the same operations the CLI offers, for a console or a script."""
 
-    def __init__(self, ledger: Ledger, contracts: Callable[[str], Contract] | None) -> None:
-        self._ledger = ledger
+    def __init__(self, db: Store, contracts: Callable[[str], Contract] | None) -> None:
+        self._db = db
         self._contracts = contracts
 
     def _contract(self, action: str) -> Contract | None:
@@ -122,7 +130,7 @@ class Reviews:
                 pattern = action[:-1].replace("%", r"\%").replace("_", r"\_") + "%"
             else:
                 pattern = check_action(action).replace("_", r"\_")
-        with self._ledger.engine.connect() as conn:
+        with self._db.statement() as conn:
             rows = conn.execute(
                 q.LIST_REVIEWS,
                 {
@@ -139,11 +147,11 @@ class Reviews:
         check_operation_id(op_id)
         tenant = check_key("tenant", tenant)
         operator = check_operator("operator", operator)
-        with self._ledger.engine.begin() as conn:
+        with self._db.snapshot() as conn:
             row = conn.execute(q.OPEN_REVIEW_FOR, {"op_id": op_id, "tenant": tenant}).one_or_none()
             if row is None:
                 self._raise_missing(conn, op_id, tenant)
-        history = self._ledger.history(op_id)
+            history = self._db.history(conn, op_id)
         review = next(r for r in history.reviews if r.id == row.id)
         contract = self._contract(history.operation.action)
         now = datetime.now(UTC)
@@ -161,7 +169,7 @@ class Reviews:
             contract=contract,
             shown_at=now,
         )
-        with self._ledger.engine.begin() as conn:
+        with self._db.transaction() as conn:
             conn.execute(
                 q.INSERT_VIEW,
                 {
@@ -219,11 +227,11 @@ class Reviews:
         if new_key and chosen is not Resolution.RETRY:
             raise InvalidInput("--new-key only goes with a retry")
 
-        with self._ledger.engine.begin() as conn:
+        with self._db.transaction() as conn:
             row = conn.execute(q.LOCK_OPEN_REVIEW, {"op_id": op_id, "tenant": tenant}).one_or_none()
             if row is None:
                 self._raise_missing(conn, op_id, tenant)
-            op = Operation.model_validate({k: row._mapping[k] for k in Operation.model_fields})
+            op = store.operation(row)
             view = conn.execute(
                 q.LAST_VIEW, {"review_id": row.review_id, "operator": operator}
             ).one_or_none()
@@ -250,7 +258,7 @@ class Reviews:
                     current=op.record_version,
                 )
             shown: dict[str, Any] = dict(view.shown)
-            history = self._ledger.history(op_id)
+            history = self._db.history(conn, op_id)  # under the lock just taken
             overriding = self._check_evidence(op, history.attempts, history.evidence, chosen)
             if overriding and not override_evidence:
                 raise ContradictsEvidence(
@@ -267,7 +275,7 @@ class Reviews:
                     op, history.attempts, history.evidence, new_key, acknowledge_risk
                 )
             fence = op.fence
-            reason = f"review resolved as {chosen.value} by {operator}: {note}"
+            reason = f"review {row.review_id} resolved as {chosen.value} by {operator}: {note}"
             if chosen is Resolution.RETRY:
                 moved = conn.execute(
                     q.AUTHORIZE_RETRY,
@@ -297,7 +305,7 @@ class Reviews:
                 ).one_or_none()
             if moved is None:  # the row lock makes this unreachable, but never assume
                 raise StaleView(f"{op_id} moved while resolving", op_id=op_id)
-            after = Operation.model_validate({k: moved._mapping[k] for k in Operation.model_fields})
+            after = store.operation(moved)
             if chosen in (Resolution.CONFIRMED, Resolution.REJECTED):
                 conn.execute(
                     q.OPERATOR_EVIDENCE,
@@ -340,7 +348,7 @@ class Reviews:
         """Every resolution of `op_id`'s reviews, oldest first."""
         check_operation_id(op_id)
         tenant = check_key("tenant", tenant)
-        with self._ledger.engine.connect() as conn:
+        with self._db.statement() as conn:
             rows = conn.execute(q.SELECT_REVIEW_ACTIONS, {"op_id": op_id, "tenant": tenant})
             return tuple(ReviewAction.model_validate(dict(r._mapping)) for r in rows)
 
@@ -352,19 +360,20 @@ class Reviews:
         chosen: Resolution,
     ) -> str:
         """Which bound evidence on record this resolution contradicts ('' for none)."""
-        keys = frozenset({op.provider_request_id, *(a.key for a in attempts)})
+        keys = our_keys(op, attempts)
+        contract = self._contract(op.action)
         against = {
-            Resolution.REJECTED: CONFIRMED,
-            Resolution.RETRY: CONFIRMED,
-            Resolution.CONFIRMED: REJECTED,
+            Resolution.REJECTED: Verdict.CONFIRMED,
+            Resolution.RETRY: Verdict.CONFIRMED,
+            Resolution.CONFIRMED: Verdict.REJECTED,
         }.get(chosen)
         hits = [
             ev
             for ev in evidence
             if against is not None
-            and ev.source != "operator"
+            and ev.source is not EvidenceSource.OPERATOR
             and ev.verdict == against
-            and binds(ev, op, keys)
+            and binds(ev, op, keys, contract)
         ]
         return ", ".join(f"{ev.source} evidence {ev.id}: {ev.verdict}" for ev in hits)
 

@@ -80,7 +80,7 @@ operations = Table(
     Column("lease_owner", Text),
     Column("lease_token", Text),
     Column("lease_expires_at", DateTime(timezone=True)),
-    Column("provider_request_id", Text, nullable=False),
+    Column("idempotency_key", Text, nullable=False),
     Column("provider_result_id", Text),
     Column("evidence_checked_at", DateTime(timezone=True)),
     Column("next_check_at", DateTime(timezone=True)),
@@ -90,6 +90,10 @@ operations = Table(
     Column("relay_gen", Integer, nullable=False, server_default=text("0")),
     Column("check_gen", Integer, nullable=False, server_default=text("0")),
     Column("operator_retry_by", Text),
+    # Who made the last status or fence change, and why: the audit trigger copies them
+    # into `transitions` (migration 0006); the guard refuses a change without them.
+    Column("changed_by", Text),
+    Column("change_reason", Text),
     Column("record_version", Integer, nullable=False, server_default=text("1")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
@@ -153,7 +157,7 @@ attempts = Table(
     Column("fence", BigInteger, nullable=False),
     Column("owner", Text, nullable=False),
     Column("claim_token", Text, nullable=False),
-    Column("provider_key", Text, nullable=False),
+    Column("idempotency_key", Text, nullable=False),
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     Column("deadline_at", DateTime(timezone=True), nullable=False),
     #: the claim's send-by instant: no request of this attempt leaves after it

@@ -3,6 +3,12 @@
 Every task's only argument is an operation id (beat tasks take none): no payload and no
 customer data ever travels through the broker or shows in Flower. Agents call
 ``dispatch.delay(op_id)`` after `Ledger.prepare`.
+
+The tasks are shared tasks on one base class (`OperationTask`): they belong to whichever
+Celery app runs them — opledger's own `app` below (`opledger worker`) or an app of yours
+configured the same way. A transient database error (connection lost, restart,
+serialization failure) is retried by Celery's `autoretry_for` with exponential backoff; a
+setup error (a missing table, invalid settings) is not retried: it fails the task loudly.
 """
 
 from __future__ import annotations
@@ -15,12 +21,19 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from celery import Celery
+from celery import Celery, Task, shared_task
 from celery.signals import before_task_publish, worker_process_init
-from sqlalchemy.exc import DBAPIError
 
 from opledger.adapters.registry import Registry, load_registry
-from opledger.ledger import Ledger, MalformedOperationId, OperationNotFound, UnknownAction
+from opledger.ledger import (
+    ClaimTerms,
+    DatabaseUnavailable,
+    Ledger,
+    MalformedOperationId,
+    OperationNotFound,
+    UnknownAction,
+)
+from opledger.ledger.decide import ReviewPolicy
 from opledger.ledger.ids import check_operation_id
 from opledger.settings import Settings, get_settings
 
@@ -45,12 +58,27 @@ class Runtime:
     def lease(self) -> timedelta:
         return timedelta(seconds=self.settings.lease_seconds)
 
+    @property
+    def terms(self) -> ClaimTerms:
+        """The claim terms of this process's adapters (built once)."""
+        return self.registry.claim_terms(self.lease)
+
+    @property
+    def policy(self) -> ReviewPolicy:
+        return ReviewPolicy(
+            after_attempts=self.settings.review_after_attempts,
+            after=timedelta(seconds=self.settings.review_after_seconds),
+        )
+
 
 _runtime: Runtime | None = None
 
 
 def runtime() -> Runtime:
-    """This process's runtime, built on first use (after any fork)."""
+    """This process's runtime, built on first use (after any fork).
+
+    It opens the configured ledger and nothing else: with no `OPLEDGER_DATABASE_URL` it
+    raises `NotConfigured` rather than find or start a database of its own."""
     global _runtime
     if _runtime is None or _runtime.owner != _owner():
         settings = get_settings()
@@ -90,12 +118,13 @@ def _after_fork(**_: Any) -> None:
 _generations: backlog.Generations | None = None
 
 
-def generations() -> backlog.Generations:
+def generations(celery_app: Celery | None = None) -> backlog.Generations:
     """This process's store of the latest published message generations."""
     global _generations
     if _generations is None:
         ttl = 2 * int(get_settings().visibility_timeout_seconds)  # outlives any redelivery
-        _generations = backlog.Generations(app.conf.broker_url, ttl_s=ttl)
+        broker = (celery_app or app).conf.broker_url
+        _generations = backlog.Generations(broker, ttl_s=ttl)
     return _generations
 
 
@@ -112,81 +141,88 @@ def _superseded(task: Any, kind: str, op_id: str, gen: int, min_age: float) -> b
     age = backlog.message_age(task.request.headers)
     if age is None or age < min_age:
         return False
-    if not generations().superseded(kind, op_id, gen):
+    if not generations(task.app).superseded(kind, op_id, gen):
         return False
     log.info("%s of %s: generation %d superseded by a newer message; dropped", kind, op_id, gen)
     return True
 
 
-def queue_of(task_name: str) -> str:
+def queue_of(task_name: str, celery_app: Celery | None = None) -> str:
     """The queue a task is routed to (celeryconfig.task_routes)."""
-    route = (app.conf.task_routes or {}).get(task_name, {})
-    return str(route.get("queue", app.conf.task_default_queue))
+    conf = (celery_app or app).conf
+    route = (conf.task_routes or {}).get(task_name, {})
+    return str(route.get("queue", conf.task_default_queue))
 
 
-def _retry_on_database_error(task: Any, exc: DBAPIError) -> Any:
-    countdown = min(2**task.request.retries, 30)  # far below the visibility timeout
-    log.warning("database unavailable (%s); retrying in %ss", type(exc.orig).__name__, countdown)
-    return task.retry(exc=exc, countdown=countdown, max_retries=8)
+#: an operation a task can never act on: logged and dropped, never retried
+REFUSED = (MalformedOperationId, OperationNotFound, UnknownAction)
 
 
-@app.task(name="opledger.dispatch", bind=True)
-def dispatch(self: Any, op_id: str, gen: int = 0) -> str:
+class OperationTask(Task):  # type: ignore[misc]
+    """The base of opledger's tasks.
+
+    - `DatabaseUnavailable` (connection lost, Postgres restarting, serialization failure)
+      is retried by Celery with exponential backoff (1 s doubling, at most 30 s between
+      tries, far below the visibility timeout), 8 times; any other error fails the task.
+    - An operation id that is malformed, unknown or names an action no adapter serves is
+      refused: logged once and dropped, since no retry can fix it.
+    """
+
+    autoretry_for = (DatabaseUnavailable,)
+    retry_backoff = 1
+    retry_backoff_max = 30
+    retry_jitter = True
+    max_retries = 8
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except REFUSED as exc:
+            log.error("%s refused for %r: %s", self.name, args[:1], exc)
+            return "refused"
+
+
+@shared_task(name="opledger.dispatch", base=OperationTask, bind=True)
+def dispatch(self: OperationTask, op_id: str, gen: int = 0) -> str:
     """Claim a prepared operation under a fence and send it. A no-op when redelivered.
 
     `gen` is the relay's publish generation (0: the first publish); a message older than
     the relay's wait whose generation a newer publish superseded is dropped unread."""
-    try:
-        check_operation_id(op_id)
-        settings = get_settings()
-        if _superseded(self, "dispatch", op_id, int(gen), settings.relay_after_seconds):
-            return "superseded"
-        rt = runtime()
-        return steps.dispatch(
-            rt.ledger, rt.registry, op_id, owner=rt.owner, lease=rt.lease, settle=reconcile.delay
-        ).action
-    except (MalformedOperationId, OperationNotFound, UnknownAction) as exc:
-        log.error("dispatch refused for %r: %s", op_id, exc)
-        return "refused"
-    except DBAPIError as exc:
-        raise _retry_on_database_error(self, exc) from exc
+    check_operation_id(op_id)
+    settings = get_settings()
+    if _superseded(self, "dispatch", op_id, int(gen), settings.relay_after_seconds):
+        return "superseded"
+    rt = runtime()
+    return steps.dispatch(
+        rt.ledger, rt.registry, op_id, owner=rt.owner, lease=rt.lease, settle=reconcile.delay
+    ).action
 
 
-@app.task(name="opledger.reconcile", bind=True)
-def reconcile(self: Any, op_id: str, gen: int = 0) -> str:
+@shared_task(name="opledger.reconcile", base=OperationTask, bind=True)
+def reconcile(self: OperationTask, op_id: str, gen: int = 0) -> str:
     """Run the retry decision on an unknown operation and act on it.
 
     `gen` numbers the sweep's hand-out of this check; a message older than the check
     backoff whose check was handed out again since is dropped unread."""
-    try:
-        check_operation_id(op_id)
-        settings = get_settings()
-        if gen and _superseded(self, "check", op_id, int(gen), settings.check_backoff_seconds):
-            return "superseded"
-        rt = runtime()
-        policy = steps.ReviewPolicy(
-            after_attempts=rt.settings.review_after_attempts,
-            after=timedelta(seconds=rt.settings.review_after_seconds),
-        )
-        return steps.reconcile(
-            rt.ledger,
-            rt.registry,
-            op_id,
-            owner=rt.owner,
-            lease=rt.lease,
-            policy=policy,
-            on_review=notify_review.delay,
-            settle=reconcile.delay,
-        ).action
-    except (MalformedOperationId, OperationNotFound, UnknownAction) as exc:
-        log.error("reconcile refused for %r: %s", op_id, exc)
-        return "refused"
-    except DBAPIError as exc:
-        raise _retry_on_database_error(self, exc) from exc
+    check_operation_id(op_id)
+    settings = get_settings()
+    if gen and _superseded(self, "check", op_id, int(gen), settings.check_backoff_seconds):
+        return "superseded"
+    rt = runtime()
+    return steps.reconcile(
+        rt.ledger,
+        rt.registry,
+        op_id,
+        owner=rt.owner,
+        lease=rt.lease,
+        policy=rt.policy,
+        on_review=notify_review.delay,
+        settle=reconcile.delay,
+    ).action
 
 
-@app.task(name="opledger.sweep")
-def sweep() -> dict[str, int]:
+@shared_task(name="opledger.sweep", base=OperationTask, bind=True)
+def sweep(self: OperationTask) -> dict[str, int]:
     """Fence out expired leases and hand due checks to reconcile.
 
     Expired leases become checks due at once; the checks are handed out only into the
@@ -195,17 +231,17 @@ def sweep() -> dict[str, int]:
     rt = runtime()
     backoff = timedelta(seconds=rt.settings.check_backoff_seconds)
     expired = rt.ledger.expire_leases(limit=rt.settings.sweep_batch, backoff=timedelta(0))
-    queue = queue_of("opledger.reconcile")
+    queue = queue_of("opledger.reconcile", self.app)
     handouts = rt.ledger.hand_out_checks(
         limit=rt.settings.sweep_batch,
         backoff=backoff,
-        depth=backlog.queue_depth(app, queue),
+        depth=backlog.queue_depth(self.app, queue),
         interval=timedelta(seconds=rt.settings.sweep_interval_seconds),
         queue=queue,
     )
     for handout in handouts:
         reconcile.apply_async((handout.op_id,), {"gen": handout.gen})
-    generations().published("check", list(handouts))
+    generations(self.app).published("check", list(handouts))
     unnotified = rt.ledger.due_notifications(limit=rt.settings.sweep_batch, backoff=backoff)
     for op_id in unnotified:
         notify_review.delay(op_id)
@@ -217,68 +253,62 @@ def sweep() -> dict[str, int]:
 NOTIFY_ACTION = "webhook.post.v1"
 
 
-@app.task(name="opledger.notify_review", bind=True)
-def notify_review(self: Any, op_id: str) -> str:
+@shared_task(name="opledger.notify_review", base=OperationTask, bind=True)
+def notify_review(self: OperationTask, op_id: str) -> str:
     """Tell the configured webhook that `op_id`'s review is waiting.
 
     The notification is an operation of its own, one per review (its intent key is the
     review id), so a crash or a redelivery here can never send it twice.
     """
-    try:
-        check_operation_id(op_id)
-        rt = runtime()
-        history = rt.ledger.history(op_id)
-        review = next((r for r in reversed(history.reviews) if r.resolved_at is None), None)
-        if review is None:
-            return "noop"
-        op = history.operation
-        if not rt.settings.review_webhook_url or op.action.startswith("webhook."):
-            rt.ledger.mark_notified(review.id)  # nothing to send (or a notification's own review)
-            return "skipped"
-        grant = rt.ledger.grant(
-            tenant=op.tenant,
-            scope=["webhook.*"],
-            granted_by="opledger",
-            ref=f"opledger-notify-{op.tenant}",
-        )
-        note = rt.ledger.prepare(
-            tenant=op.tenant,
-            workflow_id=f"review:{op.id}",
-            intent_key=f"review-opened:{review.id}",
-            action=NOTIFY_ACTION,
-            target="review-webhook",
-            payload={
-                "event": "review.opened",
-                "review_id": review.id,
-                "op_id": op.id,
-                "tenant": op.tenant,
-                "action": op.action,
-                "target": op.target,
-                "reason": review.reason,
-                "opened_at": review.opened_at.isoformat(),
-            },
-            authorization_ref=grant.ref,
-            actor="notify_review",
-        )
-        rt.ledger.mark_notified(review.id)
-        dispatch.delay(note.id)
-        return "prepared"
-    except (MalformedOperationId, OperationNotFound, UnknownAction) as exc:
-        log.error("notify_review refused for %r: %s", op_id, exc)
-        return "refused"
-    except DBAPIError as exc:
-        raise _retry_on_database_error(self, exc) from exc
+    check_operation_id(op_id)
+    rt = runtime()
+    history = rt.ledger.history(op_id)
+    review = next((r for r in reversed(history.reviews) if r.resolved_at is None), None)
+    if review is None:
+        return "noop"
+    op = history.operation
+    if not rt.settings.review_webhook_url or op.action.startswith("webhook."):
+        rt.ledger.mark_notified(review.id)  # nothing to send (or a notification's own review)
+        return "skipped"
+    grant = rt.ledger.grant(
+        tenant=op.tenant,
+        scope=["webhook.*"],
+        granted_by="opledger",
+        ref=f"opledger-notify-{op.tenant}",
+    )
+    note = rt.ledger.prepare(
+        tenant=op.tenant,
+        workflow_id=f"review:{op.id}",
+        intent_key=f"review-opened:{review.id}",
+        action=NOTIFY_ACTION,
+        target="review-webhook",
+        payload={
+            "event": "review.opened",
+            "review_id": review.id,
+            "op_id": op.id,
+            "tenant": op.tenant,
+            "action": op.action,
+            "target": op.target,
+            "reason": review.reason,
+            "opened_at": review.opened_at.isoformat(),
+        },
+        authorization_ref=grant.ref,
+        actor="notify_review",
+    )
+    rt.ledger.mark_notified(review.id)
+    dispatch.delay(note.id)
+    return "prepared"
 
 
-@app.task(name="opledger.relay")
-def relay() -> int:
+@shared_task(name="opledger.relay", base=OperationTask, bind=True)
+def relay(self: OperationTask) -> int:
     """Publish again the prepared operations whose message is plausibly lost.
 
     Each one at most once per backoff (doubling), never while the dispatch queue is deeper
     than the workers drain in two intervals (the backlog guard), and each message carries
     its generation so a superseded one is dropped by the worker."""
     rt = runtime()
-    queue = queue_of("opledger.dispatch")
+    queue = queue_of("opledger.dispatch", self.app)
     published: list[tuple[str, int]] = []
 
     def publish(op_id: str, gen: int) -> None:
@@ -290,17 +320,17 @@ def relay() -> int:
         publish=publish,
         limit=rt.settings.sweep_batch,
         before_mark=lambda: crashpoints.reached("relay.after_publish"),
-        depth=backlog.queue_depth(app, queue),
+        depth=backlog.queue_depth(self.app, queue),
         interval=timedelta(seconds=rt.settings.sweep_interval_seconds),
         queue=queue,
     )
-    generations().published("dispatch", published)
+    generations(self.app).published("dispatch", published)
     if ids:
         log.info("relay: re-published %d prepared operations", len(ids))
     return len(ids)
 
 
-@app.task(name="opledger.purge_payloads")
+@shared_task(name="opledger.purge_payloads", base=OperationTask)
 def purge_payloads() -> int:
     """Delete frozen payloads of finished operations past the retention setting."""
     rt = runtime()

@@ -11,9 +11,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from typing import Any
-
-from sqlalchemy.exc import DBAPIError
 
 from opledger.adapters.base import Adapter, sending
 from opledger.adapters.registry import Registry
@@ -21,6 +20,8 @@ from opledger.ledger import (
     Ambiguous,
     AuthorizationRevoked,
     Claim,
+    DatabaseUnavailable,
+    EvidenceSource,
     History,
     Ledger,
     Operation,
@@ -33,13 +34,14 @@ from opledger.ledger import (
 from opledger.ledger.consequences import consequences
 from opledger.ledger.decide import (
     NOT_SENT,
+    AskProvider,
     Confirm,
     Decision,
     Dispatch,
     HoldUnknown,
-    Lookup,
+    NeedsReview,
     Reject,
-    Review,
+    ReviewPolicy,
     Wait,
     admit,
     decide,
@@ -49,17 +51,32 @@ from . import crashpoints
 
 log = logging.getLogger("opledger.worker")
 
+#: the review policy when the caller names none (the settings' defaults)
+DEFAULT_POLICY = ReviewPolicy()
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+class Step(StrEnum):
+    """What a worker's step did with an operation."""
+
+    NOOP = "noop"  #: nothing to do (redelivered, already claimed, finished)
+    DISPATCHED = "dispatched"  #: sent, and the outcome recorded
+    CONFIRMED = "confirmed"  #: settled as confirmed on evidence
+    REJECTED = "rejected"  #: settled as rejected on evidence
+    WAITING = "waiting"  #: a check is scheduled (in flight, pending, search lag)
+    REVIEW = "review"  #: a person has it (a review is open)
+    FENCED = "fenced"  #: another claim moved it first; this worker's writes were refused
+    CANCELLED = "cancelled"  #: its grant was revoked before anything was sent
+
+
 @dataclass(frozen=True)
 class StepResult:
-    """What a step did: 'noop', 'dispatched', 'confirmed', 'rejected', 'waiting',
-    'review', 'fenced', 'cancelled', plus the operation as it ended."""
+    """What a step did, the operation as it ended, and the decision behind it."""
 
-    action: str
+    action: Step
     operation: Operation | None = None
     decision: Decision | None = None
 
@@ -103,9 +120,9 @@ def _send(
             and (exc.fields.get("status") == Status.UNKNOWN.value)
         ):
             settle(claim.op_id)
-        return StepResult("fenced")
+        return StepResult(Step.FENCED)
     crashpoints.reached("dispatch.after_save")
-    return StepResult("dispatched", op)
+    return StepResult(Step.DISPATCHED, op)
 
 
 def _not_sent(claim: Claim) -> Ambiguous:
@@ -128,7 +145,7 @@ def _save(ledger: Ledger, claim: Claim, outcome: Outcome, attempts: int = 6) -> 
     for n in range(attempts):
         try:
             return ledger.record_outcome(claim, outcome)
-        except DBAPIError:
+        except DatabaseUnavailable:
             if n == attempts - 1:
                 raise
             log.warning("saving the outcome of %s failed; retrying", claim.op_id)
@@ -149,18 +166,12 @@ def dispatch(
     `settle(op_id)` is called when this worker was fenced out but its outcome was kept
     on an unknown operation (to reconcile it at once)."""
     try:
-        claim = ledger.claim(
-            op_id,
-            owner=owner,
-            lease=lease,
-            in_flight_by_provider=registry.in_flight_by_provider(),
-            send_window_by_provider=registry.send_window_by_provider(),
-        )
+        claim = ledger.claim(op_id, owner=owner, terms=registry.claim_terms(lease))
     except AuthorizationRevoked:
-        return StepResult("cancelled")
+        return StepResult(Step.CANCELLED)
     if claim is None:
         log.info("dispatch of %s: not claimable (already claimed, finished or unknown)", op_id)
-        return StepResult("noop")
+        return StepResult(Step.NOOP)
     crashpoints.reached("dispatch.after_claim")
     return _send(ledger, registry.adapter_for(claim.operation.action), claim, settle)
 
@@ -182,14 +193,6 @@ def snapshot(history: History, adapter: Adapter, reason: str, now: datetime) -> 
     }
 
 
-@dataclass(frozen=True)
-class ReviewPolicy:
-    """When a person takes over even though the contract would let us keep trying."""
-
-    after_attempts: int = 5  #: attempts that left it unknown
-    after: timedelta = timedelta(hours=24)  #: time since the first attempt
-
-
 def reconcile(
     ledger: Ledger,
     registry: Registry,
@@ -199,7 +202,7 @@ def reconcile(
     lease: timedelta,
     now: Callable[[], datetime] = utcnow,
     max_lookups: int = 2,
-    policy: ReviewPolicy = ReviewPolicy(),
+    policy: ReviewPolicy = DEFAULT_POLICY,
     on_review: Callable[[str], None] | None = None,
     settle: Settle | None = None,
 ) -> StepResult:
@@ -208,19 +211,17 @@ def reconcile(
     history = ledger.history(op_id)
     op = history.operation
     if op.status is not Status.UNKNOWN:
-        return StepResult("noop", op)
+        return StepResult(Step.NOOP, op)
     adapter = registry.adapter_for(op.action)
     contract = adapter.contract
-    if policy.after_attempts < contract.max_attempts:
-        contract = contract.model_copy(update={"max_attempts": policy.after_attempts})
     try:
         grant = ledger.authorization(op.authorization_ref)
     except UnknownAuthorization:
         grant = None
     lookups = 0
     while True:
-        decision = decide(contract, op, history.attempts, history.evidence, grant, now())
-        if not isinstance(decision, Lookup) or lookups >= max_lookups:
+        decision = decide(contract, op, history.attempts, history.evidence, grant, now(), policy)
+        if not isinstance(decision, AskProvider) or lookups >= max_lookups:
             break
         lookups += 1
         crashpoints.reached("reconcile.before_lookup")
@@ -228,7 +229,7 @@ def reconcile(
         crashpoints.reached("reconcile.after_lookup")
         ledger.record_evidence(
             op.id,
-            source="lookup",
+            source=EvidenceSource.LOOKUP,
             verdict=result.verdict,
             binding=result.binding,
             detail=result.detail,
@@ -237,18 +238,13 @@ def reconcile(
         history = ledger.history(op_id)
         op = history.operation
         if op.status is not Status.UNKNOWN:
-            return StepResult("noop", op)
+            return StepResult(Step.NOOP, op)
     if any(r.resolved_at is None for r in history.reviews) and not isinstance(
         decision, Confirm | Reject
     ):
         # A person has it: only evidence that settles it acts before they do (a fenced-out
         # worker's late receipt, say); anything else waits for their resolution.
-        return StepResult("review", op, decision)
-    waiting = isinstance(decision, Wait | HoldUnknown | Lookup)
-    if waiting and history.attempts and op.operator_retry_by is None:
-        first = min(a.started_at for a in history.attempts)
-        if now() - first > policy.after:
-            decision = Review(reason=f"still unknown {policy.after} after the first attempt")
+        return StepResult(Step.REVIEW, op, decision)
     try:
         return _act(
             ledger,
@@ -263,7 +259,7 @@ def reconcile(
             settle=settle,
         )
     except StaleFence:
-        return StepResult("fenced", decision=decision)
+        return StepResult(Step.FENCED, decision=decision)
 
 
 def _act(
@@ -283,7 +279,7 @@ def _act(
     if isinstance(decision, Confirm | Reject):
         evidence = next(e for e in history.evidence if e.id == decision.evidence_id)
         to = Status.CONFIRMED if isinstance(decision, Confirm) else Status.REJECTED
-        settled = ledger.resolve(
+        settled = ledger.settle(
             op.id,
             fence=op.fence,
             to=to,
@@ -292,14 +288,18 @@ def _act(
             actor=owner,
             reason=f"{evidence.source} evidence {evidence.id}",
         )
-        return StepResult(to.value, settled, decision)
+        return StepResult(Step(to.value), settled, decision)
     if isinstance(decision, Wait | HoldUnknown):
         at = decision.until if isinstance(decision, Wait) else decision.next_check
-        return StepResult("waiting", ledger.schedule_check(op.id, fence=op.fence, at=at), decision)
-    if isinstance(decision, Lookup):  # lookups exhausted for this pass: look again soon
+        return StepResult(
+            Step.WAITING, ledger.schedule_check(op.id, fence=op.fence, at=at), decision
+        )
+    if isinstance(decision, AskProvider):  # lookups exhausted for this pass: look again soon
         at = now() + adapter.contract.lookup.interval
-        return StepResult("waiting", ledger.schedule_check(op.id, fence=op.fence, at=at), decision)
-    if isinstance(decision, Review):
+        return StepResult(
+            Step.WAITING, ledger.schedule_check(op.id, fence=op.fence, at=at), decision
+        )
+    if isinstance(decision, NeedsReview):
         review = ledger.open_review(
             op.id,
             fence=op.fence,
@@ -308,22 +308,19 @@ def _act(
         )
         if review is not None and on_review is not None:
             on_review(op.id)
-        return StepResult("review", ledger.get(op.id), decision)
+        return StepResult(Step.REVIEW, ledger.get(op.id), decision)
     assert isinstance(decision, Dispatch)
     try:
-        claim = ledger.claim(
+        claim = ledger.claim_retry(
             op.id,
             owner=owner,
-            lease=lease,
-            retry=True,
             expected_fence=op.fence,
-            in_flight_by_provider=registry.in_flight_by_provider(),
-            send_window_by_provider=registry.send_window_by_provider(),
             authorized_by=op.operator_retry_by,
+            terms=registry.claim_terms(lease),
         )
     except AuthorizationRevoked:
-        return StepResult("noop", ledger.get(op.id), decision)
+        return StepResult(Step.NOOP, ledger.get(op.id), decision)
     if claim is None:
-        return StepResult("fenced", decision=decision)
+        return StepResult(Step.FENCED, decision=decision)
     result = _send(ledger, adapter, claim, settle)
     return StepResult(result.action, result.operation, decision)

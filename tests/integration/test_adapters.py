@@ -76,12 +76,12 @@ def test_crm_close_confirms_with_a_receipt_that_binds_the_version(
     outcome = crm.dispatch(claim)
     assert isinstance(outcome, Confirmed)
     assert outcome.receipt_id == "case-318@v2"
-    assert outcome.binding.key == claim.key and outcome.binding.resulting_version == "2"
-    assert sandbox.effects(f"crm:{claim.key}") == 1
+    assert outcome.binding.idempotency_key == claim.idempotency_key and outcome.binding.resulting_version == "2"
+    assert sandbox.effects(f"crm:{claim.idempotency_key}") == 1
     # the same request again (a retry) is answered from the stored response: no new effect
     again = crm.dispatch(claim)
     assert isinstance(again, Confirmed) and again.detail["replayed"] is True
-    assert sandbox.effects(f"crm:{claim.key}") == 1
+    assert sandbox.effects(f"crm:{claim.idempotency_key}") == 1
     assert crm.lookup(claim.operation, []).verdict == "confirmed"
 
 
@@ -103,7 +103,7 @@ def test_crm_faults_are_ambiguous_never_rejected(
     assert isinstance(outcome, Ambiguous), outcome
     assert outcome.code == code
     time.sleep(1.6 if mode == "delay_after_commit" else 0)
-    assert sandbox.effects(f"crm:{claim.key}") == applied
+    assert sandbox.effects(f"crm:{claim.idempotency_key}") == applied
     verdict = crm.lookup(claim.operation, []).verdict
     # the status API answers from the provider's own records: an error that followed the
     # change does not hide it
@@ -120,7 +120,7 @@ def test_crm_replays_a_stored_500_and_says_so(
     second = crm.dispatch(claim)
     assert isinstance(first, Ambiguous) and not first.replayed
     assert isinstance(second, Ambiguous) and second.replayed and second.code == "server_error"
-    assert sandbox.effects(f"crm:{claim.key}") == 0
+    assert sandbox.effects(f"crm:{claim.idempotency_key}") == 0
 
 
 def test_crm_in_flight_conflict_and_key_reuse_are_told_apart_by_code(
@@ -139,7 +139,7 @@ def test_crm_in_flight_conflict_and_key_reuse_are_told_apart_by_code(
     changed = claim.model_copy(update={"payload_canonical": '{"note":"other"}'})
     mismatch = crm.dispatch(changed)
     assert isinstance(mismatch, Ambiguous) and mismatch.code == "idempotency_mismatch"
-    assert sandbox.effects(f"crm:{claim.key}") == 1
+    assert sandbox.effects(f"crm:{claim.idempotency_key}") == 1
 
 
 def test_crm_definitive_refusals_are_rejections(
@@ -200,7 +200,7 @@ def test_email_accepted_is_custody_and_search_lags(
     time.sleep(1.1)
     found = email.lookup(claim.operation, [])
     assert found.verdict == "confirmed" and found.binding.receipt_id == outcome.receipt_id
-    assert sandbox.effects(f"email:{claim.key}") == 1
+    assert sandbox.effects(f"email:{claim.idempotency_key}") == 1
 
 
 def test_email_409_codes_and_validation(
@@ -258,7 +258,7 @@ def test_requests_a_key_cannot_protect_never_ride_an_idle_connection(ledger: Led
                 for n in range(3):
                     claim = claim_for(ledger, "crm.update_case.v1", f"c{n}", {}, f"k{keys}{n}")
                     assert adapter.dispatch(claim).kind == "confirmed"
-                    sent.append(f"crm:{claim.key}")
+                    sent.append(f"crm:{claim.idempotency_key}")
                     time.sleep(0.5 if n == 1 else 0)  # the server closes the idle connection
             finally:
                 adapter.close()

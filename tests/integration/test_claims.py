@@ -35,7 +35,7 @@ CLOSE = dict(
 
 
 def receipt(claim_key: str, **binding: str) -> Confirmed:
-    return Confirmed(receipt_id="rcpt-1", binding=Binding(key=claim_key, **binding))
+    return Confirmed(receipt_id="rcpt-1", binding=Binding(idempotency_key=claim_key, **binding))
 
 
 def test_claim_fences_leases_records_the_attempt_and_returns_the_frozen_payload(
@@ -46,7 +46,7 @@ def test_claim_fences_leases_records_the_attempt_and_returns_the_frozen_payload(
     assert claim is not None
     assert claim.fence == 1 and claim.attempt_n == 1
     assert claim.payload == {"status": "closed"}
-    assert claim.key == op.id
+    assert claim.idempotency_key == op.id
     assert claim.deadline_at > claim.started_at
     now = ledger.get(op.id)
     assert now.status is Status.DISPATCHING
@@ -59,7 +59,7 @@ def test_a_second_claim_gets_nothing(ledger: Ledger, grant: str) -> None:
     op = ledger.prepare(**CLOSE)
     assert ledger.claim(op.id, owner="w1") is not None
     assert ledger.claim(op.id, owner="w2") is None
-    assert ledger.claim(op.id, owner="w2", retry=True) is None
+    assert ledger.claim_retry(op.id, owner="w2", ) is None
     assert ledger.get(op.id).fence == 1
 
 
@@ -94,19 +94,19 @@ def test_a_confirmation_binds_the_receipt(ledger: Ledger, grant: str) -> None:
     claim = ledger.claim(op.id, owner="w1")
     assert claim is not None
     after = ledger.record_outcome(
-        claim, receipt(claim.key, target="case-318", resulting_version="7")
+        claim, receipt(claim.idempotency_key, target="case-318", resulting_version="7")
     )
     assert after.status is Status.CONFIRMED
     assert after.provider_result_id == "rcpt-1"
     (ev,) = ledger.history(op.id).evidence
-    assert ev.binding.key == op.id and ev.binding.resulting_version == "7"
+    assert ev.binding.idempotency_key == op.id and ev.binding.resulting_version == "7"
 
 
 def test_a_receipt_for_another_key_or_target_confirms_nothing(ledger: Ledger, grant: str) -> None:
     op = ledger.prepare(**CLOSE)
     claim = ledger.claim(op.id, owner="w1")
     assert claim is not None
-    after = ledger.record_outcome(claim, receipt(claim.key, target="case-999"))
+    after = ledger.record_outcome(claim, receipt(claim.idempotency_key, target="case-999"))
     assert after.status is Status.UNKNOWN
     (ev,) = ledger.history(op.id).evidence
     assert ev.verdict == "ambiguous" and ev.detail["code"] == "binding_mismatch"
@@ -119,13 +119,13 @@ def test_a_stale_fence_cannot_move_anything_and_its_outcome_is_kept(
     old = ledger.claim(op.id, owner="w1")
     assert old is not None
     ledger.record_outcome(old, Ambiguous(code="timeout", reason="lost"))
-    new = ledger.claim(op.id, owner="w2", retry=True)
+    new = ledger.claim_retry(op.id, owner="w2", )
     assert new is not None and new.fence == 2 and new.attempt_n == 2
     # the first worker's (already reported) claim cannot report again
     with pytest.raises(StaleFence):
-        ledger.record_outcome(old, receipt(old.key))
+        ledger.record_outcome(old, receipt(old.idempotency_key))
     assert ledger.get(op.id).status is Status.DISPATCHING
-    ledger.record_outcome(new, receipt(new.key))
+    ledger.record_outcome(new, receipt(new.idempotency_key))
     assert ledger.get(op.id).status is Status.CONFIRMED
 
 
@@ -145,7 +145,7 @@ def test_a_late_outcome_after_being_fenced_out_lands_as_evidence(
             {"id": op.id},
         )
     with pytest.raises(StaleFence) as info:
-        ledger.record_outcome(stalled, receipt(stalled.key))
+        ledger.record_outcome(stalled, receipt(stalled.idempotency_key))
     assert info.value.evidence_kept is True
     after = ledger.get(op.id)
     assert after.status is Status.UNKNOWN and after.fence == 2
@@ -163,7 +163,7 @@ def test_a_forged_claim_is_refused_and_writes_nothing(ledger: Ledger, grant: str
         claim.model_copy(update={"fence": 5}),
     ):
         with pytest.raises(ForgedFence):
-            ledger.record_outcome(forged, receipt(claim.key))
+            ledger.record_outcome(forged, receipt(claim.idempotency_key))
     assert ledger.get(op.id).status is Status.DISPATCHING
     assert ledger.history(op.id).evidence == ()
 
@@ -205,7 +205,7 @@ def test_revoked_while_unknown_refuses_a_new_write_and_erases_nothing(
     ledger.record_outcome(claim, Ambiguous(code="timeout", reason="lost"))
     ledger.revoke("auth_acme", by="security", reason="key leaked")
     with pytest.raises(AuthorizationRevoked):
-        ledger.claim(op.id, owner="w2", retry=True)
+        ledger.claim_retry(op.id, owner="w2", )
     after = ledger.get(op.id)
     assert after.status is Status.UNKNOWN and after.fence == 1
     assert len(ledger.history(op.id).evidence) == 1

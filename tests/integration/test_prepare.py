@@ -37,7 +37,7 @@ def test_prepare_records_the_operation_before_anything_else(ledger: Ledger, gran
     assert op.status is Status.PREPARED
     assert op.fence == 0
     assert op.provider == "crm"
-    assert op.provider_request_id == op.id
+    assert op.idempotency_key == op.id
     assert op.created_at.tzinfo is not None
     assert ledger.payload(op.id) == {"note": "done", "status": "closed"}
     history = ledger.history(op.id)

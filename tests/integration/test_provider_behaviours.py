@@ -202,7 +202,7 @@ def _run(ledger: Ledger, sandbox: Sandbox, world: dict[str, object]) -> Status:
             payload={"note": "resolved"},
             authorization_ref=ref,
         )
-        key = op.provider_request_id
+        key = op.idempotency_key
         url = f"{sandbox.http_url}/crm/{account}/cases/{target}"
         foreign = 0
         if world["foreign"]:  # someone else's request under our key, another body

@@ -196,7 +196,7 @@ def test_status_api_no_such_request_after_the_deadline_allows_a_safe_retry(rig_f
     assert len(rig.requests(op_id)) == 1
     rig.after_deadline(op_id)
     result = rig.reconcile(op_id)
-    assert isinstance(result.decision, Dispatch) and result.decision.key == op_id
+    assert isinstance(result.decision, Dispatch) and result.decision.idempotency_key == op_id
     assert rig.ledger.get(op_id).status is Status.CONFIRMED
     _first, second = rig.requests(op_id)
     assert second["arrived"] >= rig.ledger.history(op_id).attempts[0].deadline_at.timestamp()

@@ -135,7 +135,7 @@ def test_a_late_outcome_kept_as_evidence_makes_the_view_stale(desk: Desk) -> Non
     op_id, claim = _stalled_in_review(desk)
     shown = desk.show(op_id)
     late = Confirmed(
-        receipt_id="case-x@v2", binding=Binding(key=claim.key, target=claim.operation.target)
+        receipt_id="case-x@v2", binding=Binding(idempotency_key=claim.idempotency_key, target=claim.operation.target)
     )
     with pytest.raises(StaleFence):
         desk.ledger.record_outcome(claim, late)
@@ -156,7 +156,7 @@ def test_lookup_evidence_makes_the_view_stale(desk: Desk) -> None:
 def test_rejecting_over_a_receipt_that_confirms_needs_an_audited_override(desk: Desk) -> None:
     op_id, claim = _stalled_in_review(desk)
     late = Confirmed(
-        receipt_id="case-x@v2", binding=Binding(key=claim.key, target=claim.operation.target)
+        receipt_id="case-x@v2", binding=Binding(idempotency_key=claim.idempotency_key, target=claim.operation.target)
     )
     with pytest.raises(StaleFence):
         desk.ledger.record_outcome(claim, late)
@@ -184,7 +184,7 @@ def test_confirming_over_a_definitive_refusal_needs_an_override(desk: Desk) -> N
 
 def test_agreeing_with_the_evidence_needs_no_override(desk: Desk) -> None:
     op_id, claim = _stalled_in_review(desk)
-    late = Confirmed(receipt_id="r", binding=Binding(key=claim.key))
+    late = Confirmed(receipt_id="r", binding=Binding(idempotency_key=claim.idempotency_key))
     with pytest.raises(StaleFence):
         desk.ledger.record_outcome(claim, late)
     desk.show(op_id)
@@ -238,7 +238,7 @@ def test_a_key_that_no_longer_protects_is_kept_once_the_risk_is_accepted(
         with pytest.raises(RetryNeedsAcknowledgement, match="accept-risk"):
             released.resolve(op_id, "retry")
         after = released.resolve(op_id, "retry", acknowledge_risk=True)
-        assert after.provider_request_id == op_id  # the same key, not a new one
+        assert after.idempotency_key == op_id  # the same key, not a new one
         (action,) = released.ledger.reviews.audit(op_id, tenant="acme")
         assert action.risk_acknowledged is True and action.new_key is None
     finally:

@@ -92,7 +92,7 @@ def test_a_review_opens_with_attempts_evidence_and_consequences(desk: Desk) -> N
     (summary,) = desk.ledger.reviews.list(tenant="acme")
     assert summary.op_id == op_id and "1 attempts" in summary.reason
     view = desk.ledger.reviews.show(op_id, tenant="acme", operator="alice")
-    assert len(view.attempts) == 1 and view.attempts[0].key == op_id
+    assert len(view.attempts) == 1 and view.attempts[0].idempotency_key == op_id
     assert [e.verdict for e in view.evidence] == ["ambiguous"]
     assert view.consequences is not None and view.consequences.same_key_retry_allowed
     snapshot = view.review.snapshot
@@ -145,10 +145,10 @@ def test_retry_past_the_key_retention_needs_a_new_key(ledger: Ledger, sandbox: S
             resolve(desk, op_id, "retry")
         assert desk.ledger.get(op_id).operator_retry_by is None
         after = resolve(desk, op_id, "retry", new_key=True)
-        assert after.provider_request_id == f"{op_id}.k2"
+        assert after.idempotency_key == f"{op_id}.k2"
         desk.reconcile(op_id)
         history = desk.ledger.history(op_id)
-        assert history.attempts[-1].key == f"{op_id}.k2"
+        assert history.attempts[-1].idempotency_key == f"{op_id}.k2"
         assert history.attempts[-1].authorized_by == "alice"
         (action,) = desk.ledger.reviews.audit(op_id, tenant="acme")
         assert action.new_key == f"{op_id}.k2"

@@ -77,7 +77,7 @@ def test_a_provider_that_releases_the_key_on_a_5xx_gets_no_same_key_retry() -> N
 def test_the_same_5xx_is_retried_where_the_provider_applies_atomically() -> None:
     atomic = keyed(after_error="nothing_applied")
     decision = decide(atomic, operation(), [attempt()], [server_error()], grant(), AFTER)
-    assert decision == Dispatch(key=OP_ID, payload_digest=DIGEST)
+    assert decision == Dispatch(idempotency_key=OP_ID, payload_digest=DIGEST)
 
 
 def test_a_provider_that_replays_its_5xx_is_not_asked_again() -> None:
@@ -98,7 +98,7 @@ def test_a_released_key_is_looked_up_and_an_authoritative_absence_allows_the_ret
     )
     absent = evidence("absent", at=AFTER)
     decision = decide(released, operation(), [attempt()], [server_error(), absent], grant(), AFTER)
-    assert decision == Dispatch(key=OP_ID, payload_digest=DIGEST)
+    assert decision == Dispatch(idempotency_key=OP_ID, payload_digest=DIGEST)
 
 
 def test_keys_lost_on_restart_are_looked_up_before_any_retry() -> None:
@@ -169,26 +169,26 @@ def test_a_refusal_of_one_attempt_does_not_reject_a_later_one() -> None:
 
 
 def test_a_response_bound_to_another_body_never_confirms() -> None:
-    other = Confirmed(receipt_id="r", binding=Binding(key=OP_ID, payload_digest="b" * 64))
+    other = Confirmed(receipt_id="r", binding=Binding(idempotency_key=OP_ID, payload_digest="b" * 64))
     outcome = admit(keyed(), claim(), other)
     assert isinstance(outcome, Ambiguous) and outcome.code == BINDING_MISMATCH
 
 
 def test_a_response_without_the_digest_the_provider_gives_never_confirms() -> None:
-    bare = Confirmed(receipt_id="r", binding=Binding(key=OP_ID))
+    bare = Confirmed(receipt_id="r", binding=Binding(idempotency_key=OP_ID))
     outcome = admit(keyed(response_binds="key_and_digest"), claim(), bare)
     assert isinstance(outcome, Ambiguous) and outcome.code == UNBOUND_RESPONSE
     assert admit(keyed(response_binds="key"), claim(), bare).kind == "confirmed"
 
 
 def test_a_replay_from_a_provider_that_does_not_check_payloads_needs_the_digest() -> None:
-    replay = Confirmed(receipt_id="r", binding=Binding(key=OP_ID), detail={"replayed": True})
+    replay = Confirmed(receipt_id="r", binding=Binding(idempotency_key=OP_ID), detail={"replayed": True})
     unchecked = keyed(payload_checked=False, response_binds="key")
     outcome = admit(unchecked, claim(), replay)
     assert isinstance(outcome, Ambiguous) and outcome.code == UNBOUND_RESPONSE
     checked = keyed(payload_checked=True, response_binds="key")
     assert admit(checked, claim(), replay).kind == "confirmed"
-    bound = replay.model_copy(update={"binding": Binding(key=OP_ID, payload_digest=DIGEST)})
+    bound = replay.model_copy(update={"binding": Binding(idempotency_key=OP_ID, payload_digest=DIGEST)})
     assert admit(unchecked, claim(), bound).kind == "confirmed"
 
 
@@ -206,7 +206,7 @@ def test_still_executing_does_not_use_up_an_attempt_and_delays_the_next() -> Non
     assert isinstance(decide(keyed(), operation(), attempts, [first, *busy], grant(), now), Wait)
     later = T0 + 200 * S  # four "in progress" answers did not use up the five attempts
     decision = decide(keyed(), operation(), attempts, [first, *busy], grant(), later)
-    assert decision == Dispatch(key=OP_ID, payload_digest=DIGEST)
+    assert decision == Dispatch(idempotency_key=OP_ID, payload_digest=DIGEST)
 
 
 def test_attempts_that_sent_nothing_are_no_attempt_in_flight() -> None:
@@ -214,7 +214,7 @@ def test_attempts_that_sent_nothing_are_no_attempt_in_flight() -> None:
     no_dedup = crm_contract(keys=False, lookup="none", request_timeout=10 * S)
     # nothing reached the provider, so even one without dedup is sent at once
     decision = decide(no_dedup, operation(), [attempt()], [refused], grant(), T0 + 2 * S)
-    assert decision == Dispatch(key=OP_ID, payload_digest=DIGEST)
+    assert decision == Dispatch(idempotency_key=OP_ID, payload_digest=DIGEST)
     many = [attempt(n) for n in range(1, 6)]
     all_refused = [
         evidence("ambiguous", source="dispatch", attempt_n=n, code="not_sent") for n in range(1, 6)
@@ -254,7 +254,7 @@ def test_a_refusal_after_an_unprotected_earlier_attempt_is_no_rejection() -> Non
     refusal = evidence(
         "rejected", source="dispatch", attempt_n=2, key=f"{OP_ID}.k2", code="case_not_found"
     )
-    op = operation(provider_request_id=f"{OP_ID}.k2")
+    op = operation(idempotency_key=f"{OP_ID}.k2")
     later = AFTER + 30 * S
     assert not isinstance(decide(keyed(), op, two_keys, [lost, refusal], grant(), later), Reject)
     same_key = [attempt(1), attempt(2, started=T0 + 30 * S)]

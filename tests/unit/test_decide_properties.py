@@ -183,11 +183,11 @@ def histories(
 
 def _binds(ev: Evidence, op: Operation, contract: Contract) -> bool:
     b = ev.binding
-    ours = b.key == op.provider_request_id or (
+    ours = b.idempotency_key == op.idempotency_key or (
         b.receipt_id is not None and b.receipt_id == op.provider_result_id
     )
     if ev.source == "dispatch" and ev.verdict == "confirmed":
-        if contract.response_binds != "nothing" and b.key is None:
+        if contract.response_binds != "nothing" and b.idempotency_key is None:
             return False  # the provider names our key and this response does not
         if contract.response_binds == "key_and_digest" and b.payload_digest is None:
             return False
@@ -259,7 +259,7 @@ def test_the_decision_keeps_every_rule(history: tuple) -> None:  # type: ignore[
 
     if isinstance(decision, Dispatch):
         # the same key and the same frozen payload, always
-        assert decision.key == op.provider_request_id
+        assert decision.idempotency_key == op.idempotency_key
         assert decision.payload_digest == op.payload_digest
         # rule 8: authority re-checked before every new write
         assert auth is not None and auth.active_at(now)
@@ -268,7 +268,7 @@ def test_the_decision_keeps_every_rule(history: tuple) -> None:  # type: ignore[
         assert (
             contract.idempotency.kind == "none"
             or limit is None
-            or len(op.provider_request_id) <= limit
+            or len(op.idempotency_key) <= limit
         )
         # rule 3: never while an earlier attempt may still be in flight, nor right after the
         # provider said one with our key was still executing
@@ -289,7 +289,7 @@ def test_the_decision_keeps_every_rule(history: tuple) -> None:  # type: ignore[
         proven_absent = any(
             ev.verdict == "absent"
             and ev.source == "lookup"
-            and ev.binding.key == op.provider_request_id
+            and ev.binding.idempotency_key == op.idempotency_key
             for ev in evidence_items
         )
         replayed = any(
@@ -302,7 +302,7 @@ def test_the_decision_keeps_every_rule(history: tuple) -> None:  # type: ignore[
         if idem.kind == "keyed":
             # rule 4: inside the key's retention window, minus the margin
             assert idem.retention is not None
-            first = min(a.started_at for a in reached if a.key == op.provider_request_id)
+            first = min(a.started_at for a in reached if a.idempotency_key == op.idempotency_key)
             assert now + contract.retention_margin < first + idem.retention
             if not proven_absent:
                 # rule 10: the key must protect this retry
@@ -328,7 +328,7 @@ def test_the_decision_keeps_every_rule(history: tuple) -> None:  # type: ignore[
                 ev.verdict == "absent"
                 and ev.source == "lookup"
                 and ev.recorded_at >= last_deadline
-                and ev.binding.key == op.provider_request_id
+                and ev.binding.idempotency_key == op.idempotency_key
                 for ev in evidence_items
             )
 

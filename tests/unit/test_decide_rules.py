@@ -99,7 +99,7 @@ def test_rule_4_same_key_only_inside_the_retention_window() -> None:
     contract = KEYED_NO_LOOKUP
     op, attempts = operation(), [attempt()]
     inside = decide(contract, op, attempts, [], grant(), T0 + timedelta(hours=1))
-    assert inside == Dispatch(key=OP_ID, payload_digest=DIGEST)
+    assert inside == Dispatch(idempotency_key=OP_ID, payload_digest=DIGEST)
     near_end = T0 + timedelta(hours=24) - contract.retention_margin
     assert isinstance(decide(contract, op, attempts, [], grant(), near_end), Review)
     assert isinstance(decide(contract, op, attempts, [], grant(), T0 + timedelta(days=3)), Review)

@@ -21,8 +21,8 @@ def effect_key(history: History) -> str:
     if op.action.startswith("email.smtp_send"):
         return f"smtp:{message_id_for(op)}"
     if op.action.startswith("email."):
-        return f"email:{op.provider_request_id}"
-    return f"crm:{op.provider_request_id}"
+        return f"email:{op.idempotency_key}"
+    return f"crm:{op.idempotency_key}"
 
 
 def settled(history: History) -> bool:

@@ -25,8 +25,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from opledger.dev import devstack
-from opledger.ledger import Ledger
 from opledger.dev.sandbox import Sandbox
+from opledger.ledger import DatabaseUnavailable, Ledger
 from opledger.settings import Settings
 
 from .audit import Audit, audit
@@ -270,7 +270,7 @@ def _run(
                 max_queued[queue] = max(max_queued[queue], redis.queued(queue))
         try:
             last[0] = _settled_count(ledger, f"chaos-{config.seed}")
-        except DBAPIError:  # Postgres is restarting: keep the last count
+        except (DBAPIError, DatabaseUnavailable):  # Postgres is restarting: keep the count
             ledger.engine.dispose()
         if progress:
             progress(last[0], config.ops, counters)
@@ -343,7 +343,7 @@ def _retrying(call: Callable[[], T], ledger: Ledger, attempts: int = 60) -> T:
     for n in range(attempts):
         try:
             return call()
-        except DBAPIError:
+        except (DBAPIError, DatabaseUnavailable):
             if n == attempts - 1:
                 raise
             ledger.engine.dispose()

@@ -1,4 +1,6 @@
-"""Run the sandbox providers: `python -m opledger.dev.sandbox [--host H] [--port P] [--smtp-port S]`.
+"""Run the sandbox providers.
+
+`python -m opledger.dev.sandbox [--host H] [--port P] [--smtp-port S]`
 
 Prints one JSON line with the bound addresses, then serves until interrupted.
 """
