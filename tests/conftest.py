@@ -16,9 +16,9 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from opledger.dev import devstack
+from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger
 from opledger.ledger.migrate import upgrade
-from opledger.dev.sandbox import Sandbox
 
 TABLES = (
     "review_actions, review_views, reviews, transitions, evidence, attempts, "

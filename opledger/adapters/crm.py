@@ -81,6 +81,7 @@ def crm_contract(
     """The CRM's contract as configured: each protection the provider offers, or not."""
     return Contract(
         provider=provider,
+        effect="change to the case",
         idempotency=Idempotency(
             kind="keyed",
             scope=scope,

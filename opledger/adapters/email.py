@@ -59,6 +59,7 @@ def email_contract(
     errors, another payload and concurrent requests refused with their own 409 codes."""
     return Contract(
         provider="email",
+        effect="email",
         idempotency=Idempotency(
             kind="keyed",
             scope="account",

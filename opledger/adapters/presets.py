@@ -19,6 +19,7 @@ _in_flight = timedelta(minutes=2)
 
 STRIPE_V1 = Contract(
     provider="stripe.v1",
+    effect="payment",
     idempotency=Idempotency(
         kind="keyed",
         scope="account",
@@ -40,6 +41,7 @@ STRIPE_V1 = Contract(
 
 STRIPE_V2 = Contract(
     provider="stripe.v2",
+    effect="payment",
     idempotency=Idempotency(
         kind="keyed",
         scope="account + API + sandbox",
@@ -58,6 +60,7 @@ STRIPE_V2 = Contract(
 
 PAYPAL_ORDERS = Contract(
     provider="paypal.orders.v2",
+    effect="payment",
     idempotency=Idempotency(
         kind="keyed",
         scope="PayPal-Request-Id per API",
@@ -76,6 +79,7 @@ PAYPAL_ORDERS = Contract(
 
 ADYEN = Contract(
     provider="adyen",
+    effect="payment",
     idempotency=Idempotency(
         kind="keyed",
         scope="company account, per regional endpoint",
@@ -96,6 +100,7 @@ ADYEN = Contract(
 
 RESEND = Contract(
     provider="resend",
+    effect="email",
     idempotency=Idempotency(
         kind="keyed",
         scope="account",
@@ -119,6 +124,7 @@ RESEND = Contract(
 
 SENDGRID = Contract(
     provider="sendgrid",
+    effect="email",
     idempotency=Idempotency(kind="none"),
     lookup=Lookup(kind="search", lag=timedelta(minutes=10), interval=timedelta(seconds=10)),
     success_proves="accepted",
@@ -130,6 +136,7 @@ SENDGRID = Contract(
 
 SES = Contract(
     provider="ses.v2",
+    effect="email",
     idempotency=Idempotency(kind="none"),
     lookup=Lookup(kind="none"),
     success_proves="accepted",
@@ -141,6 +148,7 @@ SES = Contract(
 
 SMTP = Contract(
     provider="smtp",
+    effect="email",
     idempotency=Idempotency(kind="none"),
     lookup=Lookup(kind="none"),
     success_proves="accepted",
@@ -152,6 +160,7 @@ SMTP = Contract(
 
 ZENDESK = Contract(
     provider="zendesk",
+    effect="change to the ticket",
     idempotency=Idempotency(
         kind="keyed",
         scope="account",
@@ -171,6 +180,7 @@ ZENDESK = Contract(
 
 SHOPIFY = Contract(
     provider="shopify.admin",
+    effect="change to the order",
     idempotency=Idempotency(
         kind="keyed",
         scope="shop",

@@ -38,6 +38,7 @@ def smtp_contract(
     reply to DATA; a relay you run yourself may promise less."""
     return Contract(
         provider="smtp",
+        effect="email",
         idempotency=Idempotency(kind="none"),
         lookup=Lookup(kind="none"),
         success_proves="accepted",

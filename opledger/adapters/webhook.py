@@ -50,6 +50,7 @@ def webhook_contract(
 ) -> Contract:
     return Contract(
         provider="webhook",
+        effect="notification",
         idempotency=Idempotency(
             kind="keyed",
             scope="endpoint",

@@ -13,8 +13,8 @@ import pytest
 from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.adapters.email import EmailAdapter, email_contract
 from opledger.adapters.smtp import SmtpAdapter, message_id_for, smtp_contract
-from opledger.ledger import Ambiguous, Claim, Confirmed, Ledger, Rejected
 from opledger.dev.sandbox import Sandbox
+from opledger.ledger import Ambiguous, Claim, Confirmed, Ledger, Rejected
 
 S = timedelta(seconds=1)
 A = TypeVar("A")
@@ -76,7 +76,10 @@ def test_crm_close_confirms_with_a_receipt_that_binds_the_version(
     outcome = crm.dispatch(claim)
     assert isinstance(outcome, Confirmed)
     assert outcome.receipt_id == "case-318@v2"
-    assert outcome.binding.idempotency_key == claim.idempotency_key and outcome.binding.resulting_version == "2"
+    assert (
+        outcome.binding.idempotency_key == claim.idempotency_key
+        and outcome.binding.resulting_version == "2"
+    )
     assert sandbox.effects(f"crm:{claim.idempotency_key}") == 1
     # the same request again (a retry) is answered from the stored response: no new effect
     again = crm.dispatch(claim)

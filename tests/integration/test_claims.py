@@ -59,7 +59,14 @@ def test_a_second_claim_gets_nothing(ledger: Ledger, grant: str) -> None:
     op = ledger.prepare(**CLOSE)
     assert ledger.claim(op.id, owner="w1") is not None
     assert ledger.claim(op.id, owner="w2") is None
-    assert ledger.claim_retry(op.id, owner="w2", ) is None
+    assert (
+        ledger.claim_retry(
+            op.id,
+            owner="w2",
+            expected_fence=ledger.get(op.id).fence,
+        )
+        is None
+    )
     assert ledger.get(op.id).fence == 1
 
 
@@ -119,7 +126,11 @@ def test_a_stale_fence_cannot_move_anything_and_its_outcome_is_kept(
     old = ledger.claim(op.id, owner="w1")
     assert old is not None
     ledger.record_outcome(old, Ambiguous(code="timeout", reason="lost"))
-    new = ledger.claim_retry(op.id, owner="w2", )
+    new = ledger.claim_retry(
+        op.id,
+        owner="w2",
+        expected_fence=ledger.get(op.id).fence,
+    )
     assert new is not None and new.fence == 2 and new.attempt_n == 2
     # the first worker's (already reported) claim cannot report again
     with pytest.raises(StaleFence):
@@ -140,7 +151,8 @@ def test_a_late_outcome_after_being_fenced_out_lands_as_evidence(
         conn.execute(
             text(
                 "UPDATE operations SET status = 'unknown', fence = fence + 1, lease_owner = NULL,"
-                " lease_token = NULL, lease_expires_at = NULL WHERE id = :id"
+                " lease_token = NULL, lease_expires_at = NULL, changed_by = 'sweeper',"
+                " change_reason = 'lease expired' WHERE id = :id"
             ),
             {"id": op.id},
         )
@@ -205,7 +217,11 @@ def test_revoked_while_unknown_refuses_a_new_write_and_erases_nothing(
     ledger.record_outcome(claim, Ambiguous(code="timeout", reason="lost"))
     ledger.revoke("auth_acme", by="security", reason="key leaked")
     with pytest.raises(AuthorizationRevoked):
-        ledger.claim_retry(op.id, owner="w2", )
+        ledger.claim_retry(
+            op.id,
+            owner="w2",
+            expected_fence=ledger.get(op.id).fence,
+        )
     after = ledger.get(op.id)
     assert after.status is Status.UNKNOWN and after.fence == 1
     assert len(ledger.history(op.id).evidence) == 1

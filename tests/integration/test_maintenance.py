@@ -128,7 +128,9 @@ def test_purge_deletes_old_finished_payloads_and_keeps_digests(ledger: Ledger, g
     done = _prepare(ledger, "done")
     claim = ledger.claim(done, owner="w")
     assert claim is not None
-    ledger.record_outcome(claim, Confirmed(receipt_id="r", binding=Binding(idempotency_key=claim.idempotency_key)))
+    ledger.record_outcome(
+        claim, Confirmed(receipt_id="r", binding=Binding(idempotency_key=claim.idempotency_key))
+    )
     _age(ledger, done, 3600, column="updated_at")
     waiting = _prepare(ledger, "waiting")
     _age(ledger, waiting, 3600, column="updated_at")
@@ -142,15 +144,16 @@ def test_purge_deletes_old_finished_payloads_and_keeps_digests(ledger: Ledger, g
 def test_resolve_is_conditional_on_the_fence_it_decided_on(ledger: Ledger, grant: str) -> None:
     op_id = _unknown(ledger, "u")
     ev = ledger.record_evidence(
-        op_id, source="lookup", verdict="confirmed", binding=Binding(idempotency_key=op_id, receipt_id="r9")
+        op_id,
+        source="lookup",
+        verdict="confirmed",
+        binding=Binding(idempotency_key=op_id, receipt_id="r9"),
     )
     assert not ev.applied
     retry = ledger.claim_retry(op_id, owner="other", expected_fence=1)
     assert retry is not None  # somebody moved it since fence 1
     with pytest.raises(StaleFence):
-        ledger.settle(
-            op_id, fence=1, to=Status.CONFIRMED, evidence_id=ev.id, actor="r", reason="x"
-        )
+        ledger.settle(op_id, fence=1, to=Status.CONFIRMED, evidence_id=ev.id, actor="r", reason="x")
     ledger.record_outcome(retry, Ambiguous(code="timeout", reason="again"))
     settled = ledger.settle(
         op_id,
@@ -164,9 +167,7 @@ def test_resolve_is_conditional_on_the_fence_it_decided_on(ledger: Ledger, grant
     assert settled.status is Status.CONFIRMED and settled.provider_result_id == "r9"
     assert any(e.id == ev.id and e.applied for e in ledger.history(op_id).evidence)
     with pytest.raises(ForbiddenTransition):
-        ledger.settle(
-            op_id, fence=3, to=Status.CANCELLED, evidence_id=ev.id, actor="r", reason="x"
-        )
+        ledger.settle(op_id, fence=3, to=Status.CANCELLED, evidence_id=ev.id, actor="r", reason="x")
 
 
 def test_a_retry_claim_with_a_stale_expected_fence_gets_nothing(ledger: Ledger, grant: str) -> None:

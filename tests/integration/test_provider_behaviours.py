@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 
 from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.adapters.registry import Registry
-from opledger.ledger import Ledger, Status
 from opledger.dev.sandbox import Sandbox
+from opledger.ledger import Ledger, Status
 from opledger.tasks import steps
 
 TIMEOUT = timedelta(seconds=0.25)

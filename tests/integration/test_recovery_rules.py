@@ -15,10 +15,10 @@ import pytest
 
 from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.adapters.registry import Registry
+from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.ledger.contract import Contract
-from opledger.ledger.decide import Dispatch, Review
-from opledger.dev.sandbox import Sandbox
+from opledger.ledger.decide import Dispatch, NeedsReview
 from opledger.tasks import steps
 
 TIMEOUT = timedelta(seconds=0.5)
@@ -127,7 +127,7 @@ def test_key_past_retention_goes_to_review(rig_for: Any) -> None:
     rig.dispatch(op_id)
     time.sleep(2.0)
     result = rig.reconcile(op_id)
-    assert isinstance(result.decision, Review) and "keeps keys" in result.decision.reason
+    assert isinstance(result.decision, NeedsReview) and "keeps keys" in result.decision.reason
     history = rig.ledger.history(op_id)
     assert history.operation.status is Status.UNKNOWN
     assert [r.reason for r in history.reviews] == [result.decision.reason]
@@ -152,7 +152,7 @@ def test_a_replayed_stored_500_is_not_retried_in_a_loop(rig_for: Any) -> None:
     assert isinstance(rig.reconcile(op_id).decision, Dispatch)  # one retry with the same key
     rig.after_deadline(op_id)
     for _ in range(3):
-        assert isinstance(rig.reconcile(op_id).decision, Review)
+        assert isinstance(rig.reconcile(op_id).decision, NeedsReview)
     history = rig.ledger.history(op_id)
     assert history.evidence[-1].detail["replayed"] is True
     assert len(history.reviews) == 1
@@ -165,7 +165,7 @@ def test_a_provider_that_declares_stored_errors_is_not_retried_at_all(rig_for: A
     op_id = rig.prepare()
     rig.dispatch(op_id)
     rig.after_deadline(op_id)
-    assert isinstance(rig.reconcile(op_id).decision, Review)
+    assert isinstance(rig.reconcile(op_id).decision, NeedsReview)
     assert len(rig.requests(op_id)) == 1
 
 
@@ -178,7 +178,7 @@ def test_search_lag_keeps_it_unknown_and_a_person_decides(rig_for: Any) -> None:
     assert rig.reconcile(op_id).action == "waiting"
     rig.after_deadline(op_id, extra=0.6)
     result = rig.reconcile(op_id)
-    assert isinstance(result.decision, Review)
+    assert isinstance(result.decision, NeedsReview)
     history = rig.ledger.history(op_id)
     assert history.operation.status is Status.UNKNOWN
     assert [e.verdict for e in history.evidence if e.source == "lookup"] == ["inconclusive"]
@@ -212,7 +212,7 @@ def test_a_case_closed_by_someone_else_is_not_confirmed(rig_for: Any) -> None:
     rig.sandbox.close_by_other("acme", "case-9")
     rig.after_deadline(op_id, extra=0.2)
     result = rig.reconcile(op_id)
-    assert isinstance(result.decision, Review)
+    assert isinstance(result.decision, NeedsReview)
     assert rig.ledger.get(op_id).status is Status.UNKNOWN
     assert rig.effects(op_id) == 0
 
@@ -240,7 +240,7 @@ def test_the_review_policy_caps_attempts_below_the_contract(rig_for: Any) -> Non
     rig.dispatch(op_id)
     rig.after_deadline(op_id)
     result = rig.reconcile(op_id, steps.ReviewPolicy(after_attempts=1))
-    assert isinstance(result.decision, Review) and "1 attempts" in result.decision.reason
+    assert isinstance(result.decision, NeedsReview) and "1 attempts" in result.decision.reason
     assert len(rig.requests(op_id)) == 1
 
 
@@ -253,7 +253,7 @@ def test_the_review_policy_hands_over_an_operation_unknown_for_too_long(rig_for:
     waiting = rig.reconcile(op_id)
     assert waiting.action == "waiting"
     result = rig.reconcile(op_id, steps.ReviewPolicy(after=timedelta(seconds=1)))
-    assert isinstance(result.decision, Review) and "still unknown" in result.decision.reason
+    assert isinstance(result.decision, NeedsReview) and "still unknown" in result.decision.reason
     assert len(rig.requests(op_id)) == 1
 
 
@@ -295,7 +295,7 @@ def test_an_smtp_review_names_the_message_id_and_a_refused_connection_is_resent(
     deadline = max(a.deadline_at for a in led.history(cut).attempts)
     time.sleep(max(0.0, (deadline - datetime.now(deadline.tzinfo)).total_seconds()) + 0.05)
     result = steps.reconcile(led, Registry([up]), cut, owner="w2", lease=LEASE)
-    assert isinstance(result.decision, Review)
+    assert isinstance(result.decision, NeedsReview)
     (review,) = led.history(cut).reviews
     message_id = message_id_for(led.get(cut))
     assert message_id in review.snapshot["search_hint"]

@@ -17,8 +17,10 @@ from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.adapters.registry import Registry
 from opledger.adapters.smtp import SmtpAdapter, message_id_for, smtp_contract
 from opledger.cli.main import app as cli
+from opledger.dev.sandbox import Sandbox
 from opledger.ledger import (
     Binding,
+    ClaimTerms,
     Confirmed,
     ContradictsEvidence,
     InvalidIdentifier,
@@ -29,7 +31,6 @@ from opledger.ledger import (
     StaleView,
     Status,
 )
-from opledger.dev.sandbox import Sandbox
 from opledger.tasks import steps
 
 LEASE = timedelta(seconds=5)
@@ -117,13 +118,12 @@ def _stalled_in_review(desk: Desk) -> tuple[str, Any]:
     """A worker claimed, froze before its outcome and was fenced out; the operation went
     to review. Returns the operation and the stalled worker's claim."""
     op_id = desk.prepare("stalled")
-    claim = desk.ledger.claim(
-        op_id,
-        owner="w1",
+    terms = ClaimTerms(
         lease=timedelta(milliseconds=50),
         in_flight=timedelta(milliseconds=100),
         send_window=timedelta(milliseconds=100),
     )
+    claim = desk.ledger.claim(op_id, owner="w1", terms=terms)
     assert claim is not None
     time.sleep(0.1)
     assert desk.ledger.expire_leases() == [op_id]
@@ -135,7 +135,8 @@ def test_a_late_outcome_kept_as_evidence_makes_the_view_stale(desk: Desk) -> Non
     op_id, claim = _stalled_in_review(desk)
     shown = desk.show(op_id)
     late = Confirmed(
-        receipt_id="case-x@v2", binding=Binding(idempotency_key=claim.idempotency_key, target=claim.operation.target)
+        receipt_id="case-x@v2",
+        binding=Binding(idempotency_key=claim.idempotency_key, target=claim.operation.target),
     )
     with pytest.raises(StaleFence):
         desk.ledger.record_outcome(claim, late)
@@ -155,8 +156,13 @@ def test_lookup_evidence_makes_the_view_stale(desk: Desk) -> None:
 
 def test_rejecting_over_a_receipt_that_confirms_needs_an_audited_override(desk: Desk) -> None:
     op_id, claim = _stalled_in_review(desk)
-    late = Confirmed(
-        receipt_id="case-x@v2", binding=Binding(idempotency_key=claim.idempotency_key, target=claim.operation.target)
+    late = Confirmed(  # everything this CRM's responses bind: our key and the body's digest
+        receipt_id="case-x@v2",
+        binding=Binding(
+            idempotency_key=claim.idempotency_key,
+            target=claim.operation.target,
+            payload_digest=claim.operation.payload_digest,
+        ),
     )
     with pytest.raises(StaleFence):
         desk.ledger.record_outcome(claim, late)

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.adapters.registry import Registry
 from opledger.cli.main import app as cli
+from opledger.dev.sandbox import Sandbox
 from opledger.ledger import (
     Ledger,
     Resolution,
@@ -24,7 +25,6 @@ from opledger.ledger import (
     Status,
 )
 from opledger.ledger.decide import Dispatch
-from opledger.dev.sandbox import Sandbox
 from opledger.tasks import steps
 
 LEASE = timedelta(seconds=5)

@@ -74,7 +74,9 @@ def test_claim_and_outcome_are_two_round_trips(
     counter.start()
     claim = ledger.claim(op_id, owner="w")
     assert claim is not None
-    ledger.record_outcome(claim, Confirmed(receipt_id="r", binding=Binding(idempotency_key=claim.idempotency_key)))
+    ledger.record_outcome(
+        claim, Confirmed(receipt_id="r", binding=Binding(idempotency_key=claim.idempotency_key))
+    )
     assert counter.round_trips() == 2, "\n".join(counter.messages())
 
 

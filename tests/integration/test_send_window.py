@@ -17,10 +17,12 @@ from opledger.adapters.base import sending
 from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.adapters.registry import Registry
 from opledger.adapters.smtp import SmtpAdapter, message_id_for, smtp_contract
+from opledger.dev.sandbox import Sandbox
 from opledger.ledger import (
     Ambiguous,
     Attempt,
     Claim,
+    ClaimTerms,
     Confirmed,
     Ledger,
     SendWindowPassed,
@@ -28,7 +30,6 @@ from opledger.ledger import (
     Status,
 )
 from opledger.ledger.decide import NOT_SENT, Dispatch
-from opledger.dev.sandbox import Sandbox
 from opledger.tasks import steps
 
 LEASE = timedelta(seconds=30)
@@ -58,15 +59,15 @@ def not_sent(attempt: Attempt) -> bool:
     )
 
 
-def _claim(ledger: Ledger, op_id: str, window: float, **kw: object) -> Claim:
-    claim = ledger.claim(
-        op_id,
-        owner="w1",
-        lease=LEASE,
-        in_flight=timedelta(seconds=2),
-        send_window=timedelta(seconds=window),
-        **kw,  # type: ignore[arg-type]
+def _claim(ledger: Ledger, op_id: str, window: float, *, retry: bool = False) -> Claim:
+    terms = ClaimTerms(
+        lease=LEASE, in_flight=timedelta(seconds=2), send_window=timedelta(seconds=window)
     )
+    if retry:
+        fence = ledger.get(op_id).fence
+        claim = ledger.claim_retry(op_id, owner="w1", expected_fence=fence, terms=terms)
+    else:
+        claim = ledger.claim(op_id, owner="w1", terms=terms)
     assert claim is not None
     return claim
 
@@ -109,13 +110,7 @@ def test_the_registry_sizes_each_providers_window_from_its_request_timeout(
     crm: CrmDesk,
 ) -> None:
     op_id = _prepare(crm.ledger, "sized")
-    claim = crm.ledger.claim(
-        op_id,
-        owner="w1",
-        lease=LEASE,
-        in_flight_by_provider=crm.registry.in_flight_by_provider(),
-        send_window_by_provider=crm.registry.send_window_by_provider(),
-    )
+    claim = crm.ledger.claim(op_id, owner="w1", terms=crm.registry.claim_terms(LEASE))
     assert claim is not None
     assert claim.send_by - claim.db_now == timedelta(seconds=1)  # the request timeout
     assert claim.deadline_at - claim.send_by == timedelta(seconds=1)  # max in flight

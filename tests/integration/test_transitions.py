@@ -45,12 +45,14 @@ def test_the_database_enforces_the_state_machine(
     _force(ledger, op.id, before)
     move = text(
         "UPDATE operations SET status = CAST(:s AS op_status), lease_token = NULL,"
-        " lease_expires_at = NULL, fence = fence + 1 WHERE id = :id"
+        " lease_expires_at = NULL, fence = fence + 1, changed_by = 'test',"
+        " change_reason = 'to ' || :s WHERE id = :id"
     )
     if after is Status.DISPATCHING:
         move = text(
             "UPDATE operations SET status = 'dispatching', lease_token = 't',"
-            " lease_expires_at = now(), fence = fence + 1 WHERE id = :id AND :s = :s"
+            " lease_expires_at = now(), fence = fence + 1, changed_by = 'test',"
+            " change_reason = 'to ' || :s WHERE id = :id"
         )
     allowed = (before, after) in ALLOWED_TRANSITIONS
     if allowed:

@@ -18,8 +18,8 @@ from opledger.adapters.registry import load_registry
 from opledger.dev.chaos.audit import settled as is_settled
 from opledger.dev.chaos.run import stack_env
 from opledger.dev.chaos.stack import PrivateRedis, Stack, wait_until
-from opledger.ledger import Ledger, Status
 from opledger.dev.sandbox import Sandbox
+from opledger.ledger import Ledger, Status
 from opledger.settings import Settings
 
 

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from opledger.dev.chaos.stack import PrivateRedis, Stack, wait_until
-from opledger.ledger import Ledger, Status
 from opledger.dev.sandbox import Sandbox
+from opledger.ledger import Ledger, Status
 from opledger.tasks.app import dispatch
 from opledger.tasks.backlog import SENT_HEADER, Generations, queue_depth
 

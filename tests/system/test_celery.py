@@ -9,8 +9,8 @@ import pytest
 
 from opledger.dev.chaos.audit import in_flight_races
 from opledger.dev.chaos.stack import Proc, Stack, free_port, wait_until
-from opledger.ledger import Ledger, Status
 from opledger.dev.sandbox import Sandbox
+from opledger.ledger import Ledger, Status
 from opledger.tasks.app import dispatch
 
 from .conftest import prepare, settled

@@ -7,8 +7,8 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from opledger.dev.chaos.stack import PrivateRedis, Stack
-from opledger.ledger import Ledger, Status
 from opledger.dev.sandbox import Sandbox
+from opledger.ledger import Ledger, Status
 from opledger.tasks.outbox import prepare_and_dispatch
 
 from .conftest import settled

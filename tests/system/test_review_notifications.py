@@ -7,8 +7,8 @@ import pytest
 from opledger.dev.chaos.audit import audit
 from opledger.dev.chaos.stack import Stack, wait_until
 from opledger.dev.chaos.variants import KINDS, configure_sandbox
-from opledger.ledger import Ledger, Status
 from opledger.dev.sandbox import Sandbox
+from opledger.ledger import Ledger, Status
 from opledger.tasks.app import dispatch, notify_review
 
 from .conftest import prepare, settings_of, settled

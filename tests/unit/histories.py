@@ -83,7 +83,9 @@ def evidence(
         fence=1,
         source=source,
         verdict=verdict,
-        binding=Binding(idempotency_key=key, target=target, payload_digest=digest, receipt_id=receipt),
+        binding=Binding(
+            idempotency_key=key, target=target, payload_digest=digest, receipt_id=receipt
+        ),
         detail=detail,
         applied=False,
         recorded_at=at,

@@ -32,7 +32,7 @@ def test_a_key_inside_retention_can_be_retried_safely() -> None:
     case = operation(action="crm.close_case.v1")
     c = consequences(STRIPE_V1, case, [attempt()], T0 + 2 * H)
     assert c.same_key_retry_allowed
-    assert "answers from it and no second change to the case" in c.retry
+    assert "answers from it and no second payment" in c.retry  # the contract names the effect
     assert "replays stored errors" in c.retry  # Stripe v1 stores its 500s
 
 

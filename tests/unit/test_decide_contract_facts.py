@@ -19,10 +19,10 @@ from opledger.ledger.decide import (
     BINDING_MISMATCH,
     STATE_CONFLICT,
     UNBOUND_RESPONSE,
+    AskProvider,
     Dispatch,
-    Lookup,
+    NeedsReview,
     Reject,
-    Review,
     Wait,
     admit,
     decide,
@@ -55,7 +55,7 @@ def claim(n: int = 1) -> Claim:
         attempt_n=n,
         started_at=T0,
         deadline_at=T0 + 20 * S,
-        key=OP_ID,
+        idempotency_key=OP_ID,
         payload={},
         payload_canonical="{}",
         operation=op,
@@ -68,10 +68,12 @@ def claim(n: int = 1) -> Claim:
 def test_a_provider_that_releases_the_key_on_a_5xx_gets_no_same_key_retry() -> None:
     released = keyed(after_error="key_released")
     decision = decide(released, operation(), [attempt()], [server_error()], grant(), AFTER)
-    assert isinstance(decision, Review) and "releases a key" in decision.reason
+    assert isinstance(decision, NeedsReview) and "releases a key" in decision.reason
     # a timeout is as unreadable as a 5xx: the change may be applied and the key gone
     timeout = evidence("ambiguous", source="dispatch", attempt_n=1, code="timeout")
-    assert isinstance(decide(released, operation(), [attempt()], [timeout], grant(), AFTER), Review)
+    assert isinstance(
+        decide(released, operation(), [attempt()], [timeout], grant(), AFTER), NeedsReview
+    )
 
 
 def test_the_same_5xx_is_retried_where_the_provider_applies_atomically() -> None:
@@ -83,7 +85,7 @@ def test_the_same_5xx_is_retried_where_the_provider_applies_atomically() -> None
 def test_a_provider_that_replays_its_5xx_is_not_asked_again() -> None:
     replaying = keyed(after_error="replayed")
     decision = decide(replaying, operation(), [attempt()], [server_error()], grant(), AFTER)
-    assert isinstance(decision, Review) and "replays it" in decision.reason
+    assert isinstance(decision, NeedsReview) and "replays it" in decision.reason
     # but a timeout under such a key is safe to retry: the provider answers from the key
     timeout = evidence("ambiguous", source="dispatch", attempt_n=1, code="timeout")
     assert isinstance(
@@ -94,7 +96,7 @@ def test_a_provider_that_replays_its_5xx_is_not_asked_again() -> None:
 def test_a_released_key_is_looked_up_and_an_authoritative_absence_allows_the_retry() -> None:
     released = keyed(after_error="key_released", lookup="status_api")
     assert isinstance(
-        decide(released, operation(), [attempt()], [server_error()], grant(), AFTER), Lookup
+        decide(released, operation(), [attempt()], [server_error()], grant(), AFTER), AskProvider
     )
     absent = evidence("absent", at=AFTER)
     decision = decide(released, operation(), [attempt()], [server_error(), absent], grant(), AFTER)
@@ -105,10 +107,10 @@ def test_keys_lost_on_restart_are_looked_up_before_any_retry() -> None:
     volatile = keyed(keys_durable=False)
     timeout = evidence("ambiguous", source="dispatch", attempt_n=1, code="timeout")
     decision = decide(volatile, operation(), [attempt()], [timeout], grant(), AFTER)
-    assert isinstance(decision, Review) and "restart" in decision.reason
+    assert isinstance(decision, NeedsReview) and "restart" in decision.reason
     with_status = keyed(keys_durable=False, lookup="status_api")
     assert isinstance(
-        decide(with_status, operation(), [attempt()], [timeout], grant(), AFTER), Lookup
+        decide(with_status, operation(), [attempt()], [timeout], grant(), AFTER), AskProvider
     )
 
 
@@ -118,7 +120,7 @@ def test_a_key_is_deduplicated_only_within_the_scope_it_was_sent_to() -> None:
         "ambiguous", source="dispatch", attempt_n=1, code="timeout", scope="account us"
     )
     decision = decide(moved, operation(), [attempt()], [timeout], grant(), AFTER)
-    assert isinstance(decision, Review) and "one scope" in decision.reason
+    assert isinstance(decision, NeedsReview) and "one scope" in decision.reason
     same = evidence("ambiguous", source="dispatch", attempt_n=1, code="timeout", scope="account eu")
     assert isinstance(decide(moved, operation(), [attempt()], [same], grant(), AFTER), Dispatch)
 
@@ -126,7 +128,7 @@ def test_a_key_is_deduplicated_only_within_the_scope_it_was_sent_to() -> None:
 def test_a_key_longer_than_the_provider_accepts_is_never_sent() -> None:
     short = keyed(max_key_length=10)
     decision = decide(short, operation(Status.PREPARED, fence=0), [], [], grant(), T0)
-    assert isinstance(decision, Review) and "at most 10" in decision.reason
+    assert isinstance(decision, NeedsReview) and "at most 10" in decision.reason
     # and such a provider is refused when its adapter is registered, before any prepare
     refused = CrmAdapter("http://127.0.0.1:9", account="a", contract=short)
     accepted = CrmAdapter("http://127.0.0.1:9", account="a", contract=keyed(max_key_length=64))
@@ -169,7 +171,9 @@ def test_a_refusal_of_one_attempt_does_not_reject_a_later_one() -> None:
 
 
 def test_a_response_bound_to_another_body_never_confirms() -> None:
-    other = Confirmed(receipt_id="r", binding=Binding(idempotency_key=OP_ID, payload_digest="b" * 64))
+    other = Confirmed(
+        receipt_id="r", binding=Binding(idempotency_key=OP_ID, payload_digest="b" * 64)
+    )
     outcome = admit(keyed(), claim(), other)
     assert isinstance(outcome, Ambiguous) and outcome.code == BINDING_MISMATCH
 
@@ -182,13 +186,17 @@ def test_a_response_without_the_digest_the_provider_gives_never_confirms() -> No
 
 
 def test_a_replay_from_a_provider_that_does_not_check_payloads_needs_the_digest() -> None:
-    replay = Confirmed(receipt_id="r", binding=Binding(idempotency_key=OP_ID), detail={"replayed": True})
+    replay = Confirmed(
+        receipt_id="r", binding=Binding(idempotency_key=OP_ID), detail={"replayed": True}
+    )
     unchecked = keyed(payload_checked=False, response_binds="key")
     outcome = admit(unchecked, claim(), replay)
     assert isinstance(outcome, Ambiguous) and outcome.code == UNBOUND_RESPONSE
     checked = keyed(payload_checked=True, response_binds="key")
     assert admit(checked, claim(), replay).kind == "confirmed"
-    bound = replay.model_copy(update={"binding": Binding(idempotency_key=OP_ID, payload_digest=DIGEST)})
+    bound = replay.model_copy(
+        update={"binding": Binding(idempotency_key=OP_ID, payload_digest=DIGEST)}
+    )
     assert admit(unchecked, claim(), bound).kind == "confirmed"
 
 
@@ -220,7 +228,7 @@ def test_attempts_that_sent_nothing_are_no_attempt_in_flight() -> None:
         evidence("ambiguous", source="dispatch", attempt_n=n, code="not_sent") for n in range(1, 6)
     ]
     decision = decide(no_dedup, operation(), many, all_refused, grant(), T0 + 2 * S)
-    assert isinstance(decision, Review) and "none of which reached" in decision.reason
+    assert isinstance(decision, NeedsReview) and "none of which reached" in decision.reason
 
 
 # -- consequences come from the same facts --------------------------------------------------
@@ -235,9 +243,9 @@ def test_the_review_never_promises_a_protection_the_contract_lacks() -> None:
     c = consequences(atomic, operation(), [attempt()], AFTER, [server_error()])
     assert c.same_key_retry_allowed and "no second change to the case is made" in c.retry
     assert "undoing a change" in c.cancel
-    email = consequences(
-        keyed(), operation(action="email.send.v1"), [attempt()], AFTER, [server_error()]
-    )
+    # the contract, not the action's name, says what one effect is called
+    mail = keyed().model_copy(update={"effect": "email"})
+    email = consequences(mail, operation(action="crm.close_case.v1"), [attempt()], AFTER)
     assert "undoing an email" in email.cancel
 
 

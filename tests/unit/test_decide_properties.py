@@ -266,9 +266,7 @@ def test_the_decision_keeps_every_rule(history: tuple) -> None:  # type: ignore[
         # a key the provider would refuse is never sent
         limit = contract.idempotency.max_key_length
         assert (
-            contract.idempotency.kind == "none"
-            or limit is None
-            or len(op.idempotency_key) <= limit
+            contract.idempotency.kind == "none" or limit is None or len(op.idempotency_key) <= limit
         )
         # rule 3: never while an earlier attempt may still be in flight, nor right after the
         # provider said one with our key was still executing

@@ -11,12 +11,12 @@ from opledger.adapters.email import email_contract
 from opledger.adapters.smtp import smtp_contract
 from opledger.ledger import Status
 from opledger.ledger.decide import (
+    AskProvider,
     Confirm,
     Dispatch,
     HoldUnknown,
-    Lookup,
+    NeedsReview,
     Reject,
-    Review,
     Wait,
     decide,
 )
@@ -83,7 +83,7 @@ def test_rule_2_reject_only_on_a_definitive_refusal() -> None:
 def test_rule_3_nothing_is_sent_while_an_attempt_may_be_in_flight(contract: object) -> None:
     op, attempts = operation(), [attempt(in_flight=20 * S)]
     decision = decide(contract, op, attempts, [], grant(), T0 + 5 * S)  # type: ignore[arg-type]
-    assert isinstance(decision, Wait | Lookup)
+    assert isinstance(decision, Wait | AskProvider)
     if isinstance(decision, Wait):
         assert decision.until == T0 + 20 * S
 
@@ -101,8 +101,10 @@ def test_rule_4_same_key_only_inside_the_retention_window() -> None:
     inside = decide(contract, op, attempts, [], grant(), T0 + timedelta(hours=1))
     assert inside == Dispatch(idempotency_key=OP_ID, payload_digest=DIGEST)
     near_end = T0 + timedelta(hours=24) - contract.retention_margin
-    assert isinstance(decide(contract, op, attempts, [], grant(), near_end), Review)
-    assert isinstance(decide(contract, op, attempts, [], grant(), T0 + timedelta(days=3)), Review)
+    assert isinstance(decide(contract, op, attempts, [], grant(), near_end), NeedsReview)
+    assert isinstance(
+        decide(contract, op, attempts, [], grant(), T0 + timedelta(days=3)), NeedsReview
+    )
 
 
 def test_rule_5_a_replayed_stored_error_is_not_retried() -> None:
@@ -117,26 +119,30 @@ def test_rule_5_a_replayed_stored_error_is_not_retried() -> None:
             )
         }
     )
-    assert isinstance(decide(forgetful, op, attempts, [replayed], grant(), T0 + 90 * S), Review)
+    assert isinstance(
+        decide(forgetful, op, attempts, [replayed], grant(), T0 + 90 * S), NeedsReview
+    )
     fresh = evidence("ambiguous", source="dispatch", code="http_503", replayed=False)
     assert isinstance(decide(forgetful, op, attempts, [fresh], grant(), T0 + 90 * S), Dispatch)
     # a provider that stores errors will replay the first 500 too
     first = evidence("ambiguous", source="dispatch", code="server_error", replayed=False)
     decision = decide(KEYED_NO_LOOKUP, op, [attempt()], [first], grant(), T0 + 90 * S)
-    assert isinstance(decision, Review)
+    assert isinstance(decision, NeedsReview)
 
 
 def test_rule_6_search_absence_proves_nothing_but_status_absence_does() -> None:
     op, attempts = operation(action="email.send.v1"), [attempt()]
     # search: wait out the lag, look, and with nothing found and no dedup, a person decides
     assert isinstance(decide(SEARCH_ONLY, op, attempts, [], grant(), T0 + 25 * S), HoldUnknown)
-    assert isinstance(decide(SEARCH_ONLY, op, attempts, [], grant(), T0 + 55 * S), Lookup)
+    assert isinstance(decide(SEARCH_ONLY, op, attempts, [], grant(), T0 + 55 * S), AskProvider)
     nothing = evidence("inconclusive", at=T0 + 55 * S)
-    assert isinstance(decide(SEARCH_ONLY, op, attempts, [nothing], grant(), T0 + 56 * S), Review)
+    assert isinstance(
+        decide(SEARCH_ONLY, op, attempts, [nothing], grant(), T0 + 56 * S), NeedsReview
+    )
     # status API: "no such request" after the deadline is proof: retry with the same key
     absent = evidence("absent", at=T0 + 21 * S)
     assert decide(KEYED_STATUS, op, attempts, [absent], grant(), T0 + 22 * S) == Dispatch(
-        key=OP_ID, payload_digest=DIGEST
+        idempotency_key=OP_ID, payload_digest=DIGEST
     )
     # ... but not when it was asked before the deadline
     early_absent = evidence("absent", at=T0 + 5 * S)
@@ -148,24 +154,24 @@ def test_rule_6_search_absence_proves_nothing_but_status_absence_does() -> None:
 def test_rule_7_no_dedup_and_no_decisive_lookup_goes_to_review() -> None:
     op = operation(action="email.smtp_send.v1")
     decision = decide(NO_DEDUP, op, [attempt(in_flight=600 * S)], [], grant(), T0 + 601 * S)
-    assert isinstance(decision, Review)
+    assert isinstance(decision, NeedsReview)
 
 
 def test_rule_8_revoked_authority_stops_writes_not_lookups() -> None:
     op, attempts = operation(), [attempt()]
     assert isinstance(
-        decide(KEYED_STATUS, op, attempts, [], grant(revoked=True), T0 + 30 * S), Lookup
+        decide(KEYED_STATUS, op, attempts, [], grant(revoked=True), T0 + 30 * S), AskProvider
     )
     absent = evidence("absent", at=T0 + 21 * S)
     decision = decide(KEYED_STATUS, op, attempts, [absent], grant(revoked=True), T0 + 30 * S)
-    assert isinstance(decision, Review)
-    assert isinstance(decide(KEYED_NO_LOOKUP, op, attempts, [], None, T0 + 30 * S), Review)
+    assert isinstance(decision, NeedsReview)
+    assert isinstance(decide(KEYED_NO_LOOKUP, op, attempts, [], None, T0 + 30 * S), NeedsReview)
 
 
 def test_a_key_used_with_another_payload_goes_to_review() -> None:
     mismatch = evidence("ambiguous", source="dispatch", code="idempotency_mismatch")
     decision = decide(KEYED_NO_LOOKUP, operation(), [attempt()], [mismatch], grant(), T0 + 60 * S)
-    assert isinstance(decision, Review)
+    assert isinstance(decision, NeedsReview)
 
 
 def test_a_poisoned_key_needs_a_person() -> None:
@@ -173,19 +179,19 @@ def test_a_poisoned_key_needs_a_person() -> None:
 
     poisoned = evidence("ambiguous", source="dispatch", code="key_poisoned")
     decision = decide(SHOPIFY, operation(), [attempt()], [poisoned], grant(), T0 + 600 * S)
-    assert isinstance(decision, Review)
+    assert isinstance(decision, NeedsReview)
 
 
 def test_attempts_are_bounded() -> None:
     attempts = [attempt(n, started=T0 + n * 30 * S) for n in range(1, 6)]
     decision = decide(KEYED_NO_LOOKUP, operation(), attempts, [], grant(), T0 + 400 * S)
-    assert isinstance(decision, Review)
+    assert isinstance(decision, NeedsReview)
 
 
 def test_a_prepared_operation_is_dispatched_and_a_final_one_refused() -> None:
     prepared = operation(Status.PREPARED, fence=0)
     assert decide(KEYED_STATUS, prepared, [], [], grant(), T0) == Dispatch(
-        key=OP_ID, payload_digest=DIGEST
+        idempotency_key=OP_ID, payload_digest=DIGEST
     )
     with pytest.raises(ValueError):
         decide(KEYED_STATUS, operation(Status.CONFIRMED), [attempt()], [], grant(), T0)
