@@ -171,6 +171,8 @@ CLAIM = text(
             next_check_at = NULL, operator_retry_by = NULL,
             record_version = o.record_version + 1, updated_at = now()
         FROM authorizations AS a
+        -- deliberate overlap: the status and the lease expiry each refuse a live claim
+        -- (tests/integration/test_guards.py, probe_a_live_claim_cannot_be_claimed_again)
         WHERE o.id = :op_id
           AND o.status = CAST(:from_status AS op_status)
           AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
@@ -227,6 +229,9 @@ RECORD_OUTCOME = text(
     WITH attempt AS (
         UPDATE attempts
         SET finished_at = now(), outcome = :kind, response = CAST(:response AS jsonb)
+        -- the claim token is checked twice on purpose, here and on the operation below:
+        -- either check alone keeps a forged claim from moving the operation; this one also
+        -- keeps it off the attempt (test_guards.py, the forged_token probes)
         WHERE op_id = :op_id AND fence = :fence AND claim_token = :token
           AND finished_at IS NULL
         RETURNING n
@@ -240,6 +245,8 @@ RECORD_OUTCOME = text(
             next_check_at = CASE WHEN CAST(:to_status AS text) = 'unknown'
                                  THEN now() + :recheck END,
             record_version = o.record_version + 1, updated_at = now()
+        -- deliberate overlap: the open attempt (EXISTS), the lease token and the status
+        -- each refuse a second report under one claim (test_guards.py, second_report probes)
         WHERE o.id = :op_id AND o.fence = :fence AND o.lease_token = :token
           AND o.status = 'dispatching' AND EXISTS (SELECT 1 FROM attempt)
         RETURNING o.*
@@ -317,6 +324,9 @@ RESOLVE = text(
             next_check_at = NULL, evidence_checked_at = now(),
             provider_result_id = coalesce(CAST(:receipt_id AS text), o.provider_result_id),
             record_version = o.record_version + 1, updated_at = now()
+        -- the status check is the only guard against settling a live claim or settling twice;
+        -- a flip of a settled operation is also refused by the transition trigger, on
+        -- purpose (test_guards.py, probe_a_settled_operation_never_flips)
         WHERE o.id = :op_id AND o.fence = :fence AND o.status = 'unknown'
         RETURNING o.*
     ),
@@ -549,6 +559,8 @@ SETTLE_BY_OPERATOR = text(
             lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
             next_check_at = NULL, operator_retry_by = NULL,
             record_version = o.record_version + 1, updated_at = now()
+        -- deliberately checked twice: Reviews.resolve refuses a status other than unknown
+        -- under the row lock first (test_guards.py, probe_operator_cannot_settle_...)
         WHERE o.id = :op_id AND o.fence = :fence AND o.status = 'unknown'
         RETURNING o.*
     ),
@@ -568,6 +580,8 @@ AUTHORIZE_RETRY = text(
             provider_request_id = coalesce(CAST(:new_key AS text), o.provider_request_id),
             fence = o.fence + 1, next_check_at = now(),
             record_version = o.record_version + 1, updated_at = now()
+        -- deliberately checked twice: Reviews.resolve refuses a status other than unknown
+        -- under the row lock first (test_guards.py, probe_operator_cannot_authorize_...)
         WHERE o.id = :op_id AND o.fence = :fence AND o.status = 'unknown'
         RETURNING o.*
     ),
