@@ -181,6 +181,8 @@ CLAIM = text(
             changed_by = :owner, change_reason = :reason,
             record_version = o.record_version + 1, updated_at = now()
         FROM authorizations AS a
+        -- deliberate overlap: the status and the lease expiry each refuse a live claim
+        -- (tests/integration/test_guards.py, probe_a_live_claim_cannot_be_claimed_again)
         WHERE o.id = :op_id
           AND o.status = CAST(:from_status AS op_status)
           AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
@@ -229,6 +231,9 @@ RECORD_OUTCOME = text(
     WITH attempt AS (
         UPDATE attempts
         SET finished_at = now(), outcome = :kind, response = CAST(:response AS jsonb)
+        -- the claim token is checked twice on purpose, here and on the operation below:
+        -- either check alone keeps a forged claim from moving the operation; this one also
+        -- keeps it off the attempt (test_guards.py, the forged_token probes)
         WHERE op_id = :op_id AND fence = :fence AND claim_token = :token
           AND finished_at IS NULL
         RETURNING n
@@ -243,6 +248,8 @@ RECORD_OUTCOME = text(
                                  THEN now() + :recheck END,
             changed_by = :actor, change_reason = :reason,
             record_version = o.record_version + 1, updated_at = now()
+        -- deliberate overlap: the open attempt (EXISTS), the lease token and the status
+        -- each refuse a second report under one claim (test_guards.py, second_report probes)
         WHERE o.id = :op_id AND o.fence = :fence AND o.lease_token = :token
           AND o.status = 'dispatching' AND EXISTS (SELECT 1 FROM attempt)
         RETURNING o.*
@@ -314,6 +321,9 @@ SETTLE_ON_EVIDENCE = text(
             provider_result_id = coalesce(CAST(:receipt_id AS text), o.provider_result_id),
             changed_by = :actor, change_reason = :reason,
             record_version = o.record_version + 1, updated_at = now()
+        -- the status check is the only guard against settling a live claim or settling twice;
+        -- a flip of a settled operation is also refused by the transition trigger, on
+        -- purpose (test_guards.py, probe_a_settled_operation_never_flips)
         WHERE o.id = :op_id AND o.fence = :fence AND o.status = 'unknown'
         RETURNING o.*
     ),
@@ -539,6 +549,8 @@ SETTLE_BY_OPERATOR = text(
             next_check_at = NULL, operator_retry_by = NULL,
             changed_by = :operator, change_reason = :reason,
             record_version = o.record_version + 1, updated_at = now()
+        -- deliberately checked twice: Reviews.resolve refuses a status other than unknown
+        -- under the row lock first (test_guards.py, probe_operator_cannot_settle_...)
         WHERE o.id = :op_id AND o.fence = :fence AND o.status = 'unknown'
         RETURNING o.*
     )
@@ -555,6 +567,8 @@ AUTHORIZE_RETRY = text(
             fence = o.fence + 1, next_check_at = now(),
             changed_by = :operator, change_reason = :reason,
             record_version = o.record_version + 1, updated_at = now()
+        -- deliberately checked twice: Reviews.resolve refuses a status other than unknown
+        -- under the row lock first (test_guards.py, probe_operator_cannot_authorize_...)
         WHERE o.id = :op_id AND o.fence = :fence AND o.status = 'unknown'
         RETURNING o.*
     )

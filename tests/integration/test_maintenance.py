@@ -166,8 +166,20 @@ def test_resolve_is_conditional_on_the_fence_it_decided_on(ledger: Ledger, grant
     )
     assert settled.status is Status.CONFIRMED and settled.provider_result_id == "r9"
     assert any(e.id == ev.id and e.applied for e in ledger.history(op_id).evidence)
-    with pytest.raises(ForbiddenTransition):
+    # on its current fence, a settled operation is refused by the statement's status guard
+    refusal = ledger.record_evidence(op_id, source="lookup", verdict="rejected")
+    record = ledger.history(op_id)
+    assert record.operation.fence == 3  # the fence the caller holds is the current one
+    with pytest.raises(StaleFence):
+        ledger.settle(
+            op_id, fence=3, to=Status.REJECTED, evidence_id=refusal.id, actor="r", reason="x"
+        )
+    assert ledger.history(op_id) == record
+    # resolve settles as confirmed or rejected only: anything else is refused before the
+    # database is asked
+    with pytest.raises(ForbiddenTransition, match="confirmed or rejected"):
         ledger.settle(op_id, fence=3, to=Status.CANCELLED, evidence_id=ev.id, actor="r", reason="x")
+    assert ledger.history(op_id) == record
 
 
 def test_a_retry_claim_with_a_stale_expected_fence_gets_nothing(ledger: Ledger, grant: str) -> None:

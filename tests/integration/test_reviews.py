@@ -285,6 +285,12 @@ def test_the_cli_lists_shows_and_resolves(
         )
         assert other.exit_code == 2
         assert desk.ledger.get(op_id).status is Status.CANCELLED
-        assert Resolution.CANCEL.value == "cancel"
+        # one audit row: bob's cancel; the refused early and second resolutions wrote none
+        (action,) = desk.ledger.reviews.audit(op_id, tenant="acme")
+        assert (action.operator, action.resolution, action.note) == (
+            "bob",
+            Resolution.CANCEL,
+            "customer withdrew",
+        )
     finally:
         get_settings.cache_clear()

@@ -122,7 +122,8 @@ def test_socket_errors_during_smtp_are_ambiguous(exc: Exception) -> None:
 
 def test_smtp_permanent_refusals_reject_and_temporary_ones_do_not() -> None:
     assert isinstance(outcome_for_smtp_error(smtplib.SMTPDataError(554, b"rejected")), Rejected)
-    assert isinstance(outcome_for_smtp_error(smtplib.SMTPDataError(451, b"later")), Ambiguous)
+    sender = smtplib.SMTPSenderRefused(553, b"bad sender", "s@x")
+    assert isinstance(outcome_for_smtp_error(sender), Rejected)
     refused = smtplib.SMTPRecipientsRefused({"a@b": (550, b"x"), "c@d": (450, b"y")})
     assert isinstance(outcome_for_smtp_error(refused), Ambiguous)
 
