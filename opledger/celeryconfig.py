@@ -1,6 +1,6 @@
 """Every Celery setting opledger relies on, read from the `OPLEDGER_` environment.
 
-Why each one (DESIGN.md section 7):
+Why each one (the README's "Running with Celery" and docs/architecture.md say more):
 - acks late + prefetch 1: a message is acknowledged only after its task ran, and a worker
   holds one at a time; a killed child leaves its row `dispatching` (reject_on_worker_lost
   stays False: the sweeper, not a redelivery, decides what happens next).

@@ -249,7 +249,8 @@ FROM generate_series(CAST(:start AS bigint), CAST(:stop AS bigint)) AS i
 RESTALE = """
 ALTER TABLE operations DISABLE TRIGGER USER;
 UPDATE operations SET status = 'dispatching', lease_token = 'x', lease_owner = 'gone',
-       lease_expires_at = now() - interval '1 minute', next_check_at = NULL
+       lease_expires_at = now() - interval '1 minute', next_check_at = NULL,
+       changed_by = 'bench', change_reason = 'made stale'
  WHERE tenant = 'bench-stale' AND starts_with(intent_key, 'lease-');
 UPDATE operations SET status = 'unknown', lease_token = NULL, lease_expires_at = NULL,
        next_check_at = now() - interval '1 minute'

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from opledger.ledger import ALLOWED_TRANSITIONS, Ledger, Status
+from opledger.ledger import ALLOWED_TRANSITIONS, Ambiguous, Ledger, Status
 
 PAIRS = [(a, b) for a, b in itertools.product(Status, Status) if a is not b]
 
@@ -100,3 +100,67 @@ def test_an_unknown_status_string_is_refused_by_the_enum(ledger: Ledger, grant: 
     )
     with pytest.raises(DBAPIError), ledger.engine.begin() as conn:
         conn.execute(text("UPDATE operations SET status = 'failed' WHERE id = :id"), {"id": op.id})
+
+
+def test_no_statement_writes_the_audit_trail_by_hand() -> None:
+    """The database writes `transitions` (migration 0006); the ledger's SQL never does."""
+    from opledger.ledger import queries
+
+    statements = [v.text for v in vars(queries).values() if hasattr(v, "text")]
+    assert statements and not any("INSERT INTO transitions" in sql for sql in statements)
+
+
+def test_the_audit_row_records_the_status_the_row_really_had(ledger: Ledger, grant: str) -> None:
+    op = ledger.prepare(
+        tenant="acme",
+        workflow_id="wf",
+        intent_key="k",
+        action="crm.close_case.v1",
+        target="case-1",
+        payload={},
+        authorization_ref=grant,
+    )
+    claim = ledger.claim(op.id, owner="w")
+    assert claim is not None
+    ledger.record_outcome(claim, Ambiguous(code="timeout", reason="lost"))
+    # a change made behind the ledger's back is audited from OLD and NEW all the same
+    with ledger.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE operations SET status = 'cancelled', fence = fence + 1,"
+                " changed_by = 'dba', change_reason = 'by hand' WHERE id = :id"
+            ),
+            {"id": op.id},
+        )
+    trail = [
+        (t.from_status, t.to_status, t.fence, t.actor, t.reason)
+        for t in ledger.history(op.id).transitions
+    ]
+    assert trail == [
+        (None, Status.PREPARED, 0, "prepare", "prepared"),
+        (Status.PREPARED, Status.DISPATCHING, 1, "w", "claim"),
+        (Status.DISPATCHING, Status.UNKNOWN, 1, "w", "ambiguous: timeout"),
+        (Status.UNKNOWN, Status.CANCELLED, 2, "dba", "by hand"),
+    ]
+
+
+def test_a_status_change_that_does_not_say_who_and_why_is_refused(
+    ledger: Ledger, grant: str
+) -> None:
+    op = ledger.prepare(
+        tenant="acme",
+        workflow_id="wf",
+        intent_key="k",
+        action="crm.close_case.v1",
+        target="case-1",
+        payload={},
+        authorization_ref=grant,
+    )
+    with pytest.raises(DBAPIError) as info, ledger.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE operations SET status = 'cancelled', fence = 1 WHERE id = :id"),
+            {"id": op.id},
+        )
+    assert getattr(info.value.orig, "sqlstate", None) == "OL003"
+    after = ledger.history(op.id)
+    assert after.operation.status is Status.PREPARED and len(after.transitions) == 1
