@@ -1,7 +1,8 @@
 """The ledger's Python API: prepare, claim, record outcomes, read history.
 
-All SQL the ledger runs lives in `opledger.ledger.queries`; this module validates input,
-chooses the transaction and turns rows into records. The worker's happy path is two round
+All SQL the ledger runs lives in `opledger.ledger.queries`, and every use of the database
+goes through `opledger.ledger.store` (transactions, error translation, row mapping); this
+module validates input and chooses the statements. The worker's happy path is two round
 trips to Postgres: `claim` and `record_outcome` are one autocommitted statement each.
 """
 
