@@ -8,7 +8,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY opledger ./opledger
-RUN pip install . && useradd --create-home --uid 10001 opledger
+# The sandbox providers are an extra; an image for production builds without them:
+#   docker build --build-arg EXTRAS= .
+ARG EXTRAS=sandbox
+RUN pip install ".${EXTRAS:+[$EXTRAS]}" && useradd --create-home --uid 10001 opledger
 USER opledger
 WORKDIR /home/opledger
 

@@ -387,7 +387,14 @@ def sandbox(
     smtp_port: Annotated[int, typer.Option(help="SMTP port (0: any).")] = 0,
 ) -> None:
     """Run the sandbox CRM, email API and SMTP server until interrupted."""
-    from opledger.dev.sandbox.__main__ import serve
+    try:
+        from opledger.dev.sandbox.__main__ import serve
+    except ImportError as exc:  # a production install: the servers are an extra
+        console.print(
+            f"[red]the sandbox needs the sandbox extra ({exc.name} is missing): "
+            "pip install 'opledger[sandbox]'[/red]"
+        )
+        raise typer.Exit(2) from exc
 
     serve(host, port, smtp_port)
 
