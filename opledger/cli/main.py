@@ -391,8 +391,10 @@ def sandbox(
         from opledger.dev.sandbox.__main__ import serve
     except ImportError as exc:  # a production install: the servers are an extra
         console.print(
-            f"[red]the sandbox needs the sandbox extra ({exc.name} is missing): "
-            "pip install 'opledger[sandbox]'[/red]"
+            f"the sandbox needs the sandbox extra ({exc.name} is missing): "
+            "pip install 'opledger[sandbox]'",
+            style="red",
+            markup=False,
         )
         raise typer.Exit(2) from exc
 
