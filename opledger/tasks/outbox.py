@@ -5,12 +5,14 @@
         prepare_and_dispatch(ledger, session=session, tenant=..., ...)
         session.commit()          # the dispatch message is published here, not before
 
-If the process dies between the commit and the publish, the beat `relay` finds the
-prepared operation and publishes it again.
+If the process dies between the commit and the publish, or the broker is down then, the
+beat `relay` finds the prepared operation and publishes it later: the helper never raises
+from the caller's commit, it logs the failed publish.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from sqlalchemy import event
@@ -19,14 +21,29 @@ from sqlalchemy.orm import Session
 from opledger.ledger import Ledger, Operation
 
 _PENDING = "opledger.pending_dispatch"
+log = logging.getLogger("opledger.outbox")
 
 
 def _publish(session: Session) -> None:
+    for op_id in session.info.pop(_PENDING, []):
+        _try_publish(op_id)
+
+
+def _try_publish(op_id: str) -> None:
+    """Publish the dispatch message, best effort: the operation is committed already, so a
+    broker outage must not fail the caller (the beat relay publishes it later)."""
     from .app import dispatch
 
-    pending = session.info.pop(_PENDING, [])
-    for op_id in pending:
+    try:
         dispatch.delay(op_id)
+    except Exception as exc:  # kombu/redis/amqp errors differ by transport
+        log.warning(
+            "%s is prepared but its dispatch message could not be published (%s: %s); "
+            "the relay will publish it",
+            op_id,
+            type(exc).__name__,
+            exc,
+        )
 
 
 def _forget(session: Session, *_: Any) -> None:
@@ -40,9 +57,7 @@ def prepare_and_dispatch(
     after the session's commit with one (nothing is published if it rolls back)."""
     op = ledger.prepare(session=session, **intent)
     if session is None:
-        from .app import dispatch
-
-        dispatch.delay(op.id)
+        _try_publish(op.id)
         return op
     if _PENDING not in session.info:
         session.info[_PENDING] = []

@@ -29,6 +29,7 @@ from opledger.ledger import (
     SendWindowPassed,
     StaleFence,
     Status,
+    UnknownAction,
     UnknownAuthorization,
 )
 from opledger.ledger.consequences import consequences
@@ -173,7 +174,42 @@ def dispatch(
         log.info("dispatch of %s: not claimable (already claimed, finished or unknown)", op_id)
         return StepResult(Step.NOOP)
     crashpoints.reached("dispatch.after_claim")
-    return _send(ledger, registry.adapter_for(claim.operation.action), claim, settle)
+    try:
+        adapter = registry.adapter_for(claim.operation.action)
+    except UnknownAction as exc:
+        return _no_adapter(ledger, claim, exc)
+    return _send(ledger, adapter, claim, settle)
+
+
+def _no_adapter(ledger: Ledger, claim: Claim, exc: UnknownAction) -> StepResult:
+    """No adapter serves the operation's action (the configuration changed since it was
+    prepared): nothing is sent, and a person is asked, once, instead of the operation
+    being claimed and fenced out again and again."""
+    action = claim.operation.action
+    try:
+        op = ledger.record_outcome(
+            claim,
+            Ambiguous(code=NOT_SENT, reason=f"not sent: no adapter serves {action}"),
+        )
+    except StaleFence:
+        return StepResult(Step.FENCED)
+    return _review_without_adapter(ledger, op, exc)
+
+
+def _review_without_adapter(ledger: Ledger, op: Operation, exc: UnknownAction) -> StepResult:
+    reason = (
+        f"no adapter serves {op.action}, so nothing can be sent or looked up: configure one "
+        "(OPLEDGER_ADAPTERS) and resolve as retry, or cancel"
+    )
+    try:
+        review = ledger.open_review(
+            op.id, fence=op.fence, reason=reason, snapshot={"reason": reason, "error": str(exc)}
+        )
+    except StaleFence:
+        return StepResult(Step.FENCED)
+    if review is not None:
+        log.error("%s: %s; a review is open", op.id, reason)
+    return StepResult(Step.REVIEW, ledger.get(op.id))
 
 
 def snapshot(history: History, adapter: Adapter, reason: str, now: datetime) -> dict[str, Any]:
@@ -212,7 +248,12 @@ def reconcile(
     op = history.operation
     if op.status is not Status.UNKNOWN:
         return StepResult(Step.NOOP, op)
-    adapter = registry.adapter_for(op.action)
+    try:
+        adapter = registry.adapter_for(op.action)
+    except UnknownAction as exc:
+        if any(r.resolved_at is None for r in history.reviews):
+            return StepResult(Step.REVIEW, op)  # a person has it already: say nothing
+        return _review_without_adapter(ledger, op, exc)
     contract = adapter.contract
     try:
         grant = ledger.authorization(op.authorization_ref)

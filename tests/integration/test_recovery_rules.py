@@ -300,3 +300,26 @@ def test_an_smtp_review_names_the_message_id_and_a_refused_connection_is_resent(
     message_id = message_id_for(led.get(cut))
     assert message_id in review.snapshot["search_hint"]
     assert led.history(cut).evidence[0].detail["message_id"] == message_id
+
+
+def test_an_operation_whose_adapter_is_gone_goes_to_review_once(rig_for: Any) -> None:
+    """The configuration lost the adapter between prepare and dispatch: nothing is sent, a
+    review opens with the reason, and neither the sweep nor a redelivered check loops on it."""
+    rig = rig_for()
+    op_id = rig.prepare()
+    bare = Registry()  # a worker configured without the CRM adapter
+    result = steps.dispatch(rig.ledger, bare, op_id, owner="w1", lease=LEASE)
+    assert result.action == "review"
+    history = rig.ledger.history(op_id)
+    assert history.operation.status is Status.UNKNOWN
+    assert [a.outcome for a in history.attempts] == ["ambiguous"]
+    assert history.attempts[0].response is not None
+    assert history.attempts[0].response["code"] == "not_sent"
+    (review,) = history.reviews
+    assert "no adapter serves crm.close_case.v1" in review.reason
+    assert rig.effects(op_id) == 0 and rig.requests(op_id) == []
+    assert history.operation.next_check_at is None  # the sweep stops handing it out
+    again = steps.reconcile(rig.ledger, bare, op_id, owner="w2", lease=LEASE)
+    assert again.action == "review"
+    assert len(rig.ledger.history(op_id).reviews) == 1
+    assert rig.ledger.due_checks(backoff=timedelta(seconds=30)) == []
