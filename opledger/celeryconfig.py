@@ -14,13 +14,17 @@ from __future__ import annotations
 from celery.schedules import schedule
 from kombu.entity import Exchange, Queue
 
-from opledger.settings import DEFAULT_BROKER_URL, get_settings
+from opledger.settings import DEFAULT_BROKER_URL, UNCONFIGURED_BROKER_URL, get_settings
 
 _settings = get_settings()
 
-# Unset: the local Redis. `opledger worker`, `beat` and `demo` start an embedded one first
-# when none answers (development only); importing this module never starts anything.
-broker_url = _settings.broker_url or DEFAULT_BROKER_URL
+# Unset: no broker. Publishing a task then raises NotConfigured (tasks.app.OperationTask)
+# and `opledger worker`, `beat` and `flower` refuse to start, naming the variable; only in
+# development mode (OPLEDGER_DEV=1) does it mean the local Redis. Importing this module
+# never connects to or starts anything.
+broker_url = _settings.broker_url or (
+    DEFAULT_BROKER_URL if _settings.dev else UNCONFIGURED_BROKER_URL
+)
 broker_connection_retry_on_startup = True
 
 task_serializer = "json"

@@ -2,18 +2,51 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from functools import lru_cache
+from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-#: the broker Celery uses when `OPLEDGER_BROKER_URL` is unset
+#: the broker development mode uses when `OPLEDGER_BROKER_URL` is unset
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
+#: what Celery is given when no broker is configured outside development mode: publishing
+#: is refused (`NotConfigured`) before anything connects, and the name never resolves
+UNCONFIGURED_BROKER_URL = "redis://opledger-broker-not-configured.invalid:6379/0"
+
+
+#: Celery brokers opledger is built and tested for
+BROKER_SCHEMES = ("redis", "rediss", "sentinel", "amqp", "amqps", "pyamqp")
+#: OPLEDGER_ variables that are not settings but are read by the tooling
+TOOLING_VARIABLES = frozenset(
+    {
+        "OPLEDGER_DEBUG",
+        "OPLEDGER_STATE_DIR",
+        "OPLEDGER_CRASHPOINT",
+        "OPLEDGER_CRASHPOINT_SIGNAL",
+        "OPLEDGER_BEHAVIOUR_EXAMPLES",
+    }
+)
 
 
 class NotConfigured(RuntimeError):
     """A setting a production process needs is missing: it refuses to guess."""
+
+
+class SettingsInvalid(NotConfigured):
+    """A setting has a value opledger cannot use; the message names the variable."""
+
+    @classmethod
+    def from_error(cls, exc: ValidationError) -> SettingsInvalid:
+        first = exc.errors()[0]
+        name = "OPLEDGER_" + str(first["loc"][0]).upper() if first["loc"] else "a setting"
+        value = first.get("input")
+        shown = f" (got {value!r})" if isinstance(value, str | int | float) else ""
+        more = f"; and {exc.error_count() - 1} more" if exc.error_count() > 1 else ""
+        message = str(first["msg"]).removeprefix("Value error, ")
+        return cls(f"{name}: {message}{shown}{more}")
 
 
 class Settings(BaseSettings):
@@ -23,11 +56,18 @@ class Settings(BaseSettings):
 
     database_url: str | None = Field(
         default=None,
-        description="Postgres URL of the ledger. Unset: the local or an embedded Postgres "
-        "(development and tests only).",
+        description="Postgres URL of the ledger (postgresql://...). Required, except in "
+        "development mode.",
     )
     broker_url: str | None = Field(
-        default=None, description="Redis URL of the Celery broker. Unset: an embedded Redis."
+        default=None,
+        description="URL of the Celery broker (redis:// or amqp://). Required by worker, "
+        "beat and flower, except in development mode.",
+    )
+    dev: bool = Field(
+        default=False,
+        description="Development mode: with no database or broker configured, the commands "
+        "use the local Postgres and Redis, or start embedded ones (never in production).",
     )
     lease_seconds: float = Field(
         default=60.0,
@@ -121,15 +161,49 @@ class Settings(BaseSettings):
         default=5.0, gt=0, description="Time between two lookups of a still-pending request."
     )
 
+    @field_validator("database_url")
+    @classmethod
+    def _postgres(cls, url: str | None) -> str | None:
+        if url is None or not url.strip():
+            return None
+        scheme = urlsplit(url).scheme.split("+")[0]
+        if scheme not in ("postgresql", "postgres"):
+            raise ValueError(
+                f"must be a postgresql:// URL, not {scheme + '://' if scheme else 'this'}"
+            )
+        return url
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker(cls, url: str | None) -> str | None:
+        if url is None or not url.strip():
+            return None
+        scheme = urlsplit(url).scheme
+        if scheme not in BROKER_SCHEMES:
+            raise ValueError(
+                f"must be a Redis or RabbitMQ URL ({', '.join(s + '://' for s in BROKER_SCHEMES)}),"
+                f" not {scheme + '://' if scheme else 'this'}"
+            )
+        return url
+
     def require_database_url(self) -> str:
         """The ledger's URL; a runtime process never falls back to a database of its own."""
         if not self.database_url:
             raise NotConfigured(
-                "OPLEDGER_DATABASE_URL is not set: a worker, beat or agent process needs the "
-                "ledger's Postgres URL (development commands such as `opledger demo` find or "
-                "start one themselves)"
+                "OPLEDGER_DATABASE_URL is not set: set it to the ledger's postgresql:// URL "
+                "(or OPLEDGER_DEV=1 on a development machine)" + _typo_hint("DATABASE_URL")
             )
         return self.database_url
+
+    def require_broker_url(self) -> str:
+        """The broker's URL; a production process never falls back to a local Redis."""
+        if not self.broker_url:
+            raise NotConfigured(
+                "OPLEDGER_BROKER_URL is not set: set it to the Celery broker's redis:// or "
+                "amqp:// URL (or OPLEDGER_DEV=1 on a development machine)"
+                + _typo_hint("BROKER_URL")
+            )
+        return self.broker_url
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> Settings:
@@ -140,10 +214,34 @@ class Settings(BaseSettings):
             for key, value in environ.items()
             if key.startswith(prefix) and key[len(prefix) :].lower() in cls.model_fields
         }
-        return cls.model_validate(values)
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            raise SettingsInvalid.from_error(exc) from None
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """`OPLEDGER_` variables that are no setting (likely typos), each with a suggestion."""
+    known = {f"OPLEDGER_{name.upper()}" for name in Settings.model_fields}
+    found = []
+    for key in sorted(environ):
+        if key.startswith("OPLEDGER_") and key not in known and key not in TOOLING_VARIABLES:
+            close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.8)
+            found.append(f"{key} (did you mean {close[0]}?)" if close else key)
+    return found
+
+
+def _typo_hint(name: str) -> str:
+    import os
+
+    typos = [v for v in unknown_variables(os.environ) if f"OPLEDGER_{name}?" in v]
+    return f"; {typos[0].split(' ')[0]} is set, a typo?" if typos else ""
 
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process's settings, read once."""
-    return Settings()
+    """The process's settings, read once; an unusable value is `SettingsInvalid`."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise SettingsInvalid.from_error(exc) from None

@@ -29,21 +29,60 @@ app.add_typer(review_app, name="review")
 contract_app = typer.Typer(help="Provider contracts: what each adapter declares, checked.")
 app.add_typer(contract_app, name="contract")
 console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 def database_url() -> str:
-    """The configured ledger database, or the development one devstack finds or starts."""
-    return get_settings().database_url or devstack.ledger_database_url()
+    """The configured ledger database. Only in development mode (OPLEDGER_DEV=1) does
+    "unset" mean the local Postgres, or an embedded one devstack starts; otherwise it is
+    `NotConfigured`, naming the variable."""
+    settings = get_settings()
+    if settings.database_url:
+        return settings.database_url
+    if settings.dev:
+        return devstack.ledger_database_url()
+    return settings.require_database_url()
 
 
 def ensure_services() -> None:
-    """Before starting Celery processes: make the database and broker URLs explicit (an
-    embedded Postgres or Redis is started when nothing is configured or answering), so
-    every child process and the Celery config see the same ones."""
+    """Before starting Celery processes: make the database and broker URLs explicit, so
+    every child process and the Celery config see the same ones. In development mode an
+    embedded Postgres or Redis is started when nothing is configured or answering; in
+    production a missing URL is `NotConfigured`."""
     os.environ["OPLEDGER_DATABASE_URL"] = database_url()
-    if not get_settings().broker_url:
+    settings = get_settings()
+    if not settings.broker_url:
+        if not settings.dev:
+            settings.require_broker_url()
         os.environ["OPLEDGER_BROKER_URL"] = devstack.redis_url()
     get_settings.cache_clear()
+
+
+def preflight(command: str, *, broker: bool = True) -> None:
+    """Make the services explicit (`ensure_services`) and run the startup checks before a
+    long-running process says ready: a failure is one line on stderr and exit code 4; a
+    likely typo in a variable name is a warning."""
+    from opledger.settings import NotConfigured
+
+    from .checks import failures, run_checks
+
+    try:
+        ensure_services()
+    except NotConfigured as exc:
+        err_console.print(f"opledger {command}: {exc}", style="red", markup=False)
+        raise typer.Exit(4) from None
+
+    checks = run_checks(broker=broker)
+    for check in checks:
+        if check.warning:
+            err_console.print(f"opledger {command}: warning: {check.name}: {check.detail}")
+    failed = failures(checks)
+    if failed:
+        first = failed[0]
+        err_console.print(
+            f"opledger {command}: {first.name}: {first.detail}", style="red", markup=False
+        )
+        raise typer.Exit(4)
 
 
 @contextmanager
@@ -381,6 +420,28 @@ def contract_check(
 
 
 @app.command()
+def check(
+    json_output: Annotated[bool, typer.Option("--json", help="One JSON document.")] = False,
+    broker: Annotated[bool, typer.Option(help="Check the broker too.")] = True,
+) -> None:
+    """Check the setup, one line each: settings, adapters, Postgres, schema, open
+    operations' adapters, beat lock, broker. Exit 0 when all pass, 4 when one fails.
+    Nothing is created or changed."""
+    from .checks import failures, run_checks
+
+    checks = run_checks(broker=broker)
+    if json_output:
+        import json
+
+        typer.echo(json.dumps([c.as_dict() for c in checks], indent=2))
+    else:
+        for item in checks:
+            typer.echo(item.line())
+    if failures(checks):
+        raise typer.Exit(4)
+
+
+@app.command()
 def sandbox(
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="HTTP port for the CRM and email APIs (0: any).")] = 0,
@@ -401,8 +462,9 @@ def sandbox(
     serve(host, port, smtp_port)
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def worker(
+    ctx: typer.Context,
     concurrency: Annotated[
         int | None, typer.Option("--concurrency", "-c", help="Processes (default: one per core).")
     ] = None,
@@ -412,8 +474,11 @@ def worker(
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
     hostname: Annotated[str | None, typer.Option(help="Worker node name (-n).")] = None,
 ) -> None:
-    """Run a Celery worker for opledger's tasks (scale by running more of them)."""
-    ensure_services()
+    """Run a Celery worker for opledger's tasks (scale by running more of them).
+
+    The startup checks run first (`opledger check`); options after `--` go to Celery's own
+    worker unchanged, e.g. `opledger worker -- --max-tasks-per-child 100`."""
+    preflight("worker")
     from opledger.tasks.app import app as celery_app
 
     argv = ["worker", "-Q", queues, "--loglevel", loglevel, "-E"]
@@ -421,7 +486,7 @@ def worker(
         argv += ["-c", str(concurrency)]
     if hostname:
         argv += ["-n", hostname]
-    celery_app.worker_main(argv)
+    celery_app.worker_main(argv + list(ctx.args))
 
 
 @app.command()
@@ -430,15 +495,15 @@ def beat(
     schedule: Annotated[str, typer.Option(help="Where beat keeps its schedule state.")] = "",
 ) -> None:
     """Run the beat scheduler (sweep, relay, purge). Refuses to start if one already runs."""
-    ensure_services()
+    preflight("beat")
     from opledger.cli.beatlock import BeatLock, BeatLockTaken
     from opledger.tasks.app import app as celery_app
 
     try:
         lock = BeatLock(database_url())
     except BeatLockTaken as exc:
-        console.print(f"[red]{exc}; exactly one may run[/red]")
-        raise typer.Exit(1) from exc
+        err_console.print(f"opledger beat: {exc}; exactly one may run", style="red")
+        raise typer.Exit(4) from exc
     path = schedule or str((devstack.STATE_DIR / "celerybeat-schedule").resolve())
     devstack.STATE_DIR.mkdir(parents=True, exist_ok=True)
     try:

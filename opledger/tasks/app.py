@@ -35,7 +35,7 @@ from opledger.ledger import (
 )
 from opledger.ledger.decide import ReviewPolicy
 from opledger.ledger.ids import check_operation_id
-from opledger.settings import Settings, get_settings
+from opledger.settings import UNCONFIGURED_BROKER_URL, Settings, get_settings
 
 from . import backlog, crashpoints, steps
 
@@ -180,6 +180,12 @@ class OperationTask(Task):  # type: ignore[misc]
         except REFUSED as exc:
             log.error("%s refused for %r: %s", self.name, args[:1], exc)
             return "refused"
+
+    def apply_async(self, *args: Any, **kwargs: Any) -> Any:
+        """Publish, unless no broker was configured (never a silent local default)."""
+        if self.app.conf.broker_url == UNCONFIGURED_BROKER_URL:
+            get_settings().require_broker_url()  # raises NotConfigured, naming the variable
+        return super().apply_async(*args, **kwargs)
 
 
 @shared_task(name="opledger.dispatch", base=OperationTask, bind=True)

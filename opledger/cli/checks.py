@@ -1,0 +1,246 @@
+"""Startup checks: what `opledger check` prints, and what `worker` and `beat` verify before
+they say ready. Each check is one line: what was checked and, when it fails, what to fix.
+
+Nothing here creates or changes anything: it reads the settings, connects, and queries.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any
+
+from pydantic import ValidationError
+
+from opledger.settings import Settings, SettingsInvalid, unknown_variables
+
+#: how long one connection attempt may take before the check says it failed
+CONNECT_TIMEOUT_S = 5
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    #: a warning is reported but does not fail the checks
+    warning: bool = False
+
+    def line(self) -> str:
+        mark = "ok  " if self.ok else ("warn" if self.warning else "FAIL")
+        return f"{mark} {self.name}: {self.detail}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_checks(
+    environ: Mapping[str, str] | None = None,
+    *,
+    broker: bool = True,
+    database: bool = True,
+) -> list[Check]:
+    """Every check, in order; a later check that depends on a failed one is skipped."""
+    env = os.environ if environ is None else environ
+    return list(_checks(env, broker=broker, database=database))
+
+
+def _checks(env: Mapping[str, str], *, broker: bool, database: bool) -> Iterator[Check]:
+    typos = unknown_variables(env)
+    if typos:
+        yield Check("variables", False, "not settings, a typo? " + ", ".join(typos), True)
+    try:
+        settings = Settings.from_environ(env)
+    except SettingsInvalid as exc:
+        yield Check("settings", False, str(exc))
+        return
+    registry_check, registry = _registry(settings)
+    yield registry_check
+    yield _consistency(settings, registry)
+    if database:
+        if not settings.database_url and not settings.dev:
+            yield Check("postgres", False, "OPLEDGER_DATABASE_URL is not set")
+        elif settings.database_url:
+            reachable = _postgres(settings.database_url)
+            yield reachable
+            if reachable.ok:
+                schema = _schema(settings.database_url)
+                yield schema
+                if schema.ok and registry is not None:
+                    yield _actions_served(settings.database_url, registry)
+                yield _beat_lock(settings.database_url)
+    if broker:
+        if not settings.broker_url and not settings.dev:
+            yield Check("broker", False, "OPLEDGER_BROKER_URL is not set")
+        elif settings.broker_url:
+            yield _broker(settings.broker_url)
+
+
+def _registry(settings: Settings) -> tuple[Check, Any]:
+    from opledger.adapters.registry import load_registry
+
+    try:
+        registry = load_registry(settings)
+    except (ImportError, AttributeError) as exc:
+        return Check("adapters", False, f"OPLEDGER_ADAPTERS={settings.adapters}: {exc}"), None
+    except ValueError as exc:  # a contract the adapters' settings make inconsistent
+        detail = str(exc).splitlines()[-1] if str(exc) else type(exc).__name__
+        if isinstance(exc, ValidationError):
+            detail = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+        in_flight = settings.provider_in_flight_seconds
+        if in_flight is not None and in_flight < settings.provider_timeout_seconds:
+            detail = (
+                f"OPLEDGER_PROVIDER_IN_FLIGHT_SECONDS ({in_flight:g}) must be at least "
+                f"OPLEDGER_PROVIDER_TIMEOUT_SECONDS ({settings.provider_timeout_seconds:g}): "
+                "a request may execute as long as we wait for it"
+            )
+        return Check("adapters", False, f"{settings.adapters}: {detail}"), None
+    actions = ", ".join(sorted(registry.actions))
+    return Check("adapters", True, f"{len(registry.actions)} actions ({actions})"), registry
+
+
+def _consistency(settings: Settings, registry: Any) -> Check:
+    problems = []
+    lease = timedelta(seconds=settings.lease_seconds)
+    if registry is not None:
+        for action in sorted(registry.actions):
+            timeout = registry.adapter_for(action).contract.request_timeout
+            if timeout >= lease:
+                problems.append(
+                    f"OPLEDGER_LEASE_SECONDS ({lease.total_seconds():g}) must exceed "
+                    f"{action}'s request timeout ({timeout.total_seconds():g} s)"
+                )
+                break
+    if settings.visibility_timeout_seconds <= settings.task_time_limit_seconds:
+        problems.append(
+            f"OPLEDGER_VISIBILITY_TIMEOUT_SECONDS ({settings.visibility_timeout_seconds}) must "
+            f"exceed OPLEDGER_TASK_TIME_LIMIT_SECONDS ({settings.task_time_limit_seconds}), or "
+            "Redis redelivers a task that is still running"
+        )
+    if problems:
+        return Check("settings", False, "; ".join(problems))
+    return Check("settings", True, "valid and consistent")
+
+
+def _attempt(name: str, probe: Callable[[], str]) -> Check:
+    try:
+        return Check(name, True, probe())
+    except Exception as exc:  # each driver raises its own; one line is what a person needs
+        cause = getattr(exc, "orig", None) or exc  # SQLAlchemy wraps the driver's error
+        text = " ".join(str(cause).split()) or type(cause).__name__
+        return Check(name, False, text.removeprefix("connection failed: "))
+
+
+def _engine(url: str) -> Any:
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    from opledger.ledger.migrate import sqlalchemy_url
+
+    return create_engine(
+        sqlalchemy_url(url),
+        poolclass=NullPool,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
+    )
+
+
+def _postgres(url: str) -> Check:
+    def probe() -> str:
+        engine = _engine(url)
+        try:
+            with engine.connect() as conn:
+                version = conn.exec_driver_sql("SHOW server_version").scalar_one()
+            return f"reachable (PostgreSQL {version})"
+        finally:
+            engine.dispose()
+
+    return _attempt("postgres", probe)
+
+
+def _schema(url: str) -> Check:
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    from opledger.ledger.migrate import alembic_config
+
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+
+    def probe() -> str:
+        engine = _engine(url)
+        try:
+            with engine.connect() as conn:
+                current = MigrationContext.configure(conn).get_current_revision()
+        finally:
+            engine.dispose()
+        if current != head:
+            state = "not migrated" if current is None else f"at {current}"
+            raise RuntimeError(f"the schema is {state}, not {head}: run `opledger migrate`")
+        return f"at the latest migration ({head})"
+
+    return _attempt("schema", probe)
+
+
+def _actions_served(url: str, registry: Any) -> Check:
+    from sqlalchemy import text
+
+    def probe() -> str:
+        engine = _engine(url)
+        try:
+            with engine.connect() as conn:
+                actions = conn.execute(
+                    text(
+                        "SELECT DISTINCT action FROM operations"
+                        " WHERE status IN ('prepared', 'dispatching', 'unknown')"
+                    )
+                ).scalars()
+                missing = sorted(a for a in actions if a not in registry.actions)
+        finally:
+            engine.dispose()
+        if missing:
+            raise RuntimeError(
+                f"open operations name actions no adapter serves: {', '.join(missing)} "
+                "(they go to review; configure their adapters in OPLEDGER_ADAPTERS)"
+            )
+        return "every open operation's action has an adapter"
+
+    return _attempt("actions", probe)
+
+
+def _beat_lock(url: str) -> Check:
+    from sqlalchemy import text
+
+    from .beatlock import BEAT_LOCK_KEY
+
+    def probe() -> str:
+        engine = _engine(url)
+        try:
+            with engine.connect() as conn:
+                pid = conn.execute(
+                    text(
+                        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                        " AND classid = :hi AND objid = :lo AND objsubid = 1"
+                    ),
+                    {"hi": BEAT_LOCK_KEY >> 32, "lo": BEAT_LOCK_KEY & 0xFFFFFFFF},
+                ).scalar_one_or_none()
+        finally:
+            engine.dispose()
+        return "free (no beat running)" if pid is None else f"held by a beat (backend pid {pid})"
+
+    return _attempt("beat lock", probe)
+
+
+def _broker(url: str) -> Check:
+    from kombu.connection import Connection
+
+    def probe() -> str:
+        with Connection(url, connect_timeout=CONNECT_TIMEOUT_S) as conn:
+            conn.ensure_connection(max_retries=1, timeout=CONNECT_TIMEOUT_S)
+            return f"reachable ({conn.transport_cls}://{conn.hostname}:{conn.port})"
+
+    return _attempt("broker", probe)
+
+
+def failures(checks: list[Check]) -> list[Check]:
+    return [c for c in checks if not c.ok and not c.warning]

@@ -1,0 +1,144 @@
+"""Setup mistakes end in one clear line, never a traceback, and change nothing.
+
+Each case runs the real command in an empty directory with only the variables it names
+(no development mode), and asserts: a non-zero exit, at most three lines on stderr, the
+line names what to fix, and nothing was created (no database, no state directory).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from tests.conftest import PostgresServer
+
+REDIS = "redis://127.0.0.1:6379/0"
+
+
+def run(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+    return subprocess.run(
+        [sys.executable, "-m", "opledger.cli", *args],
+        cwd=cwd,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def databases(server: PostgresServer) -> set[str]:
+    libpq = make_url(server.url).set(drivername="postgresql").render_as_string(False)
+    with psycopg.connect(libpq, autocommit=True) as conn:
+        return {r[0] for r in conn.execute("SELECT datname FROM pg_database")}
+
+
+@pytest.fixture(scope="module")
+def empty_db(pg_server: PostgresServer) -> Iterator[str]:
+    url = pg_server.create_database("opledger_unmigrated")
+    yield url
+    pg_server.drop_database(url)
+
+
+def refused(result: subprocess.CompletedProcess[str], *needles: str) -> str:
+    assert result.returncode == 4, (result.returncode, result.stdout, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert 1 <= len(lines) <= 3, result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in result.stderr, result.stderr
+    return result.stderr
+
+
+CASES = {
+    "nothing configured": ({}, ["OPLEDGER_DATABASE_URL is not set"]),
+    "a misspelled variable": (
+        {"OPLEDGER_DATABASE_ULR": "postgresql://x/y"},
+        ["OPLEDGER_DATABASE_URL is not set", "OPLEDGER_DATABASE_ULR is set, a typo?"],
+    ),
+    "no broker": ({"OPLEDGER_DATABASE_URL": "{db}"}, ["OPLEDGER_BROKER_URL is not set"]),
+    "a lease that is not a number": (
+        {"OPLEDGER_DATABASE_URL": "{db}", "OPLEDGER_LEASE_SECONDS": "abc"},
+        ["OPLEDGER_LEASE_SECONDS", "'abc'"],
+    ),
+    "a MySQL URL": (
+        {"OPLEDGER_DATABASE_URL": "mysql://u@localhost/db", "OPLEDGER_BROKER_URL": REDIS},
+        ["OPLEDGER_DATABASE_URL", "postgresql://"],
+    ),
+    "an unsupported broker": (
+        {"OPLEDGER_DATABASE_URL": "{db}", "OPLEDGER_BROKER_URL": "mysql://u@h/db"},
+        ["OPLEDGER_BROKER_URL", "redis://"],
+    ),
+    "in-flight below the timeout": (
+        {
+            "OPLEDGER_DATABASE_URL": "{db}",
+            "OPLEDGER_BROKER_URL": REDIS,
+            "OPLEDGER_PROVIDER_IN_FLIGHT_SECONDS": "1",
+        },
+        ["OPLEDGER_PROVIDER_IN_FLIGHT_SECONDS (1)", "OPLEDGER_PROVIDER_TIMEOUT_SECONDS"],
+    ),
+    "Postgres on the wrong port": (
+        {"OPLEDGER_DATABASE_URL": "postgresql://root@127.0.0.1:1/x", "OPLEDGER_BROKER_URL": REDIS},
+        ["postgres:", "port 1"],
+    ),
+    "an unmigrated database": (
+        {"OPLEDGER_DATABASE_URL": "{empty}", "OPLEDGER_BROKER_URL": REDIS},
+        ["schema", "opledger migrate"],
+    ),
+    "the broker down": (
+        {"OPLEDGER_DATABASE_URL": "{db}", "OPLEDGER_BROKER_URL": "redis://127.0.0.1:1/0"},
+        ["broker:", "127.0.0.1:1"],
+    ),
+}
+
+
+def test_the_worker_refuses_each_broken_setup_in_one_line(
+    tmp_path_factory: pytest.TempPathFactory,
+    pg_server: PostgresServer,
+    database_url: str,
+    empty_db: str,
+) -> None:
+    before = databases(pg_server)
+
+    def attempt(case: str) -> tuple[str, Path, subprocess.CompletedProcess[str]]:
+        env, _ = CASES[case]
+        env = {k: v.format(db=database_url, empty=empty_db) for k, v in env.items()}
+        cwd = tmp_path_factory.mktemp("cwd")
+        return case, cwd, run(cwd, "worker", **env)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:  # each case is its own process
+        results = list(pool.map(attempt, CASES))
+    for case, cwd, result in results:
+        try:
+            refused(result, *CASES[case][1])
+        except AssertionError as exc:
+            raise AssertionError(f"{case}: {exc}") from None
+        assert list(cwd.iterdir()) == [], case  # no state directory, no embedded server
+    assert databases(pg_server) == before  # no database created
+
+
+def test_check_reports_every_part_and_passes_on_a_good_setup(
+    tmp_path: Path, database_url: str
+) -> None:
+    ok = run(tmp_path, "check", OPLEDGER_DATABASE_URL=database_url, OPLEDGER_BROKER_URL=REDIS)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    names = [line.split(":")[0] for line in ok.stdout.splitlines()]
+    assert names == [
+        "ok   adapters",
+        "ok   settings",
+        "ok   postgres",
+        "ok   schema",
+        "ok   actions",
+        "ok   beat lock",
+        "ok   broker",
+    ]
+    bad = run(tmp_path, "check", OPLEDGER_DATABASE_URL=database_url)
+    assert bad.returncode == 4 and "FAIL broker: OPLEDGER_BROKER_URL is not set" in bad.stdout
