@@ -33,10 +33,17 @@ from opledger.adapters.crm import crm_contract
 from opledger.ledger import Ambiguous, Rejected, SendWindow, SendWindowPassed
 from opledger.ledger.contract import Contract, Idempotency
 from opledger.ledger.contract import Lookup as LookupSpec
-from opledger.ledger.decide import IN_FLIGHT, NOT_SENT, SERVER_ERROR, same_key_retry_risk
+from opledger.ledger.decide import (
+    IN_FLIGHT,
+    NOT_SENT,
+    SERVER_ERROR,
+    Review,
+    decide,
+    same_key_retry_risk,
+)
 from opledger.ledger.window import clock
 
-from .histories import OP_ID, T0, attempt, evidence, operation
+from .histories import OP_ID, T0, attempt, evidence, grant, operation
 
 S = timedelta(seconds=1)
 REQUEST = httpx.Request("POST", "http://127.0.0.1/")
@@ -230,6 +237,21 @@ def test_a_refusal_says_the_code_else_the_message_else_the_status(
     assert outcome.reason == f"the CRM refused: {says}"
     if says.isdigit():  # no code in the body: the status stands in for it
         assert outcome.code == f"http_{says}"
+
+
+@pytest.mark.parametrize("status", [402, 408, 429, 451])
+def test_a_replayed_error_that_is_no_refusal_is_marked_replayed(status: int) -> None:
+    """Rule 5: a stored error the provider replays for our key is no new information, so
+    the outcome must say it was replayed (the ledger records `Ambiguous.replayed`)."""
+    replay = _map(_json(status, {"error": {"code": "card_declined"}}, replayed=True))
+    assert isinstance(replay, Ambiguous) and replay.replayed
+    assert not _map(_json(status, {"error": {"code": "card_declined"}})).replayed
+    # what the decision makes of it, recorded as the ledger records an outcome's detail
+    recorded = {**replay.detail, "code": replay.code, "replayed": replay.replayed}
+    ev = evidence("ambiguous", source="dispatch", attempt_n=1, **recorded)
+    atomic = keyed(after_error="nothing_applied", keys_durable=True)
+    decision = decide(atomic, operation(), [attempt()], [ev], grant(), T0 + 60 * S)
+    assert isinstance(decision, Review) and "replays a stored error" in decision.reason
 
 
 def test_a_refusal_reason_is_kept_to_500_characters() -> None:
