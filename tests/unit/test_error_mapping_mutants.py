@@ -10,8 +10,9 @@ used only where a same-key retry is protected.
 from __future__ import annotations
 
 import json
+import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -67,6 +68,12 @@ def _text(status: int, text: str) -> httpx.Response:
 
 def _map(response: httpx.Response) -> Ambiguous | Rejected:
     return outcome_for_http_status(response, CODES, provider="the CRM")
+
+
+def refusal(call: Callable[[], object]) -> Exception:
+    with pytest.raises(Exception) as info:
+        call()
+    return info.value
 
 
 # -- client errors: never a refusal; "not sent" only where no connection was made -----------
@@ -346,7 +353,7 @@ class _Wire(httpx.BaseTransport):
             "http11.send_request_headers.complete",
         ):
             if trace is not None:
-                trace(event, {})
+                trace(event, {"event": event})
         return httpx.Response(200, request=request)
 
     def close(self) -> None:
@@ -356,8 +363,12 @@ class _Wire(httpx.BaseTransport):
 def test_the_window_is_checked_once_the_connection_is_up_and_before_the_headers_leave() -> None:
     seen: list[str] = []
 
+    def prior(name: str, info: dict[str, Any]) -> None:
+        assert info == {"event": name}
+        seen.append(name)
+
     def request() -> httpx.Request:  # with a trace hook of its own, which must still be called
-        return httpx.Request("POST", "http://p/", extensions={"trace": lambda n, i: seen.append(n)})
+        return httpx.Request("POST", "http://p/", extensions={"trace": prior})
 
     wire = _Wire()
     transport = WindowedTransport(wire)
@@ -417,3 +428,13 @@ def test_the_client_keeps_connections_only_when_asked_and_follows_no_redirect(ec
     with http_client(3.5, reuse=False) as fresh:
         ports = {fresh.get(echo).text for _ in range(3)}
         assert len(ports) == 3
+
+
+def test_a_refused_connection_through_the_client_is_recorded_as_not_sent() -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with http_client(2.0) as client:
+        exc = refusal(lambda: client.post(f"http://127.0.0.1:{port}/cases"))
+    assert isinstance(exc, httpx.ConnectError)
+    assert outcome_for_http_error(exc).code == NOT_SENT
