@@ -280,7 +280,7 @@ def test_a_scope_change_names_the_scopes_on_both_sides() -> None:
     attempts = [attempt(1), attempt(2, started=T0 + 30 * S)]
     risk = same_key_retry_risk(keyed(scope="account ap"), operation(), attempts, history, AFTER)
     assert risk is not None
-    assert "went to account eu, account us and this one would go to account ap;" in risk
+    assert "account eu, account us" in risk and "would go to account ap" in risk
     unnamed = same_key_retry_risk(keyed(scope=""), operation(), attempts, history, AFTER)
     assert unnamed is not None and "would go to another scope;" in unnamed
 
@@ -337,9 +337,8 @@ def test_the_latest_lookup_after_the_deadline_is_the_one_that_counts() -> None:
 def test_a_pending_answer_is_asked_again_exactly_one_interval_later() -> None:
     pending = evidence("pending", at=T0 + 21 * S)
     decision = decide(STATUS_API, operation(), [attempt()], [pending], grant(), T0 + 25 * S)
-    assert decision == HoldUnknown(
-        next_check=T0 + 26 * S, reason="the provider reports it still in progress"
-    )
+    assert isinstance(decision, HoldUnknown) and decision.next_check == T0 + 26 * S
+    assert "still in progress" in decision.reason
     assert decide(STATUS_API, operation(), [attempt()], [pending], grant(), T0 + 26 * S) == Lookup()
 
 
@@ -363,13 +362,12 @@ def test_only_an_absence_of_our_own_key_is_proof() -> None:
 def test_an_inconclusive_status_api_is_asked_again_then_a_person_decides() -> None:
     vague = evidence("inconclusive", at=T0 + 21 * S)
     soon = decide(STATUS_API, operation(), [attempt()], [vague], grant(), T0 + 22 * S)
-    assert soon == HoldUnknown(
-        next_check=T0 + 27 * S, reason="the status API gave no binding answer"
-    )
+    assert isinstance(soon, HoldUnknown) and soon.next_check == T0 + 27 * S
+    assert "the status API gave no binding answer" in soon.reason
     later = decide(
         STATUS_API, operation(), [attempt()], [vague], grant(), T0 + 20 * S + 10 * 60 * S
     )
-    assert later == Review(reason="the status API gave no binding answer")
+    assert isinstance(later, Review) and "the status API gave no binding answer" in later.reason
 
 
 def test_an_authoritative_absence_allows_a_retry_even_without_keys() -> None:
@@ -393,7 +391,8 @@ def test_a_search_is_asked_exactly_when_its_lag_has_passed() -> None:
     op, attempts = operation(action="email.send.v1"), [attempt()]
     visible = T0 + 20 * S + 30 * S
     decision = decide(SEARCH_ONLY, op, attempts, [], grant(), visible - S)
-    assert decision == HoldUnknown(next_check=visible, reason="waiting for search to catch up")
+    assert isinstance(decision, HoldUnknown) and decision.next_check == visible
+    assert "waiting for search to catch up" in decision.reason
     assert decide(SEARCH_ONLY, op, attempts, [], grant(), visible) == Lookup()
     nothing = evidence("inconclusive", at=visible)  # asked the moment it could know
     decision = decide(SEARCH_ONLY, op, attempts, [nothing], grant(), visible + S)
@@ -441,7 +440,7 @@ def test_an_authorization_that_expires_stops_writes_from_then_on() -> None:
 
 def test_an_operation_past_prepared_with_no_attempt_goes_to_a_person() -> None:
     decision = decide(keyed(), operation(Status.UNKNOWN), [], [], grant(), AFTER)
-    assert decision == Review(reason="unknown with no attempt on record")
+    assert isinstance(decision, Review) and "unknown with no attempt on record" in decision.reason
 
 
 def test_a_final_operation_has_nothing_to_decide_and_says_which() -> None:

@@ -241,7 +241,7 @@ def test_a_refusal_says_the_code_else_the_message_else_the_status(
 ) -> None:
     outcome = _map(response)
     assert isinstance(outcome, Rejected)
-    assert outcome.reason == f"the CRM refused: {says}"
+    assert says in outcome.reason
     if says.isdigit():  # no code in the body: the status stands in for it
         assert outcome.code == f"http_{says}"
 
