@@ -177,6 +177,15 @@ def test_every_http_outcome_keeps_the_status_the_providers_code_and_whether_it_w
     assert outcome.detail == {"status": status, "code": code, "replayed": replayed}
 
 
+@pytest.mark.parametrize(
+    ("code", "cause"),
+    [("key_in_use", "executing"), ("key_reused", "another payload"), ("key_failed", "replacing")],
+)
+def test_a_key_answer_says_what_became_of_the_key(code: str, cause: str) -> None:
+    outcome = _map(_json(409, {"error": {"code": code}}))
+    assert isinstance(outcome, Ambiguous) and cause in outcome.reason
+
+
 @pytest.mark.parametrize("status", [500, 502, 503, 599])
 @pytest.mark.parametrize("code", ["case_not_found", "case_already_closed", ""])
 def test_a_5xx_is_never_a_refusal_whatever_code_it_carries(status: int, code: str) -> None:
