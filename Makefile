@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint typecheck contracts demo chaos bench clean
+.PHONY: test lint typecheck contracts mutate demo chaos bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,15 @@ contracts: $(STAMP)
 test: lint typecheck contracts
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# Mutation testing of the retry decision, canonical payloads and the adapters' error mapping
+# against the fast unit tests (config: [tool.mutmut] in pyproject.toml); always a fresh run.
+# Prints killed/survived and the kill rate per module (also in mutants/mutation-report.txt).
+MUTATE_JOBS ?= 2
+mutate: $(STAMP)
+	rm -rf mutants
+	$(BIN)/mutmut run --max-children $(MUTATE_JOBS)
+	$(BIN)/python scripts/mutation_report.py
+
 demo: $(STAMP)
 	$(BIN)/opledger demo $(DEMO_ARGS)
 
@@ -35,4 +44,4 @@ bench: $(STAMP)
 	$(BIN)/opledger bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .opledger .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .opledger .pytest_cache .mypy_cache .ruff_cache mutants

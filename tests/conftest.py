@@ -13,12 +13,18 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from hypothesis import settings
 from sqlalchemy.engine import make_url
 
 from opledger.dev import devstack
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger
 from opledger.ledger.migrate import upgrade
+
+# `make mutate` runs the unit tests against each mutant with this profile: the same examples
+# every run (so the kill rate is reproducible) and no deadline (mutmut's trampolines make
+# every call slower, and a missed deadline must not count as a kill).
+settings.register_profile("mutmut", deadline=None, derandomize=True)
 
 TABLES = (
     "review_actions, review_views, reviews, transitions, evidence, attempts, "

@@ -279,7 +279,9 @@ def outcome_for_http_status(
         return Ambiguous(
             code=SERVER_ERROR, reason=f"HTTP {status}", replayed=replayed, detail=detail
         )
-    return Ambiguous(code=code or f"http_{status}", reason=f"HTTP {status}", detail=detail)
+    return Ambiguous(
+        code=code or f"http_{status}", reason=f"HTTP {status}", replayed=replayed, detail=detail
+    )
 
 
 def _message(response: httpx.Response) -> str:
