@@ -213,10 +213,14 @@ def binds(
     ):
         return _unbound(contract, b, bool(evidence.detail.get("replayed"))) is None
     if contract is not None and evidence.verdict == Verdict.CONFIRMED:
-        # a lookup by key at a provider that stores any body under a key: only the body's
-        # digest tells our request from someone else's under the same key
+        # an answer from what the provider keeps under a key (its key store, or a status
+        # API by our key, deduplicating or not) may be someone else's request under that
+        # key: only the body's digest tells, unless the provider refuses another body under
+        # a used key. A search finds our own marker, not a key anyone could reuse.
         idem = contract.idempotency
-        return idem.kind != "keyed" or idem.payload_checked or b.payload_digest is not None
+        by_key = idem.kind == "keyed" or contract.lookup.kind == "status_api"
+        checked = idem.kind == "keyed" and idem.payload_checked
+        return not by_key or checked or b.payload_digest is not None
     return True
 
 

@@ -25,6 +25,7 @@ from opledger.ledger.decide import (
     Reject,
     Wait,
     admit,
+    binds,
     decide,
 )
 
@@ -283,3 +284,15 @@ def test_still_executing_is_read_only_from_a_provider_that_says_so() -> None:
     # its own deadline holds the next one back, and it counts
     decision = decide(unchecked, operation(), attempts, [first, busy], grant(), AFTER + 2 * S)
     assert isinstance(decision, Wait) and decision.until == AFTER - S + 20 * S
+
+
+def test_a_status_api_without_deduplication_needs_the_digest_to_confirm() -> None:
+    """A provider without keys that answers a status query by our reference keeps whatever
+    body was sent under it: another client's request under our reference is not ours."""
+    keyless = crm_contract(keys=False, request_timeout=10 * S, max_in_flight=20 * S)
+    assert keyless.idempotency.kind == "none" and keyless.lookup.kind == "status_api"
+    op, keys = operation(), frozenset({OP_ID})
+    assert not binds(evidence("confirmed", key=OP_ID), op, keys, keyless)
+    assert binds(evidence("confirmed", key=OP_ID, digest=DIGEST), op, keys, keyless)
+    foreign = evidence("confirmed", key=OP_ID, digest="b" * 64)
+    assert not binds(foreign, op, keys, keyless)

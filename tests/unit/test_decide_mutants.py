@@ -2,7 +2,7 @@
 
 Each test states a rule of DESIGN.md section 5, or what a helper's docstring promises, at
 the exact point where it switches: a deadline is the first instant nothing is in flight, a
-limit is the last value allowed, the latest answer is the one that counts. Review reasons
+limit is the last value allowed, the latest answer is the one that counts. NeedsReview reasons
 are read by a person, so where a test checks one it checks that the reason names the cause.
 """
 
@@ -23,12 +23,12 @@ from opledger.ledger.decide import (
     BINDING_MISMATCH,
     STATE_CONFLICT,
     UNBOUND_RESPONSE,
+    AskProvider,
     Confirm,
     Dispatch,
     HoldUnknown,
-    Lookup,
+    NeedsReview,
     Reject,
-    Review,
     Wait,
     admit,
     attempt_codes,
@@ -44,7 +44,7 @@ from .histories import DIGEST, OP_ID, T0, attempt, evidence, grant, operation
 
 S = timedelta(seconds=1)
 KEYS = frozenset({OP_ID})
-SEND = Dispatch(key=OP_ID, payload_digest=DIGEST)
+SEND = Dispatch(idempotency_key=OP_ID, payload_digest=DIGEST)
 OTHER_DIGEST = "b" * 64
 
 
@@ -80,7 +80,7 @@ def claim(n: int = 1) -> Claim:
         attempt_n=n,
         started_at=T0,
         deadline_at=T0 + 20 * S,
-        key=OP_ID,
+        idempotency_key=OP_ID,
         payload={},
         payload_canonical="{}",
         operation=operation(),
@@ -117,21 +117,23 @@ def test_a_duration_is_shown_in_whole_units_of_the_largest_that_reads_well(
 def test_a_receipt_clashes_on_exactly_the_fields_it_names_differently() -> None:
     op = operation()
     assert binding_clashes(Binding(), op, OP_ID) == []
-    ours = Binding(key=OP_ID, target="case-318", payload_digest=DIGEST)
+    ours = Binding(idempotency_key=OP_ID, target="case-318", payload_digest=DIGEST)
     assert binding_clashes(ours, op, OP_ID) == []
-    assert binding_clashes(Binding(key="someone-else"), op, OP_ID) == ["key"]
+    assert binding_clashes(Binding(idempotency_key="someone-else"), op, OP_ID) == ["key"]
     assert binding_clashes(Binding(target="case-9"), op, OP_ID) == ["target"]
     assert binding_clashes(Binding(payload_digest=OTHER_DIGEST), op, OP_ID) == ["payload_digest"]
-    every = Binding(key="someone-else", target="case-9", payload_digest=OTHER_DIGEST)
+    every = Binding(idempotency_key="someone-else", target="case-9", payload_digest=OTHER_DIGEST)
     assert binding_clashes(every, op, OP_ID) == ["key", "target", "payload_digest"]
-    assert binding_clashes(Binding(key="someone-else"), op, None) == []  # no key of ours yet
+    assert (
+        binding_clashes(Binding(idempotency_key="someone-else"), op, None) == []
+    )  # no key of ours yet
 
 
 def test_a_receipt_for_another_key_never_confirms_and_keeps_the_receipt_as_json() -> None:
     received = datetime(2026, 1, 1, 12, 0, 5, tzinfo=UTC)
     foreign = Confirmed(
         receipt_id="r1",
-        binding=Binding(key="someone-else"),
+        binding=Binding(idempotency_key="someone-else"),
         detail={"received": received, "versions": (6, 7)},
     )
     for contract in (keyed(), None):  # the ledger's own API checks the binding too
@@ -140,7 +142,10 @@ def test_a_receipt_for_another_key_never_confirms_and_keeps_the_receipt_as_json(
         assert outcome.reason.endswith("another key")
         receipt = outcome.detail["receipt"]  # stored as JSON with the evidence
         assert json.loads(json.dumps(receipt)) == receipt
-        assert receipt["receipt_id"] == "r1" and receipt["binding"]["key"] == "someone-else"
+        assert (
+            receipt["receipt_id"] == "r1"
+            and receipt["binding"]["idempotency_key"] == "someone-else"
+        )
         assert datetime.fromisoformat(receipt["detail"]["received"]) == received
         assert receipt["detail"]["versions"] == [6, 7]
 
@@ -155,7 +160,7 @@ def test_without_a_contract_only_the_binding_is_checked_and_no_scope_recorded() 
 
 def test_a_response_binds_what_the_contract_says_the_provider_gives() -> None:
     bare = Confirmed(receipt_id="r", binding=Binding(), detail={"at": T0})
-    keyed_only = Confirmed(receipt_id="r", binding=Binding(key=OP_ID))
+    keyed_only = Confirmed(receipt_id="r", binding=Binding(idempotency_key=OP_ID))
     assert admit(keyed(response_binds="nothing"), claim(), bare).kind == "confirmed"
     for binds_what in ("key", "key_and_digest"):
         outcome = admit(keyed(response_binds=binds_what), claim(), bare)
@@ -250,7 +255,7 @@ def test_no_retention_risk_without_keys_or_before_the_key_was_used() -> None:
     assert retention_risk(keyed(), operation(), [], [], AFTER) is None
     assert retention_risk(NO_DEDUP, operation(), [attempt()], [], AFTER) is None
     # an operator's new key was never sent: the provider cannot have forgotten it
-    renewed = operation(provider_request_id=f"{OP_ID}.k2")
+    renewed = operation(idempotency_key=f"{OP_ID}.k2")
     assert retention_risk(keyed(), renewed, [attempt()], [], T0 + timedelta(days=3)) is None
     assert same_key_retry_risk(keyed(), renewed, [attempt()], [], T0 + timedelta(days=3)) is None
 
@@ -308,13 +313,17 @@ def test_a_still_executing_refusal_holds_back_an_unsent_operation_for_one_interv
 def test_while_in_flight_a_status_api_is_asked_once_per_interval() -> None:
     lost = dispatched("timeout", at=T0 + 10 * S)  # recorded when attempt 1 timed out
     deadline = T0 + 20 * S
-    assert decide(STATUS_API, operation(), [attempt()], [lost], grant(), T0 + 12 * S) == Lookup()
+    assert (
+        decide(STATUS_API, operation(), [attempt()], [lost], grant(), T0 + 12 * S) == AskProvider()
+    )
     asked = evidence("pending", at=T0 + 10 * S)
     history = [lost, asked]
     decision = decide(STATUS_API, operation(), [attempt()], history, grant(), T0 + 12 * S)
     assert decision == Wait(until=deadline)
     # one full interval after the last lookup, ask again
-    assert decide(STATUS_API, operation(), [attempt()], history, grant(), T0 + 15 * S) == Lookup()
+    assert (
+        decide(STATUS_API, operation(), [attempt()], history, grant(), T0 + 15 * S) == AskProvider()
+    )
 
 
 # -- rules 2, 6 and the status API: the latest answer after the deadline counts ---------------
@@ -339,7 +348,10 @@ def test_a_pending_answer_is_asked_again_exactly_one_interval_later() -> None:
     decision = decide(STATUS_API, operation(), [attempt()], [pending], grant(), T0 + 25 * S)
     assert isinstance(decision, HoldUnknown) and decision.next_check == T0 + 26 * S
     assert "still in progress" in decision.reason
-    assert decide(STATUS_API, operation(), [attempt()], [pending], grant(), T0 + 26 * S) == Lookup()
+    assert (
+        decide(STATUS_API, operation(), [attempt()], [pending], grant(), T0 + 26 * S)
+        == AskProvider()
+    )
 
 
 def test_an_absence_answered_at_the_deadline_itself_is_proof() -> None:
@@ -367,7 +379,9 @@ def test_an_inconclusive_status_api_is_asked_again_then_a_person_decides() -> No
     later = decide(
         STATUS_API, operation(), [attempt()], [vague], grant(), T0 + 20 * S + 10 * 60 * S
     )
-    assert isinstance(later, Review) and "the status API gave no binding answer" in later.reason
+    assert (
+        isinstance(later, NeedsReview) and "the status API gave no binding answer" in later.reason
+    )
 
 
 def test_an_authoritative_absence_allows_a_retry_even_without_keys() -> None:
@@ -380,7 +394,7 @@ def test_an_absence_after_the_key_retention_still_needs_a_person() -> None:
     late = T0 + timedelta(hours=30)
     absent = evidence("absent", at=late - S)
     decision = decide(STATUS_API, operation(), [attempt()], [absent], grant(), late)
-    assert isinstance(decision, Review)
+    assert isinstance(decision, NeedsReview)
     assert "keeps keys 24 h" in decision.reason and "create a new effect" in decision.reason
 
 
@@ -393,10 +407,10 @@ def test_a_search_is_asked_exactly_when_its_lag_has_passed() -> None:
     decision = decide(SEARCH_ONLY, op, attempts, [], grant(), visible - S)
     assert isinstance(decision, HoldUnknown) and decision.next_check == visible
     assert "waiting for search to catch up" in decision.reason
-    assert decide(SEARCH_ONLY, op, attempts, [], grant(), visible) == Lookup()
+    assert decide(SEARCH_ONLY, op, attempts, [], grant(), visible) == AskProvider()
     nothing = evidence("inconclusive", at=visible)  # asked the moment it could know
     decision = decide(SEARCH_ONLY, op, attempts, [nothing], grant(), visible + S)
-    assert isinstance(decision, Review)
+    assert isinstance(decision, NeedsReview)
     assert "neither deduplicates nor answers authoritatively; a retry could" in decision.reason
 
 
@@ -432,15 +446,19 @@ def test_an_authorization_that_expires_stops_writes_from_then_on() -> None:
     expiring = grant().model_copy(update={"expires_at": T0 + 10 * S})
     assert decide(keyed(), prepared, [], [], expiring, T0 + 9 * S) == SEND
     decision = decide(keyed(), prepared, [], [], expiring, T0 + 10 * S)
-    assert isinstance(decision, Review) and "revoked before anything was sent" in decision.reason
+    assert (
+        isinstance(decision, NeedsReview) and "revoked before anything was sent" in decision.reason
+    )
     lost = decide(keyed(), operation(), [attempt()], [], expiring, AFTER)
-    assert isinstance(lost, Review)
+    assert isinstance(lost, NeedsReview)
     assert "revoked; the outcome of the last attempt is unknown" in lost.reason
 
 
 def test_an_operation_past_prepared_with_no_attempt_goes_to_a_person() -> None:
     decision = decide(keyed(), operation(Status.UNKNOWN), [], [], grant(), AFTER)
-    assert isinstance(decision, Review) and "unknown with no attempt on record" in decision.reason
+    assert (
+        isinstance(decision, NeedsReview) and "unknown with no attempt on record" in decision.reason
+    )
 
 
 def test_a_final_operation_has_nothing_to_decide_and_says_which() -> None:
@@ -458,14 +476,14 @@ def test_attempts_that_sent_nothing_are_bounded_by_max_attempts_exactly() -> Non
         assert decide(NO_DEDUP, operation(), attempts, history, grant(), T0 + 2 * S) == SEND
     attempts, history = unsent(5)
     decision = decide(NO_DEDUP, operation(), attempts, history, grant(), T0 + 2 * S)
-    assert isinstance(decision, Review)
+    assert isinstance(decision, NeedsReview)
 
 
 def test_a_key_exactly_as_long_as_the_provider_accepts_is_sent() -> None:
     prepared = operation(Status.PREPARED, fence=0)
     assert decide(keyed(max_key_length=len(OP_ID)), prepared, [], [], grant(), T0) == SEND
     decision = decide(keyed(max_key_length=len(OP_ID) - 1), prepared, [], [], grant(), T0)
-    assert isinstance(decision, Review)
+    assert isinstance(decision, NeedsReview)
 
 
 # -- an operator's retry: the person saw the consequences, authority and rule 3 still hold ------
@@ -474,20 +492,24 @@ def test_a_key_exactly_as_long_as_the_provider_accepts_is_sent() -> None:
 def test_an_operators_retry_is_sent_once_nothing_is_in_flight_and_authority_holds() -> None:
     op = operation(operator_retry_by="alice")
     # without the operator, a person would be asked (rule 7, and a mismatched key)
-    assert isinstance(decide(NO_DEDUP, operation(), [attempt()], [], grant(), AFTER), Review)
+    assert isinstance(decide(NO_DEDUP, operation(), [attempt()], [], grant(), AFTER), NeedsReview)
     mismatch = dispatched("idempotency_mismatch")
-    assert isinstance(decide(keyed(), operation(), [attempt()], [mismatch], grant(), AFTER), Review)
+    assert isinstance(
+        decide(keyed(), operation(), [attempt()], [mismatch], grant(), AFTER), NeedsReview
+    )
     assert decide(NO_DEDUP, op, [attempt()], [], grant(), AFTER) == SEND
     assert decide(keyed(), op, [attempt()], [mismatch], grant(), AFTER) == SEND
     assert decide(NO_DEDUP, op, [attempt()], [], grant(), T0 + 5 * S) == Wait(until=T0 + 20 * S)
     revoked = decide(NO_DEDUP, op, [attempt()], [], grant(revoked=True), AFTER)
-    assert isinstance(revoked, Review) and "the operator's retry was not sent" in revoked.reason
+    assert (
+        isinstance(revoked, NeedsReview) and "the operator's retry was not sent" in revoked.reason
+    )
 
 
 def test_a_key_used_with_another_payload_is_named_in_the_review() -> None:
     mismatch = dispatched("idempotency_mismatch")
     decision = decide(keyed(), operation(), [attempt()], [mismatch], grant(), AFTER)
-    assert isinstance(decision, Review)
+    assert isinstance(decision, NeedsReview)
     assert "this key was used with a different payload" in decision.reason
 
 
@@ -507,7 +529,7 @@ def test_a_key_that_a_failure_poisons_is_retried_until_the_provider_says_so() ->
     assert decide(poisonable, operation(), [attempt()], [timeout], grant(), AFTER) == SEND
     poisoned = dispatched("key_poisoned")
     decision = decide(poisonable, operation(), [attempt()], [poisoned], grant(), AFTER)
-    assert isinstance(decision, Review)
+    assert isinstance(decision, NeedsReview)
     assert "refuses this key after a failed attempt and wants a new one" in decision.reason
     # a provider that never poisons keys: the code is no reason to stop
     assert decide(tolerant, operation(), [attempt()], [poisoned], grant(), AFTER) == SEND
@@ -517,5 +539,5 @@ def test_a_replayed_or_stored_error_is_named_in_the_review() -> None:
     replayed = dispatched("http_503", replayed=True)
     atomic = keyed(after_error="nothing_applied")
     decision = decide(atomic, operation(), [attempt()], [replayed], grant(), AFTER)
-    assert isinstance(decision, Review)
+    assert isinstance(decision, NeedsReview)
     assert "the provider replays a stored error for this key" in decision.reason
