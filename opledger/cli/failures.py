@@ -16,6 +16,7 @@ the Click test runner, goes through it once.
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from typing import Any
@@ -126,8 +127,6 @@ def describe(exc: BaseException) -> tuple[int, str] | None:
     invalid = _settings_error(exc)
     if invalid is not None:
         return OPERATIONAL, invalid
-    if isinstance(exc, ConnectionError):
-        return OPERATIONAL, f"cannot connect: {_first_line(exc)}"
     return None
 
 
@@ -151,12 +150,24 @@ def report(exc: BaseException, *, debug: bool) -> int | None:
     return code
 
 
+def _silence_stdout() -> None:
+    """After a broken pipe, so that flushing stdout at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (a test runner's stdout)
+        pass
+
+
 class OpledgerGroup(TyperGroup):
     """The `opledger` command group: every command's failures pass through `invoke`."""
 
     def invoke(self, ctx: Any) -> Any:  # a Click context (vendored by newer Typers)
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:  # the reader went away (`| head`): stop quietly
+            _silence_stdout()
+            raise typer.Exit(1) from None
         except Exception as exc:  # usage errors and exits are none of `describe`'s: re-raised
             code = report(exc, debug=debugging(ctx))
             if code is None:

@@ -22,7 +22,6 @@ from opledger.adapters.registry import load_registry
 from opledger.cli.failures import REFUSED, OpledgerGroup, debugging
 from opledger.dev import devstack
 from opledger.ledger import (
-    Attempt,
     Authorization,
     History,
     Ledger,
@@ -137,15 +136,16 @@ def _when(value: object) -> str:
 
 def _cell(value: object) -> Text:
     """A table cell shown as it is (never read as Rich markup)."""
+    if isinstance(value, Text):
+        return value
     return Text("" if value is None else str(value))
 
 
 def new_table(*columns: str, title: str | None = None, keys: tuple[str, ...] = ()) -> Table:
-    """A table that stays readable at 80 columns: long cells wrap, and a word longer than
-    its column folds onto the next line instead of being cut. The `keys` columns (ids,
-    refs, keys) do not wrap: they keep their width while any other column can give way,
-    and even then fold rather than end in an ellipsis. Piped or redirected, the table has
-    no box-drawing characters."""
+    """A table whose long cells wrap, a word longer than its column folding onto the next
+    line rather than being cut. The `keys` columns (ids, refs, keys) do not wrap: they keep
+    their width while any other column can give way, and even then fold rather than end in
+    an ellipsis. Piped or redirected, the table has no box-drawing characters."""
     plain = not console.is_terminal
     table = Table(
         title=title,
@@ -163,73 +163,61 @@ def new_table(*columns: str, title: str | None = None, keys: tuple[str, ...] = (
     return table
 
 
-def operations_table(operations: tuple[Operation, ...]) -> Table:
-    table = new_table(
-        "id", "tenant", "action", "target", "status", "fence", "updated", keys=("id", "status")
+def _narrowest(name: str, cells: tuple[Text, ...], key: bool) -> int:
+    """The narrowest a column can be without splitting a word (for a key, a line)."""
+    texts = [name, *(c.plain for c in cells)]
+    parts = [line for t in texts for line in t.splitlines()] if key else " ".join(texts).split()
+    return max((len(p) for p in parts), default=1)
+
+
+def records_table(
+    columns: tuple[str, ...],
+    rows: list[tuple[object, ...]],
+    *,
+    title: str | None = None,
+    keys: tuple[str, ...] = (),
+) -> Table:
+    """Records one row each while that fits the console without splitting a word;
+    otherwise one record after the other, a field per line (like psql's expanded mode),
+    so 80 columns stay readable."""
+    cells = [tuple(_cell(v) for v in row) for row in rows]
+    by_column = [tuple(row[i] for row in cells) for i in range(len(columns))]
+    needed = sum(
+        _narrowest(name, column, name in keys)
+        for name, column in zip(columns, by_column, strict=True)
     )
-    for op in operations:
-        table.add_row(
-            _cell(op.id),
-            _cell(op.tenant),
-            _cell(op.action),
-            _cell(op.target),
-            _cell(op.status.value),
-            _cell(op.fence),
-            _cell(_when(op.updated_at)),
-        )
-    return table
-
-
-#: narrower than this, attempts are listed field by field instead of one row each
-WIDE = 120
-
-
-def attempts_table(attempts: tuple[Attempt, ...]) -> Table:
-    """One row per attempt on a wide console; field by field on a narrow one (80 columns
-    cannot hold a key and three timestamps side by side)."""
-    if console.width >= WIDE:
-        table = new_table(
-            "n",
-            "fence",
-            "owner",
-            "key",
-            "started",
-            "deadline",
-            "finished",
-            "outcome",
-            "authorized by",
-            title="attempts",
-            keys=("key",),
-        )
-        for a in attempts:
-            table.add_row(
-                _cell(a.n),
-                _cell(a.fence),
-                _cell(a.owner),
-                _cell(a.idempotency_key),
-                _cell(_when(a.started_at)),
-                _cell(_when(a.deadline_at)),
-                _cell(_when(a.finished_at)),
-                _cell(a.outcome),
-                _cell(a.authorized_by),
-            )
+    if needed + 2 * (len(columns) - 1) <= console.width:
+        table = new_table(*columns, title=title, keys=keys)
+        for row in cells:
+            table.add_row(*row)
         return table
-    table = new_table("n", "field", "value", title="attempts", keys=("value",))
-    for a in attempts:
-        fields = (
-            ("fence", a.fence),
-            ("owner", a.owner),
-            ("key", a.idempotency_key),
-            ("started", _when(a.started_at)),
-            ("send by", _when(a.send_by)),
-            ("deadline", _when(a.deadline_at)),
-            ("finished", _when(a.finished_at)),
-            ("outcome", a.outcome),
-            ("authorized by", a.authorized_by),
-        )
-        for i, (name, value) in enumerate(fields):
-            table.add_row(_cell(a.n if i == 0 else ""), _cell(name), _cell(value))
+    table = new_table("field", "value", title=title)
+    table.show_header = False
+    for i, row in enumerate(cells):
+        if i:
+            table.add_row("", "")
+        for name, value in zip(columns, row, strict=True):
+            table.add_row(Text(name, style="bold"), value)
     return table
+
+
+def operations_table(operations: tuple[Operation, ...]) -> Table:
+    return records_table(
+        ("id", "tenant", "action", "target", "status", "fence", "updated"),
+        [
+            (
+                op.id,
+                op.tenant,
+                op.action,
+                op.target,
+                op.status.value,
+                op.fence,
+                _when(op.updated_at),
+            )
+            for op in operations
+        ],
+        keys=("id", "status"),
+    )
 
 
 def history_tables(history: History) -> list[Table]:
@@ -255,29 +243,67 @@ def history_tables(history: History) -> list[Table]:
         "updated_at",
     ):
         summary.add_row(_cell(name), _cell(getattr(op, name)))
-    attempts = attempts_table(history.attempts)
-    evidence = new_table(
-        "at", "source", "verdict", "applied", "binding", "detail", title="evidence"
+    attempts = records_table(
+        (
+            "n",
+            "fence",
+            "owner",
+            "key",
+            "started",
+            "send by",
+            "deadline",
+            "finished",
+            "outcome",
+            "authorized by",
+        ),
+        [
+            (
+                a.n,
+                a.fence,
+                a.owner,
+                a.idempotency_key,
+                _when(a.started_at),
+                _when(a.send_by),
+                _when(a.deadline_at),
+                _when(a.finished_at),
+                a.outcome,
+                a.authorized_by,
+            )
+            for a in history.attempts
+        ],
+        title="attempts",
+        keys=("key",),
     )
-    for e in history.evidence:
-        evidence.add_row(
-            _cell(_when(e.recorded_at)),
-            _cell(e.source),
-            _cell(e.verdict),
-            _cell("yes" if e.applied else "no (kept)"),
-            _cell(e.binding.model_dump_json(exclude_none=True)),
-            _cell(json.dumps(e.detail, ensure_ascii=False, default=str)[:300]),
-        )
-    transitions = new_table("at", "from", "to", "fence", "by", "reason", title="transitions")
-    for t in history.transitions:
-        transitions.add_row(
-            _cell(_when(t.at)),
-            _cell(t.from_status.value if t.from_status else ""),
-            _cell(t.to_status.value),
-            _cell(t.fence),
-            _cell(t.actor),
-            _cell(t.reason),
-        )
+    evidence = records_table(
+        ("at", "source", "verdict", "applied", "binding", "detail"),
+        [
+            (
+                _when(e.recorded_at),
+                e.source,
+                e.verdict,
+                "yes" if e.applied else "no (kept)",
+                e.binding.model_dump_json(exclude_none=True),
+                json.dumps(e.detail, ensure_ascii=False, default=str)[:300],
+            )
+            for e in history.evidence
+        ],
+        title="evidence",
+    )
+    transitions = records_table(
+        ("at", "from", "to", "fence", "by", "reason"),
+        [
+            (
+                _when(t.at),
+                t.from_status.value if t.from_status else "",
+                t.to_status.value,
+                t.fence,
+                t.actor,
+                t.reason,
+            )
+            for t in history.transitions
+        ],
+        title="transitions",
+    )
     return [summary, attempts, evidence, transitions]
 
 
@@ -339,23 +365,12 @@ def review_list(
     if as_json:
         emit_json([r.model_dump(mode="json") for r in rows])
         return
-    table = new_table(
-        "op",
-        "action",
-        "target",
-        "opened",
-        "reason",
+    table = records_table(
+        ("op", "action", "target", "opened", "reason"),
+        [(r.op_id, r.action, r.target, _when(r.opened_at), r.reason) for r in rows],
         title=f"open reviews of {tenant}",
         keys=("op",),
     )
-    for r in rows:
-        table.add_row(
-            _cell(r.op_id),
-            _cell(r.action),
-            _cell(r.target),
-            _cell(_when(r.opened_at)),
-            _cell(r.reason),
-        )
     console.print(table)
 
 
@@ -519,21 +534,35 @@ def review_audit(op_id: str, tenant: TenantOption, as_json: JsonOption = False) 
     if as_json:
         emit_json([a.model_dump(mode="json") for a in actions])
         return
-    table = new_table("#", "field", "value", title=f"resolutions of {op_id}")
-    for a in actions:
-        fields = (
-            ("at", _when(a.at)),
-            ("operator", a.operator),
-            ("resolution", a.resolution.value),
-            ("note", a.note),
-            ("evidence", a.evidence),
-            ("new key", a.new_key),
-            ("fence", a.fence),
-            ("overrode evidence", "yes" if a.override_evidence else "no"),
-            ("accepted a risk", "yes" if a.risk_acknowledged else "no"),
-        )
-        for i, (name, value) in enumerate(fields):
-            table.add_row(_cell(a.id if i == 0 else ""), _cell(name), _cell(value))
+    table = records_table(
+        (
+            "at",
+            "operator",
+            "resolution",
+            "note",
+            "evidence",
+            "new key",
+            "fence",
+            "overrode evidence",
+            "accepted a risk",
+        ),
+        [
+            (
+                _when(a.at),
+                a.operator,
+                a.resolution.value,
+                a.note,
+                a.evidence,
+                a.new_key,
+                a.fence,
+                "yes" if a.override_evidence else "no",
+                "yes" if a.risk_acknowledged else "no",
+            )
+            for a in actions
+        ],
+        title=f"resolutions of {op_id}",
+        keys=("new key",),
+    )
     console.print(table)
     if not actions:
         console.print(Text(f"no resolution of {op_id} in tenant {tenant!r}"))
@@ -555,18 +584,22 @@ def _grant_state(grant: Authorization, now: datetime) -> str:
 
 
 def grants_table(grants: tuple[Authorization, ...], now: datetime) -> Table:
-    table = new_table("ref", "tenant", "scope", "granted", "by", "expires", "state", keys=("ref",))
-    for g in grants:
-        table.add_row(
-            _cell(g.ref),
-            _cell(g.tenant),
-            _cell(" ".join(g.scope)),
-            _cell(_when(g.granted_at)),
-            _cell(g.granted_by),
-            _cell(_when(g.expires_at) or "never"),
-            _cell(_grant_state(g, now)),
-        )
-    return table
+    return records_table(
+        ("ref", "tenant", "scope", "granted", "by", "expires", "state"),
+        [
+            (
+                g.ref,
+                g.tenant,
+                " ".join(g.scope),
+                _when(g.granted_at),
+                g.granted_by,
+                _when(g.expires_at) or "never",
+                _grant_state(g, now),
+            )
+            for g in grants
+        ],
+        keys=("ref",),
+    )
 
 
 def _show_grants(grants: tuple[Authorization, ...], *, as_json: bool, one: bool) -> None:
@@ -701,21 +734,15 @@ def contract_check(
         raise typer.Exit(REFUSED) from exc
     finally:
         registry.close()
-    table = new_table(
-        "fact",
-        "declared",
-        "observed",
-        "verdict",
+    colour = {"agrees": "green", "disagrees": "red", "not observed": "yellow"}
+    table = records_table(
+        ("fact", "declared", "observed", "verdict"),
+        [
+            (f.fact, f.declared, f.observed, Text(f.verdict, style=colour[f.verdict]))
+            for f in findings
+        ],
         title=f"contract {adapter.contract.provider} for {action}",
     )
-    colour = {"agrees": "green", "disagrees": "red", "not observed": "yellow"}
-    for f in findings:
-        table.add_row(
-            _cell(f.fact),
-            _cell(f.declared),
-            _cell(f.observed),
-            Text(f.verdict, style=colour[f.verdict]),
-        )
     console.print(table)
     wrong = [f.fact for f in findings if f.verdict == "disagrees"]
     if wrong:
