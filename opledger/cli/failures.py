@@ -105,7 +105,7 @@ def describe(exc: BaseException) -> tuple[int, str] | None:
     if isinstance(exc, SchemaMissing):
         return OPERATIONAL, f"{_one_line(exc)} against {_database()}"
     if isinstance(exc, DatabaseUnavailable):
-        return OPERATIONAL, (f"{_one_line(exc)}: check {_database()} and that Postgres is running")
+        return OPERATIONAL, f"{_one_line(exc)}: check {_database()} and that Postgres is running"
     if isinstance(exc, LedgerError):
         return REFUSED, f"refused: {_one_line(exc)}"
     if isinstance(exc, NotConfigured):

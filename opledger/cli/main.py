@@ -21,14 +21,7 @@ from rich.text import Text
 from opledger.adapters.registry import load_registry
 from opledger.cli.failures import REFUSED, OpledgerGroup, debugging
 from opledger.dev import devstack
-from opledger.ledger import (
-    Authorization,
-    History,
-    Ledger,
-    Operation,
-    Resolution,
-    Status,
-)
+from opledger.ledger import Authorization, History, Ledger, Operation, Resolution, Status
 from opledger.ledger.consequences import contract_facts
 from opledger.ledger.migrate import upgrade
 from opledger.settings import get_settings
@@ -36,6 +29,8 @@ from opledger.settings import get_settings
 app = typer.Typer(
     cls=OpledgerGroup,
     help="opledger: external side effects that happen once, or say they may not have.",
+    epilog="Exit codes: 0 done, 1 a check found a problem, 2 usage, 3 refused (nothing "
+    "changed), 4 operational (database, broker or settings).",
     pretty_exceptions_show_locals=False,
 )
 ops_app = typer.Typer(help="Inspect operations.")
@@ -72,8 +67,7 @@ def root(
         ),
     ] = False,
 ) -> None:
-    """Exit codes: 0 done, 1 a check found a problem, 2 usage, 3 refused (nothing changed),
-    4 operational (database, broker or settings)."""
+    """The options every command shares (`--debug` is read by `OpledgerGroup`)."""
 
 
 def database_url() -> str:

@@ -3,9 +3,9 @@
 documents, tables at 80 columns on a terminal and piped, and a retry resolved while the
 broker is down.
 
-The failures, the rendering and the broker are checked on the real command, run as a
-process (each costs a second or two to start, so each test runs its processes side by
-side); the --json documents of successful commands are read through Typer's test runner.
+Every exit code, the rendering and the broker are checked on the real command, run as a
+process (each costs a second or two to start, so a test runs its processes side by side);
+the --json documents, --debug and a few more refusals go through Typer's test runner.
 """
 
 from __future__ import annotations
@@ -107,6 +107,7 @@ def invoke(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Calla
     get_settings.cache_clear()
 
     def run(*args: str, **env: str) -> Run:
+        get_settings.cache_clear()  # the settings are read again, with `env`
         result = CliRunner().invoke(app, list(args), env=env)
         return Run(result.exit_code, result.stdout, result.stderr)
 
@@ -229,11 +230,13 @@ def test_refusals_exit_3_and_operational_failures_exit_4_in_one_line(
 ) -> None:
     op_id = in_review(ledger, "errors", {"note": "x"})
 
-    malformed, wrong_port, debugged, empty = side_by_side(
+    malformed, wrong_port, empty = side_by_side(
         lambda: cli(database_url, "ops", "show", "op_not-an-id", "--json"),
         lambda: cli(WRONG_PORT, "ops", "list"),
-        lambda: cli(WRONG_PORT, "--debug", "review", "list", "--tenant", "acme"),
         lambda: cli(unmigrated, "review", "list", "--tenant", "acme", "--json"),
+    )
+    debugged = invoke(
+        "--debug", "review", "list", "--tenant", "acme", OPLEDGER_DATABASE_URL=WRONG_PORT
     )
 
     one_line_failure(malformed, 3, "refused", "not an operation id", "op_not-an-id")
