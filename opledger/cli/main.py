@@ -2,34 +2,73 @@
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
-from typing import Annotated
+from datetime import UTC, datetime, timedelta
+from importlib.metadata import version as package_version
+from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from opledger.adapters.registry import load_registry
+from opledger.cli.failures import REFUSED, OpledgerGroup, debugging
 from opledger.dev import devstack
-from opledger.ledger import History, Ledger, LedgerError, Operation, Resolution, Status
+from opledger.ledger import Authorization, History, Ledger, Operation, Resolution, Status
 from opledger.ledger.consequences import contract_facts
 from opledger.ledger.migrate import upgrade
 from opledger.settings import get_settings
 
 app = typer.Typer(
-    help="opledger: external side effects that happen once, or say they may not have."
+    cls=OpledgerGroup,
+    help="opledger: external side effects that happen once, or say they may not have.",
+    epilog="Exit codes: 0 done, 1 a check found a problem, 2 usage, 3 refused (nothing "
+    "changed), 4 operational (database, broker or settings).",
+    pretty_exceptions_show_locals=False,
 )
 ops_app = typer.Typer(help="Inspect operations.")
 app.add_typer(ops_app, name="ops")
 review_app = typer.Typer(help="The operator review queue: what no evidence could decide.")
 app.add_typer(review_app, name="review")
+grant_app = typer.Typer(help="Authorizations: which actions a tenant's operations may write.")
+app.add_typer(grant_app, name="grant")
 contract_app = typer.Typer(help="Provider contracts: what each adapter declares, checked.")
 app.add_typer(contract_app, name="contract")
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"opledger {package_version('opledger')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            envvar="OPLEDGER_DEBUG",
+            help="On a failure, print the traceback instead of one line (same exit code).",
+        ),
+    ] = False,
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
+    """The options every command shares (`--debug` is read by `OpledgerGroup`)."""
 
 
 def database_url() -> str:
@@ -109,31 +148,114 @@ def migrate() -> None:
     console.print("[green]ledger schema is at head[/green]")
 
 
+JsonOption = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        help="Print one JSON document on stdout instead (the records as the Python API "
+        "returns them).",
+    ),
+]
+
+
+def emit_json(document: Any) -> None:
+    """The one JSON document a `--json` command prints: nothing else goes to stdout."""
+    sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+
+
 def _when(value: object) -> str:
-    return "" if value is None else str(value)[:23]
+    return "" if value is None else str(value)[:19]
+
+
+def _cell(value: object) -> Text:
+    """A table cell shown as it is (never read as Rich markup)."""
+    if isinstance(value, Text):
+        return value
+    return Text("" if value is None else str(value))
+
+
+def new_table(*columns: str, title: str | None = None, keys: tuple[str, ...] = ()) -> Table:
+    """A table whose long cells wrap, a word longer than its column folding onto the next
+    line rather than being cut. The `keys` columns (ids, refs, keys) do not wrap: they keep
+    their width while any other column can give way, and even then fold rather than end in
+    an ellipsis. Piped or redirected, the table has no box-drawing characters."""
+    plain = not console.is_terminal
+    table = Table(
+        title=title,
+        box=None if plain else box.SIMPLE_HEAD,
+        show_edge=False,
+        title_justify="left",
+        pad_edge=False,
+        collapse_padding=not plain,
+    )
+    for name in columns:
+        if name in keys:
+            table.add_column(name, no_wrap=True, overflow="fold")
+        else:
+            table.add_column(name, overflow="fold")
+    return table
+
+
+def _narrowest(name: str, cells: tuple[Text, ...], key: bool) -> int:
+    """The narrowest a column can be without splitting a word (for a key, a line)."""
+    texts = [name, *(c.plain for c in cells)]
+    parts = [line for t in texts for line in t.splitlines()] if key else " ".join(texts).split()
+    return max((len(p) for p in parts), default=1)
+
+
+def records_table(
+    columns: tuple[str, ...],
+    rows: list[tuple[object, ...]],
+    *,
+    title: str | None = None,
+    keys: tuple[str, ...] = (),
+) -> Table:
+    """Records one row each while that fits the console without splitting a word;
+    otherwise one record after the other, a field per line (like psql's expanded mode),
+    so 80 columns stay readable."""
+    cells = [tuple(_cell(v) for v in row) for row in rows]
+    by_column = [tuple(row[i] for row in cells) for i in range(len(columns))]
+    needed = sum(
+        _narrowest(name, column, name in keys)
+        for name, column in zip(columns, by_column, strict=True)
+    )
+    if needed + 2 * (len(columns) - 1) <= console.width:
+        table = new_table(*columns, title=title, keys=keys)
+        for row in cells:
+            table.add_row(*row)
+        return table
+    table = new_table("field", "value", title=title)
+    table.show_header = False
+    for i, row in enumerate(cells):
+        if i:
+            table.add_row("", "")
+        for name, value in zip(columns, row, strict=True):
+            table.add_row(Text(name, style="bold"), value)
+    return table
 
 
 def operations_table(operations: tuple[Operation, ...]) -> Table:
-    table = Table()
-    table.add_column("id", no_wrap=True)
-    for column in ("tenant", "action", "target", "status", "fence", "updated"):
-        table.add_column(column)
-    for op in operations:
-        table.add_row(
-            op.id,
-            op.tenant,
-            op.action,
-            op.target,
-            op.status.value,
-            str(op.fence),
-            _when(op.updated_at),
-        )
-    return table
+    return records_table(
+        ("id", "tenant", "action", "target", "status", "fence", "updated"),
+        [
+            (
+                op.id,
+                op.tenant,
+                op.action,
+                op.target,
+                op.status.value,
+                op.fence,
+                _when(op.updated_at),
+            )
+            for op in operations
+        ],
+        keys=("id", "status"),
+    )
 
 
 def history_tables(history: History) -> list[Table]:
     op = history.operation
-    summary = Table("field", "value", title=f"operation {op.id}")
+    summary = new_table("field", "value", title=f"operation {op.id}")
     for name in (
         "status",
         "tenant",
@@ -153,54 +275,79 @@ def history_tables(history: History) -> list[Table]:
         "created_at",
         "updated_at",
     ):
-        value = getattr(op, name)
-        summary.add_row(name, "" if value is None else str(value))
-    attempts = Table(
-        "n", "fence", "owner", "key", "started", "deadline", "finished", "outcome", title="attempts"
+        summary.add_row(_cell(name), _cell(getattr(op, name)))
+    attempts = records_table(
+        (
+            "n",
+            "fence",
+            "owner",
+            "key",
+            "started",
+            "send by",
+            "deadline",
+            "finished",
+            "outcome",
+            "authorized by",
+        ),
+        [
+            (
+                a.n,
+                a.fence,
+                a.owner,
+                a.idempotency_key,
+                _when(a.started_at),
+                _when(a.send_by),
+                _when(a.deadline_at),
+                _when(a.finished_at),
+                a.outcome,
+                a.authorized_by,
+            )
+            for a in history.attempts
+        ],
+        title="attempts",
+        keys=("key",),
     )
-    for a in history.attempts:
-        attempts.add_row(
-            str(a.n),
-            str(a.fence),
-            a.owner,
-            a.idempotency_key,
-            _when(a.started_at),
-            _when(a.deadline_at),
-            _when(a.finished_at),
-            a.outcome or "",
-        )
-    evidence = Table("at", "source", "verdict", "applied", "binding", "detail", title="evidence")
-    for e in history.evidence:
-        evidence.add_row(
-            _when(e.recorded_at),
-            e.source,
-            e.verdict,
-            "yes" if e.applied else "no (kept)",
-            e.binding.model_dump_json(exclude_none=True),
-            str(e.detail)[:80],
-        )
-    transitions = Table("at", "from", "to", "fence", "by", "reason", title="transitions")
-    for t in history.transitions:
-        transitions.add_row(
-            _when(t.at),
-            t.from_status.value if t.from_status else "",
-            t.to_status.value,
-            str(t.fence),
-            t.actor,
-            t.reason,
-        )
+    evidence = records_table(
+        ("at", "source", "verdict", "applied", "binding", "detail"),
+        [
+            (
+                _when(e.recorded_at),
+                e.source,
+                e.verdict,
+                "yes" if e.applied else "no (kept)",
+                e.binding.model_dump_json(exclude_none=True),
+                json.dumps(e.detail, ensure_ascii=False, default=str)[:300],
+            )
+            for e in history.evidence
+        ],
+        title="evidence",
+    )
+    transitions = records_table(
+        ("at", "from", "to", "fence", "by", "reason"),
+        [
+            (
+                _when(t.at),
+                t.from_status.value if t.from_status else "",
+                t.to_status.value,
+                t.fence,
+                t.actor,
+                t.reason,
+            )
+            for t in history.transitions
+        ],
+        title="transitions",
+    )
     return [summary, attempts, evidence, transitions]
 
 
 @ops_app.command("show")
-def ops_show(op_id: str) -> None:
+def ops_show(op_id: str, as_json: JsonOption = False) -> None:
     """Status, attempts, evidence and transitions of one operation."""
-    try:
-        with open_ledger() as ledger:
-            history = ledger.history(op_id)
-    except LedgerError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from exc
+    with open_ledger() as ledger:
+        history = ledger.history(op_id)
+    if as_json:
+        emit_json(history.model_dump(mode="json"))
+        return
     for table in history_tables(history):
         console.print(table)
 
@@ -210,14 +357,14 @@ def ops_list(
     status: Annotated[list[Status] | None, typer.Option(help="Only these statuses.")] = None,
     tenant: Annotated[str | None, typer.Option(help="Only this tenant.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
+    as_json: JsonOption = False,
 ) -> None:
     """Operations, newest first."""
-    try:
-        with open_ledger() as ledger:
-            operations = ledger.list(status=status, tenant=tenant, limit=limit)
-    except LedgerError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from exc
+    with open_ledger() as ledger:
+        operations = ledger.list(status=status, tenant=tenant, limit=limit)
+    if as_json:
+        emit_json([op.model_dump(mode="json") for op in operations])
+        return
     console.print(operations_table(operations))
 
 
@@ -242,42 +389,41 @@ def review_list(
     ] = None,
     action: Annotated[str | None, typer.Option(help="An action, or a prefix ending in *.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many, oldest first.")] = 100,
+    as_json: JsonOption = False,
 ) -> None:
     """Open reviews of one tenant, oldest first."""
-    try:
-        with open_ledger() as ledger:
-            rows = ledger.reviews.list(
-                tenant=tenant,
-                older_than=parse_age(older_than) if older_than else None,
-                action=action,
-                limit=limit,
-            )
-    except LedgerError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from exc
-    table = Table(title=f"open reviews of {tenant}")
-    table.add_column("op", no_wrap=True)
-    for column in ("action", "target", "opened", "reason"):
-        table.add_column(column)
-    for r in rows:
-        table.add_row(r.op_id, r.action, r.target, _when(r.opened_at), r.reason)
+    age = parse_age(older_than) if older_than else None
+    with open_ledger() as ledger:
+        rows = ledger.reviews.list(tenant=tenant, older_than=age, action=action, limit=limit)
+    if as_json:
+        emit_json([r.model_dump(mode="json") for r in rows])
+        return
+    table = records_table(
+        ("op", "action", "target", "opened", "reason"),
+        [(r.op_id, r.action, r.target, _when(r.opened_at), r.reason) for r in rows],
+        title=f"open reviews of {tenant}",
+        keys=("op",),
+    )
     console.print(table)
 
 
 @review_app.command("show")
-def review_show(op_id: str, tenant: TenantOption, operator: OperatorOption) -> None:
-    """What was attempted, the evidence, and what each resolution could cause.
+def review_show(
+    op_id: str, tenant: TenantOption, operator: OperatorOption, as_json: JsonOption = False
+) -> None:
+    """What was attempted, the evidence, the frozen payload, and what each resolution could
+    cause.
 
     Recorded as your latest view: a resolution is checked against it.
     """
-    try:
-        with open_ledger() as ledger:
-            view = ledger.reviews.show(op_id, tenant=tenant, operator=operator)
-    except LedgerError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from exc
+    with open_ledger() as ledger:
+        view = ledger.reviews.show(op_id, tenant=tenant, operator=operator)
+        payload = ledger.payload(op_id)
+    if as_json:
+        emit_json(view.model_dump(mode="json") | {"payload": payload})
+        return
     console.print(f"[bold]review of {op_id}[/bold] opened {_when(view.review.opened_at)}")
-    console.print(f"reason: {view.review.reason}")
+    console.print(Text(f"reason: {view.review.reason}"))
     history = History(
         operation=view.operation,
         attempts=view.attempts,
@@ -287,31 +433,65 @@ def review_show(op_id: str, tenant: TenantOption, operator: OperatorOption) -> N
     )
     for table in history_tables(history)[:3]:
         console.print(table)
+    if payload is None:
+        console.print(
+            Text(
+                "payload: purged (finished operations' frozen payloads are deleted after "
+                "OPLEDGER_PAYLOAD_RETENTION_DAYS); only its digest is left: "
+                f"{view.operation.payload_digest}",
+                overflow="fold",
+            )
+        )
+    else:
+        console.print("payload, frozen when prepared (every attempt sends exactly this):")
+        text = json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=False)
+        console.print(Text(text, overflow="fold"))
     if view.contract is not None:
-        console.print(f"provider contract: {view.contract.provider}")
+        console.print(Text(f"provider contract: {view.contract.provider}"))
         for fact in contract_facts(view.contract):
-            console.print(f"  - {fact}")
+            console.print(Text(f"  - {fact}"))
     hint = view.review.snapshot.get("search_hint")
     if hint:
-        console.print(f"to check by hand: {hint}")
-    effects = Table("resolution", "what it could cause", title="consequences")
+        console.print(Text(f"to check by hand: {hint}"))
+    effects = new_table("resolution", "what it could cause", title="consequences")
     if view.consequences is None:
         effects.add_row("all", "no adapter contract is known for this action: judge with care")
     else:
         e = view.consequences
-        effects.add_row("confirmed", e.confirmed)
-        effects.add_row("rejected", e.rejected)
+        effects.add_row("confirmed", _cell(e.confirmed))
+        effects.add_row("rejected", _cell(e.rejected))
         no_dedup = view.contract is not None and view.contract.idempotency.kind == "none"
-        effects.add_row("retry --accept-risk" if no_dedup else "retry", e.retry)
+        effects.add_row("retry --accept-risk" if no_dedup else "retry", _cell(e.retry))
         if not no_dedup:
-            effects.add_row("retry --new-key", e.retry_new_key)
-        effects.add_row("cancel", e.cancel)
+            effects.add_row("retry --new-key", _cell(e.retry_new_key))
+        effects.add_row("cancel", _cell(e.cancel))
     console.print(effects)
-    console.print(f"shown to {operator} at version {view.operation.record_version}")
+    console.print(Text(f"shown to {operator} at version {view.operation.record_version}"))
+
+
+#: what `review resolve --as retry` says when the broker could not take the retry now
+RETRY_DEFERRED = "resolved; the retry will be sent when the broker is back (the sweep picks it up)"
+
+
+def publish_retry(op_id: str, *, debug: bool) -> str | None:
+    """Hand an authorized retry to a reconcile worker now; None when published, else why
+    not. Best effort: the resolution is already saved and the check due at once, so the
+    sweep hands it out when the broker is back."""
+    try:
+        from opledger.tasks.app import reconcile
+
+        reconcile.delay(op_id)
+    except Exception as exc:  # the broker is down or misconfigured: the sweep recovers it
+        if debug:
+            traceback.print_exception(exc, file=sys.stderr)
+        lines = str(exc).strip().splitlines()
+        return " ".join(lines[0].split()) if lines else type(exc).__name__
+    return None
 
 
 @review_app.command("resolve")
 def review_resolve(
+    ctx: typer.Context,
     op_id: str,
     tenant: TenantOption,
     operator: OperatorOption,
@@ -335,31 +515,210 @@ def review_resolve(
             help="Resolve against evidence on record that binds this operation (audited).",
         ),
     ] = False,
+    as_json: JsonOption = False,
 ) -> None:
-    """Settle a review you were shown: a fenced transition plus an audit row."""
-    try:
-        with open_ledger() as ledger:
-            after = ledger.reviews.resolve(
-                op_id,
-                tenant=tenant,
-                operator=operator,
-                resolution=as_,
-                note=note,
-                evidence=evidence,
-                new_key=new_key,
-                acknowledge_risk=accept_risk,
-                override_evidence=override_evidence,
-            )
-    except LedgerError as exc:
-        console.print(f"[red]refused: {exc}[/red]")
-        raise typer.Exit(2) from exc
-    if as_ is Resolution.RETRY:
-        from opledger.tasks.app import reconcile
+    """Settle a review you were shown: a fenced transition plus an audit row.
 
-        reconcile.delay(op_id)  # the sweeper would also find it due
-        console.print(f"[green]retry authorized by {operator}[/green]; key {after.idempotency_key}")
+    A retry is handed to a worker at once; if the broker is down, the resolution still
+    stands and the sweep sends the retry when the broker is back (exit 0)."""
+    with open_ledger() as ledger:
+        after = ledger.reviews.resolve(
+            op_id,
+            tenant=tenant,
+            operator=operator,
+            resolution=as_,
+            note=note,
+            evidence=evidence,
+            new_key=new_key,
+            acknowledge_risk=accept_risk,
+            override_evidence=override_evidence,
+        )
+    unpublished = publish_retry(op_id, debug=debugging(ctx)) if as_ is Resolution.RETRY else None
+    if as_ is not Resolution.RETRY:
+        message = f"resolved: {op_id} is now {after.status.value}"
+    elif unpublished is None:
+        message = (
+            f"resolved: retry authorized by {operator} (key {after.idempotency_key}), "
+            "handed to a worker"
+        )
     else:
-        console.print(f"[green]{op_id} is now {after.status.value}[/green]")
+        message = RETRY_DEFERRED
+        typer.echo(f"opledger: the broker could not take the retry now: {unpublished}", err=True)
+    if as_json:
+        emit_json(
+            {
+                "operation": after.model_dump(mode="json"),
+                "resolution": as_.value,
+                "retry_published": None if as_ is not Resolution.RETRY else unpublished is None,
+                "message": message,
+            }
+        )
+        return
+    console.print(Text(message), style="green")
+
+
+@review_app.command("audit")
+def review_audit(op_id: str, tenant: TenantOption, as_json: JsonOption = False) -> None:
+    """Every resolution of one operation's reviews, oldest first: who, when, why, and
+    whether they overrode evidence or accepted a risk."""
+    with open_ledger() as ledger:
+        ledger.get(op_id)  # an unknown operation is refused, not an empty trail
+        actions = ledger.reviews.audit(op_id, tenant=tenant)
+    if as_json:
+        emit_json([a.model_dump(mode="json") for a in actions])
+        return
+    table = records_table(
+        (
+            "at",
+            "operator",
+            "resolution",
+            "note",
+            "evidence",
+            "new key",
+            "fence",
+            "overrode evidence",
+            "accepted a risk",
+        ),
+        [
+            (
+                _when(a.at),
+                a.operator,
+                a.resolution.value,
+                a.note,
+                a.evidence,
+                a.new_key,
+                a.fence,
+                "yes" if a.override_evidence else "no",
+                "yes" if a.risk_acknowledged else "no",
+            )
+            for a in actions
+        ],
+        title=f"resolutions of {op_id}",
+        keys=("new key",),
+    )
+    console.print(table)
+    if not actions:
+        console.print(Text(f"no resolution of {op_id} in tenant {tenant!r}"))
+
+
+# -- grants ----------------------------------------------------------------------------------
+
+
+def _grant_record(grant: Authorization, now: datetime) -> dict[str, Any]:
+    return grant.model_dump(mode="json") | {"active": grant.active_at(now)}
+
+
+def _grant_state(grant: Authorization, now: datetime) -> str:
+    if grant.revoked_at is not None:
+        return f"revoked {_when(grant.revoked_at)} by {grant.revoked_by}: {grant.revoke_reason}"
+    if grant.expires_at is not None and grant.expires_at <= now:
+        return f"expired {_when(grant.expires_at)}"
+    return "active"
+
+
+def grants_table(grants: tuple[Authorization, ...], now: datetime) -> Table:
+    return records_table(
+        ("ref", "tenant", "scope", "granted", "by", "expires", "state"),
+        [
+            (
+                g.ref,
+                g.tenant,
+                " ".join(g.scope),
+                _when(g.granted_at),
+                g.granted_by,
+                _when(g.expires_at) or "never",
+                _grant_state(g, now),
+            )
+            for g in grants
+        ],
+        keys=("ref",),
+    )
+
+
+def _show_grants(grants: tuple[Authorization, ...], *, as_json: bool, one: bool) -> None:
+    now = datetime.now(UTC)
+    if as_json:
+        records = [_grant_record(g, now) for g in grants]
+        emit_json(records[0] if one else records)
+    else:
+        console.print(grants_table(grants, now))
+
+
+def parse_instant(text: str | None) -> datetime | None:
+    """An ISO 8601 instant with its timezone, e.g. 2030-01-31T18:00:00Z."""
+    if text is None:
+        return None
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: use ISO 8601, e.g. 2030-01-31T18:00:00Z") from None
+    if value.tzinfo is None:
+        raise typer.BadParameter(f"{text!r} has no timezone: add one, e.g. Z or +02:00")
+    return value
+
+
+ByOption = Annotated[str, typer.Option("--by", help="Your name, for the audit trail.")]
+
+
+@grant_app.command("create")
+def grant_create(
+    tenant: Annotated[str, typer.Option(help="The tenant whose operations it allows.")],
+    scope: Annotated[
+        list[str],
+        typer.Option(help="An action, or a pattern such as 'crm.*' (repeat for more)."),
+    ],
+    by: ByOption,
+    ref: Annotated[
+        str | None, typer.Option(help="The grant's reference (default: a new auth_... id).")
+    ] = None,
+    expires_at: Annotated[
+        str | None, typer.Option(help="When it stops allowing writes (ISO 8601, with a zone).")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Grant a tenant's operations the actions matching the scope. The same grant again
+    (same ref, tenant and scope) is returned unchanged; another one under the ref is refused."""
+    until = parse_instant(expires_at)
+    with open_ledger() as ledger:
+        grant = ledger.grant(tenant=tenant, scope=scope, granted_by=by, ref=ref, expires_at=until)
+    _show_grants((grant,), as_json=as_json, one=True)
+
+
+@grant_app.command("list")
+def grant_list(
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant's grants.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 100,
+    as_json: JsonOption = False,
+) -> None:
+    """Grants, newest first, revoked and expired ones too."""
+    with open_ledger() as ledger:
+        grants = ledger.authorizations(tenant=tenant, limit=limit)
+    _show_grants(grants, as_json=as_json, one=False)
+
+
+@grant_app.command("show")
+def grant_show(
+    ref: Annotated[str, typer.Argument(help="The grant's reference.")],
+    as_json: JsonOption = False,
+) -> None:
+    """One grant: its scope, who granted it, whether it is still active."""
+    with open_ledger() as ledger:
+        grant = ledger.authorization(ref)
+    _show_grants((grant,), as_json=as_json, one=True)
+
+
+@grant_app.command("revoke")
+def grant_revoke(
+    ref: Annotated[str, typer.Argument(help="The grant's reference.")],
+    by: ByOption,
+    reason: Annotated[str, typer.Option(help="Why: kept with the grant.")],
+    as_json: JsonOption = False,
+) -> None:
+    """Revoke a grant: no new write under it; prepared operations under it are cancelled
+    when a worker next tries them. Revoking twice keeps the first revocation."""
+    with open_ledger() as ledger:
+        grant = ledger.revoke(ref, by=by, reason=reason)
+    _show_grants((grant,), as_json=as_json, one=True)
 
 
 @contract_app.command("check")
@@ -391,8 +750,11 @@ def contract_check(
         adapter = registry.adapter_for(action)
         probe = probe_for(adapter)
         if probe is None:
-            console.print(f"[red]the adapter serving {action} offers no contract_probe[/red]")
-            raise typer.Exit(2)
+            typer.echo(
+                f"opledger: refused: the adapter serving {action} offers no contract_probe",
+                err=True,
+            )
+            raise typer.Exit(REFUSED)
         findings = check_contract(
             adapter,
             probe,
@@ -400,17 +762,20 @@ def contract_check(
             allow_remote=allow_remote,
             concurrency_delay_s=concurrency_delay if admin_url else 0.0,
         )
-    except (UnsafeTarget, LedgerError) as exc:
-        console.print(f"[red]refused: {exc}[/red]")
-        raise typer.Exit(2) from exc
+    except UnsafeTarget as exc:
+        typer.echo(f"opledger: refused: {' '.join(str(exc).split())}", err=True)
+        raise typer.Exit(REFUSED) from exc
     finally:
         registry.close()
-    table = Table(title=f"contract {adapter.contract.provider} for {action}")
-    for column in ("fact", "declared", "observed", "verdict"):
-        table.add_column(column)
     colour = {"agrees": "green", "disagrees": "red", "not observed": "yellow"}
-    for f in findings:
-        table.add_row(f.fact, f.declared, f.observed, f"[{colour[f.verdict]}]{f.verdict}[/]")
+    table = records_table(
+        ("fact", "declared", "observed", "verdict"),
+        [
+            (f.fact, f.declared, f.observed, Text(f.verdict, style=colour[f.verdict]))
+            for f in findings
+        ],
+        title=f"contract {adapter.contract.provider} for {action}",
+    )
     console.print(table)
     wrong = [f.fact for f in findings if f.verdict == "disagrees"]
     if wrong:

@@ -219,6 +219,18 @@ class Ledger:
             raise UnknownAuthorization(f"no authorization {ref!r}", ref=ref)
         return store.authorization(row)
 
+    def authorizations(
+        self, *, tenant: str | None = None, limit: int = 100
+    ) -> tuple[Authorization, ...]:
+        """Grants, newest first (revoked and expired ones too); only `tenant`'s when given."""
+        if tenant is not None:
+            tenant = check_key("tenant", tenant)
+        with self._single() as conn:
+            rows = conn.execute(
+                q.LIST_AUTHORIZATIONS, {"tenant": tenant, "limit": max(1, min(limit, 10_000))}
+            )
+            return tuple(store.authorization(r) for r in rows)
+
     # -- prepare -----------------------------------------------------------------------
 
     def prepare(

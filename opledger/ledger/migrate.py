@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from importlib.resources import files
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy.engine import make_url
+
+if TYPE_CHECKING:  # Alembic is imported when migrating, not by every user of the ledger
+    from alembic.config import Config
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -19,6 +21,8 @@ def sqlalchemy_url(url: str) -> str:
 
 def alembic_config(url: str) -> Config:
     """An Alembic config pointing at the packaged migrations and at `url`."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(files("opledger.ledger") / "migrations"))
     config.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
@@ -27,9 +31,13 @@ def alembic_config(url: str) -> Config:
 
 def upgrade(url: str, revision: str = "head") -> None:
     """Bring the database at `url` to `revision` (default: the newest schema)."""
+    from alembic import command
+
     command.upgrade(alembic_config(url), revision)
 
 
 def downgrade(url: str, revision: str) -> None:
     """Step the database at `url` back to `revision` ('base' drops everything)."""
+    from alembic import command
+
     command.downgrade(alembic_config(url), revision)

@@ -68,6 +68,15 @@ INSERT_AUTHORIZATION: TextClause = text(
 
 SELECT_AUTHORIZATION = text(f"SELECT {AUTH_COLUMNS} FROM authorizations AS a WHERE a.ref = :ref")
 
+LIST_AUTHORIZATIONS = text(
+    f"""
+    SELECT {AUTH_COLUMNS} FROM authorizations AS a
+    WHERE (CAST(:tenant AS text) IS NULL OR a.tenant = :tenant)
+    ORDER BY a.granted_at DESC, a.ref
+    LIMIT :limit
+    """
+)
+
 REVOKE_AUTHORIZATION = text(
     f"""
     UPDATE authorizations AS a

@@ -151,3 +151,17 @@ def test_grant_is_idempotent_and_revoke_keeps_the_first_revocation(ledger: Ledge
     assert r1.revoked_at is not None and r2.revoked_by == "bob"
     with pytest.raises(UnknownAuthorization):
         ledger.revoke("auth_nope", by="bob", reason="x")
+
+
+def test_authorizations_lists_grants_newest_first_revoked_ones_too(ledger: Ledger) -> None:
+    assert ledger.authorizations() == ()
+    ledger.grant(tenant="acme", scope=["crm.*"], granted_by="alice", ref="auth_a")
+    ledger.grant(tenant="globex", scope=["email.*"], granted_by="alice", ref="auth_g")
+    ledger.grant(tenant="acme", scope=["email.*"], granted_by="alice", ref="auth_b")
+    ledger.revoke("auth_a", by="bob", reason="rotated")
+    assert [g.ref for g in ledger.authorizations()] == ["auth_b", "auth_g", "auth_a"]
+    acme = ledger.authorizations(tenant="acme")
+    assert [(g.ref, g.revoked_by) for g in acme] == [("auth_b", None), ("auth_a", "bob")]
+    assert acme[1].scope == ("crm.*",)
+    assert [g.ref for g in ledger.authorizations(tenant="acme", limit=1)] == ["auth_b"]
+    assert ledger.authorizations(tenant="initech") == ()

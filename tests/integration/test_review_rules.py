@@ -326,7 +326,7 @@ def test_the_cli_refuses_an_unacknowledged_smtp_retry(
         assert shown.exit_code == 0, shown.output
         assert "--accept-risk" in shown.output
         refused = runner.invoke(cli, [*base, "--as", "retry", "--note", "again"])
-        assert refused.exit_code == 2, refused.output
+        assert refused.exit_code == 3, refused.output
         assert "accept-risk" in refused.output
         assert mail.get(op.id).operator_retry_by is None
     finally:

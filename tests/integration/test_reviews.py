@@ -239,7 +239,7 @@ def test_the_cli_lists_shows_and_resolves(
                 "looked",
             ],
         )
-        assert early.exit_code == 2 and "review show" in early.output
+        assert early.exit_code == 3 and "review show" in early.output
         shown = runner.invoke(
             cli, ["review", "show", op_id, "--tenant", "acme", "--operator", "bob"]
         )
@@ -279,11 +279,11 @@ def test_the_cli_lists_shows_and_resolves(
                 "twice",
             ],
         )
-        assert again.exit_code == 2 and "already resolved" in again.output
+        assert again.exit_code == 3 and "already resolved" in again.output
         other = runner.invoke(
             cli, ["review", "show", op_id, "--tenant", "globex", "--operator", "bob"]
         )
-        assert other.exit_code == 2
+        assert other.exit_code == 3
         assert desk.ledger.get(op_id).status is Status.CANCELLED
         # one audit row: bob's cancel; the refused early and second resolutions wrote none
         (action,) = desk.ledger.reviews.audit(op_id, tenant="acme")

@@ -1,0 +1,175 @@
+"""How the `opledger` command fails: one line on stderr and a documented exit code.
+
+- 2: usage (Typer's own: an unknown option, a missing argument, a bad value);
+- 3: refused: the ledger said no (a `LedgerError` such as `InvalidInput`,
+  `OperationNotFound`, `ReviewError`, `AuthorizationError`, `IntentConflict`); nothing
+  changed;
+- 4: operational: the database or the broker cannot be reached, the schema is not migrated,
+  a setting is missing or invalid.
+
+`--debug` (or `OPLEDGER_DEBUG=1`) prints the traceback instead of the line, with the same
+exit code. Anything else is a bug: it is raised as it is, traceback and all (exit 1).
+
+The boundary is the command group itself (`OpledgerGroup.invoke`), so every command, and
+the Click test runner, goes through it once.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Any
+
+import typer
+from sqlalchemy.engine import make_url
+from typer.core import TyperGroup
+
+USAGE = 2
+REFUSED = 3
+OPERATIONAL = 4
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return _one_line(lines[0]) if lines else type(exc).__name__
+
+
+def _safe_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not even a URL: say so without repeating it (it may hold a secret)
+        return "an unparsable URL"
+
+
+def _setting(name: str) -> str | None:
+    from opledger.settings import get_settings
+
+    try:
+        value = getattr(get_settings(), name)
+    except Exception:  # the settings themselves are invalid: reported on their own
+        return None
+    return value if isinstance(value, str) and value else None
+
+
+def _database() -> str:
+    url = _setting("database_url")
+    if url is None:
+        return "OPLEDGER_DATABASE_URL (unset: the development database)"
+    return f"OPLEDGER_DATABASE_URL={_safe_url(url)}"
+
+
+def _broker() -> str:
+    from opledger.settings import DEFAULT_BROKER_URL
+
+    url = _setting("broker_url")
+    if url is None:
+        return f"OPLEDGER_BROKER_URL (unset: {DEFAULT_BROKER_URL})"
+    return f"OPLEDGER_BROKER_URL={_safe_url(url)}"
+
+
+def _is_broker_error(exc: BaseException) -> bool:
+    """A kombu or redis connection error (modules looked up only if already imported)."""
+    kinds: list[type[BaseException]] = []
+    kombu = sys.modules.get("kombu.exceptions")
+    if kombu is not None:
+        kinds.append(kombu.OperationalError)
+    redis = sys.modules.get("redis.exceptions")
+    if redis is not None:
+        kinds += [redis.ConnectionError, redis.TimeoutError]
+    return bool(kinds) and isinstance(exc, tuple(kinds))
+
+
+def _settings_error(exc: BaseException) -> str | None:
+    from pydantic import ValidationError
+
+    if not isinstance(exc, ValidationError) or exc.title != "Settings":
+        return None
+    first = exc.errors()[0]
+    name = "OPLEDGER_" + "_".join(str(part) for part in first["loc"]).upper()
+    return f"invalid setting {name}: {first['msg']}"
+
+
+def describe(exc: BaseException) -> tuple[int, str] | None:
+    """The exit code and the one line for an operational failure or a refusal; None for
+    anything else (a bug, raised as it is)."""
+    from sqlalchemy.exc import ArgumentError, DBAPIError
+
+    from opledger.ledger import DatabaseUnavailable, LedgerError, SchemaMissing
+    from opledger.settings import NotConfigured
+
+    if isinstance(exc, SchemaMissing):
+        return OPERATIONAL, f"{_one_line(exc)} against {_database()}"
+    if isinstance(exc, DatabaseUnavailable):
+        return OPERATIONAL, f"{_one_line(exc)}: check {_database()} and that Postgres is running"
+    if isinstance(exc, LedgerError):
+        return REFUSED, f"refused: {_one_line(exc)}"
+    if isinstance(exc, NotConfigured):
+        return OPERATIONAL, _one_line(exc)
+    if isinstance(exc, DBAPIError):
+        return OPERATIONAL, (
+            f"the ledger's database failed: {_first_line(exc.orig or exc)}: check {_database()}"
+        )
+    if isinstance(exc, ArgumentError):
+        return (
+            OPERATIONAL,
+            f"OPLEDGER_DATABASE_URL is not a usable database URL: {_first_line(exc)}",
+        )
+    if _is_broker_error(exc):
+        return OPERATIONAL, (
+            f"cannot reach the broker: {_first_line(exc)}: check {_broker()} and that Redis "
+            "is running"
+        )
+    invalid = _settings_error(exc)
+    if invalid is not None:
+        return OPERATIONAL, invalid
+    return None
+
+
+def debugging(ctx: typer.Context) -> bool:
+    """Whether `--debug` (or `OPLEDGER_DEBUG=1`) asked for tracebacks."""
+    return bool(ctx.find_root().params.get("debug"))
+
+
+def report(exc: BaseException, *, debug: bool) -> int | None:
+    """Write the failure to stderr (one line, or the traceback when debugging) and return
+    its exit code; None when it is no failure this module knows (the caller re-raises)."""
+    described = describe(exc)
+    if described is None:
+        return None
+    code, line = described
+    if debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    else:
+        hint = " (--debug shows the traceback)" if code == OPERATIONAL else ""
+        typer.echo(f"opledger: {line}{hint}", err=True)
+    return code
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe, so that flushing stdout at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (a test runner's stdout)
+        pass
+
+
+class OpledgerGroup(TyperGroup):
+    """The `opledger` command group: every command's failures pass through `invoke`."""
+
+    def invoke(self, ctx: Any) -> Any:  # a Click context (vendored by newer Typers)
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:  # the reader went away (`| head`): stop quietly
+            _silence_stdout()
+            raise typer.Exit(1) from None
+        except Exception as exc:  # usage errors and exits are none of `describe`'s: re-raised
+            code = report(exc, debug=debugging(ctx))
+            if code is None:
+                raise
+            raise typer.Exit(code) from exc

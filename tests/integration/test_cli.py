@@ -1,0 +1,331 @@
+"""The `opledger` command against the test Postgres: its exit codes (2 usage, 3 refused,
+4 operational), one line on stderr for each failure and the traceback with --debug, --json
+documents, tables at 80 columns on a terminal and piped, and a retry resolved while the
+broker is down.
+
+Every exit code, the rendering and the broker are checked on the real command, run as a
+process (each costs a second or two to start, so a test runs its processes side by side);
+the --json documents, --debug and a few more refusals go through Typer's test runner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, text
+from typer.testing import CliRunner
+
+from opledger.cli.main import app
+from opledger.ledger import Ambiguous, Ledger, Status
+from opledger.ledger.migrate import sqlalchemy_url
+from opledger.settings import get_settings
+from tests.conftest import PostgresServer
+
+WRONG_PORT = "postgresql://root@127.0.0.1:1/test"
+BROKER_DOWN = "redis://127.0.0.1:1/0"
+BOX = re.compile("[\u2500-\u257f]")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def err_lines(self) -> list[str]:
+        return self.err.strip().splitlines()
+
+    def json(self) -> Any:
+        return json.loads(self.out)  # the whole of stdout: one document, nothing else
+
+
+def _env(database_url: str, **extra: str) -> dict[str, str]:
+    env = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}
+    return env | {"OPLEDGER_DATABASE_URL": database_url, "COLUMNS": "80"} | extra
+
+
+def cli(database_url: str, *args: str, **env: str) -> Run:
+    """The real `opledger ARGS`, its output piped."""
+    done = subprocess.run(
+        [sys.executable, "-m", "opledger.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(database_url, **env),
+    )
+    return Run(done.returncode, done.stdout, done.stderr)
+
+
+def cli_on_terminal(database_url: str, *args: str) -> Run:
+    """The real `opledger ARGS`, stdout on a terminal 80 columns wide (colours removed)."""
+    main, child = pty.openpty()
+    with subprocess.Popen(
+        [sys.executable, "-m", "opledger.cli", *args],
+        stdout=child,
+        stderr=subprocess.PIPE,
+        env=_env(database_url, TERM="xterm"),
+    ) as process:
+        os.close(child)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the terminal closed: the command has exited
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(main)
+        assert process.stderr is not None
+        err = process.stderr.read().decode()
+        code = process.wait(timeout=60)
+    out = ANSI.sub("", b"".join(chunks).decode()).replace("\r\n", "\n")
+    return Run(code, out, err)
+
+
+def side_by_side(*calls: Callable[[], Any]) -> list[Any]:
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        return [f.result() for f in [pool.submit(call) for call in calls]]
+
+
+@pytest.fixture
+def invoke(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Run]]:
+    """`opledger ARGS` in this process (for the --json documents of successful commands)."""
+    monkeypatch.setenv("OPLEDGER_DATABASE_URL", database_url)
+    get_settings.cache_clear()
+
+    def run(*args: str, **env: str) -> Run:
+        get_settings.cache_clear()  # the settings are read again, with `env`
+        result = CliRunner().invoke(app, list(args), env=env)
+        return Run(result.exit_code, result.stdout, result.stderr)
+
+    yield run
+    get_settings.cache_clear()
+
+
+def one_line_failure(run: Run, code: int, *names: str) -> None:
+    """Exit `code`, one line on stderr naming what to fix, nothing on stdout."""
+    assert run.code == code, (run.code, run.out, run.err)
+    assert len(run.err_lines) == 1, run.err
+    for name in names:
+        assert name in run.err, (name, run.err)
+    assert run.out == ""
+
+
+def fits_80_columns(output: str) -> None:
+    assert "\u2026" not in output  # nothing cut with an ellipsis
+    assert max(len(line) for line in output.splitlines()) <= 80, output
+
+
+def in_review(ledger: Ledger, key: str, payload: dict[str, Any]) -> str:
+    """An operation whose only attempt was ambiguous, with an open review."""
+    op = ledger.prepare(
+        tenant="acme",
+        workflow_id="wf-cli",
+        intent_key=key,
+        action="crm.close_case.v1",
+        target=f"case-[bold]{key}",  # square brackets are shown, never read as markup
+        payload=payload,
+        authorization_ref="auth_acme",
+    )
+    claim = ledger.claim(op.id, owner="w1")
+    assert claim is not None
+    after = ledger.record_outcome(claim, Ambiguous(code="connection_lost", reason="lost"))
+    assert ledger.open_review(op.id, fence=after.fence, reason="the response was lost")
+    return op.id
+
+
+@pytest.fixture
+def unmigrated(pg_server: PostgresServer) -> Iterator[str]:
+    url = pg_server.create_database("opledger_cli_empty")
+    yield url
+    pg_server.drop_database(url)
+
+
+def _tables(url: str) -> int:
+    engine = create_engine(sqlalchemy_url(url))
+    try:
+        with engine.connect() as conn:
+            query = "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"
+            return int(conn.execute(text(query)).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def test_refused_grant_changes_nothing_and_grants_list_at_80_columns(
+    ledger: Ledger, grant: str, database_url: str, invoke: Callable[..., Run]
+) -> None:
+    ledger.grant(
+        tenant="globex",
+        scope=[f"crm.some_rather_long_action_name_{i}.v1" for i in range(4)],
+        granted_by="alice",
+        ref="auth_globex_with_a_long_reference_0123456789",
+    )
+    before = ledger.authorizations()
+    db = database_url
+
+    unknown, listed = side_by_side(
+        lambda: cli(db, "grant", "revoke", "auth_nope", "--by", "bob", "--reason", "gone"),
+        lambda: cli(db, "grant", "list", "--tenant", "globex"),
+    )
+    conflict = invoke(
+        "grant", "create", "--tenant", "globex", "--scope", "crm.*", "--by", "bob",
+        "--ref", grant, OPLEDGER_DEBUG="1",
+    )  # fmt: skip
+    naive = invoke(
+        "grant", "create", "--tenant", "acme", "--scope", "crm.*", "--by", "bob",
+        "--ref", "auth_naive", "--expires-at", "2040-01-31",
+    )  # fmt: skip
+
+    one_line_failure(unknown, 3, "refused", "no authorization 'auth_nope'")
+    # OPLEDGER_DEBUG=1: the traceback instead of the line, the same exit code
+    assert conflict.code == 3, conflict.err
+    assert "Traceback" in conflict.err and "AuthorizationError" in conflict.err
+    assert "already exists with another tenant or scope" in conflict.err
+    assert naive.code == 2 and "timezone" in naive.err  # a usage error: Typer's own
+    assert ledger.authorizations() == before  # none of them changed anything
+
+    assert listed.code == 0, listed.err
+    assert not BOX.search(listed.out)  # piped: plain
+    fits_80_columns(listed.out)
+    assert "auth_globex_with_a_long_reference_0123456789" in listed.out
+    assert "crm.some_rather_long_action_name_3.v1" in listed.out
+    assert "auth_acme" not in listed.out
+
+    created = invoke(
+        "grant", "create", "--tenant", "acme", "--scope", "crm.*", "--scope", "email.send.v1",
+        "--by", "alice", "--ref", "auth_new", "--expires-at", "2040-01-31T18:00:00Z", "--json",
+    )  # fmt: skip
+    assert created.code == 0, created.err
+    new = created.json()
+    assert (new["ref"], new["scope"], new["granted_by"], new["active"]) == (
+        "auth_new",
+        ["crm.*", "email.send.v1"],
+        "alice",
+        True,
+    )
+    assert new["expires_at"].startswith("2040-01-31T18:00:00")
+    revoked = invoke("grant", "revoke", "auth_new", "--by", "bob", "--reason", "done", "--json")
+    assert revoked.json()["revoked_by"] == "bob" and revoked.json()["active"] is False
+    shown = invoke("grant", "show", "auth_new", "--json").json()
+    assert shown["revoke_reason"] == "done"
+    listed_json = invoke("grant", "list", "--tenant", "acme", "--json").json()
+    assert [g["ref"] for g in listed_json] == ["auth_new", "auth_acme"]
+
+
+def test_refusals_exit_3_and_operational_failures_exit_4_in_one_line(
+    ledger: Ledger, grant: str, database_url: str, unmigrated: str, invoke: Callable[..., Run]
+) -> None:
+    op_id = in_review(ledger, "errors", {"note": "x"})
+
+    malformed, wrong_port, empty = side_by_side(
+        lambda: cli(database_url, "ops", "show", "op_not-an-id", "--json"),
+        lambda: cli(WRONG_PORT, "ops", "list"),
+        lambda: cli(unmigrated, "review", "list", "--tenant", "acme", "--json"),
+    )
+    debugged = invoke(
+        "--debug", "review", "list", "--tenant", "acme", OPLEDGER_DATABASE_URL=WRONG_PORT
+    )
+
+    one_line_failure(malformed, 3, "refused", "not an operation id", "op_not-an-id")
+    one_line_failure(wrong_port, 4, "OPLEDGER_DATABASE_URL", "127.0.0.1:1", "Postgres")
+    assert debugged.code == 4 and "Traceback" in debugged.err and "port 1" in debugged.err
+    one_line_failure(empty, 4, "opledger migrate")
+    assert _tables(unmigrated) == 0  # and it was left as it was
+
+    version = invoke("--version")
+    assert version.code == 0 and re.fullmatch(r"opledger \d+\S*\n", version.out), version.out
+    (listed,) = invoke("ops", "list", "--json").json()
+    assert (listed["id"], listed["status"]) == (op_id, "unknown")
+    history = invoke("ops", "show", op_id, "--json").json()
+    assert [t["to_status"] for t in history["transitions"]] == [
+        "prepared",
+        "dispatching",
+        "unknown",
+    ]
+    (review,) = invoke("review", "list", "--tenant", "acme", "--json").json()
+    assert review["op_id"] == op_id
+
+
+def test_review_show_on_a_terminal_and_piped_at_80_columns(
+    ledger: Ledger, grant: str, database_url: str, invoke: Callable[..., Run]
+) -> None:
+    kept = in_review(ledger, "kept", {"note": "closed by the agent", "status": "closed"})
+    purged = in_review(ledger, "purged", {"note": "gone"})
+    with ledger.engine.begin() as conn:
+        conn.execute(text("DELETE FROM operation_payloads WHERE op_id = :id"), {"id": purged})
+    show = ("review", "show", "--tenant", "acme", "--operator")
+
+    piped, terminal = side_by_side(
+        lambda: cli(database_url, *show, "bob", kept),
+        lambda: cli_on_terminal(database_url, *show, "carol", purged),
+    )
+
+    assert piped.code == 0, piped.err
+    assert not BOX.search(piped.out)
+    fits_80_columns(piped.out)
+    assert f"review of {kept}" in piped.out and "case-[bold]kept" in piped.out
+    assert '"note": "closed by the agent"' in piped.out  # the frozen payload
+    assert "consequences" in piped.out
+
+    assert terminal.code == 0, terminal.err
+    assert BOX.search(terminal.out)  # a terminal gets the header rules
+    fits_80_columns(terminal.out)
+    assert purged in terminal.out and "payload: purged" in terminal.out
+
+    view = invoke(*show, "dave", kept, "--json").json()
+    assert view["operation"]["id"] == kept and view["payload"]["status"] == "closed"
+    assert view["review"]["reason"] == "the response was lost" and view["consequences"]
+    assert invoke(*show, "dave", purged, "--json").json()["payload"] is None
+
+
+def test_a_retry_resolved_while_the_broker_is_down_is_saved_and_said(
+    ledger: Ledger, grant: str, database_url: str, invoke: Callable[..., Run]
+) -> None:
+    op_id = in_review(ledger, "retry", {"note": "again"})
+    other = in_review(ledger, "untouched", {"note": "stay"})
+    ledger.reviews.show(op_id, tenant="acme", operator="bob")
+    before = ledger.get(other)
+
+    resolved = cli(
+        database_url, "review", "resolve", op_id, "--tenant", "acme", "--operator", "bob",
+        "--as", "retry", "--new-key", "--note", "asked again", OPLEDGER_BROKER_URL=BROKER_DOWN,
+    )  # fmt: skip
+    # never shown to erin: refused, and nothing about the operation changes
+    unseen = invoke(
+        "review", "resolve", other, "--tenant", "acme", "--operator", "erin", "--as", "cancel",
+        "--note", "n",
+    )  # fmt: skip
+
+    assert resolved.code == 0, resolved.err
+    assert (
+        "resolved; the retry will be sent when the broker is back (the sweep picks it up)"
+        in resolved.out
+    )
+    assert len(resolved.err_lines) == 1 and "broker" in resolved.err, resolved.err
+    op = ledger.get(op_id)
+    assert op.status is Status.UNKNOWN and op.operator_retry_by == "bob"
+    assert op.idempotency_key == f"{op_id}.k2" and op.next_check_at is not None  # due now
+    (action,) = invoke("review", "audit", op_id, "--tenant", "acme", "--json").json()
+    assert (action["operator"], action["resolution"], action["new_key"]) == (
+        "bob",
+        "retry",
+        f"{op_id}.k2",
+    )
+    assert action["risk_acknowledged"] is True
+
+    one_line_failure(unseen, 3, "refused", "review show")
+    assert ledger.get(other) == before
+    assert ledger.reviews.audit(other, tenant="acme") == ()
