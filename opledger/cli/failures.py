@@ -59,16 +59,14 @@ def _setting(name: str) -> str | None:
 def _database() -> str:
     url = _setting("database_url")
     if url is None:
-        return "OPLEDGER_DATABASE_URL (unset: the development database)"
+        return "OPLEDGER_DATABASE_URL (unset)"
     return f"OPLEDGER_DATABASE_URL={_safe_url(url)}"
 
 
 def _broker() -> str:
-    from opledger.settings import DEFAULT_BROKER_URL
-
     url = _setting("broker_url")
     if url is None:
-        return f"OPLEDGER_BROKER_URL (unset: {DEFAULT_BROKER_URL})"
+        return "OPLEDGER_BROKER_URL (unset)"
     return f"OPLEDGER_BROKER_URL={_safe_url(url)}"
 
 

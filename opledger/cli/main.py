@@ -24,7 +24,7 @@ from opledger.dev import devstack
 from opledger.ledger import Authorization, History, Ledger, Operation, Resolution, Status
 from opledger.ledger.consequences import contract_facts
 from opledger.ledger.migrate import upgrade
-from opledger.settings import get_settings
+from opledger.settings import NotConfigured, get_settings
 
 app = typer.Typer(
     cls=OpledgerGroup,
@@ -129,9 +129,13 @@ def open_ledger() -> Iterator[Ledger]:
     """The ledger, wired to the configured adapters (for their contracts); its connections
     are closed on exit."""
     settings = get_settings()
+    try:
+        registry = load_registry(settings)
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        raise NotConfigured(f"OPLEDGER_ADAPTERS={settings.adapters}: {exc}") from exc
     ledger = Ledger.from_url(
         database_url(),
-        actions=load_registry(settings),
+        actions=registry,
         max_payload_bytes=settings.max_payload_bytes,
         pool_size=1,
     )
@@ -822,7 +826,7 @@ def sandbox(
             style="red",
             markup=False,
         )
-        raise typer.Exit(2) from exc
+        raise typer.Exit(4) from exc
 
     serve(host, port, smtp_port)
 
