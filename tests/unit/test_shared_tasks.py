@@ -21,7 +21,7 @@ NAMES = {
 def test_the_tasks_attach_to_another_celery_app() -> None:
     theirs = Celery("theirs", set_as_current=False)
 
-    @theirs.task(name="theirs.hello")
+    @theirs.task(name="theirs.hello", shared=False)
     def hello() -> str:
         return "hi"
 
