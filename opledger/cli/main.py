@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from importlib.metadata import version as package_version
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -868,15 +869,27 @@ def beat(
     from opledger.cli.beatlock import BeatLock, BeatLockTaken
     from opledger.tasks.app import app as celery_app
 
+    path = Path(schedule) if schedule else devstack.STATE_DIR / "celerybeat-schedule"
+    try:  # beat keeps its schedule there: find out now, not after it said ready
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = path.parent / f".{path.name}.writable"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        err_console.print(
+            f"opledger beat: cannot write the beat schedule in {path.parent}: "
+            f"{exc.strerror or exc} (pass --schedule PATH, or set OPLEDGER_STATE_DIR)",
+            style="red",
+            markup=False,
+        )
+        raise typer.Exit(4) from None
     try:
         lock = BeatLock(database_url())
     except BeatLockTaken as exc:
         err_console.print(f"opledger beat: {exc}; exactly one may run", style="red")
         raise typer.Exit(4) from exc
-    path = schedule or str((devstack.STATE_DIR / "celerybeat-schedule").resolve())
-    devstack.STATE_DIR.mkdir(parents=True, exist_ok=True)
     try:
-        celery_app.start(["beat", "--loglevel", loglevel, "--schedule", path])
+        celery_app.start(["beat", "--loglevel", loglevel, "--schedule", str(path.resolve())])
     finally:
         lock.release()
 

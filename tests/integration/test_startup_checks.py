@@ -89,6 +89,13 @@ CASES = {
         {"OPLEDGER_DATABASE_URL": "postgresql://root@127.0.0.1:1/x", "OPLEDGER_BROKER_URL": REDIS},
         ["postgres:", "port 1"],
     ),
+    "a database role that does not exist": (
+        {
+            "OPLEDGER_DATABASE_URL": "postgresql://no_such_role@127.0.0.1:5432/postgres",
+            "OPLEDGER_BROKER_URL": REDIS,
+        },
+        ["postgres:", 'role "no_such_role" does not exist'],
+    ),
     "an unmigrated database": (
         {"OPLEDGER_DATABASE_URL": "{empty}", "OPLEDGER_BROKER_URL": REDIS},
         ["schema", "opledger migrate"],
@@ -143,3 +150,16 @@ def test_check_reports_every_part_and_passes_on_a_good_setup(
     ]
     bad = run(tmp_path, "check", OPLEDGER_DATABASE_URL=database_url)
     assert bad.returncode == 4 and "FAIL broker: OPLEDGER_BROKER_URL is not set" in bad.stdout
+
+
+def test_beat_refuses_a_schedule_it_cannot_write_and_the_worker_passes_options_on(
+    tmp_path: Path, database_url: str
+) -> None:
+    env = {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_BROKER_URL": REDIS}
+    unwritable = "/proc/opledger-cannot-write-here/schedule"
+    refused(run(tmp_path, "beat", "--schedule", unwritable, **env), "cannot write", "--schedule")
+    assert list(tmp_path.iterdir()) == []
+    # options after `--` go to Celery's own worker unchanged (its --help exits at once)
+    celery = run(tmp_path, "worker", "--", "--help", **env)
+    assert celery.returncode == 0, celery.stderr
+    assert "--max-tasks-per-child" in celery.stdout
