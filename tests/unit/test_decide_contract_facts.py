@@ -296,3 +296,18 @@ def test_a_status_api_without_deduplication_needs_the_digest_to_confirm() -> Non
     assert binds(evidence("confirmed", key=OP_ID, digest=DIGEST), op, keys, keyless)
     foreign = evidence("confirmed", key=OP_ID, digest="b" * 64)
     assert not binds(foreign, op, keys, keyless)
+
+
+def test_a_search_finding_our_key_at_an_unchecked_key_store_needs_the_digest() -> None:
+    """A deduplicating provider that stores any body under a used key, searched by that key:
+    the hit may be someone else's request under our key unless it names our body."""
+    unchecked = crm_contract(
+        lookup="search", payload_checked=False, request_timeout=10 * S, max_in_flight=20 * S
+    )
+    op, keys = operation(), frozenset({OP_ID})
+    assert not binds(evidence("confirmed", key=OP_ID), op, keys, unchecked)
+    assert binds(evidence("confirmed", key=OP_ID, digest=DIGEST), op, keys, unchecked)
+    checked = unchecked.model_copy(
+        update={"idempotency": unchecked.idempotency.model_copy(update={"payload_checked": True})}
+    )
+    assert binds(evidence("confirmed", key=OP_ID), op, keys, checked)
