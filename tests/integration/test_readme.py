@@ -650,6 +650,7 @@ def test_the_python_blocks_run_in_order_in_one_session(
         pytest.fail(run.stderr[-6000:], pytrace=False)
 
 
+@pytest.mark.timeout(300)  # about 40 s; more on a busy machine, each job has its own timeout
 def test_the_shell_blocks_run_as_written(
     readme_env: dict[str, str], values: dict[str, str], tmp_path: Path
 ) -> None:
