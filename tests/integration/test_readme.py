@@ -1,0 +1,717 @@
+"""README.md as a test: every fenced block runs as written, or says why it does not.
+
+Each block is known to `BLOCKS` by a short hash of its text, so editing a block makes this
+test fail until someone has looked at how the new text is verified (the failure prints the
+new key). A block's verdict is one of:
+
+- `Python`: run in README order in one namespace, like a notebook session (a later block
+  uses what an earlier one defined), in a process of its own whose environment names the
+  suite's services: the session's migrated test database (its tables emptied first), a
+  Redis database of its own for the broker, the sandbox providers. `then` holds this
+  test's own checks of what the block did; they see the namespace, never change it.
+- `Shell`: the commands are run as written by `bash -euo pipefail` (and -x, to show which
+  one failed) in a temporary directory, with the same environment and the virtualenv's
+  bin first on PATH; processes a block starts with `&` are stopped at the end. Per
+  command, the block's verdict may say instead that it is a long-running process (started
+  with its exact command line, it must get ready, or stay up for a few seconds, or exit 0;
+  then it is stopped), or that another named test covers it (that test must exist, and
+  the command line must still parse): the system tests of `demo`, `chaos` and `bench`,
+  and tests/unit/test_compose.py for `docker compose up` (no Docker engine here, and it
+  would start services of its own). Placeholders such as `op_01J...` are replaced by
+  values from the fixtures, declared in `substitute` so the substitution is visible.
+- `NotCode`: sample output, the directory layout.
+
+Nothing here starts a service of its own: no `OPLEDGER_DEV`, every URL is the fixtures'.
+The blocks run side by side (each CLI start costs a second or two of CPU), and a command
+that an earlier block runs exactly so (`opledger migrate`, `opledger sandbox --port ...`)
+runs once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import typer
+from sqlalchemy import text
+
+from opledger.cli.main import app as cli_app
+from opledger.dev.chaos.stack import PrivateRedis
+from opledger.dev.sandbox import Sandbox
+from opledger.ledger import Ambiguous, Ledger
+
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+BIN = Path(sys.executable).parent  # the virtualenv's bin: `opledger`, `python`
+#: a Redis database of this test's own on the local server, flushed before and after
+BROKER_URL = "redis://127.0.0.1:6379/14"
+SCRIPT_TIMEOUT = 90.0  # seconds one block's commands may take
+LONG_RUNNING_GRACE = 20.0  # seconds a long-running process has to get ready
+#: jobs (a block's commands, a long-running process) run side by side: each CLI start costs
+#: a second or two of CPU, and more at once only slow each other down on two cores
+LANES = 4
+#: what a long-running process prints once it is up, by `opledger` subcommand
+READY = {
+    # Celery's banner: the command line parsed, the startup checks (settings, database,
+    # schema, broker) passed and Celery took its options
+    "worker": re.compile(r"-- celery@\S+ v\d"),
+    "beat": re.compile(r"beat: Starting"),
+    "flower": re.compile(r"Visit me at"),
+    "sandbox": re.compile(r'^\{"http": '),
+}
+
+
+# -- the README's blocks ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Command:
+    """One shell command of a block: its lines as written, continuations included."""
+
+    raw: str
+
+    @property
+    def words(self) -> list[str]:
+        return shlex.split(self.raw.replace("\\\n", " "), comments=True)
+
+    @property
+    def text(self) -> str:
+        """The command without its comment, words joined by one space (the table's key)."""
+        return " ".join(self.words)
+
+    @property
+    def program(self) -> list[str]:
+        """The words after any leading VAR=value assignments."""
+        words = self.words
+        while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
+            words = words[1:]
+        return words
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int  # the line of the opening fence
+    lang: str
+    text: str
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(f"{self.lang}\n{self.text}".encode()).hexdigest()[:10]
+
+    @property
+    def first(self) -> str:
+        return self.text.splitlines()[0] if self.text else ""
+
+    def commands(self) -> list[Command]:
+        """The shell commands, a `\\`-continued line joined to the next; comment-only and
+        blank lines are no commands."""
+        commands: list[Command] = []
+        pending: list[str] = []
+        for line in self.text.splitlines():
+            if not pending and (not line.strip() or line.lstrip().startswith("#")):
+                continue
+            pending.append(line)
+            if not line.rstrip().endswith("\\"):
+                commands.append(Command("\n".join(pending)))
+                pending = []
+        assert not pending, f"README.md:{self.line}: a continuation line ends the block"
+        return commands
+
+
+FENCE = re.compile(r"^```(\S*)\s*$")
+
+
+def readme_blocks(text: str | None = None) -> list[Block]:
+    """Every fenced block of README.md (```python, ```sh, unlabelled), in order."""
+    lines = (README.read_text() if text is None else text).splitlines()
+    blocks: list[Block] = []
+    opened: tuple[int, str] | None = None
+    body: list[str] = []
+    for n, line in enumerate(lines, start=1):
+        fence = FENCE.match(line)
+        if opened is None:
+            if fence:
+                opened, body = (n, fence.group(1)), []
+        elif line.strip() == "```":
+            blocks.append(Block(opened[0], opened[1], "\n".join(body)))
+            opened = None
+        else:
+            body.append(line)
+    assert opened is None, f"README.md:{opened[0]}: a fence is never closed"
+    return blocks
+
+
+# -- how each block is verified -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NotCode:
+    first: str  # how the block's first line starts: for the reader of this table
+    why: str
+
+
+@dataclass(frozen=True)
+class Python:
+    first: str
+    then: str = ""  # this test's checks, run after the block in a copy of its namespace
+
+
+@dataclass(frozen=True)
+class Shell:
+    first: str
+    #: commands (as `Command.text`) started as long-running processes, then stopped
+    long_running: tuple[str, ...] = ()
+    #: commands (as `Command.text`) another test covers: "tests/...py::test_name", ...
+    covered: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: (as written, replacement): `{name}` in the replacement is a fixture's value
+    substitute: tuple[tuple[str, str], ...] = ()
+
+
+Verdict = NotCode | Python | Shell
+
+DEMO_TEST = "tests/system/test_demo.py::test_the_demo_runs_from_a_clean_clone_with_zero_duplicates"
+CHAOS_TEST = "tests/system/test_chaos.py::test_ci_sized_chaos_run_keeps_every_invariant"
+BENCH_TEST = "tests/system/test_bench_smoke.py::test_a_tiny_bench_run"
+
+MAKE_TEST = "test_make_test_runs_lint_types_contracts_and_the_suite"
+OUTBOX_TABLE = "case_closures"  # the outbox example creates it in the ledger's database
+#: checks after a block that published `op`: its message is queued, the operation prepared
+PUBLISHED = """
+import os, redis
+from opledger.ledger import Status
+queued = redis.Redis.from_url(os.environ["OPLEDGER_BROKER_URL"]).lrange("dispatch", 0, -1)
+assert any(op.id.encode() in message for message in queued), queued
+assert ledger.get(op.id).status is Status.PREPARED
+"""
+
+BLOCKS: dict[str, Verdict] = {
+    "bc85dd4839": Shell(
+        "make demo    # creates .venv",
+        covered={
+            "make demo": (DEMO_TEST,),
+            "make test": (f"tests/integration/{Path(__file__).name}::{MAKE_TEST}",),
+        },
+    ),
+    "d07fc9230e": NotCode(
+        "16 operations: 0 duplicate effects,",
+        "what `make demo` prints last",
+    ),
+    "7b2fd8a3f6": Python(
+        "import os",
+        then="""
+from opledger.ledger import Status
+assert ledger.get(op.id).status is Status.CONFIRMED, ledger.history(op.id)
+""",
+    ),
+    "373532f36c": Shell(
+        "opledger sandbox --port 8025 &",
+        substitute=(("8025", "{port}"),),
+    ),
+    "4a26eb5ebd": Python(
+        "from datetime import timedelta",
+        then="""
+from opledger.adapters.registry import Registry
+from opledger.ledger import Ledger
+adapter = TicketAdapter("https://tickets.example.test")
+registry = Registry([adapter])
+assert registry.provider_for("tickets.create.v1") == "tickets"
+tickets = Ledger(ledger.engine, actions=registry)
+assert tickets.actions.provider_for("tickets.create.v1") == "tickets"
+assert adapter.lookup(None, []).verdict == "inconclusive"
+assert adapter.contract_probe(1)[0] in adapter.actions
+adapter.client.close()
+""",
+    ),
+    "990d1ffa6a": Python(
+        "from opledger.tasks.app import dispatch, runtime",
+        then=PUBLISHED,
+    ),
+    "fbb4bbe03e": Python(
+        "from sqlalchemy import text",
+        then=PUBLISHED
+        + f"""
+with ledger.engine.connect() as conn:
+    rows = conn.execute(text("SELECT case_id FROM {OUTBOX_TABLE}")).scalars().all()
+assert "case-319" in rows, rows
+""",
+    ),
+    "3d012deb05": Shell(
+        "opledger migrate",
+        long_running=(
+            "opledger worker -c 4",
+            "opledger beat",
+            "OPLEDGER_FLOWER_PASSWORD=... opledger flower --port 5555",
+        ),
+        substitute=(
+            ("op_01J...", "{op}"),
+            ("OPLEDGER_FLOWER_PASSWORD=...", "OPLEDGER_FLOWER_PASSWORD={flower_password}"),
+            ("--port 5555", "--port {flower_port}"),
+        ),
+    ),
+    "42d813b964": Shell(
+        "OPLEDGER_FLOWER_PASSWORD=change-me docker compose up -d --scale worker=3",
+        # no Docker engine here, and it would start services of its own: the compose
+        # file's services, settings, scaling and Flower's password are checked instead
+        covered={
+            "OPLEDGER_FLOWER_PASSWORD=change-me docker compose up -d --scale worker=3": (
+                "tests/unit/test_compose.py::test_every_service_is_there_with_a_healthcheck_where_it_matters",
+                "tests/unit/test_compose.py::test_opledger_services_run_real_commands_with_real_settings",
+                "tests/unit/test_compose.py::test_flower_is_never_open_without_a_password",
+            )
+        },
+    ),
+    "bdef7a5f1c": Shell(
+        "opledger review list --tenant acme --older-than 2h --action 'email.*'",
+        substitute=(("op_01J...", "{op}"),),
+    ),
+    "5098a4d433": Shell(
+        "OPLEDGER_CRASHPOINT=dispatch.after_call opledger worker      # die there",
+        long_running=(
+            "OPLEDGER_CRASHPOINT=dispatch.after_call opledger worker",
+            "OPLEDGER_CRASHPOINT=dispatch.after_call:3 opledger worker",
+            "OPLEDGER_CRASHPOINT=dispatch.before_call OPLEDGER_CRASHPOINT_SIGNAL=SIGSTOP "
+            "opledger worker",
+        ),
+    ),
+    "09cc3a909b": Shell(
+        "opledger chaos --ops 200 --seed 7",
+        covered={
+            "opledger chaos --ops 200 --seed 7": (CHAOS_TEST,),
+            "opledger chaos --ops 5000 --seed 42 --workers 2 --kill-every 1 --redis-restarts 3 "
+            "--restart-postgres --chaos-seconds 300 --settle-timeout 900 --json": (CHAOS_TEST,),
+        },
+    ),
+    "2bf69f9ce9": Shell(
+        "opledger migrate                      # apply the ledger's migrations",
+        long_running=("opledger sandbox --port 8025",),
+        covered={
+            "opledger demo [--keep]": (DEMO_TEST,),
+            "opledger chaos --ops 200 --seed 7": (CHAOS_TEST,),
+            "opledger bench [--quick] [--json]": (BENCH_TEST,),
+        },
+        substitute=(
+            ("op_01J...", "{op}"),
+            ("--port 8025", "--port {port}"),  # the sandbox the contract check talks to
+            ("[--keep]", "--keep"),
+            ("[--quick] [--json]", "--quick --json"),
+        ),
+    ),
+    "cefc9d1460": NotCode(
+        "opledger/ledger/     the core:",
+        "the directory layout",
+    ),
+}
+
+
+def verdict_of(block: Block) -> Verdict:
+    verdict = BLOCKS.get(block.key)
+    assert verdict is not None, (
+        f"README.md:{block.line}: a new README block needs a way to be tested: add "
+        f"{block.key!r} (```{block.lang}, first line {block.first!r}) to BLOCKS in "
+        f"{Path(__file__).name}"
+    )
+    assert block.first.startswith(verdict.first), (block.line, verdict.first, block.first)
+    return verdict
+
+
+# -- running them -------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a process started in a session of its own, and whatever it started (killed if
+    it takes more than a moment: its shutdown is not what is being checked)."""
+    for sig, wait in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
+        deadline = time.monotonic() + wait
+        try:
+            os.killpg(proc.pid, sig)
+            while time.monotonic() < deadline:
+                proc.poll()  # reaped, the leader no longer counts as one of the group
+                os.killpg(proc.pid, 0)  # anyone left?
+                time.sleep(0.05)
+        except ProcessLookupError:
+            break
+    proc.wait(timeout=5)
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return text[-chars:]
+
+
+@dataclass
+class Outcome:
+    what: str
+    problem: str | None = None
+
+
+def run_script(where: str, script: str, env: dict[str, str], workdir: Path) -> Outcome:
+    """`bash -euxo pipefail` over the commands, in `workdir`; every process it left
+    running in the background is stopped afterwards."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "block.sh").write_text(script + "\n")
+    out, err = workdir / "stdout", workdir / "stderr"
+    with out.open("wb") as o, err.open("wb") as e:
+        proc = subprocess.Popen(
+            ["bash", "-euxo", "pipefail", "block.sh"],
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=o,
+            stderr=e,
+            start_new_session=True,
+        )
+        try:
+            code: int | None = proc.wait(timeout=SCRIPT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            _stop(proc)
+    if code == 0:
+        return Outcome(where)
+    said = "timed out" if code is None else f"exited {code}"
+    return Outcome(
+        where,
+        f"{said}\n--- script\n{script}\n--- stdout\n{_tail(out)}\n--- stderr\n{_tail(err)}",
+    )
+
+
+def run_long(where: str, command: str, env: dict[str, str], workdir: Path) -> Outcome:
+    """Start a long-running command as written; it must get ready (or still run after the
+    grace period, or exit 0), and is then stopped."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = workdir / "output"
+    ready = READY[Command(command).program[1]]
+    with out.open("wb") as o:
+        proc = subprocess.Popen(
+            ["bash", "-euo", "pipefail", "-c", command],
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=o,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + LONG_RUNNING_GRACE
+            while time.monotonic() < deadline and proc.poll() is None:
+                if ready.search(out.read_text(errors="replace")):
+                    break
+                time.sleep(0.2)
+            code = proc.poll()
+        finally:
+            _stop(proc)
+    if code in (None, 0):
+        return Outcome(where)
+    return Outcome(where, f"{command!r} exited {code}\n{_tail(out)}")
+
+
+def parses(words: list[str]) -> None:
+    """`opledger ARGS` resolves to a command whose options all exist (nothing runs)."""
+    assert words[0] == "opledger", words
+    command: Any = typer.main.get_command(cli_app)
+    ctx = command.make_context("opledger", words[1:])
+    while hasattr(command, "resolve_command"):  # a group: on to the subcommand
+        protected = getattr(ctx, "protected_args", None) or getattr(ctx, "_protected_args", [])
+        name, command, rest = command.resolve_command(ctx, [*protected, *ctx.args])
+        ctx = command.make_context(name, rest, parent=ctx)
+
+
+def names_a_test(node: str) -> bool:
+    """`node` ("tests/...py::test_name") is a test function of this repository."""
+    path, _, name = node.partition("::")
+    file = REPO / path
+    found = (
+        re.search(rf"^def {re.escape(name)}\(", file.read_text(), re.M) if file.is_file() else None
+    )
+    return name.startswith("test_") and found is not None
+
+
+def make_dry_run(*targets: str) -> subprocess.CompletedProcess[str]:
+    """`make -n TARGETS` in the repository: what they would run, nothing run."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    return subprocess.run(
+        ["make", "-n", "-C", str(REPO), *targets], capture_output=True, text=True, env=env
+    )
+
+
+@dataclass
+class Plan:
+    """A shell block's commands, the placeholders replaced, by how they are verified."""
+
+    run: list[Command]  # as written, in order, by one `bash -euo pipefail`
+    long_running: list[Command]
+    covered: list[tuple[str, Command]]  # (the table's key, the command)
+
+
+def plan(block: Block, verdict: Shell, values: Mapping[str, str]) -> Plan:
+    commands = block.commands()
+    texts = [c.text for c in commands]
+    for name in (*verdict.long_running, *verdict.covered):
+        assert name in texts, f"README.md:{block.line}: BLOCKS names {name!r}, not in the block"
+    for placeholder, _ in verdict.substitute:
+        assert placeholder in block.text, f"README.md:{block.line}: no {placeholder!r} to replace"
+
+    def substituted(command: Command) -> Command:
+        raw = command.raw
+        for placeholder, replacement in verdict.substitute:
+            raw = raw.replace(placeholder, replacement.format(**values))
+        return Command(raw)
+
+    return Plan(
+        run=[
+            substituted(c)
+            for c in commands
+            if c.text not in verdict.long_running and c.text not in verdict.covered
+        ],
+        long_running=[substituted(c) for c in commands if c.text in verdict.long_running],
+        covered=[(c.text, substituted(c)) for c in commands if c.text in verdict.covered],
+    )
+
+
+#: runs the Python blocks in one namespace, README line numbers in any traceback
+DRIVER = r"""
+import json, sys, traceback
+
+ns = {"__name__": "__main__"}
+for block in json.load(open(sys.argv[1])):
+    where = f"README.md:{block['line']}"
+    try:
+        exec(compile("\n" * block["line"] + block["text"], "README.md", "exec"), ns)
+    except BaseException:
+        print(f"{where}: the block failed as written", file=sys.stderr)
+        traceback.print_exc()
+        sys.exit(1)
+    if block["then"]:
+        try:
+            exec(compile(block["then"], f"<checks after {where}>", "exec"), dict(ns))
+        except BaseException:
+            print(f"{where}: the block ran, but did not do what it says", file=sys.stderr)
+            traceback.print_exc()
+            sys.exit(2)
+"""
+
+
+# -- fixtures -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def broker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Database 14 of the Redis on 127.0.0.1:6379, or of a private one when none answers
+    there (as the system tests start)."""
+    local = redis.Redis.from_url(BROKER_URL, socket_connect_timeout=2)
+    try:
+        local.ping()
+    except redis.RedisError:
+        server = PrivateRedis(tmp_path_factory.mktemp("readme-redis"))
+        server.start()
+        try:
+            yield server.url.rsplit("/", 1)[0] + "/14"
+        finally:
+            server.kill()
+    else:
+        yield BROKER_URL
+    finally:
+        local.close()
+
+
+@pytest.fixture
+def broker(broker_server: str) -> Iterator[str]:
+    """The broker, empty before and after."""
+    client = redis.Redis.from_url(broker_server)
+    client.flushdb()
+    yield broker_server
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def readme_env(ledger: Ledger, database_url: str, broker: str, sandbox: Sandbox) -> dict[str, str]:
+    """What a reader has set up: the ledger's database (migrated, emptied), the broker, the
+    providers (the sandbox) and the virtualenv on PATH; no other OPLEDGER_ setting."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
+    env.update(
+        PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        PYTHONUNBUFFERED="1",
+        COLUMNS="120",
+        OPLEDGER_DATABASE_URL=database_url,
+        OPLEDGER_BROKER_URL=broker,
+        OPLEDGER_CRM_URL=sandbox.http_url,
+        OPLEDGER_EMAIL_URL=sandbox.http_url,
+        OPLEDGER_SMTP_HOST=sandbox.smtp_host,
+        OPLEDGER_SMTP_PORT=str(sandbox.smtp_port),
+    )
+    return env
+
+
+@pytest.fixture
+def values(ledger: Ledger) -> dict[str, str]:
+    """The placeholders' values: an operation of tenant acme held for review (its response
+    was lost), free ports, a Flower password."""
+    ref = ledger.grant(tenant="acme", scope=["crm.*"], granted_by="readme", ref="auth_readme").ref
+    op = ledger.prepare(
+        tenant="acme",
+        workflow_id="readme",
+        intent_key="close-case",
+        action="crm.close_case.v1",
+        target="case-318",
+        payload={"note": "resolved"},
+        authorization_ref=ref,
+    )
+    claim = ledger.claim(op.id, owner="readme", lease=timedelta(seconds=30))
+    assert claim is not None
+    lost = Ambiguous(code="timeout", reason="the response was lost")
+    unknown = ledger.record_outcome(claim, lost)
+    assert ledger.open_review(op.id, fence=unknown.fence, reason="nothing can tell") is not None
+    return {
+        "op": op.id,
+        "port": str(_free_port()),
+        "flower_port": str(_free_port()),
+        "flower_password": "readme-test",
+    }
+
+
+# -- the tests ----------------------------------------------------------------------------
+
+
+def test_every_block_is_known_and_every_entry_is_a_block() -> None:
+    blocks = readme_blocks()
+    assert blocks, "README.md has no code blocks?"
+    unknown = [b for b in blocks if b.key not in BLOCKS]
+    assert not unknown, "\n".join(
+        f"README.md:{b.line}: a new README block needs a way to be tested: add "
+        f"{b.key!r} (```{b.lang}, first line {b.first!r}) to BLOCKS"
+        for b in unknown
+    )
+    stale = set(BLOCKS) - {b.key for b in blocks}
+    assert not stale, f"BLOCKS names blocks README.md no longer has: {sorted(stale)}"
+    for block in blocks:
+        verdict = verdict_of(block)
+        if block.lang == "python":
+            assert isinstance(verdict, Python), block.line
+        elif isinstance(verdict, Shell):
+            assert block.lang == "sh", block.line
+
+
+def test_the_extraction_finds_every_kind_of_fence() -> None:
+    text = "a\n```python\nx = 1\n```\n\n```sh\necho a \\\n  b  # c\n# d\n```\n```\nout\n```\n"
+    blocks = readme_blocks(text)
+    assert [(b.line, b.lang, b.text) for b in blocks] == [
+        (2, "python", "x = 1"),
+        (6, "sh", "echo a \\\n  b  # c\n# d"),
+        (11, "", "out"),
+    ]
+    assert [c.text for c in blocks[1].commands()] == ["echo a b"]
+
+
+def test_the_python_blocks_run_in_order_in_one_session(
+    readme_env: dict[str, str], ledger: Ledger, tmp_path: Path
+) -> None:
+    blocks = [
+        {"line": b.line, "text": b.text, "then": verdict.then}
+        for b in readme_blocks()
+        if isinstance(verdict := verdict_of(b), Python)
+    ]
+    (tmp_path / "blocks.json").write_text(json.dumps(blocks))
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", DRIVER, "blocks.json"],
+            cwd=tmp_path,
+            env=readme_env,
+            capture_output=True,
+            text=True,
+            timeout=SCRIPT_TIMEOUT,
+        )
+    finally:
+        with ledger.engine.begin() as conn:  # the outbox example's business table
+            conn.execute(text(f"DROP TABLE IF EXISTS {OUTBOX_TABLE}"))
+    if run.returncode:
+        pytest.fail(run.stderr[-6000:], pytrace=False)
+
+
+@pytest.mark.timeout(300)  # about 40 s; more on a busy machine, each job has its own timeout
+def test_the_shell_blocks_run_as_written(
+    readme_env: dict[str, str], values: dict[str, str], tmp_path: Path
+) -> None:
+    """Every block's commands and every long-running process, side by side."""
+    jobs: list[tuple[Callable[[str, str, dict[str, str], Path], Outcome], str, str, Path]] = []
+    seen: set[str] = set()
+    for block in readme_blocks():
+        verdict = verdict_of(block)
+        if not isinstance(verdict, Shell):
+            continue
+        steps = plan(block, verdict, values)
+        here = tmp_path / f"block{block.line}"
+        script = [c.raw for c in steps.run if c.text not in seen]
+        seen.update(c.text.removesuffix(" &") for c in steps.run)
+        if script:
+            jobs.append((run_script, f"README.md:{block.line}", "\n".join(script), here))
+        for n, command in enumerate(steps.long_running):
+            if command.text in seen:
+                continue  # an earlier block runs it, in the background
+            where = f"README.md:{block.line} (long-running)"
+            jobs.append((run_long, where, command.raw, here / f"long{n}"))
+    jobs.sort(key=lambda job: -len(job[2].splitlines()))  # the longest script first
+    with ThreadPoolExecutor(max_workers=LANES) as pool:
+        futures = [pool.submit(fn, where, what, readme_env, here) for fn, where, what, here in jobs]
+        outcomes = [f.result() for f in futures]
+    problems = [f"{o.what}: {o.problem}" for o in outcomes if o.problem]
+    if problems:
+        pytest.fail("\n\n".join(problems), pytrace=False)
+
+
+def test_covered_commands_name_real_tests_and_still_parse() -> None:
+    values = dict.fromkeys(("op", "port", "flower_port", "flower_password"), "1")
+    for block in readme_blocks():
+        verdict = verdict_of(block)
+        if not isinstance(verdict, Shell):
+            continue
+        for key, command in plan(block, verdict, values).covered:
+            for node in verdict.covered[key]:
+                assert names_a_test(node), f"README.md:{block.line}: {key!r}: no test {node}"
+            words = command.program
+            if words[0] == "opledger":
+                parses(words)
+            elif words[0] == "make":
+                dry = make_dry_run(*words[1:])
+                assert dry.returncode == 0, (key, dry.stderr)
+                if words[1:] == ["demo"]:  # what the demo's test runs
+                    assert "bin/opledger demo" in dry.stdout, dry.stdout
+
+
+def test_make_test_runs_lint_types_contracts_and_the_suite() -> None:
+    """`make test` is what runs this suite: it is covered by running at all; what it runs
+    is what the README says (ruff, mypy, import-linter, then the whole suite)."""
+    dry = make_dry_run("test")
+    assert dry.returncode == 0, dry.stderr
+    steps = [
+        line.split()[0].rsplit("/", 1)[-1] for line in dry.stdout.splitlines() if "/bin/" in line
+    ]
+    assert [s for s in steps if s in ("ruff", "mypy", "lint-imports", "pytest")] == [
+        "ruff",
+        "ruff",
+        "mypy",
+        "lint-imports",
+        "pytest",
+    ], dry.stdout
