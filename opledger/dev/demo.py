@@ -37,6 +37,7 @@ from opledger.ledger.migrate import upgrade
 from opledger.settings import Settings
 
 OWNER = "owner@acme.test"
+CASE = "case-318"
 KILLED = "exited with 'signal 9 (SIGKILL)'"
 
 
@@ -135,25 +136,25 @@ class Story:
 
     # -- the two operations of the story ------------------------------------------------------
 
-    def prepare(self, scenario: str, what: str, *, action: str | None = None, **over: Any) -> str:
+    def prepare(
+        self, scenario: str, intent_key: str, *, action: str = "crm.close_case.v1", **over: Any
+    ) -> str:
+        """The agent's step: close case-318 (any CRM action) or email the owner (any email
+        action). What it does follows from the action, so its label always says it."""
         intent: dict[str, Any]
-        if what == "close":
+        if action.startswith("email."):
             intent = dict(
-                action=action or "crm.close_case.v1",
-                target="case-318",
-                payload={"status": "closed", "note": "Onboarding complete"},
-            )
-        else:
-            intent = dict(
-                action=action or "email.send.v1",
                 target=OWNER,
                 payload={"to": OWNER, "subject": "Case 318 is closed", "text": "All set."},
             )
+        else:
+            intent = dict(target=CASE, payload={"status": "closed", "note": "Onboarding complete"})
         intent.update(over)
         op = self.ledger.prepare(
             tenant="acme",
             workflow_id=f"onboarding-42/{self.run}/{scenario}",
-            intent_key=what,
+            intent_key=intent_key,
+            action=action,
             authorization_ref="auth_demo_agent",
             **intent,
         )
@@ -189,7 +190,7 @@ class Story:
         outcome, effects, reviews = [], [], []
         for op_id in op_ids:
             h = self.ledger.history(op_id)
-            label = _label(h.operation.action)
+            label = _label(h.operation.action, h.operation.target)
             status = h.operation.status.value
             accepted = any(
                 e.detail.get("accepted_only") for e in h.evidence if e.verdict == "confirmed"
@@ -206,22 +207,23 @@ class Story:
         )
 
 
-def _label(action: str) -> str:
-    if action.startswith("email.smtp"):
-        return "email (SMTP)"
+def _label(action: str, target: str) -> str:
+    """What the operation does, from its own action and target."""
     if action.startswith("email."):
-        return "email owner"
+        who = "owner" if target == OWNER else target
+        return f"email {who} (SMTP)" if action.startswith("email.smtp") else f"email {who}"
     kind = next((k for k in KINDS if k.action == action), None)
     if kind is None or kind.namespace == "crm":
-        return "close case"
-    return f"close case (CRM: {kind.name})"
+        return f"close {target}"
+    return f"close {target} (CRM: {kind.name})"
 
 
 # -- the scenarios ------------------------------------------------------------------------------
 
 
 def happy(story: Story) -> Row:
-    close, email = story.prepare("happy", "close"), story.prepare("happy", "email")
+    close = story.prepare("happy", "close")
+    email = story.prepare("happy", "email", action="email.send.v1")
     story.send(close, email)
     story.settle([close, email])
     return story.row("the story", "nothing", [close, email])
@@ -261,7 +263,7 @@ def response_dropped(story: Story) -> Row:
 
 def receipt_lost(story: Story) -> Row:
     story.restart_worker(OPLEDGER_CRASHPOINT="dispatch.after_call")
-    email = story.prepare("receipt-lost", "email")
+    email = story.prepare("receipt-lost", "email", action="email.send.v1")
     smtp = story.prepare("receipt-lost", "email-smtp", action="email.smtp_send.v1")
     story.send(email, smtp)  # two pool processes: each dies after its provider answered
 
@@ -333,7 +335,8 @@ def unsafe_retries(story: Story) -> Row:
 
 def after_save(story: Story) -> Row:
     story.restart_worker(OPLEDGER_CRASHPOINT="dispatch.after_save")
-    close, email = story.prepare("after-save", "close"), story.prepare("after-save", "email")
+    close = story.prepare("after-save", "close")
+    email = story.prepare("after-save", "email", action="email.send.v1")
     story.send(close, email)
     wait_until(lambda: story.crashes() >= 2, 30, "the crashes")
     story.restart_worker()
@@ -349,7 +352,8 @@ def redis_restart(story: Story) -> Row | None:
     if story.svc.redis is None:
         return None  # a configured broker is not ours to restart
     story.stack.kill_worker("agent-worker")
-    close, email = story.prepare("redis", "close"), story.prepare("redis", "email")
+    close = story.prepare("redis", "close")
+    email = story.prepare("redis", "email", action="email.send.v1")
     story.send(close, email)
     story.svc.redis.restart()
     story.stack.start_worker("agent-worker")
@@ -366,7 +370,8 @@ def postgres_restart(story: Story) -> Row | None:
     if story.svc.postgres is None:
         return None  # a configured database is not ours to restart
     story.sandbox.configure(account="keyed-status", processing_s=0.5)
-    close, email = story.prepare("postgres", "close"), story.prepare("postgres", "email")
+    close = story.prepare("postgres", "close")
+    email = story.prepare("postgres", "email", action="email.send.v1")
     story.send(close, email)
     wait_until(lambda: story.sandbox.truth()["requests"].get(f"crm:{close}"), 20, "the call")
     story.svc.postgres.restart()
