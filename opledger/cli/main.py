@@ -452,14 +452,21 @@ def flower(
     port: Annotated[int, typer.Option(help="HTTP port.")] = 5555,
     address: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
 ) -> None:
-    """Run Flower against opledger's workers, behind basic auth from the settings."""
+    """Run Flower against opledger's workers, behind basic auth from the settings: every
+    page, the API, /metrics and /healthcheck alike."""
     ensure_services()
+    from opledger.cli.flower_auth import require_auth_everywhere
     from opledger.tasks.app import app as celery_app
 
     settings = get_settings()
     if not settings.flower_password:
         console.print("[red]set OPLEDGER_FLOWER_PASSWORD: Flower never runs without auth[/red]")
         raise typer.Exit(2)
+    try:
+        require_auth_everywhere()
+    except RuntimeError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
     celery_app.start(
         [
             "flower",
