@@ -31,6 +31,7 @@ SIGTERM; only a successful `--keep` run leaves them, with the stack running.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import shutil
@@ -145,7 +146,8 @@ def services(keep: bool, phase: Callable[[str], None]) -> Iterator[Services]:
         parent = Path(state).resolve() if state else None
         if parent is not None:
             parent.mkdir(parents=True, exist_ok=True)
-        workdir = Path(tempfile.mkdtemp(prefix="opledger-demo-", dir=parent)).resolve()
+        workdir = Path(tempfile.mkdtemp(prefix=f"opledger-demo-{os.getpid()}-", dir=parent))
+        workdir = workdir.resolve()
         holder: list[Services] = []
 
         def unless_kept(stop: Callable[[], None]) -> Callable[[], None]:
@@ -157,7 +159,8 @@ def services(keep: bool, phase: Callable[[str], None]) -> Iterator[Services]:
 
         stack.callback(unless_kept(lambda: shutil.rmtree(workdir, ignore_errors=True)))
         server_url = os.environ.get("OPLEDGER_DATABASE_URL")
-        rundir = None if server_url else Path(tempfile.mkdtemp(prefix="opl-", dir=_memory()))
+        prefix = f"opl-{os.getpid()}-"  # short (a socket goes there); says whose it is
+        rundir = None if server_url else Path(tempfile.mkdtemp(prefix=prefix, dir=_memory()))
         if rundir is not None:
             rundir = rundir.resolve()
             stack.callback(unless_kept(lambda: shutil.rmtree(rundir, ignore_errors=True)))
@@ -873,6 +876,7 @@ def run_demo(
         story = Story(svc, phase)
         svc.cleanup.append(story.stack.stop_all)
         svc.cleanup.append(story.workers.stop_all)
+        rows: list[Row] = []
         try:
             story.start(flower=keep)
             totals = Audit()
@@ -884,6 +888,7 @@ def run_demo(
                 if row is None:
                     continue
                 done[0] += 1
+                rows.append(row)
                 on_row(row)
                 part = audit(story.ledger, svc.sandbox.truth(), story.all_ops[before:])
                 for name in (
@@ -904,6 +909,8 @@ def run_demo(
             raise
         summary: dict[str, Any] = {key: value for key, value in totals.as_dict().items()}
         summary["elapsed_s"] = round(time.monotonic() - started, 1)
+        summary["rows"] = [dataclasses.asdict(row) for row in rows]
+        summary["dirs"] = [str(d) for d in (svc.workdir, svc.rundir) if d is not None]
         if keep:
             summary["urls"] = _keep(story, svc)
         else:
