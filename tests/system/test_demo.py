@@ -112,24 +112,24 @@ def test_an_interrupted_demo_stops_everything_and_leaves_nothing(
 ) -> None:
     stack.stop_all()
     env = _env(REPO, tmp_path)
-    run = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-m", "opledger.cli", "demo"],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-    )
-    assert run.stdout is not None
-    seen = []
-    for line in run.stdout:  # until a crash scenario runs: every kind of process is up
-        seen.append(line)
-        if "scenario 3/9" in line:
-            break
-    else:
-        pytest.fail("".join(seen[-50:]))
-    run.send_signal(signal.SIGTERM)
-    rest = run.stdout.read()
-    assert run.wait(timeout=60) == 128 + signal.SIGTERM, rest[-3000:]
+    ) as run:
+        assert run.stdout is not None
+        seen = []
+        for line in run.stdout:  # until the workers, beat, Postgres, Redis, sandbox are up
+            seen.append(line)
+            if "scenario 2/9" in line:
+                break
+        else:
+            pytest.fail("".join(seen[-50:]))
+        run.send_signal(signal.SIGTERM)
+        rest = run.stdout.read()
+        assert run.wait(timeout=60) == 128 + signal.SIGTERM, rest[-3000:]
     assert "interrupted by SIGTERM: every process stopped" in rest
     assert _left_behind(tmp_path, run.pid) == []
