@@ -899,14 +899,21 @@ def flower(
     port: Annotated[int, typer.Option(help="HTTP port.")] = 5555,
     address: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
 ) -> None:
-    """Run Flower against opledger's workers, behind basic auth from the settings."""
+    """Run Flower against opledger's workers, behind basic auth from the settings: every
+    page, the API, /metrics and /healthcheck alike."""
     ensure_services()
+    from opledger.cli.flower_auth import require_auth_everywhere
     from opledger.tasks.app import app as celery_app
 
     settings = get_settings()
     if not settings.flower_password:
         console.print("[red]set OPLEDGER_FLOWER_PASSWORD: Flower never runs without auth[/red]")
         raise typer.Exit(2)
+    try:
+        require_auth_everywhere()
+    except RuntimeError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
     celery_app.start(
         [
             "flower",
@@ -998,31 +1005,65 @@ def chaos(
 @app.command()
 def demo(
     keep: Annotated[
-        bool, typer.Option("--keep", help="Leave the stack and Flower running; print their URLs.")
+        bool,
+        typer.Option(
+            "--keep", help="Leave the stack running, with Flower from the start; print URLs."
+        ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Also print a JSON summary.")] = False,
 ) -> None:
     """The onboarding story, then the same story broken at every crash window."""
     import json
+    import time
+
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+    from rich.table import Column
 
     from opledger.dev.chaos.stack import Interrupted, stop_on_signals
-    from opledger.dev.demo import Row, run_demo
+    from opledger.dev.demo import Row, planned_scenarios, run_demo
 
+    started = time.monotonic()
     console.print(
         "[bold]opledger demo[/bold]: an agent closes case-318 in the CRM and emails the "
-        "account owner — two operations — on real Postgres, Redis, a Celery worker and beat, "
-        "and sandbox providers. Then the worker is broken at every crash window.\n"
+        "account owner — two operations — on real Postgres, Redis, Celery workers and beat, "
+        "and sandbox providers. Then the workers are broken at every crash window.\n"
     )
     table = Table("scenario", "what was broken", "final status", "provider effects", "review")
+    bar = Progress(
+        SpinnerColumn(),
+        TimeElapsedColumn(),
+        BarColumn(bar_width=12),
+        MofNCompleteColumn(),
+        TextColumn(
+            "scenarios · {task.description}",
+            table_column=Column(no_wrap=True, overflow="ellipsis"),
+        ),
+        console=console,
+        transient=True,
+    )
+    task = bar.add_task("starting", total=planned_scenarios())
+
+    def on_phase(text: str, done: int, total: int) -> None:
+        bar.update(task, description=text, completed=done, total=total)
+        if not console.is_terminal:  # no live bar in a log: one line per phase
+            console.print(f"[dim]{time.monotonic() - started:5.1f}s {text}[/dim]")
 
     def on_row(row: Row) -> None:
         console.print(f"[dim]... {row.scenario}[/dim]")
         table.add_row(row.scenario, row.broken, row.outcome, row.effects, row.review)
 
-    with stop_on_signals():
+    with stop_on_signals(), bar:
         try:
-            summary = run_demo(keep=keep, on_row=on_row)
+            summary = run_demo(keep=keep, on_row=on_row, on_phase=on_phase)
         except Interrupted as stop:
+            bar.stop()
             console.print(f"[red]{stop}: every process stopped, temporary files removed[/red]")
             raise typer.Exit(stop.exit_code) from None
     console.print(table)
@@ -1037,8 +1078,14 @@ def demo(
     for problem in summary["problems"]:
         console.print(f"[red]{problem}[/red]")
     if keep:
+        console.print("\n[bold]Still running[/bold] (Flower saw every task above):")
         for name, url in summary["urls"].items():
-            console.print(f"{name}: {url}")
+            console.print(f"{name}: {url}", soft_wrap=True)
+    else:
+        console.print(
+            f"[dim]{time.monotonic() - started:.0f} s; every process stopped, every temporary "
+            "file removed.[/dim]"
+        )
     if as_json:
         print(json.dumps({k: v for k, v in summary.items() if k != "urls"}))
     if style == "red":
