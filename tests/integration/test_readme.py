@@ -201,7 +201,7 @@ assert ledger.get(op.id).status is Status.PREPARED
 """
 
 BLOCKS: dict[str, Verdict] = {
-    "bc85dd4839": Shell(
+    "21fbacf3b6": Shell(
         "make demo    # creates .venv",
         covered={
             "make demo": (DEMO_TEST,),
