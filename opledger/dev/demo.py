@@ -439,6 +439,29 @@ class Workers:
         except AssertionError as exc:
             raise AssertionError(f"{exc}; errors while sending: {errors[-3:]}") from None
 
+    def wait_idle(self, name: str) -> None:
+        """Until `name` runs no task and holds none. (kombu 5.7: a worker holding an
+        unacknowledged message when Redis restarts may die of an AttributeError while it
+        gives the message back.)"""
+        from opledger.tasks.app import app
+
+        host = self.hostname(name)
+        errors: list[str] = []
+
+        def idle() -> bool:
+            inspect = app.control.inspect(destination=[host], timeout=1.0)
+            try:
+                active, reserved = inspect.active() or {}, inspect.reserved() or {}
+            except Exception as exc:  # a connection to a Redis restarted since: again
+                errors.append(repr(exc))
+                return False
+            return host in active and not active[host] and not reserved.get(host)
+
+        try:
+            wait_until(idle, 20, f"worker {name} to finish its tasks", every=POLL_S)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; errors while asking: {errors[-3:]}") from None
+
     def kill(self, name: str) -> None:
         self.procs.pop(name).kill()
         self._ready.discard(name)
@@ -585,7 +608,8 @@ class Story:
         assert self.armed is not None
         if again:
             self.workers.deactivate(self.armed)
-            self.workers.warm(self.armed, 1)  # the process that died was replaced: warm it
+            # The process that died was replaced: two sweeps at once, so one reaches it.
+            self.workers.warm(self.armed, 2)
         else:
             self.workers.kill(self.armed)
         self.armed = None
@@ -800,12 +824,15 @@ def after_save(story: Story) -> Row:
 def redis_restart(story: Story) -> Row | None:
     if story.svc.redis is None:
         return None  # a configured broker is not ours to restart
-    story.workers.deactivate(story.AGENT)  # no worker takes the messages: they stay queued
+    # No worker takes the messages: they stay queued. The agent's worker stops taking any
+    # (the sweeps too) and finishes what it holds first; see `Workers.wait_idle`.
+    story.workers.deactivate(story.AGENT, QUEUES)
+    story.workers.wait_idle(story.AGENT)
     close = story.prepare("redis", "close")
     email = story.prepare("redis", "email", action="email.send.v1")
     story.send(close, email)
     story.svc.redis.restart()
-    story.workers.activate(story.AGENT)  # once it has reconnected
+    story.workers.activate(story.AGENT, QUEUES)  # once it has reconnected
     story.settle([close, email])
     return story.row(
         "+ Redis restarted, messages lost",
