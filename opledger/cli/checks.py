@@ -59,6 +59,9 @@ def _checks(env: Mapping[str, str], *, broker: bool, database: bool) -> Iterator
     registry_check, registry = _registry(settings)
     yield registry_check
     yield _consistency(settings, registry)
+    lease = _lease(settings, registry)
+    if lease is not None:
+        yield lease
     if database:
         if not settings.database_url and not settings.dev:
             yield Check("postgres", False, "OPLEDGER_DATABASE_URL is not set")
@@ -101,18 +104,26 @@ def _registry(settings: Settings) -> tuple[Check, Any]:
     return Check("adapters", True, f"{len(registry.actions)} actions ({actions})"), registry
 
 
+def _lease(settings: Settings, registry: Any) -> Check | None:
+    """A lease no longer than a request timeout is safe (the fence and the send window
+    hold) but wasteful: the sweeper fences out workers whose call is still running."""
+    lease = timedelta(seconds=settings.lease_seconds)
+    for action in sorted(registry.actions if registry is not None else ()):
+        timeout = registry.adapter_for(action).contract.request_timeout
+        if timeout >= lease:
+            return Check(
+                "lease",
+                False,
+                f"OPLEDGER_LEASE_SECONDS ({lease.total_seconds():g}) is not longer than "
+                f"{action}'s request timeout ({timeout.total_seconds():g} s): safe, but the "
+                "sweeper will fence out workers whose call is still running",
+                warning=True,
+            )
+    return None
+
+
 def _consistency(settings: Settings, registry: Any) -> Check:
     problems = []
-    lease = timedelta(seconds=settings.lease_seconds)
-    if registry is not None:
-        for action in sorted(registry.actions):
-            timeout = registry.adapter_for(action).contract.request_timeout
-            if timeout >= lease:
-                problems.append(
-                    f"OPLEDGER_LEASE_SECONDS ({lease.total_seconds():g}) must exceed "
-                    f"{action}'s request timeout ({timeout.total_seconds():g} s)"
-                )
-                break
     if settings.visibility_timeout_seconds <= settings.task_time_limit_seconds:
         problems.append(
             f"OPLEDGER_VISIBILITY_TIMEOUT_SECONDS ({settings.visibility_timeout_seconds}) must "

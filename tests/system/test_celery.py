@@ -185,7 +185,7 @@ def test_the_beat_is_exclusive(running: Stack) -> None:
     wait_until(lambda: "Scheduler: Sending due task" in first.output(), 30, "the first beat")
     second = Proc("beat2", ["beat"], running.env, running.workdir / "beat2.log")
     try:
-        assert second.wait(timeout=30) == 1
+        assert second.wait(timeout=30) == 4  # operational: exactly one beat may run
         assert "another opledger beat" in second.output()
     finally:
         second.kill()  # already gone when the test passes

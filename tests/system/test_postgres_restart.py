@@ -85,7 +85,7 @@ def test_the_beat_takes_its_lock_again_after_a_postgres_restart(
     time.sleep(3)  # a guard period for it to hold the lock again
     second = Proc("beat2", ["beat"], stack.env, stack.workdir / "beat-after-restart.log")
     try:
-        assert second.wait(timeout=60) == 1
+        assert second.wait(timeout=60) == 4  # operational: exactly one beat may run
         assert "another opledger beat" in second.output()
     finally:
         second.kill()  # already gone when the test passes
