@@ -219,7 +219,7 @@ def _reached(
     return [a for a in attempts if a.n not in skipped]
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=1500, deadline=None)
 @given(histories())
 def test_the_decision_keeps_every_rule(history: tuple) -> None:  # type: ignore[type-arg]
     contract, op, attempts, evidence_items, auth, now = history
