@@ -26,7 +26,6 @@ from celery.signals import before_task_publish, worker_process_init
 
 from opledger.adapters.registry import Registry, load_registry
 from opledger.ledger import (
-    ClaimTerms,
     DatabaseUnavailable,
     Ledger,
     MalformedOperationId,
@@ -57,11 +56,6 @@ class Runtime:
     @property
     def lease(self) -> timedelta:
         return timedelta(seconds=self.settings.lease_seconds)
-
-    @property
-    def terms(self) -> ClaimTerms:
-        """The claim terms of this process's adapters (built once)."""
-        return self.registry.claim_terms(self.lease)
 
     @property
     def policy(self) -> ReviewPolicy:
