@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from opledger.ledger import Attempt, Authorization, Binding, Evidence, Operation, Status
+from opledger.ledger import Attempt, Authorization, Binding, Claim, Evidence, Operation, Status
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 OP_ID = "op_01ARZ3NDEKTSV4RRFFQ69G5FAV"
@@ -103,4 +103,22 @@ def grant(revoked: bool = False) -> Authorization:
         revoked_at=T0 if revoked else None,
         revoked_by="sec" if revoked else None,
         revoke_reason="x" if revoked else None,
+    )
+
+
+def claim(n: int = 1) -> Claim:
+    """A claim on `operation()`, attempt `n`, as a worker holds it (not issued by a ledger)."""
+    return Claim(
+        op_id=OP_ID,
+        fence=n,
+        token="t",
+        owner="w",
+        lease_expires_at=T0 + timedelta(seconds=60),
+        attempt_n=n,
+        started_at=T0,
+        deadline_at=T0 + timedelta(seconds=20),
+        idempotency_key=OP_ID,
+        payload={},
+        payload_canonical="{}",
+        operation=operation(),
     )

@@ -12,7 +12,7 @@ import pytest
 
 from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.adapters.registry import Registry
-from opledger.ledger import Ambiguous, Binding, Claim, Confirmed, Rejected, Status
+from opledger.ledger import Ambiguous, Binding, Confirmed, Rejected, Status
 from opledger.ledger.consequences import consequences
 from opledger.ledger.contract import Contract
 from opledger.ledger.decide import (
@@ -29,7 +29,7 @@ from opledger.ledger.decide import (
     decide,
 )
 
-from .histories import DIGEST, OP_ID, T0, attempt, evidence, grant, operation
+from .histories import DIGEST, OP_ID, T0, attempt, claim, evidence, grant, operation
 
 S = timedelta(seconds=1)
 AFTER = T0 + 60 * S  # past every attempt's 20 s deadline
@@ -43,24 +43,6 @@ def keyed(**facts: Any) -> Contract:
 
 def server_error(n: int = 1, **detail: Any) -> Any:
     return evidence("ambiguous", source="dispatch", attempt_n=n, code="server_error", **detail)
-
-
-def claim(n: int = 1) -> Claim:
-    op = operation()
-    return Claim(
-        op_id=OP_ID,
-        fence=n,
-        token="t",
-        owner="w",
-        lease_expires_at=T0 + 60 * S,
-        attempt_n=n,
-        started_at=T0,
-        deadline_at=T0 + 20 * S,
-        idempotency_key=OP_ID,
-        payload={},
-        payload_canonical="{}",
-        operation=op,
-    )
 
 
 # -- rule 10: a same-key retry is safe only where the key survives what happened ------------

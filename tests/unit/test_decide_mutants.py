@@ -17,7 +17,7 @@ import pytest
 from opledger.adapters.crm import crm_contract
 from opledger.adapters.email import email_contract
 from opledger.adapters.smtp import smtp_contract
-from opledger.ledger import Ambiguous, Binding, Claim, Confirmed, Rejected, Status
+from opledger.ledger import Ambiguous, Binding, Confirmed, Rejected, Status
 from opledger.ledger.contract import Contract
 from opledger.ledger.decide import (
     BINDING_MISMATCH,
@@ -40,7 +40,7 @@ from opledger.ledger.decide import (
     same_key_retry_risk,
 )
 
-from .histories import DIGEST, OP_ID, T0, attempt, evidence, grant, operation
+from .histories import DIGEST, OP_ID, T0, attempt, claim, evidence, grant, operation
 
 S = timedelta(seconds=1)
 KEYS = frozenset({OP_ID})
@@ -68,23 +68,6 @@ AFTER = T0 + 60 * S  # past a first attempt's 20 s deadline
 
 def dispatched(code: str, n: int = 1, **detail: Any) -> Any:
     return evidence("ambiguous", source="dispatch", attempt_n=n, code=code, **detail)
-
-
-def claim(n: int = 1) -> Claim:
-    return Claim(
-        op_id=OP_ID,
-        fence=n,
-        token="t",
-        owner="w",
-        lease_expires_at=T0 + 60 * S,
-        attempt_n=n,
-        started_at=T0,
-        deadline_at=T0 + 20 * S,
-        idempotency_key=OP_ID,
-        payload={},
-        payload_canonical="{}",
-        operation=operation(),
-    )
 
 
 # -- how durations are shown to a person -----------------------------------------------------
