@@ -66,14 +66,18 @@ def _checks(env: Mapping[str, str], *, broker: bool, database: bool) -> Iterator
         if not settings.database_url and not settings.dev:
             yield Check("postgres", False, "OPLEDGER_DATABASE_URL is not set")
         elif settings.database_url:
-            reachable = _postgres(settings.database_url)
-            yield reachable
-            if reachable.ok:
-                schema = _schema(settings.database_url)
-                yield schema
-                if schema.ok and registry is not None:
-                    yield _actions_served(settings.database_url, registry)
-                yield _beat_lock(settings.database_url)
+            engine = _engine(settings.database_url)
+            try:
+                reachable = _postgres(engine)
+                yield reachable
+                if reachable.ok:
+                    schema = _schema(engine, settings.database_url)
+                    yield schema
+                    if schema.ok and registry is not None:
+                        yield _actions_served(engine, registry)
+                    yield _beat_lock(engine)
+            finally:
+                engine.dispose()
     if broker:
         if not settings.broker_url and not settings.dev:
             yield Check("broker", False, "OPLEDGER_BROKER_URL is not set")
@@ -157,20 +161,16 @@ def _engine(url: str) -> Any:
     )
 
 
-def _postgres(url: str) -> Check:
+def _postgres(engine: Any) -> Check:
     def probe() -> str:
-        engine = _engine(url)
-        try:
-            with engine.connect() as conn:
-                version = conn.exec_driver_sql("SHOW server_version").scalar_one()
-            return f"reachable (PostgreSQL {version})"
-        finally:
-            engine.dispose()
+        with engine.connect() as conn:
+            version = conn.exec_driver_sql("SHOW server_version").scalar_one()
+        return f"reachable (PostgreSQL {version})"
 
     return _attempt("postgres", probe)
 
 
-def _schema(url: str) -> Check:
+def _schema(engine: Any, url: str) -> Check:
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
 
@@ -179,12 +179,8 @@ def _schema(url: str) -> Check:
     head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
 
     def probe() -> str:
-        engine = _engine(url)
-        try:
-            with engine.connect() as conn:
-                current = MigrationContext.configure(conn).get_current_revision()
-        finally:
-            engine.dispose()
+        with engine.connect() as conn:
+            current = MigrationContext.configure(conn).get_current_revision()
         if current != head:
             state = "not migrated" if current is None else f"at {current}"
             raise RuntimeError(f"the schema is {state}, not {head}: run `opledger migrate`")
@@ -193,22 +189,18 @@ def _schema(url: str) -> Check:
     return _attempt("schema", probe)
 
 
-def _actions_served(url: str, registry: Any) -> Check:
+def _actions_served(engine: Any, registry: Any) -> Check:
     from sqlalchemy import text
 
     def probe() -> str:
-        engine = _engine(url)
-        try:
-            with engine.connect() as conn:
-                actions = conn.execute(
-                    text(
-                        "SELECT DISTINCT action FROM operations"
-                        " WHERE status IN ('prepared', 'dispatching', 'unknown')"
-                    )
-                ).scalars()
-                missing = sorted(a for a in actions if a not in registry.actions)
-        finally:
-            engine.dispose()
+        with engine.connect() as conn:
+            actions = conn.execute(
+                text(
+                    "SELECT DISTINCT action FROM operations"
+                    " WHERE status IN ('prepared', 'dispatching', 'unknown')"
+                )
+            ).scalars()
+            missing = sorted(a for a in actions if a not in registry.actions)
         if missing:
             raise RuntimeError(
                 f"open operations name actions no adapter serves: {', '.join(missing)} "
@@ -219,24 +211,20 @@ def _actions_served(url: str, registry: Any) -> Check:
     return _attempt("actions", probe)
 
 
-def _beat_lock(url: str) -> Check:
+def _beat_lock(engine: Any) -> Check:
     from sqlalchemy import text
 
     from .beatlock import BEAT_LOCK_KEY
 
     def probe() -> str:
-        engine = _engine(url)
-        try:
-            with engine.connect() as conn:
-                pid = conn.execute(
-                    text(
-                        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
-                        " AND classid = :hi AND objid = :lo AND objsubid = 1"
-                    ),
-                    {"hi": BEAT_LOCK_KEY >> 32, "lo": BEAT_LOCK_KEY & 0xFFFFFFFF},
-                ).scalar_one_or_none()
-        finally:
-            engine.dispose()
+        with engine.connect() as conn:
+            pid = conn.execute(
+                text(
+                    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                    " AND classid = :hi AND objid = :lo AND objsubid = 1"
+                ),
+                {"hi": BEAT_LOCK_KEY >> 32, "lo": BEAT_LOCK_KEY & 0xFFFFFFFF},
+            ).scalar_one_or_none()
         return "free (no beat running)" if pid is None else f"held by a beat (backend pid {pid})"
 
     return _attempt("beat lock", probe)
