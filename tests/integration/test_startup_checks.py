@@ -115,11 +115,13 @@ def test_the_worker_refuses_each_broken_setup_in_one_line(
 ) -> None:
     before = databases(pg_server)
 
+    # one empty directory per case, made before the threads (mktemp is not thread-safe)
+    cwds = {case: tmp_path_factory.mktemp("cwd") for case in CASES}
+
     def attempt(case: str) -> tuple[str, Path, subprocess.CompletedProcess[str]]:
         env, _ = CASES[case]
         env = {k: v.format(db=database_url, empty=empty_db) for k, v in env.items()}
-        cwd = tmp_path_factory.mktemp("cwd")
-        return case, cwd, run(cwd, "worker", **env)
+        return case, cwds[case], run(cwds[case], "worker", **env)
 
     with ThreadPoolExecutor(max_workers=4) as pool:  # each case is its own process
         results = list(pool.map(attempt, CASES))
