@@ -420,54 +420,50 @@ class Ledger:
         check_identifier("owner", owner)
         lease = terms.lease
         token = secrets.token_hex(16)
-        with self._single() as conn:
-            # Read before the statement leaves: the database's now() is later than this
-            # moment, so the window measured from here never ends after send_by.
-            opened = clock()
-            row = conn.execute(
-                q.CLAIM,
-                {
-                    "op_id": op_id,
-                    "owner": owner,
-                    "token": token,
-                    "lease": lease,
-                    "in_flight": terms.in_flight or lease,
-                    "in_flight_map": _seconds_map(terms.in_flight_by_provider),
-                    "send_window": terms.send_window or self.send_window,
-                    "window_map": _seconds_map(terms.send_window_by_provider),
-                    "from_status": from_status.value,
-                    "expected_fence": expected_fence,
-                    "authorized_by": authorized_by,
-                    "reason": reason,
-                },
-            ).one_or_none()
-            if row is None:
+        # Read before the statement leaves: the database's now() is later than this moment,
+        # so the window measured from here never ends after send_by.
+        opened = clock()
+        row = self._store.hot(
+            q.CLAIM,
+            {
+                "op_id": op_id,
+                "owner": owner,
+                "token": token,
+                "lease": lease,
+                "in_flight": terms.in_flight or lease,
+                "in_flight_map": terms.in_flight_json,
+                "send_window": terms.send_window or self.send_window,
+                "window_map": terms.send_window_json,
+                "from_status": from_status.value,
+                "expected_fence": expected_fence,
+                "authorized_by": authorized_by,
+                "reason": reason,
+            },
+        )
+        if row is None:
+            with self._single() as conn:
                 self._explain_refused_claim(conn, op_id, from_status, owner)
-                return None
-        if row.canonical is None:  # purged payloads belong to finished operations only
+            return None
+        n_at, started_at, deadline_at, send_by, db_now, canonical = row[_CLAIM_TAIL:]
+        if canonical is None:  # purged payloads belong to finished operations only
             raise ForbiddenTransition(f"{op_id} has no frozen payload left", op_id=op_id)
-        operation = store.operation(row)
+        operation = store.operation_of(row)
         return Claim(
             op_id=op_id,
             fence=operation.fence,
             token=token,
             owner=owner,
-            lease_expires_at=row.lease_expires_at,
-            attempt_n=row.attempt_n,
-            started_at=row.attempt_started_at,
-            deadline_at=row.attempt_deadline_at,
-            db_now=row.db_now,
-            send_by=row.attempt_send_by,
-            idempotency_key=row.idempotency_key,
-            payload=json.loads(row.canonical),
-            payload_canonical=row.canonical,
+            lease_expires_at=operation.lease_expires_at,
+            attempt_n=n_at,
+            started_at=started_at,
+            deadline_at=deadline_at,
+            db_now=db_now,
+            send_by=send_by,
+            idempotency_key=operation.idempotency_key,
+            payload=json.loads(canonical),
+            payload_canonical=canonical,
             operation=operation,
-            window=SendWindow(
-                op_id=op_id,
-                send_by=row.attempt_send_by,
-                length=row.attempt_send_by - row.db_now,
-                opened=opened,
-            ),
+            window=SendWindow(op_id=op_id, send_by=send_by, length=send_by - db_now, opened=opened),
         )
 
     def _explain_refused_claim(
@@ -510,28 +506,29 @@ class Ledger:
             if isinstance(outcome, Confirmed)
             else Binding(idempotency_key=claim.idempotency_key)
         )
+        row = self._store.hot(
+            q.RECORD_OUTCOME,
+            {
+                "op_id": claim.op_id,
+                "fence": claim.fence,
+                "token": claim.token,
+                "kind": outcome.kind,
+                "response": outcome.model_dump_json(),
+                "to_status": to_status.value,
+                "receipt_id": outcome.receipt_id if isinstance(outcome, Confirmed) else None,
+                "recheck": recheck,
+                "source": EvidenceSource.DISPATCH.value,
+                "binding": binding.model_dump_json(exclude_none=True),
+                "detail": _json(_detail_of(outcome)),
+                "actor": claim.owner,
+                "reason": _reason_of(outcome),
+            },
+        )
+        assert row is not None  # the statement always returns its one row
+        if row[1] is not None:
+            return store.operation_of(row[1:])
         with self._single() as conn:
-            row = conn.execute(
-                q.RECORD_OUTCOME,
-                {
-                    "op_id": claim.op_id,
-                    "fence": claim.fence,
-                    "token": claim.token,
-                    "kind": outcome.kind,
-                    "response": _json(outcome.model_dump(mode="json")),
-                    "to_status": to_status.value,
-                    "receipt_id": outcome.receipt_id if isinstance(outcome, Confirmed) else None,
-                    "recheck": recheck,
-                    "source": EvidenceSource.DISPATCH.value,
-                    "binding": _json(binding.model_dump(mode="json", exclude_none=True)),
-                    "detail": _json(_detail_of(outcome)),
-                    "actor": claim.owner,
-                    "reason": _reason_of(outcome),
-                },
-            ).one()
-            if row.id is not None:
-                return store.operation(row)
-            self._raise_fenced(conn, claim, evidence_kept=row.attempt_n is not None)
+            self._raise_fenced(conn, claim, evidence_kept=row[0] is not None)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _raise_fenced(self, conn: Connection, claim: Claim, *, evidence_kept: bool) -> NoReturn:
@@ -910,8 +907,8 @@ _STATUS_OF = {
 }
 
 
-def _seconds_map(durations: Mapping[str, timedelta]) -> str:
-    return _json({name: d.total_seconds() for name, d in durations.items()})
+#: where the claim's row continues after the operation's columns (queries.CLAIM)
+_CLAIM_TAIL = len(q.OPERATION_COLUMNS)
 
 
 def _payload_limit_from_environment() -> int:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 from enum import StrEnum
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
@@ -92,6 +94,16 @@ class ClaimTerms(Record):
     in_flight_by_provider: dict[str, timedelta] = Field(default_factory=dict)
     send_window_by_provider: dict[str, timedelta] = Field(default_factory=dict)
 
+    @cached_property
+    def in_flight_json(self) -> str:
+        """`in_flight_by_provider` in seconds, as JSON (the claim statement's form)."""
+        return _seconds_json(self.in_flight_by_provider)
+
+    @cached_property
+    def send_window_json(self) -> str:
+        """`send_window_by_provider` in seconds, as JSON (the claim statement's form)."""
+        return _seconds_json(self.send_window_by_provider)
+
     @model_validator(mode="after")
     def _positive(self) -> ClaimTerms:
         durations: dict[str, list[timedelta | None]] = {
@@ -103,6 +115,10 @@ class ClaimTerms(Record):
             if any(v is not None and v <= timedelta(0) for v in values):
                 raise ValueError(f"{name} must be positive")
         return self
+
+
+def _seconds_json(durations: dict[str, timedelta]) -> str:
+    return json.dumps({name: d.total_seconds() for name, d in sorted(durations.items())})
 
 
 class Claim(Record):

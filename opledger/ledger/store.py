@@ -7,13 +7,15 @@ itself lives in `queries`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import psycopg
 from pydantic import BaseModel
-from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy import Connection, Engine, TextClause
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from . import queries as q
@@ -49,13 +51,17 @@ _SCHEMA_STATES = frozenset({"42P01", "42703", "42883", "42704"})
 def transient(exc: DBAPIError) -> bool:
     """Whether retrying later may succeed: the database was unreachable or restarting, or
     asked for a retry. A missing table, a refused login or a wrong database name is not."""
-    state = getattr(exc.orig, "sqlstate", None)
+    return _transient(exc.orig, invalidated=exc.connection_invalidated)
+
+
+def _transient(orig: BaseException | None, *, invalidated: bool) -> bool:
+    state = getattr(orig, "sqlstate", None)
     if state:
         return state.startswith("08") or state in _TRANSIENT_STATES
-    if exc.connection_invalidated:
+    if invalidated:
         return True
-    if isinstance(exc, OperationalError):
-        said = str(exc.orig)
+    if isinstance(orig, psycopg.OperationalError):
+        said = str(orig)
         if "FATAL:" in said:  # the server answered, and refused
             return any(reason in said for reason in _TRANSIENT_FATAL)
         return True  # refused, reset or timed out: the network or a restart
@@ -64,8 +70,12 @@ def transient(exc: DBAPIError) -> bool:
 
 def translate(exc: DBAPIError) -> LedgerError | None:
     """The ledger error for a database error, or None when it is none of the ledger's."""
-    first_line = str(exc.orig).splitlines()[0] if str(exc.orig) else type(exc.orig).__name__
-    state = getattr(exc.orig, "sqlstate", None) or ""
+    return _translate(exc.orig, invalidated=exc.connection_invalidated)
+
+
+def _translate(orig: BaseException | None, *, invalidated: bool) -> LedgerError | None:
+    first_line = str(orig).splitlines()[0] if str(orig) else type(orig).__name__
+    state = getattr(orig, "sqlstate", None) or ""
     kind = _TRIGGER_ERRORS.get(state)
     if kind is not None:
         return kind(first_line)
@@ -73,7 +83,7 @@ def translate(exc: DBAPIError) -> LedgerError | None:
         return SchemaMissing(
             f"the ledger's schema is missing or out of date ({first_line}): run `opledger migrate`"
         )
-    if transient(exc):
+    if _transient(orig, invalidated=invalidated):
         return DatabaseUnavailable(f"the ledger's database is unavailable: {first_line}")
     return None
 
@@ -88,10 +98,33 @@ def operation(row: Any) -> Operation:
     return record(Operation, row)
 
 
+def operation_of(values: Sequence[Any]) -> Operation:
+    """The operation from a tuple row that starts with `queries.OPERATION_COLUMNS`."""
+    return Operation.model_validate(dict(zip(q.OPERATION_COLUMNS, values, strict=False)))
+
+
 def authorization(row: Any) -> Authorization:
     m = dict(row._mapping)
     m["scope"] = tuple(m["scope"])
     return Authorization.model_validate({name: m[name] for name in Authorization.model_fields})
+
+
+def _driver_error(exc: psycopg.Error, *, invalidated: bool) -> Exception:
+    """What to raise for a psycopg error met outside SQLAlchemy: the ledger's error for it,
+    or the error itself when it is none of the ledger's."""
+    return _translate(exc, invalidated=invalidated) or exc
+
+
+_DIALECT = PGDialect_psycopg()  # type: ignore[no-untyped-call]
+_COMPILED: dict[TextClause, str] = {}
+
+
+def _psycopg_sql(statement: TextClause) -> str:
+    """A `queries` statement as psycopg takes it (`%(name)s` placeholders), compiled once."""
+    sql = _COMPILED.get(statement)
+    if sql is None:
+        sql = _COMPILED[statement] = str(statement.compile(dialect=_DIALECT))
+    return sql
 
 
 class Store:
@@ -103,6 +136,37 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._auto = engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    def hot(self, statement: TextClause, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
+        """Run one of the worker's hot statements and return its first row (a tuple).
+
+        The claim and the outcome run once per operation, so they skip SQLAlchemy's
+        per-execution work (result metadata, events, execution contexts): the pooled
+        connection's psycopg handle runs the statement autocommitted (one round trip, one
+        synchronously committed transaction), as a server-side prepared statement kept by
+        that connection, and only the row's values come back. Errors are translated as
+        everywhere else; a connection the error broke is dropped from the pool.
+        """
+        sql = _psycopg_sql(statement)
+        try:
+            pooled = self.engine.raw_connection()
+        except psycopg.Error as exc:  # no connection to be had
+            raise _driver_error(exc, invalidated=True) from exc
+        conn: psycopg.Connection[Any] = pooled.driver_connection  # type: ignore[assignment]
+        try:
+            conn.autocommit = True
+            try:
+                return conn.execute(sql, params, prepare=True).fetchone()
+            finally:
+                if not (conn.closed or conn.broken):
+                    conn.autocommit = False
+        except psycopg.Error as exc:
+            broken = conn.broken or conn.closed
+            if broken:
+                pooled.invalidate(exc)
+            raise _driver_error(exc, invalidated=broken) from exc
+        finally:
+            pooled.close()
 
     def dispose(self) -> None:
         """Drop pooled connections (in a forked child; never share them across fork)."""

@@ -72,3 +72,49 @@ def test_the_cli_migrates_the_configured_database(
     assert result.exit_code == 0, result.output
     assert "head" in result.output
     assert _diff(empty_db) == []
+
+
+AUDITED_CHANGE = """
+INSERT INTO authorizations (ref, tenant, scope, granted_by) VALUES ('auth_m', 'm', '{m.*}', 'ops');
+INSERT INTO operations (id, tenant, workflow_id, intent_key, action, target, provider,
+                        payload_digest, payload_size, authorization_ref, idempotency_key,
+                        changed_by, change_reason)
+VALUES ('op_01JAAAAAAAAAAAAAAAAAAAAAAA', 'm', 'wf', 'k', 'm.x.v1', 't', 'm', repeat('a', 64), 2,
+        'auth_m', 'key', 'test', 'prepared');
+UPDATE operations SET status = 'cancelled', fence = 1, changed_by = 'ops', change_reason = 'why'
+WHERE id = 'op_01JAAAAAAAAAAAAAAAAAAAAAAA';
+"""
+
+
+def _trail(url: str) -> list[tuple[object, ...]]:
+    with psycopg.connect(_libpq(url)) as conn:
+        return conn.execute(
+            "SELECT from_status::text, to_status::text, fence, actor, reason FROM transitions"
+            " ORDER BY id"
+        ).fetchall()
+
+
+@pytest.mark.parametrize("revision", ["0006", "head"])
+def test_every_revision_with_audit_triggers_writes_the_same_trail(
+    empty_db: str, revision: str
+) -> None:
+    """0007 merged the audit into the guard: at 0006 (and after going down to it) and at
+    head, a change writes the same rows, and a change that does not say who is refused."""
+    upgrade(empty_db)
+    if revision != "head":
+        downgrade(empty_db, revision)
+    with psycopg.connect(_libpq(empty_db)) as conn:
+        conn.execute(AUDITED_CHANGE)
+        conn.commit()
+        with pytest.raises(psycopg.DatabaseError, match="does not say who"):
+            conn.execute(
+                "UPDATE operations SET fence = 2 WHERE id = 'op_01JAAAAAAAAAAAAAAAAAAAAAAA'"
+            )
+        conn.rollback()
+        # an update of neither status nor fence passes untouched and writes no row
+        conn.execute("UPDATE operations SET enqueued_at = now()")
+        conn.commit()
+    assert _trail(empty_db) == [
+        (None, "prepared", 0, "test", "prepared"),
+        ("prepared", "cancelled", 1, "ops", "why"),
+    ]
