@@ -1114,9 +1114,20 @@ def bench(
     backlog_only: Annotated[
         bool, typer.Option("--backlog-only", help="Only the backlog drains.")
     ] = False,
+    concurrencies: Annotated[
+        str | None,
+        typer.Option(help="Concurrencies to measure the ratio at too, e.g. 2,4,8 (0: none)."),
+    ] = None,
+    tenants: Annotated[
+        str | None,
+        typer.Option(
+            help="Tenant counts to spread the ledger's drain over, e.g. 1,10,100 (0: none)."
+        ),
+    ] = None,
 ) -> None:
-    """Measure the ledger beside bare Celery (throughput ratio, round trips, sweep cost),
-    and a backlog behind a slow provider drained with and without relay and sweep."""
+    """Measure the ledger beside bare Celery (throughput ratio, CPU per operation, round
+    trips, sweep cost), and a backlog behind a slow provider drained with and without
+    relay and sweep."""
     import dataclasses
     import json
 
@@ -1124,16 +1135,24 @@ def bench(
     from opledger.dev.chaos.stack import Interrupted, stop_on_signals
 
     config = QUICK if quick else BenchConfig()
-    changes: dict[str, object] = {
+    changes: dict[str, Any] = {
         "concurrency": concurrency,
         "tasks": tasks,
         "prepares": prepares,
         "repeats": repeats,
     }
     if sizes:
-        small, large = (int(x) for x in sizes.split(","))
-        changes["sizes"] = (small, large)
-    config = dataclasses.replace(config, **{k: v for k, v in changes.items() if v})  # type: ignore[arg-type]
+        two = _counts("--sizes", sizes)
+        if len(two) != 2:
+            raise typer.BadParameter("give two sizes, small and large, e.g. 10000,1000000")
+        changes["sizes"] = (two[0], two[1])
+    if concurrencies is not None:
+        changes["concurrencies"] = tuple(c for c in _counts("--concurrencies", concurrencies) if c)
+    if tenants is not None:
+        changes["tenants"] = tuple(t for t in _counts("--tenants", tenants) if t)
+    config = dataclasses.replace(
+        config, **{k: v for k, v in changes.items() if v is not None and v != 0}
+    )
     if backlog is not None:
         config = dataclasses.replace(config, backlog=backlog)
     config = dataclasses.replace(config, backlog_only=backlog_only)
@@ -1157,12 +1176,29 @@ def bench(
         "sweep_ms_1m": f"<= 2 x sweep_ms_10k = {2 * result['sweep_ms_10k']:.1f}",
     }
     for key, value in result.items():
+        if key in ("by_concurrency", "ledger_ops_s_by_tenants"):
+            continue
         if key != "sweep_plans":
             table.add_row(key, str(value), targets.get(key, ""))
+    for c, row in result.get("by_concurrency", {}).items():
+        table.add_row(f"ratio at concurrency {c}", str(row["ratio"]), ">= 0.8")
+    for t, ops in result.get("ledger_ops_s_by_tenants", {}).items():
+        table.add_row(f"ledger_ops_s with {t} tenants", str(ops), "")
     console.print(table)
     for size, plans in result.get("sweep_plans", {}).items():
         for name, plan in plans.items():
             console.print(f"[dim]{size} {name}: {plan}[/dim]")
+
+
+def _counts(option: str, text: str) -> list[int]:
+    """A comma-separated list of non-negative whole numbers, or a usage error."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{option} takes whole numbers separated by commas") from None
+    if not values or any(v < 0 for v in values):
+        raise typer.BadParameter(f"{option} takes whole numbers separated by commas")
+    return values
 
 
 def main() -> None:

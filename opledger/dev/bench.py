@@ -76,10 +76,13 @@ bare.conf.beat_schedule = {}
 
 @bare.task(name="bench.noop")
 def noop(op_id: str) -> None:
-    bare_counter().incr("bench:done")
+    counter = bare_counter()
+    if counter.incr("bench:done") >= _bare_total():  # the last one notes when it ended
+        counter.set("bench:end", repr(time.time()))
 
 
 _counter: Any = None
+_total: int | None = None
 
 
 def bare_counter() -> Any:
@@ -91,6 +94,13 @@ def bare_counter() -> Any:
     return _counter
 
 
+def _bare_total() -> int:
+    global _total
+    if _total is None:
+        _total = int(bare_counter().get("bench:total") or 0)
+    return _total
+
+
 @dataclass
 class BenchConfig:
     tasks: int = 10_000
@@ -99,6 +109,10 @@ class BenchConfig:
     prepares: int = 2_000
     repeats: int = 5
     concurrency: int = os.cpu_count() or 2
+    #: the ratio is measured again at each of these worker concurrencies
+    concurrencies: tuple[int, ...] = (2, 4, 8)
+    #: the ledger's drain is measured with the operations spread over this many tenants
+    tenants: tuple[int, ...] = (1, 10, 100)
     backlog: int = 20_000  #: prepared operations behind the slow provider (0: skip)
     backlog_concurrency: int = 8  #: processes in each of the two backlog workers
     backlog_only: bool = False
@@ -130,30 +144,106 @@ FROM operations AS o WHERE tenant = 'backlog'
 """
 
 
+def _clock_ticks() -> float:
+    return float(os.sysconf("SC_CLK_TCK"))
+
+
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` so far, or None if it is not visible."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / _clock_ticks()
+
+
+def _group_cpu_s(pgid: int) -> tuple[float, float]:
+    """CPU seconds of the live processes in process group `pgid`: its leader (the worker's
+    main process, which consumes, acknowledges and sends events) and the rest (the pool's
+    processes, which run the tasks)."""
+    main = pool = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid:
+            cpu = (int(fields[11]) + int(fields[12])) / _clock_ticks()
+            if int(entry.name) == pgid:
+                main += cpu
+            else:
+                pool += cpu
+    return main, pool
+
+
+@dataclass
+class Drain:
+    """One timed drain: seconds, and the CPU the worker processes spent during it."""
+
+    seconds: float
+    main_cpu_s: float  #: the worker's main process
+    pool_cpu_s: float  #: the worker's pool processes (where the tasks run)
+    broker_cpu_s: float | None
+
+    @property
+    def worker_cpu_s(self) -> float:
+        return self.main_cpu_s + self.pool_cpu_s
+
+
 def _drain(
-    stack: Stack, name: str, module: str, argv: list[str], done: Callable[[], int], total: int
-) -> float:
-    """Start a worker on a full queue; seconds from 'ready' until `done()` reaches `total`."""
+    stack: Stack,
+    name: str,
+    module: str,
+    argv: list[str],
+    finished: Callable[[], float | None],
+    redis_pid: int | None,
+    before_kill: Callable[[], None] = lambda: None,
+) -> Drain:
+    """Start a worker on a full queue and wait until `finished()` returns the wall-clock
+    time (`time.time()`) the last task ended at. Timed from the worker's 'ready'; the CPU
+    of its processes (and of the broker) is read at 'ready' and once the drain is over, so
+    start-up is excluded from both alike. `before_kill` runs while the worker still lives."""
     proc = Proc(name, argv, stack.env, stack.workdir / f"{name}.log", module=module)
     stack.workers[name] = proc
     wait_until(lambda: "ready." in proc.output(), 60, f"{name} to start", every=0.01)
-    started = time.perf_counter()
-    wait_until(lambda: done() >= total, 600, f"{name} to drain", every=0.01)
-    elapsed = time.perf_counter() - started
+    ready = time.time()
+    cpu0 = _group_cpu_s(proc.proc.pid)
+    broker0 = _cpu_s(redis_pid) if redis_pid else None
+    ended = wait_until(finished, 600, f"{name} to drain", every=0.01)
+    cpu1 = _group_cpu_s(proc.proc.pid)
+    broker1 = _cpu_s(redis_pid) if redis_pid else None
+    before_kill()
     stack.kill_worker(name)
-    return elapsed
+    broker = broker1 - broker0 if broker0 is not None and broker1 is not None else None
+    return Drain(
+        seconds=float(ended) - ready,
+        main_cpu_s=cpu1[0] - cpu0[0],
+        pool_cpu_s=cpu1[1] - cpu0[1],
+        broker_cpu_s=broker,
+    )
 
 
-def throughput(cfg: BenchConfig, stack: Stack, ledger: Ledger, redis_url: str) -> dict[str, float]:
-    """Bare Celery beside opledger, same worker settings, same broker, same queue depth."""
-    bare.conf.broker_url = redis_url
+def _worker_argv(concurrency: int) -> list[str]:
+    return ["worker", "-c", str(concurrency), "--loglevel", "INFO"]
+
+
+def bare_drain(stack: Stack, n: int, concurrency: int, redis_pid: int) -> Drain:
+    """N no-op tasks drained by a bare Celery worker with opledger's worker settings."""
     counter = bare_counter()
-    counter.delete("bench:done")
-    for i in range(cfg.tasks):
+    counter.delete("bench:done", "bench:end")
+    counter.set("bench:total", n)
+    for i in range(n):
         noop.apply_async(args=[f"op_{i:026d}"], queue="bench")
-    celery_s = _drain(
+
+    def finished() -> float | None:
+        end = counter.get("bench:end")
+        return float(end) if end is not None else None
+
+    return _drain(
         stack,
-        "bare",
+        f"bare-c{concurrency}",
         "celery",
         [
             "-A",
@@ -162,31 +252,86 @@ def throughput(cfg: BenchConfig, stack: Stack, ledger: Ledger, redis_url: str) -
             "-Q",
             "bench",
             "-c",
-            str(cfg.concurrency),
+            str(concurrency),
             "--loglevel",
             "INFO",
             "-E",
         ],
-        lambda: int(counter.get("bench:done") or 0),
-        cfg.tasks,
+        finished,
+        redis_pid,
     )
 
-    from opledger.tasks.app import app, dispatch
 
-    use_broker(app, redis_url)
-    ledger.grant(tenant="bench", scope=["bench.*"], granted_by="bench", ref="auth_bench")
-    op_ids = [
-        ledger.prepare(
-            tenant="bench",
-            workflow_id="bench",
-            intent_key=f"op-{i}",
-            action=ACTION,
-            target=f"t-{i}",
-            payload={"i": i},
-            authorization_ref="auth_bench",
-        ).id
-        for i in range(cfg.tasks)
-    ]
+def _statement_stats(conn: psycopg.Connection[Any]) -> dict[str, float] | None:
+    """Planning and execution time of the worker's two statements from pg_stat_statements,
+    or None when the server does not load it (shared_preload_libraries)."""
+    try:
+        rows = conn.execute(
+            "SELECT query, total_plan_time, total_exec_time FROM pg_stat_statements"
+            " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        ).fetchall()
+    except psycopg.Error:
+        return None
+    plan = execute = 0.0
+    for query, plan_ms, exec_ms in rows:
+        # the claim and the outcome statements (queries.CLAIM, queries.RECORD_OUTCOME)
+        if query.lstrip().startswith(("WITH win AS", "WITH attempt AS")):
+            plan += plan_ms
+            execute += exec_ms
+    return {"plan_ms": plan, "exec_ms": execute}
+
+
+def _enable_statement_stats(conn: psycopg.Connection[Any]) -> bool:
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        conn.execute("SELECT pg_stat_statements_reset()")
+        conn.execute("SELECT 1 FROM pg_stat_statements LIMIT 1")
+    except psycopg.Error:
+        return False
+    return True
+
+
+def ledger_drain(
+    stack: Stack,
+    ledger: Ledger,
+    n: int,
+    concurrency: int,
+    redis_pid: int,
+    tenants: int = 1,
+    label: str = "",
+) -> dict[str, Any]:
+    """N operations (spread over `tenants`) drained to confirmed by `opledger worker`:
+    seconds, round trips per operation, and the CPU spent per operation by the worker
+    processes, their Postgres backends and the broker."""
+    from opledger.tasks.app import dispatch
+
+    run = f"bench-{label or concurrency}-{tenants}"
+    with ledger.engine.begin() as conn:
+        conn.execute(
+            text(
+                "TRUNCATE operations, operation_payloads, attempts, evidence, transitions,"
+                " reviews, review_views, review_actions CASCADE"
+            )
+        )
+    for t in range(tenants):
+        ledger.grant(tenant=f"t{t}", scope=["bench.*"], granted_by="bench", ref=f"auth_t{t}")
+    op_ids = []
+    for first in range(0, n, 500):
+        with Session(ledger.engine) as session:
+            for i in range(first, min(n, first + 500)):
+                op_ids.append(
+                    ledger.prepare(
+                        tenant=f"t{i % tenants}",
+                        workflow_id=run,
+                        intent_key=f"op-{i}",
+                        action=ACTION,
+                        target=f"t-{i}",
+                        payload={"i": i},
+                        authorization_ref=f"auth_t{i % tenants}",
+                        session=session,
+                    ).id
+                )
+            session.commit()
     for op_id in op_ids:
         dispatch.delay(op_id)
     # A backend reports its statistics when it exits (or after idling for a while): close
@@ -194,6 +339,7 @@ def throughput(cfg: BenchConfig, stack: Stack, ledger: Ledger, redis_url: str) -
     ledger.engine.dispose()
     libpq = make_url(ledger.engine.url).set(drivername="postgresql")
     polls = 0
+    backends: dict[int, float] = {}
     with psycopg.connect(libpq.render_as_string(hide_password=False), autocommit=True) as poll:
 
         def transactions() -> int:
@@ -205,34 +351,115 @@ def throughput(cfg: BenchConfig, stack: Stack, ledger: Ledger, redis_url: str) -
             assert row is not None
             return int(row[0])
 
-        def confirmed() -> int:
+        def finished() -> float | None:
+            # cheap while the drain runs: the first row of a partial index, no count
             nonlocal polls
             polls += 1
             row = poll.execute(
-                "SELECT count(*) FROM operations WHERE status = 'confirmed'"
+                "SELECT EXISTS (SELECT 1 FROM operations WHERE status = 'prepared')"
+                " OR EXISTS (SELECT 1 FROM operations WHERE status = 'dispatching')"
+            ).fetchone()
+            if row is None or row[0]:
+                return None
+            polls += 1
+            row = poll.execute(
+                "SELECT count(*), extract(epoch FROM max(updated_at)) FROM operations"
+                " WHERE status = 'confirmed'"
             ).fetchone()
             assert row is not None
-            return int(row[0])
+            if row[0] != n:
+                raise RuntimeError(f"the drain ended with {row[0]} of {n} operations confirmed")
+            return float(row[1])
 
+        def read_backends() -> None:
+            # the worker's backends, while they still live (they exit with the worker)
+            for (pid,) in poll.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            ).fetchall():
+                cpu = _cpu_s(pid)
+                if cpu is not None:
+                    backends[pid] = cpu
+
+        stats = _enable_statement_stats(poll)
         time.sleep(1.0)  # let earlier statistics settle
         before = transactions()
-        ledger_s = _drain(
+        drain = _drain(
             stack,
-            "ledger",
+            f"ledger-{label or concurrency}-{tenants}",
             "opledger.cli",
-            ["worker", "-c", str(cfg.concurrency), "--loglevel", "INFO"],
-            confirmed,
-            cfg.tasks,
+            _worker_argv(concurrency),
+            finished,
+            redis_pid,
+            before_kill=read_backends,
         )
         time.sleep(1.5)  # the killed workers' backends report their statistics as they exit
-        # Our own polls were one autocommitted statement each; the two statistics reads too.
-        spent = transactions() - before - polls - 2
+        # Our own polls were one autocommitted statement each; so were the two statistics
+        # reads and the backends' listing.
+        spent = transactions() - before - polls - 3
+        statements = _statement_stats(poll) if stats else None
     return {
-        "celery_ops_s": cfg.tasks / celery_s,
-        "ledger_ops_s": cfg.tasks / ledger_s,
-        "ratio": celery_s / ledger_s,
-        "round_trips_per_op": max(0.0, spent) / cfg.tasks,
+        "seconds": drain.seconds,
+        "ops_s": n / drain.seconds,
+        "round_trips_per_op": max(0.0, spent) / n,
+        "client_cpu_ms_per_op": drain.worker_cpu_s / n * 1000,
+        "client_main_cpu_ms_per_op": drain.main_cpu_s / n * 1000,
+        "client_pool_cpu_ms_per_op": drain.pool_cpu_s / n * 1000,
+        # the backends' CPU since they started: they connect lazily, after 'ready'
+        "backend_cpu_ms_per_op": sum(backends.values()) / n * 1000 if backends else None,
+        "broker_cpu_ms_per_op": drain.broker_cpu_s / n * 1000 if drain.broker_cpu_s else None,
+        "plan_ms_per_op": statements["plan_ms"] / n if statements else None,
+        "exec_ms_per_op": statements["exec_ms"] / n if statements else None,
     }
+
+
+def throughput(
+    cfg: BenchConfig, stack: Stack, ledger: Ledger, redis: PrivateRedis
+) -> dict[str, Any]:
+    """Bare Celery beside opledger, same worker settings, same broker, same queue depth;
+    at `cfg.concurrency`, then again at each of `cfg.concurrencies`, then with the
+    operations spread over each of `cfg.tenants`."""
+    from opledger.tasks.app import app
+
+    bare.conf.broker_url = redis.url
+    use_broker(app, redis.url)
+    assert redis.proc is not None
+    pid = redis.proc.pid
+    ledger.grant(tenant="bench", scope=["bench.*"], granted_by="bench", ref="auth_bench")
+    result: dict[str, Any] = {}
+    by_concurrency: dict[str, dict[str, Any]] = {}
+    for c in dict.fromkeys((cfg.concurrency, *cfg.concurrencies)):
+        celery = bare_drain(stack, cfg.tasks, c, pid)
+        ours = ledger_drain(stack, ledger, cfg.tasks, c, pid)
+        row = {
+            "celery_ops_s": cfg.tasks / celery.seconds,
+            "ledger_ops_s": ours["ops_s"],
+            "ratio": celery.seconds / ours["seconds"],
+            "celery_client_cpu_ms_per_op": celery.worker_cpu_s / cfg.tasks * 1000,
+            "celery_client_main_cpu_ms_per_op": celery.main_cpu_s / cfg.tasks * 1000,
+            "celery_client_pool_cpu_ms_per_op": celery.pool_cpu_s / cfg.tasks * 1000,
+            "celery_broker_cpu_ms_per_op": (
+                celery.broker_cpu_s / cfg.tasks * 1000 if celery.broker_cpu_s else None
+            ),
+            **{k: v for k, v in ours.items() if k not in ("seconds", "ops_s")},
+        }
+        by_concurrency[str(c)] = row
+        if c == cfg.concurrency:
+            result.update(row)
+    result["by_concurrency"] = by_concurrency
+    # the ledger's own CPU per operation: its worker processes' CPU beyond bare Celery's,
+    # plus its Postgres backends
+    if result.get("backend_cpu_ms_per_op") is not None:
+        result["ledger_cpu_ms_per_op"] = (
+            result["client_cpu_ms_per_op"]
+            - result["celery_client_cpu_ms_per_op"]
+            + result["backend_cpu_ms_per_op"]
+        )
+    result["ledger_ops_s_by_tenants"] = {
+        str(t): ledger_drain(stack, ledger, cfg.tasks, cfg.concurrency, pid, t, "tenants")["ops_s"]
+        for t in cfg.tenants
+    }
+    return result
 
 
 FILL = """
@@ -508,6 +735,14 @@ def backlog(
     }
 
 
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 3)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return value
+
+
 def run_bench(
     cfg: BenchConfig, *, progress: Callable[[str], None] = lambda _m: None
 ) -> dict[str, Any]:
@@ -539,7 +774,7 @@ def run_bench(
         cleanup.callback(ledger.engine.dispose)
         result: dict[str, Any] = {"tasks": cfg.tasks, "concurrency": cfg.concurrency}
         progress(f"throughput: {cfg.tasks} tasks, bare Celery then opledger")
-        result.update(throughput(cfg, stack, ledger, redis.url))
+        result.update(throughput(cfg, stack, ledger, redis))
         progress(f"prepare: {cfg.prepares} alone and in caller transactions")
         result.update(prepare_rates(ledger, cfg.prepares))
         make_stale(ledger, cfg.stale)
@@ -560,19 +795,6 @@ def run_bench(
         stack.stop_all()
         if cfg.backlog:
             result.update(backlog(cfg, server_url, work, progress))
-        for key in (
-            "celery_ops_s",
-            "ledger_ops_s",
-            "ratio",
-            "round_trips_per_op",
-            "sweep_ms_10k",
-            "sweep_ms_1m",
-            "prepare_ops_s",
-            "prepare_in_tx_ops_s",
-        ):
-            result[key] = round(float(result[key]), 3)
-        for key, value in list(result.items()):
-            if key.startswith("backlog_"):
-                result[key] = round(float(value), 3)
-        return result
+        rounded: dict[str, Any] = _rounded(result)
+        return rounded
     raise AssertionError("unreachable")  # pragma: no cover
