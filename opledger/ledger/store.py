@@ -7,8 +7,12 @@ itself lives in `queries`.
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
@@ -127,6 +131,61 @@ def _psycopg_sql(statement: TextClause) -> str:
     return sql
 
 
+@dataclass(frozen=True)
+class _Held:
+    pooled: Any  #: the engine's wrapper, detached from its pool
+    conn: psycopg.Connection[Any]  #: its psycopg connection
+
+
+class _HotConnections:
+    """Autocommit connections for `Store.hot`, taken and given back without any reset.
+
+    Made by the engine (its URL, connect arguments and `connect` events), then detached
+    from its pool; as many as run hot statements at once, at most `keep` kept idle. After
+    a fork, `drop()` forgets the parent's without touching their sockets (psycopg closes a
+    connection only in the process that opened it).
+    """
+
+    def __init__(self, engine: Engine, keep: int = 2) -> None:
+        self.engine = engine
+        self.keep = keep
+        self._idle: deque[_Held] = deque()
+        self._pid = os.getpid()
+
+    def take(self) -> _Held:
+        if self._pid != os.getpid():
+            self.drop()
+        try:
+            return self._idle.pop()
+        except IndexError:
+            pass
+        pooled = self.engine.raw_connection()
+        conn = pooled.driver_connection
+        pooled.detach()  # ours now: closing `pooled` closes `conn`
+        assert conn is not None
+        conn.autocommit = True
+        return _Held(pooled, conn)
+
+    def give(self, held: _Held) -> None:
+        if len(self._idle) < self.keep and self._pid == os.getpid():
+            self._idle.append(held)
+        else:
+            self.discard(held)
+
+    def discard(self, held: _Held) -> None:
+        if self._pid == os.getpid():
+            with contextlib.suppress(Exception):
+                held.pooled.close()
+
+    def drop(self) -> None:
+        """Forget every idle connection; close them only if this process opened them."""
+        idle, self._idle = self._idle, deque()
+        if self._pid == os.getpid():
+            for held in idle:
+                self.discard(held)
+        self._pid = os.getpid()
+
+
 class Store:
     """Connections to the ledger's database, each use translated and committed as one unit.
 
@@ -136,41 +195,43 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._auto = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._hot = _HotConnections(engine)
 
     def hot(self, statement: TextClause, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
         """Run one of the worker's hot statements and return its first row (a tuple).
 
         The claim and the outcome run once per operation, so they skip SQLAlchemy's
-        per-execution work (result metadata, events, execution contexts): the pooled
-        connection's psycopg handle runs the statement autocommitted (one round trip, one
-        synchronously committed transaction), as a server-side prepared statement kept by
-        that connection, and only the row's values come back. Errors are translated as
-        everywhere else; a connection the error broke is dropped from the pool.
+        per-execution work (result metadata, events, execution contexts, the pool's reset
+        on return): a connection kept for them alone, in autocommit, runs the statement
+        (one round trip, one synchronously committed transaction) as a server-side
+        prepared statement that connection keeps, and only the row's values come back.
+        Errors are translated as everywhere else; a connection an error broke is closed.
         """
         sql = _psycopg_sql(statement)
         try:
-            pooled = self.engine.raw_connection()
+            held = self._hot.take()
         except psycopg.Error as exc:  # no connection to be had
             raise _driver_error(exc, invalidated=True) from exc
-        conn: psycopg.Connection[Any] = pooled.driver_connection  # type: ignore[assignment]
+        conn = held.conn
         try:
-            conn.autocommit = True
-            try:
-                return conn.execute(sql, params, prepare=True).fetchone()
-            finally:
-                if not (conn.closed or conn.broken):
-                    conn.autocommit = False
+            row: tuple[Any, ...] | None = conn.execute(sql, params, prepare=True).fetchone()
         except psycopg.Error as exc:
             broken = conn.broken or conn.closed
             if broken:
-                pooled.invalidate(exc)
+                self._hot.discard(held)
+            else:
+                self._hot.give(held)
             raise _driver_error(exc, invalidated=broken) from exc
-        finally:
-            pooled.close()
+        except BaseException:
+            self._hot.discard(held)  # interrupted mid-statement: its state is unknown
+            raise
+        self._hot.give(held)
+        return row
 
     def dispose(self) -> None:
         """Drop pooled connections (in a forked child; never share them across fork)."""
         self.engine.dispose(close=False)
+        self._hot.drop()
 
     @contextmanager
     def transaction(self, session: Session | None = None) -> Iterator[Connection]:
