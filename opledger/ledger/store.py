@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from pydantic import BaseModel
-from sqlalchemy import Connection, Engine, TextClause
+from sqlalchemy import Connection, Engine, TextClause, event
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
@@ -151,9 +151,11 @@ class _HotConnections:
         self.keep = keep
         self._idle: deque[_Held] = deque()
         self._pid = os.getpid()
+        # `engine.dispose()` closes these too, as it closes the pool's
+        event.listen(engine, "engine_disposed", lambda _engine: self.drop())
 
     def take(self) -> _Held:
-        if self._pid != os.getpid():
+        if self._pid != os.getpid():  # forked without `dispose()`
             self.drop()
         try:
             return self._idle.pop()
@@ -178,12 +180,20 @@ class _HotConnections:
                 held.pooled.close()
 
     def drop(self) -> None:
-        """Forget every idle connection; close them only if this process opened them."""
+        """Forget every idle connection: closed if this process opened them, else (a
+        forked child) kept unreferenced-but-alive, never closed or collected here, since
+        closing would end the parent's session on the shared socket."""
         idle, self._idle = self._idle, deque()
         if self._pid == os.getpid():
             for held in idle:
                 self.discard(held)
+        else:
+            _INHERITED.extend(idle)
         self._pid = os.getpid()
+
+
+#: connections a forked child inherited from its parent: never used, never closed
+_INHERITED: list[_Held] = []
 
 
 class Store:

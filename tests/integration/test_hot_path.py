@@ -1,0 +1,108 @@
+"""The worker's two statements run on connections kept for them (`Store.hot`): a broken
+connection is a `DatabaseUnavailable` and is replaced, a forked child never touches its
+parent's, and `engine.dispose()` closes them."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from opledger.ledger import Binding, Confirmed, DatabaseUnavailable, Ledger, Status
+from tests.conftest import _libpq
+
+
+def _prepare(ledger: Ledger, key: str) -> str:
+    return ledger.prepare(
+        tenant="acme",
+        workflow_id="wf-hot",
+        intent_key=key,
+        action="crm.close_case.v1",
+        target=f"case-{key}",
+        payload={"status": "closed"},
+        authorization_ref="auth_acme",
+    ).id
+
+
+def _confirm(ledger: Ledger, op_id: str) -> Status:
+    claim = ledger.claim(op_id, owner="w")
+    assert claim is not None
+    op = ledger.record_outcome(
+        claim,
+        Confirmed(receipt_id="r", binding=Binding(idempotency_key=claim.idempotency_key)),
+    )
+    return op.status
+
+
+@pytest.fixture
+def own_ledger(database_url: str, ledger: Ledger) -> Iterator[Ledger]:
+    """A ledger with its own connections, so killing them leaves the shared one alone."""
+    mine = Ledger.from_url(database_url, pool_size=1)
+    yield mine
+    mine.engine.dispose()
+
+
+def _hot_backends(database_url: str, expect: int | None = None) -> list[int]:
+    """The backends whose last statement was the outcome; with `expect`, waits (up to 5 s)
+    for that many, since a closed connection's backend exits a moment later."""
+    deadline = time.monotonic() + 5
+    while True:
+        with psycopg.connect(_libpq(database_url), autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid() AND query LIKE '%WITH attempt AS%'"
+            ).fetchall()
+        if expect is None or len(rows) == expect or time.monotonic() > deadline:
+            return [pid for (pid,) in rows]
+        time.sleep(0.05)
+
+
+def test_a_broken_connection_is_unavailable_then_replaced(
+    own_ledger: Ledger, database_url: str, grant: str
+) -> None:
+    assert _confirm(own_ledger, _prepare(own_ledger, "first")) is Status.CONFIRMED
+    pids = _hot_backends(database_url, expect=1)
+    assert len(pids) == 1, "one connection ran both statements"
+    with psycopg.connect(_libpq(database_url), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
+    op_id = _prepare(own_ledger, "second")
+    with pytest.raises(DatabaseUnavailable):
+        own_ledger.claim(op_id, owner="w")
+    # the broken connection was closed, not given back: the next call opens a new one
+    assert _confirm(own_ledger, op_id) is Status.CONFIRMED
+    assert _hot_backends(database_url) not in ([], pids)
+
+
+def test_a_forked_child_never_uses_its_parents_connection(
+    own_ledger: Ledger, database_url: str, grant: str
+) -> None:
+    assert _confirm(own_ledger, _prepare(own_ledger, "parent")) is Status.CONFIRMED
+    child_op = _prepare(own_ledger, "child")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: as a Celery pool process does (tasks.app._after_fork)
+        code = 1
+        try:
+            own_ledger.dispose()
+            code = 0 if _confirm(own_ledger, child_op) is Status.CONFIRMED else 2
+        finally:
+            os.write(write, bytes([code]))
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"\x00"
+    os.close(read)
+    # the parent's own connection still works: the child neither used nor closed it
+    assert _confirm(own_ledger, _prepare(own_ledger, "parent-again")) is Status.CONFIRMED
+
+
+def test_disposing_the_engine_closes_them(
+    own_ledger: Ledger, database_url: str, grant: str
+) -> None:
+    assert _confirm(own_ledger, _prepare(own_ledger, "once")) is Status.CONFIRMED
+    assert len(_hot_backends(database_url, expect=1)) == 1
+    own_ledger.engine.dispose()
+    assert _hot_backends(database_url, expect=0) == []
