@@ -114,9 +114,7 @@ def upgrade() -> None:
         sa.Column("notify_settle", sa.Boolean(), server_default=sa.text("false"), nullable=False),
     )
     op.add_column("operations", sa.Column("released_at", sa.DateTime(timezone=True)))
-    op.create_check_constraint(
-        "ck_operations_waiting_nonnegative", "operations", "waiting_on >= 0"
-    )
+    op.create_check_constraint("ck_operations_waiting_nonnegative", "operations", "waiting_on >= 0")
     op.create_table(
         "operation_deps",
         sa.Column("op_id", sa.Text(), nullable=False),
