@@ -140,7 +140,7 @@ class Effects:
         if poll <= 0:
             raise InvalidInput("poll must be a positive number of seconds", field="poll")
         self.ledger = ledger
-        self._publish = publish or _default_publish
+        self._publish = publish if publish is not None else _default_publish
         self.poll = poll
         url = make_url(ledger.engine.url).set(drivername="postgresql")
         self._dsn = url.render_as_string(hide_password=False)
