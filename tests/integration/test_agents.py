@@ -236,3 +236,60 @@ def test_a_wait_that_runs_out_says_what_it_waits_for(ledger: Ledger, effects: Ef
     assert 0.3 <= time.monotonic() - started < 2
     assert isinstance(result, EffectUnknown) and result.review is None
     assert result.waiting_for.startswith("evidence")
+
+
+def test_a_langgraph_tool_call_is_one_effect_per_thread_node_and_call_id(
+    ledger: Ledger, effects: Effects, published: Published
+) -> None:
+    import json
+
+    from pydantic import BaseModel
+
+    from opledger.agents.langgraph import effect_tool
+
+    class CloseArgs(BaseModel):
+        case_id: str
+
+    tool = effect_tool(
+        effects,
+        name="close_case",
+        description="Close a CRM case",
+        args_schema=CloseArgs,
+        tenant="acme",
+        action="crm.close_case.v1",
+        authorization_ref="auth_acme",
+        effect_of=lambda args: (args["case_id"], {"note": "closed by the agent"}),
+        wait=None,
+    )
+    config = {"configurable": {"thread_id": "t-7"}, "metadata": {"langgraph_node": "tools"}}
+
+    def call(call_id: str, case_id: str) -> dict[str, object]:
+        message = tool.invoke(
+            {
+                "type": "tool_call",
+                "id": call_id,
+                "name": "close_case",
+                "args": {"case_id": case_id},
+            },
+            config,
+        )
+        answer: dict[str, object] = json.loads(message.content)
+        return answer
+
+    first = call("call_1", "case-318")
+    op = ledger.get(str(first["op_id"]))
+    assert (op.workflow_id, op.intent_key, op.target) == (
+        "langgraph:t-7",
+        "tools:call_1",
+        "case-318",
+    )
+    assert first["kind"] == "pending"
+    assert call("call_1", "case-318")["op_id"] == op.id  # the same tool call, replayed
+    with pytest.raises(IntentConflict):  # the same call id asking for another case
+        call("call_1", "case-999")
+    assert call("call_2", "case-318")["op_id"] != op.id  # another tool call: another intent
+    with pytest.raises(InvalidInput):
+        tool.invoke(
+            {"type": "tool_call", "id": "call_3", "name": "close_case", "args": {"case_id": "x"}},
+            {"metadata": {"langgraph_node": "tools"}},  # no thread
+        )
