@@ -28,7 +28,7 @@ settings.register_profile("mutmut", deadline=None, derandomize=True)
 
 TABLES = (
     "review_actions, review_views, reviews, transitions, evidence, attempts, "
-    "operation_payloads, operations, authorizations"
+    "operation_payloads, operation_deps, operations, authorizations"
 )
 
 

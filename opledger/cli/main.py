@@ -1086,6 +1086,11 @@ def demo(
             f"[dim]{time.monotonic() - started:.0f} s; every process stopped, every temporary "
             "file removed.[/dim]"
         )
+    console.print(
+        "The same story told by an agent: examples/langgraph_onboarding.py runs it as a "
+        "LangGraph graph whose thread is killed, replayed and forked without repeating an "
+        'effect (README, "Agents").'
+    )
     if as_json:
         print(json.dumps({k: v for k, v in summary.items() if k != "urls"}))
     if style == "red":

@@ -11,6 +11,8 @@ from .errors import (
     AuthorizationRevoked,
     ContradictsEvidence,
     DatabaseUnavailable,
+    DependencyCycle,
+    DependencyError,
     FenceError,
     FenceWentBack,
     ForbiddenTransition,
@@ -36,6 +38,7 @@ from .errors import (
     StaleView,
     UnknownAction,
     UnknownAuthorization,
+    UnknownDependency,
 )
 from .models import (
     ALLOWED_TRANSITIONS,
@@ -47,6 +50,7 @@ from .models import (
     Claim,
     ClaimTerms,
     Confirmed,
+    Dependency,
     Evidence,
     EvidenceSource,
     History,
@@ -79,6 +83,9 @@ __all__ = [
     "Confirmed",
     "ContradictsEvidence",
     "DatabaseUnavailable",
+    "Dependency",
+    "DependencyCycle",
+    "DependencyError",
     "Evidence",
     "EvidenceSource",
     "FenceError",
@@ -118,6 +125,7 @@ __all__ = [
     "Transition",
     "UnknownAction",
     "UnknownAuthorization",
+    "UnknownDependency",
     "Verdict",
     "canonicalize",
 ]

@@ -28,6 +28,7 @@ from .decide import admit
 from .errors import (
     AuthorizationError,
     AuthorizationRevoked,
+    DependencyCycle,
     ForbiddenTransition,
     ForgedFence,
     IntentConflict,
@@ -36,6 +37,7 @@ from .errors import (
     OutOfScope,
     StaleFence,
     UnknownAuthorization,
+    UnknownDependency,
 )
 from .ids import (
     check_action,
@@ -53,6 +55,7 @@ from .models import (
     Claim,
     ClaimTerms,
     Confirmed,
+    Dependency,
     Evidence,
     EvidenceSource,
     History,
@@ -245,15 +248,25 @@ class Ledger:
         authorization_ref: str,
         session: Session | None = None,
         actor: str = "prepare",
+        after: Sequence[str] = (),
+        notify: bool = False,
     ) -> Operation:
         """Record an intended effect before anything crosses the boundary.
 
         Idempotent per (tenant, workflow_id, intent_key): the same call again returns the
-        same operation. The same intent with another action, target, payload or
-        authorization raises `IntentConflict`. `tenant`, `workflow_id`, `intent_key` and
-        `target` are normalised to Unicode NFC (an NFD spelling names the same operation)
-        and may not contain invisible characters. With `session=`, the insert joins the
-        caller's transaction (outbox): it exists only if the caller commits.
+        same operation. The same intent with another action, target, payload,
+        authorization or `after` raises `IntentConflict`. `tenant`, `workflow_id`,
+        `intent_key` and `target` are normalised to Unicode NFC (an NFD spelling names the
+        same operation) and may not contain invisible characters. With `session=`, the
+        insert joins the caller's transaction (outbox): it exists only if the caller commits.
+
+        `after` names operations (of the same tenant) this one runs after: it is claimed
+        only once all of them are confirmed; if one is (or becomes) rejected or cancelled,
+        this one is cancelled with that reason; while one is unknown, it waits
+        (`dependencies()` says on what). An unknown id raises `UnknownDependency`, an
+        `after` that would make an operation wait on itself `DependencyCycle`.
+        `notify=True` makes every status change (and review) of it a `NOTIFY
+        opledger_settle` in the transaction that makes it (what `opledger.agents` waits on).
         """
         tenant = check_key("tenant", tenant)
         workflow_id = check_key("workflow_id", workflow_id)
@@ -261,11 +274,27 @@ class Ledger:
         target = check_key("target", target)
         check_identifier("authorization_ref", authorization_ref)
         check_action(action)
+        deps = _check_after(after)
         provider = self.actions.provider_for(action)
         frozen = canonicalize(payload, max_bytes=self.max_payload_bytes)
         with self._tx(session) as conn:
             grant = conn.execute(q.SELECT_AUTHORIZATION, {"ref": authorization_ref}).one_or_none()
             _check_grant(grant, tenant=tenant, action=action, ref=authorization_ref)
+            blocking, doomed = 0, None
+            if deps:
+                existing_row = conn.execute(
+                    q.SELECT_OPERATION_BY_INTENT,
+                    {"tenant": tenant, "workflow_id": workflow_id, "intent_key": intent_key},
+                ).one_or_none()
+                if existing_row is not None:  # a replayed step: lock nothing, insert nothing
+                    return self._same_intent(
+                        conn,
+                        store.operation(existing_row),
+                        (action, target, frozen.digest, authorization_ref),
+                        deps,
+                        notify,
+                    )
+                blocking, doomed = self._lock_dependencies(conn, tenant, deps)
             op_id = new_operation_id()
             row = conn.execute(
                 q.INSERT_OPERATION,
@@ -283,33 +312,110 @@ class Ledger:
                     "idempotency_key": op_id,
                     "canonical": frozen.text,
                     "actor": actor,
+                    "waiting_on": blocking,
+                    "notify_settle": notify,
                 },
             ).one_or_none()
-            if row is None:
+            if row is None:  # another caller inserted the same intent just now
                 row = conn.execute(
                     q.SELECT_OPERATION_BY_INTENT,
                     {"tenant": tenant, "workflow_id": workflow_id, "intent_key": intent_key},
                 ).one()
-                existing = store.operation(row)
-                differs = [
-                    name
-                    for name, mine in (
-                        ("action", action),
-                        ("target", target),
-                        ("payload_digest", frozen.digest),
-                        ("authorization_ref", authorization_ref),
-                    )
-                    if getattr(existing, name) != mine
-                ]
-                if differs:
-                    raise IntentConflict(
-                        f"intent {intent_key!r} of workflow {workflow_id!r} already names "
-                        f"operation {existing.id} with a different {', '.join(differs)}",
-                        op_id=existing.id,
-                        differs=tuple(differs),
-                    )
-                return existing
+                return self._same_intent(
+                    conn,
+                    store.operation(row),
+                    (action, target, frozen.digest, authorization_ref),
+                    deps,
+                    notify,
+                )
+            if deps:
+                conn.execute(q.INSERT_DEPENDENCIES, {"op_id": op_id, "after": list(deps)})
+            if doomed is not None:
+                row = conn.execute(
+                    q.CANCEL, {"op_id": op_id, "actor": "dependency", "reason": doomed}
+                ).one()
         return store.operation(row)
+
+    def _lock_dependencies(
+        self, conn: Connection, tenant: str, deps: tuple[str, ...]
+    ) -> tuple[int, str | None]:
+        """Lock and mark the operations `deps` names: how many are not confirmed, and why
+        the new operation is cancelled at once (one of them rejected or cancelled)."""
+        if not deps:
+            return 0, None
+        rows = conn.execute(q.LOCK_DEPENDENCIES, {"after": list(deps), "tenant": tenant}).all()
+        missing = sorted(set(deps) - {r.id for r in rows})
+        if missing:
+            raise UnknownDependency(
+                f"after names no operation {', '.join(missing)} of tenant {tenant!r}",
+                op_ids=tuple(missing),
+            )
+        blocking = sum(1 for r in rows if r.status != Status.CONFIRMED.value)
+        failed = sorted(
+            (r for r in rows if r.status in (Status.REJECTED.value, Status.CANCELLED.value)),
+            key=lambda r: r.id,
+        )
+        doomed = None
+        if failed:
+            first = failed[0]
+            doomed = (
+                f"dependency {first.id} was {first.status} "
+                f"({first.change_reason or 'no reason given'})"
+            )
+        return blocking, doomed
+
+    def _same_intent(
+        self,
+        conn: Connection,
+        existing: Operation,
+        asked: tuple[str, str, str, str],
+        deps: tuple[str, ...],
+        notify: bool,
+    ) -> Operation:
+        """The operation a replayed prepare names, if it is the same intent; `asked` is
+        the action, target, payload digest and authorization of the replayed call."""
+        names = ("action", "target", "payload_digest", "authorization_ref")
+        differs = [n for n, mine in zip(names, asked, strict=True) if getattr(existing, n) != mine]
+        recorded = set(conn.execute(q.SELECT_DEPENDENCY_IDS, {"op_id": existing.id}).scalars())
+        if recorded != set(deps):
+            if (
+                deps
+                and conn.execute(
+                    q.REACHES, {"after": list(deps), "op_id": existing.id}
+                ).scalar_one()
+            ):
+                raise DependencyCycle(
+                    f"{existing.id} ({existing.workflow_id} / {existing.intent_key}) cannot "
+                    "run after operations that run after it, or after itself",
+                    op_id=existing.id,
+                )
+            differs.append("after")
+        if differs:
+            raise IntentConflict(
+                f"intent {existing.intent_key!r} of workflow {existing.workflow_id!r} already "
+                f"names operation {existing.id} with a different {', '.join(differs)}",
+                op_id=existing.id,
+                differs=tuple(differs),
+            )
+        if notify:
+            conn.execute(q.WATCH, {"op_id": existing.id})
+        return existing
+
+    def dependencies(self, op_id: str) -> tuple[Dependency, ...]:
+        """The operations `op_id` runs after, as they stand now (with the open review of
+        any that a person holds): what it waits for, if anything."""
+        check_operation_id(op_id)
+        with self._single() as conn:
+            rows = conn.execute(q.SELECT_DEPENDENCIES, {"op_id": op_id}).all()
+        if not rows:
+            self.get(op_id)
+        return tuple(store.record(Dependency, r) for r in rows)
+
+    def watch(self, op_id: str) -> None:
+        """Have every later status change (and review) of `op_id` NOTIFY `opledger_settle`."""
+        check_operation_id(op_id)
+        with self._single() as conn:
+            conn.execute(q.WATCH, {"op_id": op_id})
 
     # -- reads -------------------------------------------------------------------------
 
@@ -946,6 +1052,21 @@ def _reason_of(outcome: Outcome) -> str:
     if isinstance(outcome, Confirmed):
         return "accepted by provider" if outcome.accepted_only else "provider receipt"
     return f"{outcome.kind}: {outcome.code}"
+
+
+#: how many operations one operation may run after
+MAX_DEPENDENCIES = 100
+
+
+def _check_after(after: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(after, str):
+        raise InvalidInput("after must be a list of operation ids, not one string", field="after")
+    deps = tuple(sorted({check_operation_id(op_id) for op_id in after}))
+    if len(deps) > MAX_DEPENDENCIES:
+        raise InvalidInput(
+            f"after names {len(deps)} operations; at most {MAX_DEPENDENCIES}", field="after"
+        )
+    return deps
 
 
 def _check_scope(scope: Sequence[str]) -> tuple[str, ...]:

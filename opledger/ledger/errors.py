@@ -60,6 +60,18 @@ class OperationNotFound(LedgerError, LookupError):
     """No operation with this id."""
 
 
+class DependencyError(InvalidInput):
+    """The operations named in `after` cannot be run after: nothing was written."""
+
+
+class UnknownDependency(DependencyError, LookupError):
+    """An operation named in `after` does not exist in this tenant."""
+
+
+class DependencyCycle(DependencyError):
+    """Running after these operations would make an operation wait on itself."""
+
+
 class AuthorizationError(LedgerError):
     """The authorization does not allow this write."""
 

@@ -281,6 +281,28 @@ class Review(Record):
     notified_at: AwareDatetime | None = None
 
 
+class Dependency(Record):
+    """An operation another one runs after (`prepare(after=...)`), as it stands now.
+
+    The dependent is claimed only once every dependency is confirmed; a rejected or
+    cancelled one cancels it; while one is unknown it waits, and `review_id` /
+    `review_reason` say which person holds that dependency and why."""
+
+    op_id: str
+    action: str
+    target: str
+    status: Status
+    #: why its status last changed (the provider's code, an operator's reason...)
+    reason: str | None
+    review_id: int | None
+    review_reason: str | None
+
+    @property
+    def blocking(self) -> bool:
+        """Whether the dependent still waits on it."""
+        return self.status is not Status.CONFIRMED
+
+
 class Authorization(Record):
     """A grant under which a tenant's operations may write to providers."""
 

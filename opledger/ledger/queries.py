@@ -92,12 +92,12 @@ INSERT_OPERATION = text(
         INSERT INTO operations (
             id, tenant, workflow_id, intent_key, action, target, provider,
             payload_digest, payload_size, authorization_ref, idempotency_key,
-            changed_by, change_reason
+            changed_by, change_reason, waiting_on, notify_settle
         )
         VALUES (
             :id, :tenant, :workflow_id, :intent_key, :action, :target, :provider,
             :payload_digest, :payload_size, :authorization_ref, :idempotency_key,
-            :actor, 'prepared'
+            :actor, 'prepared', :waiting_on, :notify_settle
         )
         ON CONFLICT (tenant, workflow_id, intent_key) DO NOTHING
         RETURNING *
@@ -117,6 +117,54 @@ SELECT_OPERATION_BY_INTENT = text(
     WHERE o.tenant = :tenant AND o.workflow_id = :workflow_id AND o.intent_key = :intent_key
     """
 )
+
+# -- ordered effects -------------------------------------------------------------------------
+
+# The operations a new one runs after, locked (a row lock, like FOR UPDATE) and marked, in
+# the preparing transaction: a dependency confirmed concurrently either committed before
+# (its status is read here as confirmed) or waits for this transaction and then finds the
+# new dependency row (the 0008 trigger counts it down).
+LOCK_DEPENDENCIES = text(
+    """
+    UPDATE operations AS o SET has_dependents = true
+    FROM (SELECT id FROM operations WHERE id = ANY(:after) AND tenant = :tenant
+          ORDER BY id FOR UPDATE) AS locked
+    WHERE o.id = locked.id
+    RETURNING o.id, o.status::text AS status, o.change_reason
+    """
+).bindparams(bindparam("after", type_=ARRAY(Text)))
+
+INSERT_DEPENDENCIES = text(
+    "INSERT INTO operation_deps (op_id, dep_id) SELECT :op_id, unnest(CAST(:after AS text[]))"
+).bindparams(bindparam("after", type_=ARRAY(Text)))
+
+SELECT_DEPENDENCY_IDS = text("SELECT dep_id FROM operation_deps WHERE op_id = :op_id")
+
+# Whether `op_id` is among `after` or anything they (transitively) run after.
+REACHES = text(
+    """
+    WITH RECURSIVE reach(id) AS (
+        SELECT unnest(CAST(:after AS text[]))
+        UNION
+        SELECT d.dep_id FROM operation_deps AS d JOIN reach ON d.op_id = reach.id
+    )
+    SELECT EXISTS (SELECT 1 FROM reach WHERE id = :op_id)
+    """
+).bindparams(bindparam("after", type_=ARRAY(Text)))
+
+SELECT_DEPENDENCIES = text(
+    """
+    SELECT o.id AS op_id, o.action, o.target, o.status, o.change_reason AS reason,
+           r.id AS review_id, r.reason AS review_reason
+    FROM operation_deps AS d
+    JOIN operations AS o ON o.id = d.dep_id
+    LEFT JOIN reviews AS r ON r.op_id = o.id AND r.resolved_at IS NULL
+    WHERE d.op_id = :op_id
+    ORDER BY o.id
+    """
+)
+
+WATCH = text("UPDATE operations SET notify_settle = true WHERE id = :op_id AND NOT notify_settle")
 
 SELECT_PAYLOAD = text("SELECT canonical FROM operation_payloads WHERE op_id = :op_id")
 
@@ -196,6 +244,7 @@ CLAIM = text(
           AND o.status = CAST(:from_status AS op_status)
           AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
           AND (CAST(:expected_fence AS bigint) IS NULL OR o.fence = :expected_fence)
+          AND o.waiting_on = 0  -- ordered effects: every dependency confirmed (0008)
           AND a.ref = o.authorization_ref AND {grant_active("a")}
         RETURNING o.*
     ),
@@ -423,13 +472,20 @@ DUE_CHECKS = text(
 
 # Prepared operations whose message is plausibly lost: nobody claimed them for `after`
 # since their last publish, and each re-publication doubles that wait (capped), so an
-# operation whose message is merely late is not published again and again.
+# operation whose message is merely late is not published again and again. One waiting on
+# a dependency is never published; one whose last dependency was confirmed is published at
+# once (its earlier messages found it waiting and were dropped).
 RELAY_CANDIDATES = text(
     """
     SELECT id, relay_gen FROM operations
-    WHERE status = 'prepared' AND created_at < now() - :after
-      AND coalesce(enqueued_at, created_at)
-          < now() - :after * power(2, least(relay_gen, :max_doublings))
+    WHERE status = 'prepared' AND waiting_on = 0
+      AND (
+        -- its last dependency was just confirmed: nobody has published it yet
+        released_at IS NOT NULL
+        OR (created_at < now() - :after
+            AND coalesce(enqueued_at, created_at)
+                < now() - :after * power(2, least(relay_gen, :max_doublings)))
+      )
     ORDER BY created_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
@@ -438,7 +494,7 @@ RELAY_CANDIDATES = text(
 
 MARK_ENQUEUED = text(
     """
-    UPDATE operations SET enqueued_at = now(), relay_gen = relay_gen + 1
+    UPDATE operations SET enqueued_at = now(), relay_gen = relay_gen + 1, released_at = NULL
     WHERE id = ANY(:ids) AND status = 'prepared'
     """
 ).bindparams(bindparam("ids", type_=ARRAY(Text)))

@@ -97,7 +97,16 @@ operations = Table(
     Column("record_version", Integer, nullable=False, server_default=text("1")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    # Ordered effects (migration 0008): how many of the operations it runs after are not
+    # confirmed yet (the claim takes only 0); whether others run after it; when its last
+    # dependency was confirmed (the relay publishes it then). Kept by a trigger.
+    Column("waiting_on", Integer, nullable=False, server_default=text("0")),
+    Column("has_dependents", Boolean, nullable=False, server_default=text("false")),
+    Column("released_at", DateTime(timezone=True)),
+    # An agent waits on it: status changes and reviews are NOTIFYed on `opledger_settle`.
+    Column("notify_settle", Boolean, nullable=False, server_default=text("false")),
     UniqueConstraint("tenant", "workflow_id", "intent_key", name="uq_operations_intent"),
+    CheckConstraint("waiting_on >= 0", name="waiting_nonnegative"),
     CheckConstraint("id ~ '^op_[0-9A-HJKMNP-TV-Z]{26}$'", name="id_format"),
     CheckConstraint("payload_digest ~ '^[0-9a-f]{64}$'", name="digest_format"),
     CheckConstraint("fence >= 0", name="fence_nonnegative"),
@@ -126,6 +135,20 @@ Index(
 )
 Index("ix_operations_tenant_status", operations.c.tenant, operations.c.status)
 Index("ix_operations_authorization_ref", operations.c.authorization_ref)
+
+# An operation (op_id) runs only after each of its dependencies (dep_id) is confirmed.
+operation_deps = Table(
+    "operation_deps",
+    metadata,
+    Column(
+        "op_id",
+        Text,
+        ForeignKey("operations.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("dep_id", Text, ForeignKey("operations.id"), primary_key=True),
+)
+Index("ix_operation_deps_dep_id", operation_deps.c.dep_id)
 
 # One row per broker queue the sweeps publish to: the last depth sample, the drain rate
 # measured from the samples, and since when the queue has been shallow (backlog guard).

@@ -484,6 +484,26 @@ def probe_an_expired_grant_stops_a_retry(ledger: Ledger) -> None:
     unchanged(ledger, before)
 
 
+def probe_a_dependent_waits_for_its_dependency(ledger: Ledger) -> None:
+    """An operation prepared to run after another is not claimed while that one is still
+    unknown (ordered effects, migration 0008): its message is a no-op."""
+    dependency = _unknown(ledger, "dependency")
+    op = ledger.get(dependency.op_id)
+    dependent = ledger.prepare(
+        tenant="acme",
+        workflow_id=op.workflow_id,
+        intent_key="dependent",
+        action="crm.close_case.v1",
+        target="case-dependent",
+        payload={"close": "dependent"},
+        authorization_ref=op.authorization_ref,
+        after=[op.id],
+    ).id
+    before = ledger.history(dependent)
+    claim_refused(lambda: ledger.claim(dependent, owner="worker-2"))
+    unchanged(ledger, before)
+
+
 Probe = Callable[[Ledger], None]
 
 PROBES: Sequence[Probe] = (
@@ -504,6 +524,7 @@ PROBES: Sequence[Probe] = (
     probe_a_retry_claim_needs_the_fence_its_decision_saw,
     probe_a_revoked_grant_stops_a_retry,
     probe_an_expired_grant_stops_a_retry,
+    probe_a_dependent_waits_for_its_dependency,
 )
 
 
@@ -626,6 +647,7 @@ CLAIM_FENCE = SqlGuard(
     "AND (CAST(:expected_fence AS bigint) IS NULL OR o.fence = :expected_fence)",
     "expected_fence",
 )
+CLAIM_DEPENDENCIES = SqlGuard("CLAIM", "AND o.waiting_on = 0", "dependencies")
 CLAIM_NOT_REVOKED = SqlGuard("CLAIM", "a.revoked_at IS NULL AND ", "not_revoked")
 CLAIM_NOT_EXPIRED = SqlGuard(
     "CLAIM", " AND (a.expires_at IS NULL OR a.expires_at > now())", "not_expired"
@@ -667,6 +689,7 @@ MUTANTS: Sequence[Mutant] = (
     Mutant(probe_a_retry_claim_needs_the_fence_its_decision_saw, (CLAIM_FENCE,), True),
     Mutant(probe_a_revoked_grant_stops_a_retry, (CLAIM_NOT_REVOKED,), True),
     Mutant(probe_an_expired_grant_stops_a_retry, (CLAIM_NOT_EXPIRED,), True),
+    Mutant(probe_a_dependent_waits_for_its_dependency, (CLAIM_DEPENDENCIES,), True),
     # deliberate double (and triple) conditions, each removed in turn
     *_one_by_one(probe_a_settled_operation_never_flips, SETTLE_STATUS_GUARD, TRIGGER),
     *_one_by_one(

@@ -10,9 +10,13 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from sqlalchemy import create_engine
 
 from opledger.ledger import Binding, Confirmed, DatabaseUnavailable, Ledger, Status
+from opledger.ledger.migrate import sqlalchemy_url
 from tests.conftest import _libpq
+
+APP = "opledger-hot-path-test"  #: our own ledger's connections, told apart from the suite's
 
 
 def _prepare(ledger: Ledger, key: str) -> str:
@@ -40,7 +44,10 @@ def _confirm(ledger: Ledger, op_id: str) -> Status:
 @pytest.fixture
 def own_ledger(database_url: str, ledger: Ledger) -> Iterator[Ledger]:
     """A ledger with its own connections, so killing them leaves the shared one alone."""
-    mine = Ledger.from_url(database_url, pool_size=1)
+    engine = create_engine(
+        sqlalchemy_url(database_url), pool_size=1, connect_args={"application_name": APP}
+    )
+    mine = Ledger(engine)
     yield mine
     mine.engine.dispose()
 
@@ -53,7 +60,8 @@ def _hot_backends(database_url: str, expect: int | None = None) -> list[int]:
         with psycopg.connect(_libpq(database_url), autocommit=True) as conn:
             rows = conn.execute(
                 "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-                " AND pid <> pg_backend_pid() AND query LIKE '%WITH attempt AS%'"
+                " AND application_name = %s AND query LIKE '%%WITH attempt AS%%'",
+                (APP,),
             ).fetchall()
         if expect is None or len(rows) == expect or time.monotonic() > deadline:
             return [pid for (pid,) in rows]

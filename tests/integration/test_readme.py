@@ -189,6 +189,12 @@ DEMO_TEST = "tests/system/test_demo.py::test_the_demo_runs_from_a_clean_clone_wi
 CHAOS_TEST = "tests/system/test_chaos.py::test_ci_sized_chaos_run_keeps_every_invariant"
 BENCH_TEST = "tests/system/test_bench_smoke.py::test_a_tiny_bench_run"
 
+LANGGRAPH_TEST = (
+    "tests/system/test_langgraph_onboarding.py::"
+    "test_kill_resume_replay_and_fork_never_repeat_an_effect"
+)
+EXAMPLE = "python examples/langgraph_onboarding.py"
+
 MAKE_TEST = "test_make_test_runs_lint_types_contracts_and_the_suite"
 OUTBOX_TABLE = "case_closures"  # the outbox example creates it in the ledger's database
 #: checks after a block that published `op`: its message is queued, the operation prepared
@@ -311,6 +317,31 @@ assert "case-319" in rows, rows
             ("[--keep]", "--keep"),
             ("[--quick] [--json]", "--quick --json"),
         ),
+    ),
+    "1506de85a8": Shell(
+        f"{EXAMPLE} run --thread t1",
+        # it needs a worker on the ledger and the broker: the system test runs every
+        # command with the shared worker and kills the first one mid-node
+        covered={
+            f"{EXAMPLE} run --thread t1": (LANGGRAPH_TEST,),
+            f"{EXAMPLE} resume --thread t1": (LANGGRAPH_TEST,),
+            f"{EXAMPLE} replay --thread t1 --before close": (LANGGRAPH_TEST,),
+            f"{EXAMPLE} fork --thread t1 --owner new-owner@acme.test "
+            "--authorization auth_onboarding_fork": (LANGGRAPH_TEST,),
+        },
+    ),
+    "8ca4053dec": Python(
+        "from opledger.agents import Effects",
+        then="""
+import os, redis
+from opledger.agents import EffectPending
+queued = redis.Redis.from_url(os.environ["OPLEDGER_BROKER_URL"]).lrange("dispatch", 0, -1)
+assert any(close.op_id.encode() in message for message in queued), queued
+assert not any(email.op_id.encode() in message for message in queued), queued  # waits
+assert isinstance(email, EffectPending), email
+assert [d.op_id for d in email.blocked_by] == [close.op_id], email
+assert ledger.claim(email.op_id, owner="readme") is None
+""",
     ),
     "cefc9d1460": NotCode(
         "opledger/ledger/     the core:",
@@ -693,6 +724,13 @@ def test_covered_commands_name_real_tests_and_still_parse() -> None:
             words = command.program
             if words[0] == "opledger":
                 parses(words)
+            elif words[:2] == ["python", "examples/langgraph_onboarding.py"]:
+                example = subprocess.run(
+                    [sys.executable, str(REPO / words[1]), *words[2:], "--help"],
+                    capture_output=True,
+                    text=True,
+                )
+                assert example.returncode == 0, (key, example.stderr)
             elif words[0] == "make":
                 dry = make_dry_run(*words[1:])
                 assert dry.returncode == 0, (key, dry.stderr)

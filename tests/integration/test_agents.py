@@ -1,0 +1,295 @@
+"""The agent API on a real Postgres, with the test in the worker's place: ordered effects
+(the claim's gate, cancellation on a failed dependency, the visible reason while one is
+unknown, cycles), replayed steps, and a waiting `effect()` woken by NOTIFY."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+from opledger.agents import (
+    EffectCancelled,
+    EffectConfirmed,
+    EffectPending,
+    EffectRejected,
+    Effects,
+    EffectUnknown,
+)
+from opledger.ledger import (
+    Ambiguous,
+    Binding,
+    Confirmed,
+    DependencyCycle,
+    IntentConflict,
+    InvalidInput,
+    Ledger,
+    Rejected,
+    Status,
+    UnknownDependency,
+)
+
+
+class Published(list[str]):
+    def __call__(self, op_id: str) -> None:
+        self.append(op_id)
+
+
+@pytest.fixture
+def published() -> Published:
+    return Published()
+
+
+@pytest.fixture
+def effects(ledger: Ledger, grant: str, published: Published) -> Effects:
+    return Effects(ledger, publish=published, poll=30.0)
+
+
+def _effect(effects: Effects, step: str, **kw: object) -> object:
+    args: dict[str, object] = {
+        "tenant": "acme",
+        "run": "onboarding-42",
+        "step": step,
+        "action": "crm.close_case.v1",
+        "target": "case-318",
+        "payload": {"note": step},
+        "authorization_ref": "auth_acme",
+    }
+    args.update(kw)
+    return effects.effect(**args)  # type: ignore[arg-type]
+
+
+def _settle(ledger: Ledger, op_id: str, outcome: str = "confirmed") -> None:
+    claim = ledger.claim(op_id, owner="test-worker")
+    assert claim is not None, f"{op_id} was not claimable"
+    if outcome == "confirmed":
+        binding = Binding(idempotency_key=claim.idempotency_key, target=claim.operation.target)
+        ledger.record_outcome(claim, Confirmed(receipt_id=f"r-{op_id}", binding=binding))
+    elif outcome == "rejected":
+        ledger.record_outcome(claim, Rejected(code="case_not_found", reason="no such case"))
+    else:
+        ledger.record_outcome(claim, Ambiguous(code="timeout", reason="no answer"))
+
+
+def test_a_step_is_recorded_once_and_replays_return_its_state(
+    ledger: Ledger, effects: Effects, published: Published
+) -> None:
+    first = _effect(effects, "close-case")
+    assert isinstance(first, EffectPending) and published == [first.op_id]
+    _settle(ledger, first.op_id)
+    again = _effect(effects, "close-case")
+    assert isinstance(again, EffectConfirmed)
+    assert again.op_id == first.op_id and again.receipt_id == f"r-{first.op_id}"
+    assert published == [first.op_id]  # a settled operation is not enqueued again
+    with pytest.raises(IntentConflict):
+        _effect(effects, "close-case", payload={"note": "changed"})
+    with pytest.raises(InvalidInput):
+        _effect(effects, "close-case", wait=-1)
+
+
+def test_a_dependent_is_not_claimed_until_its_dependency_is_confirmed(
+    ledger: Ledger, effects: Effects, published: Published
+) -> None:
+    close = _effect(effects, "close-case")
+    email = _effect(
+        effects, "email-owner", action="email.send.v1", target="owner@acme.test", after=[close]
+    )
+    assert isinstance(email, EffectPending)
+    assert [d.op_id for d in email.blocked_by] == [close.op_id]  # type: ignore[attr-defined]
+    assert email.op_id not in published  # a waiting operation is not enqueued
+    assert ledger.claim(email.op_id, owner="w") is None
+    _settle(ledger, close.op_id)
+    released = effects.result(email.op_id)
+    assert isinstance(released, EffectPending) and not released.blocked_by
+    assert released.waiting_for == "a worker to take it"
+    _settle(ledger, email.op_id)
+
+
+def test_a_rejected_dependency_cancels_its_dependents_with_its_reason(
+    ledger: Ledger, effects: Effects
+) -> None:
+    close = _effect(effects, "close-case")
+    email = _effect(effects, "email-owner", target="case-1", after=[close])
+    follow_up = _effect(effects, "follow-up", target="case-2", after=[email.op_id])  # type: ignore[attr-defined]
+    _settle(ledger, close.op_id, "rejected")  # type: ignore[attr-defined]
+    for dependent in (email, follow_up):
+        result = effects.result(dependent.op_id)  # type: ignore[attr-defined]
+        assert isinstance(result, EffectCancelled), result
+        assert "rejected" in result.reason
+    assert close.op_id in effects.result(email.op_id).reason  # type: ignore[attr-defined,union-attr]
+    rejected = effects.result(close.op_id)  # type: ignore[attr-defined]
+    assert isinstance(rejected, EffectRejected) and rejected.code == "case_not_found"
+    # a new dependent of a rejected operation is cancelled at once
+    late = _effect(effects, "too-late", target="case-3", after=[close])
+    assert isinstance(late, EffectCancelled) and close.op_id in late.reason  # type: ignore[attr-defined]
+
+
+def test_an_unknown_dependency_keeps_the_dependent_waiting_with_a_visible_reason(
+    ledger: Ledger, effects: Effects
+) -> None:
+    close = _effect(effects, "close-case")
+    email = _effect(effects, "email-owner", target="case-9", after=[close])
+    _settle(ledger, close.op_id, "unknown")  # type: ignore[attr-defined]
+    op = ledger.get(close.op_id)  # type: ignore[attr-defined]
+    review = ledger.open_review(op.id, fence=op.fence, reason="no dedup and no lookup")
+    assert review is not None
+    started = time.monotonic()
+    waited = effects.wait(email.op_id, timeout=10)  # type: ignore[attr-defined]
+    assert time.monotonic() - started < 2  # a person holds the dependency: no point waiting
+    assert isinstance(waited, EffectPending)
+    (blocker,) = waited.blocked_by
+    assert blocker.status is Status.UNKNOWN and blocker.review_id == review.id
+    assert f"review {review.id}" in waited.waiting_for
+    assert ledger.claim(email.op_id, owner="w") is None  # type: ignore[attr-defined]
+    held = effects.result(close.op_id)  # type: ignore[attr-defined]
+    assert isinstance(held, EffectUnknown) and held.review is not None
+    assert not held.final
+
+
+def test_dependencies_are_checked_and_a_cycle_is_refused(ledger: Ledger, effects: Effects) -> None:
+    a = _effect(effects, "a")
+    b = _effect(effects, "b", target="case-1", after=[a])
+    with pytest.raises(DependencyCycle):  # replaying step "a" as if it ran after b
+        _effect(effects, "a", after=[b])
+    with pytest.raises(DependencyCycle):
+        _effect(effects, "a", after=[a])
+    with pytest.raises(IntentConflict):  # another dependency set, no cycle: another intent
+        _effect(effects, "b", target="case-1", after=[])
+    with pytest.raises(UnknownDependency):
+        _effect(effects, "c", after=["op_01J00000000000000000000000"])
+    other = ledger.grant(tenant="beta", scope=["crm.*"], granted_by="t", ref="auth_beta")
+    with pytest.raises(UnknownDependency):  # another tenant's operation is not visible
+        _effect(effects, "d", tenant="beta", authorization_ref=other.ref, after=[a])
+    with pytest.raises(InvalidInput):
+        _effect(effects, "e", after=a.op_id)  # type: ignore[attr-defined]
+
+
+def test_the_relay_holds_waiting_dependents_and_publishes_released_ones_at_once(
+    ledger: Ledger, effects: Effects
+) -> None:
+    close = _effect(effects, "close-case")
+    email = _effect(effects, "email-owner", target="case-5", after=[close])
+    relayed: list[str] = []
+    ledger.relay(older_than=timedelta(0), publish=lambda op_id, gen: relayed.append(op_id))
+    assert close.op_id in relayed and email.op_id not in relayed  # type: ignore[attr-defined]
+    _settle(ledger, close.op_id)  # type: ignore[attr-defined]
+    relayed.clear()
+    ledger.relay(older_than=timedelta(hours=1), publish=lambda op_id, gen: relayed.append(op_id))
+    assert relayed == [email.op_id]  # type: ignore[attr-defined]
+    relayed.clear()
+    ledger.relay(older_than=timedelta(hours=1), publish=lambda op_id, gen: relayed.append(op_id))
+    assert relayed == []  # published once on release, then the usual backoff
+
+
+def test_a_waiting_effect_returns_within_a_second_of_the_settle(
+    ledger: Ledger, effects: Effects
+) -> None:
+    """The waiter polls every 30 s (the fixture): only the NOTIFY can wake it in time."""
+    close = _effect(effects, "close-case")
+    settled_at: list[float] = []
+
+    def settle_later() -> None:
+        time.sleep(1.0)
+        _settle(ledger, close.op_id)  # type: ignore[attr-defined]
+        settled_at.append(time.monotonic())
+
+    worker = threading.Thread(target=settle_later)
+    worker.start()
+    result = _effect(effects, "close-case", wait=20)
+    returned = time.monotonic()
+    worker.join()
+    assert isinstance(result, EffectConfirmed)
+    assert returned - settled_at[0] < 1.0
+
+
+def test_the_async_wait_is_woken_by_the_notify_too(ledger: Ledger, effects: Effects) -> None:
+    async def scenario() -> tuple[object, float]:
+        pending = await effects.aeffect(
+            tenant="acme",
+            run="onboarding-42",
+            step="close-case",
+            action="crm.close_case.v1",
+            target="case-318",
+            payload={"note": "close-case"},
+            authorization_ref="auth_acme",
+        )
+        waiter = asyncio.create_task(effects.await_result(pending.op_id, 20))
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(_settle, ledger, pending.op_id)
+        settled_at = time.monotonic()
+        result = await waiter
+        return result, time.monotonic() - settled_at
+
+    result, lag = asyncio.run(scenario())
+    assert isinstance(result, EffectConfirmed)
+    assert lag < 1.0
+
+
+def test_a_wait_that_runs_out_says_what_it_waits_for(ledger: Ledger, effects: Effects) -> None:
+    close = _effect(effects, "close-case")
+    _settle(ledger, close.op_id, "unknown")  # type: ignore[attr-defined]
+    started = time.monotonic()
+    result = effects.wait(close.op_id, timeout=0.3)  # type: ignore[attr-defined]
+    assert 0.3 <= time.monotonic() - started < 2
+    assert isinstance(result, EffectUnknown) and result.review is None
+    assert result.waiting_for.startswith("evidence")
+
+
+def test_a_langgraph_tool_call_is_one_effect_per_thread_node_and_call_id(
+    ledger: Ledger, effects: Effects, published: Published
+) -> None:
+    import json
+
+    from pydantic import BaseModel
+
+    from opledger.agents.langgraph import effect_tool
+
+    class CloseArgs(BaseModel):
+        case_id: str
+
+    tool = effect_tool(
+        effects,
+        name="close_case",
+        description="Close a CRM case",
+        args_schema=CloseArgs,
+        tenant="acme",
+        action="crm.close_case.v1",
+        authorization_ref="auth_acme",
+        effect_of=lambda args: (args["case_id"], {"note": "closed by the agent"}),
+        wait=None,
+    )
+    config = {"configurable": {"thread_id": "t-7"}, "metadata": {"langgraph_node": "tools"}}
+
+    def call(call_id: str, case_id: str) -> dict[str, object]:
+        message = tool.invoke(
+            {
+                "type": "tool_call",
+                "id": call_id,
+                "name": "close_case",
+                "args": {"case_id": case_id},
+            },
+            config,
+        )
+        answer: dict[str, object] = json.loads(message.content)
+        return answer
+
+    first = call("call_1", "case-318")
+    op = ledger.get(str(first["op_id"]))
+    assert (op.workflow_id, op.intent_key, op.target) == (
+        "langgraph:t-7",
+        "tools:call_1",
+        "case-318",
+    )
+    assert first["kind"] == "pending"
+    assert call("call_1", "case-318")["op_id"] == op.id  # the same tool call, replayed
+    with pytest.raises(IntentConflict):  # the same call id asking for another case
+        call("call_1", "case-999")
+    assert call("call_2", "case-318")["op_id"] != op.id  # another tool call: another intent
+    with pytest.raises(InvalidInput):
+        tool.invoke(
+            {"type": "tool_call", "id": "call_3", "name": "close_case", "args": {"case_id": "x"}},
+            {"metadata": {"langgraph_node": "tools"}},  # no thread
+        )
