@@ -517,6 +517,16 @@ COUNT_REVIEWS = text(
     """
 )
 
+# Tenants with open reviews (for an operator of every tenant), with how many.
+OPEN_REVIEW_TENANTS = text(
+    """
+    SELECT o.tenant, count(*) AS n
+    FROM reviews AS r JOIN operations AS o ON o.id = r.op_id
+    WHERE r.resolved_at IS NULL
+    GROUP BY o.tenant ORDER BY o.tenant
+    """
+)
+
 # Operations of one tenant by id, workflow or target (exact), newest first.
 SEARCH_OPERATIONS = text(
     f"""

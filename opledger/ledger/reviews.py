@@ -168,6 +168,11 @@ class Reviews:
             rows = conn.execute(q.COUNT_REVIEWS, {"tenant": tenant})
             return tuple(ReviewCount.model_validate(dict(r._mapping)) for r in rows)
 
+    def tenants_with_open_reviews(self) -> tuple[tuple[str, int], ...]:
+        """Every tenant with open reviews and how many (for an operator of all tenants)."""
+        with self._db.statement() as conn:
+            return tuple((r.tenant, int(r.n)) for r in conn.execute(q.OPEN_REVIEW_TENANTS))
+
     def search(
         self,
         *,
