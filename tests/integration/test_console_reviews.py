@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 from opledger.cli.main import app as cli
 from opledger.ledger import Ledger, OperationNotFound, StaleView
 from opledger.ledger.errors import InvalidInput
+from opledger.settings import get_settings
 
 from .test_reviews import Desk
 
@@ -68,22 +69,26 @@ def test_a_stale_view_says_what_changed_in_python_and_in_the_cli(
 
     monkeypatch.setenv("OPLEDGER_DATABASE_URL", database_url)
     monkeypatch.setenv("OPLEDGER_CRM_URL", desk.sandbox.http_url)
-    result = CliRunner().invoke(
-        cli,
-        [
-            "review",
-            "resolve",
-            op_id,
-            "--tenant",
-            "acme",
-            "--operator",
-            "alice",
-            "--as",
-            "cancel",
-            "--note",
-            "x",
-        ],
-    )
+    get_settings.cache_clear()  # read again with this environment, and again after
+    try:
+        result = CliRunner().invoke(
+            cli,
+            [
+                "review",
+                "resolve",
+                op_id,
+                "--tenant",
+                "acme",
+                "--operator",
+                "alice",
+                "--as",
+                "cancel",
+                "--note",
+                "x",
+            ],
+        )
+    finally:
+        get_settings.cache_clear()
     assert result.exit_code == 3
     assert f"what changed: {said}" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
