@@ -1,4 +1,4 @@
-# The opledger image: one image for migrate, worker, beat, flower and the sandbox.
+# The opledger image: one image for migrate, worker, beat, flower, the console and the sandbox.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -8,9 +8,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY opledger ./opledger
-# The sandbox providers are an extra; an image for production builds without them:
-#   docker build --build-arg EXTRAS= .
-ARG EXTRAS=sandbox
+# The sandbox providers and the review console are extras; an image for production builds
+# without the sandbox:
+#   docker build --build-arg EXTRAS=console .
+ARG EXTRAS=sandbox,console
 RUN pip install ".${EXTRAS:+[$EXTRAS]}" && useradd --create-home --uid 10001 opledger
 USER opledger
 WORKDIR /home/opledger

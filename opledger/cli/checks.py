@@ -222,6 +222,10 @@ def _beat_lock(engine: Any) -> Check:
                 text(
                     "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
                     " AND classid = :hi AND objid = :lo AND objsubid = 1"
+                    # advisory locks are per database: a beat of another database on the
+                    # same server is none of ours
+                    " AND database = (SELECT oid FROM pg_database"
+                    " WHERE datname = current_database())"
                 ),
                 {"hi": BEAT_LOCK_KEY >> 32, "lo": BEAT_LOCK_KEY & 0xFFFFFFFF},
             ).scalar_one_or_none()

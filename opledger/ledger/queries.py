@@ -556,7 +556,42 @@ LIST_REVIEWS = text(
     WHERE r.resolved_at IS NULL AND o.tenant = :tenant
       AND (CAST(:older_than AS interval) IS NULL OR r.opened_at < now() - :older_than)
       AND (CAST(:action AS text) IS NULL OR o.action LIKE :action)
+      AND (CAST(:reason AS text) IS NULL OR r.reason ILIKE :reason)
     ORDER BY r.opened_at
+    LIMIT :limit
+    """
+)
+
+# Open reviews of one tenant, counted by action and reason (the console's queue header).
+COUNT_REVIEWS = text(
+    """
+    SELECT o.action, r.reason, count(*) AS n, min(r.opened_at) AS oldest
+    FROM reviews AS r JOIN operations AS o ON o.id = r.op_id
+    WHERE r.resolved_at IS NULL AND o.tenant = :tenant
+    GROUP BY o.action, r.reason
+    ORDER BY min(r.opened_at)
+    """
+)
+
+# Tenants with open reviews (for an operator of every tenant), with how many.
+OPEN_REVIEW_TENANTS = text(
+    """
+    SELECT o.tenant, count(*) AS n
+    FROM reviews AS r JOIN operations AS o ON o.id = r.op_id
+    WHERE r.resolved_at IS NULL
+    GROUP BY o.tenant ORDER BY o.tenant
+    """
+)
+
+# Operations of one tenant by id, workflow or target (exact), newest first.
+SEARCH_OPERATIONS = text(
+    f"""
+    SELECT {_cols("o")} FROM operations AS o
+    WHERE o.tenant = :tenant
+      AND (CAST(:op_id AS text) IS NULL OR o.id = :op_id)
+      AND (CAST(:workflow_id AS text) IS NULL OR o.workflow_id = :workflow_id)
+      AND (CAST(:target AS text) IS NULL OR o.target = :target)
+    ORDER BY o.id DESC
     LIMIT :limit
     """
 )

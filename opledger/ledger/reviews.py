@@ -23,6 +23,7 @@ from .decide import binds, our_keys, retention_risk
 from .errors import (
     ContradictsEvidence,
     InvalidInput,
+    OperationNotFound,
     RetryNeedsAcknowledgement,
     RetryNeedsNewKey,
     ReviewAlreadyResolved,
@@ -34,6 +35,7 @@ from .models import (
     Attempt,
     Evidence,
     EvidenceSource,
+    History,
     Operation,
     Record,
     Review,
@@ -59,6 +61,15 @@ class ReviewSummary(Record):
     reason: str
     opened_at: AwareDatetime
     record_version: int
+
+
+class ReviewCount(Record):
+    """Open reviews of one tenant with one action and one reason."""
+
+    action: str
+    reason: str
+    n: int
+    oldest: AwareDatetime
 
 
 class ReviewView(Record):
@@ -119,10 +130,17 @@ class Reviews:
         tenant: str,
         older_than: timedelta | None = None,
         action: str | None = None,
+        reason: str | None = None,
         limit: int = 100,
     ) -> tuple[ReviewSummary, ...]:
-        """Open reviews of `tenant`, oldest first; `action` may end in '*' (a prefix)."""
+        """Open reviews of `tenant`, oldest first; `action` may end in '*' (a prefix);
+        `reason` is a case-insensitive part of the review's reason."""
         tenant = check_key("tenant", tenant)
+        reason_pattern = None
+        if reason is not None and reason.strip():
+            check_identifier("reason", reason)
+            escaped = reason.strip().replace("\\", "\\\\").replace("%", r"\%")
+            reason_pattern = "%" + escaped.replace("_", r"\_") + "%"
         pattern = None
         if action is not None:
             if action.endswith("*"):
@@ -137,10 +155,81 @@ class Reviews:
                     "tenant": tenant,
                     "older_than": older_than,
                     "action": pattern,
+                    "reason": reason_pattern,
                     "limit": max(1, min(limit, 10_000)),
                 },
             )
             return tuple(ReviewSummary.model_validate(dict(r._mapping)) for r in rows)
+
+    def counts(self, *, tenant: str) -> tuple[ReviewCount, ...]:
+        """Open reviews of `tenant` counted by action and reason, oldest group first."""
+        tenant = check_key("tenant", tenant)
+        with self._db.statement() as conn:
+            rows = conn.execute(q.COUNT_REVIEWS, {"tenant": tenant})
+            return tuple(ReviewCount.model_validate(dict(r._mapping)) for r in rows)
+
+    def tenants_with_open_reviews(self) -> tuple[tuple[str, int], ...]:
+        """Every tenant with open reviews and how many (for an operator of all tenants)."""
+        with self._db.statement() as conn:
+            return tuple((r.tenant, int(r.n)) for r in conn.execute(q.OPEN_REVIEW_TENANTS))
+
+    def search(
+        self,
+        *,
+        tenant: str,
+        op_id: str | None = None,
+        workflow_id: str | None = None,
+        target: str | None = None,
+        limit: int = 100,
+    ) -> tuple[Operation, ...]:
+        """Operations of `tenant` with this id, workflow id or target (exact; NFC like
+        `prepare`), newest first. At least one of the three is required."""
+        tenant = check_key("tenant", tenant)
+        if op_id is not None:
+            check_operation_id(op_id)
+        if workflow_id is not None:
+            workflow_id = check_key("workflow_id", workflow_id)
+        if target is not None:
+            target = check_key("target", target)
+        if op_id is None and workflow_id is None and target is None:
+            raise InvalidInput("search by an operation id, a workflow id or a target")
+        with self._db.statement() as conn:
+            rows = conn.execute(
+                q.SEARCH_OPERATIONS,
+                {
+                    "tenant": tenant,
+                    "op_id": op_id,
+                    "workflow_id": workflow_id,
+                    "target": target,
+                    "limit": max(1, min(limit, 1000)),
+                },
+            )
+            return tuple(store.operation(r) for r in rows)
+
+    def history(self, op_id: str, *, tenant: str) -> History:
+        """Everything recorded about `op_id`, if it is `tenant`'s; another tenant's
+        operation is `OperationNotFound`, exactly like one that does not exist."""
+        check_operation_id(op_id)
+        tenant = check_key("tenant", tenant)
+        with self._db.snapshot() as conn:
+            history = self._db.history(conn, op_id)
+        if history.operation.tenant != tenant:
+            raise OperationNotFound(f"no operation {op_id}", op_id=op_id)
+        return history
+
+    def payload(self, op_id: str, *, tenant: str) -> dict[str, Any] | None:
+        """The frozen payload of `tenant`'s operation `op_id`; None once purged."""
+        check_operation_id(op_id)
+        tenant = check_key("tenant", tenant)
+        with self._db.snapshot() as conn:
+            row = conn.execute(q.SELECT_OPERATION, {"op_id": op_id}).one_or_none()
+            if row is None or row.tenant != tenant:
+                raise OperationNotFound(f"no operation {op_id}", op_id=op_id)
+            text = conn.execute(q.SELECT_PAYLOAD, {"op_id": op_id}).scalar_one_or_none()
+        if text is None:
+            return None
+        value: dict[str, Any] = json.loads(text)
+        return value
 
     def show(self, op_id: str, *, tenant: str, operator: str) -> ReviewView:
         """Everything a reviewer needs, recorded as this operator's latest view."""
@@ -249,16 +338,19 @@ class Reviews:
                     seen=seen,
                     current=op.record_version,
                 )
+            shown: dict[str, Any] = dict(view.shown)
+            history = self._db.history(conn, op_id)  # under the lock just taken
             if seen != op.record_version or op.status is not Status.UNKNOWN:
+                changes = changes_since(shown, history)
                 raise StaleView(
                     f"{op_id} changed since it was shown (version {seen}, now "
-                    f"{op.record_version}, status {op.status}): show it again before deciding",
+                    f"{op.record_version}, status {op.status}): show it again before deciding"
+                    f"; what changed: {'; '.join(changes)}",
                     op_id=op_id,
                     seen=seen,
                     current=op.record_version,
+                    changes=changes,
                 )
-            shown: dict[str, Any] = dict(view.shown)
-            history = self._db.history(conn, op_id)  # under the lock just taken
             overriding = self._check_evidence(op, history.attempts, history.evidence, chosen)
             if overriding and not override_evidence:
                 raise ContradictsEvidence(
@@ -445,3 +537,46 @@ def _shown(view: ReviewView) -> dict[str, Any]:
         "consequences": view.consequences.model_dump(mode="json") if view.consequences else None,
         "shown_at": view.shown_at.isoformat(),
     }
+
+
+def _when(value: Any) -> str:
+    return str(value)[:19].replace("T", " ")
+
+
+def changes_since(shown: dict[str, Any], history: History) -> tuple[str, ...]:
+    """What changed between the view an operator was shown (`_shown`) and `history`, one
+    plain sentence per fact: the status, new or finished attempts, new evidence."""
+    op = history.operation
+    changes: list[str] = []
+    if shown.get("status") not in (None, op.status.value):
+        changes.append(f"status {shown['status']} is now {op.status.value}")
+    before_attempts = {a.get("n"): a for a in shown.get("attempts", [])}
+    for attempt in history.attempts:
+        old = before_attempts.get(attempt.n)
+        if old is None:
+            by = f", authorized by {attempt.authorized_by}" if attempt.authorized_by else ""
+            changes.append(
+                f"new attempt {attempt.n} started {_when(attempt.started_at)}{by}"
+                + (f", outcome {attempt.outcome}" if attempt.outcome else ", outcome not known yet")
+            )
+        elif old.get("outcome") != attempt.outcome:
+            changes.append(
+                f"attempt {attempt.n} finished {_when(attempt.finished_at)}: "
+                f"{attempt.outcome or 'no outcome'}"
+            )
+    seen_evidence = {e.get("id") for e in shown.get("evidence", [])}
+    for ev in history.evidence:
+        if ev.id not in seen_evidence:
+            why = ev.detail.get("reason") or ev.detail.get("code") or ev.detail.get("note")
+            changes.append(
+                f"new evidence {ev.id} from {ev.source.value}: {ev.verdict.value}"
+                + (f" ({why})" if why else "")
+                + ("" if ev.applied else ", kept without moving the status")
+            )
+    if op.operator_retry_by:
+        changes.append(f"a retry was authorized by {op.operator_retry_by}")
+    if not changes:
+        changes.append(
+            f"the record moved from version {shown.get('record_version')} to {op.record_version}"
+        )
+    return tuple(changes)

@@ -293,3 +293,33 @@ Index(
     unique=True,
     postgresql_where=text("resolved_at IS NULL"),
 )
+
+# The review console's operators (migration 0009): an argon2 hash, or none for an account
+# that signs in only through a trusted SSO header; the tenants it acts for, or all of them.
+operators = Table(
+    "operators",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("password_hash", Text),
+    Column("all_tenants", Boolean, nullable=False, server_default=text("false")),
+    Column("tenants", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+    Column("created_by", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("disabled_at", DateTime(timezone=True)),
+    Column("disabled_by", Text),
+    CheckConstraint("all_tenants OR cardinality(tenants) > 0", name="has_tenants"),
+)
+
+# Server-side console sessions: the cookie's token is stored only as its sha256.
+console_sessions = Table(
+    "console_sessions",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("operator", Text, ForeignKey("operators.name", ondelete="CASCADE"), nullable=False),
+    Column("csrf_token", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("ended_at", DateTime(timezone=True)),
+)
+Index("ix_console_sessions_operator", console_sessions.c.operator)

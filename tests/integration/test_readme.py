@@ -196,6 +196,13 @@ LANGGRAPH_TEST = (
 EXAMPLE = "python examples/langgraph_onboarding.py"
 
 MAKE_TEST = "test_make_test_runs_lint_types_contracts_and_the_suite"
+CONSOLE_ACCESS = "tests/integration/test_console_access.py"
+OPS = "test_operator_add_refuses_bad_input_and_keeps_only_a_hash"
+SESSIONS = "test_password_sign_in_csrf_sessions_that_expire_and_disabling"
+CONSOLE_BROWSER = (
+    "tests/system/test_console_browser.py::"
+    "test_sign_in_open_the_queue_and_a_crash_review_resolve_it_and_see_the_audit_row"
+)
 OUTBOX_TABLE = "case_closures"  # the outbox example creates it in the ledger's database
 #: checks after a block that published `op`: its message is queued, the operation prepared
 PUBLISHED = """
@@ -342,6 +349,22 @@ assert isinstance(email, EffectPending), email
 assert [d.op_id for d in email.blocked_by] == [close.op_id], email
 assert ledger.claim(email.op_id, owner="readme") is None
 """,
+    ),
+    "fb4d824288": Shell(
+        "opledger operator add alice --tenant acme --by root",
+        # a password prompt, a password on stdin, a server until interrupted: the console's
+        # own tests run these commands as real processes
+        covered={
+            "opledger operator add alice --tenant acme --by root": (f"{CONSOLE_ACCESS}::{OPS}",),
+            "opledger operator add ops-admin --all-tenants --by root --password-stdin": (
+                f"{CONSOLE_ACCESS}::{OPS}",
+            ),
+            "opledger operator add bob@corp --tenant globex --by root --sso-only": (
+                f"{CONSOLE_ACCESS}::test_the_trusted_header_mode_trusts_only_the_proxy_and_known_operators",
+            ),
+            "opledger console": (f"{CONSOLE_ACCESS}::{SESSIONS}", CONSOLE_BROWSER),
+            "opledger operator disable alice --by root": (f"{CONSOLE_ACCESS}::{SESSIONS}",),
+        },
     ),
     "cefc9d1460": NotCode(
         "opledger/ledger/     the core:",

@@ -1,0 +1,299 @@
+"""Operators of the review console and their sessions, in the ledger's database.
+
+An operator has a name (the one the audit trail shows), an argon2id password hash (or none:
+an account that signs in only through a trusted SSO proxy header), and the tenants it acts
+for, or every tenant (`all_tenants`). Disabling an account ends its sessions at once (every
+request re-reads the account) and keeps the row, since the audit trail names it.
+
+Sessions live on the server: the browser's cookie holds a random token, the table holds
+only its sha256, the session's CSRF token, an absolute expiry and when it was last used
+(an idle session expires too).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import datetime, timedelta
+from typing import Any
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+from pydantic import AwareDatetime, BaseModel, ConfigDict
+from sqlalchemy import Engine, bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.types import Text
+
+from opledger.ledger.errors import InvalidInput, LedgerError
+from opledger.ledger.ids import check_key, check_operator
+from opledger.ledger.store import Store
+
+#: the shortest password `operator add` accepts
+MIN_PASSWORD_LENGTH = 12
+
+
+class AccountError(LedgerError):
+    """An operator account request was refused; nothing changed."""
+
+
+class OperatorExists(AccountError):
+    """An operator with this name exists already."""
+
+
+class OperatorNotFound(AccountError, LookupError):
+    """No operator with this name."""
+
+
+class Operator(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    all_tenants: bool
+    tenants: tuple[str, ...]
+    has_password: bool
+    created_by: str
+    created_at: AwareDatetime
+    disabled_at: AwareDatetime | None = None
+    disabled_by: str | None = None
+
+    def can_act_for(self, tenant: str) -> bool:
+        return self.disabled_at is None and (self.all_tenants or tenant in self.tenants)
+
+    @property
+    def scope(self) -> str:
+        return "every tenant" if self.all_tenants else ", ".join(self.tenants)
+
+
+class Session(BaseModel):
+    """An authenticated session: who, its CSRF token, until when."""
+
+    model_config = ConfigDict(frozen=True)
+
+    operator: Operator
+    csrf_token: str
+    expires_at: AwareDatetime
+
+
+_OPERATOR_COLUMNS = (
+    "o.name, o.all_tenants, o.tenants, o.password_hash IS NOT NULL AS has_password, "
+    "o.created_by, o.created_at, o.disabled_at, o.disabled_by"
+)
+
+INSERT_OPERATOR = text(
+    f"""
+    INSERT INTO operators AS o (name, password_hash, all_tenants, tenants, created_by)
+    VALUES (:name, :password_hash, :all_tenants, :tenants, :by)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING {_OPERATOR_COLUMNS}
+    """
+).bindparams(bindparam("tenants", type_=ARRAY(Text)))
+
+DISABLE_OPERATOR = text(
+    f"""
+    WITH o AS (
+        UPDATE operators SET disabled_at = coalesce(disabled_at, now()),
+                             disabled_by = coalesce(disabled_by, :by)
+        WHERE name = :name
+        RETURNING *
+    ), ended AS (
+        UPDATE console_sessions SET ended_at = now()
+        WHERE operator = :name AND ended_at IS NULL
+    )
+    SELECT {_OPERATOR_COLUMNS} FROM o
+    """
+)
+
+SELECT_OPERATORS = text(f"SELECT {_OPERATOR_COLUMNS} FROM operators AS o ORDER BY o.name")
+
+SELECT_LOGIN = text(
+    f"SELECT {_OPERATOR_COLUMNS}, o.password_hash FROM operators AS o WHERE o.name = :name"
+)
+
+UPDATE_HASH = text("UPDATE operators SET password_hash = :hash WHERE name = :name")
+
+COUNT_ENABLED = text("SELECT count(*) FROM operators WHERE disabled_at IS NULL")
+
+INSERT_SESSION = text(
+    """
+    INSERT INTO console_sessions (id, operator, csrf_token, expires_at)
+    VALUES (:id, :operator, :csrf, now() + :lifetime)
+    RETURNING expires_at
+    """
+)
+
+# One round trip per request: the session is valid (not ended, not past its absolute expiry,
+# used within the idle timeout), its operator still enabled; it counts as used now.
+TOUCH_SESSION = text(
+    f"""
+    UPDATE console_sessions AS s SET last_seen_at = now()
+    FROM operators AS o
+    WHERE s.id = :id AND o.name = s.operator AND o.disabled_at IS NULL
+      AND s.ended_at IS NULL AND s.expires_at > now() AND s.last_seen_at > now() - :idle
+    RETURNING {_OPERATOR_COLUMNS}, s.csrf_token, s.expires_at
+    """
+)
+
+END_SESSION = text("UPDATE console_sessions SET ended_at = now() WHERE id = :id")
+
+PURGE_SESSIONS = text(
+    "DELETE FROM console_sessions WHERE expires_at < now() - interval '1 day' "
+    "OR ended_at < now() - interval '1 day'"
+)
+
+
+def _operator(row: Any) -> Operator:
+    m = row._mapping
+    return Operator(
+        name=m["name"],
+        all_tenants=m["all_tenants"],
+        tenants=tuple(m["tenants"]),
+        has_password=m["has_password"],
+        created_by=m["created_by"],
+        created_at=m["created_at"],
+        disabled_at=m["disabled_at"],
+        disabled_by=m["disabled_by"],
+    )
+
+
+def session_id(token: str) -> str:
+    """What the table stores of a cookie's token."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def check_password(password: str) -> str:
+    if not isinstance(password, str) or len(password) < MIN_PASSWORD_LENGTH:
+        raise InvalidInput(
+            f"a password needs at least {MIN_PASSWORD_LENGTH} characters", field="password"
+        )
+    if len(password) > 1024:
+        raise InvalidInput("a password has at most 1024 characters", field="password")
+    return password
+
+
+class Accounts:
+    """Operator accounts and console sessions, on the ledger's engine."""
+
+    def __init__(self, engine: Engine, hasher: PasswordHasher | None = None) -> None:
+        self.engine = engine
+        self._db = Store(engine)  # database errors become ledger errors (SchemaMissing, ...)
+        self.hasher = hasher or PasswordHasher()
+        # verified against when a name is unknown, so a login takes as long either way
+        self._dummy = self.hasher.hash(secrets.token_urlsafe(16))
+
+    def add(
+        self,
+        name: str,
+        *,
+        tenants: list[str] | tuple[str, ...] = (),
+        all_tenants: bool = False,
+        password: str | None,
+        by: str,
+    ) -> Operator:
+        """A new operator. `password=None`: signs in only through the trusted SSO header."""
+        name = check_operator("operator", name)
+        by = check_operator("by", by)
+        scope = sorted({check_key("tenant", t) for t in tenants})
+        if all_tenants and scope:
+            raise InvalidInput("an operator acts for every tenant or for the ones listed: not both")
+        if not all_tenants and not scope:
+            raise InvalidInput("name at least one tenant (--tenant), or --all-tenants")
+        hashed = None if password is None else self.hasher.hash(check_password(password))
+        with self._db.transaction() as conn:
+            row = conn.execute(
+                INSERT_OPERATOR,
+                {
+                    "name": name,
+                    "password_hash": hashed,
+                    "all_tenants": all_tenants,
+                    "tenants": scope,
+                    "by": by,
+                },
+            ).one_or_none()
+        if row is None:
+            raise OperatorExists(f"an operator named {name!r} exists already", operator=name)
+        return _operator(row)
+
+    def disable(self, name: str, *, by: str) -> Operator:
+        """Disable `name` and end its sessions; disabling twice keeps the first time."""
+        name = check_operator("operator", name)
+        by = check_operator("by", by)
+        with self._db.transaction() as conn:
+            row = conn.execute(DISABLE_OPERATOR, {"name": name, "by": by}).one_or_none()
+        if row is None:
+            raise OperatorNotFound(f"no operator named {name!r}", operator=name)
+        return _operator(row)
+
+    def list(self) -> tuple[Operator, ...]:
+        with self._db.statement() as conn:
+            return tuple(_operator(r) for r in conn.execute(SELECT_OPERATORS))
+
+    def enabled_count(self) -> int:
+        with self._db.statement() as conn:
+            return int(conn.execute(COUNT_ENABLED).scalar_one())
+
+    def operator(self, name: str) -> Operator | None:
+        """The enabled operator `name`, or None (unknown, disabled or not a valid name)."""
+        try:
+            name = check_operator("operator", name)
+        except InvalidInput:
+            return None
+        with self._db.statement() as conn:
+            row = conn.execute(SELECT_LOGIN, {"name": name}).one_or_none()
+        if row is None or row.disabled_at is not None:
+            return None
+        return _operator(row)
+
+    def authenticate(self, name: str, password: str) -> Operator | None:
+        """The operator if `password` is theirs and the account is enabled, else None."""
+        try:
+            name = check_operator("operator", name)
+        except InvalidInput:
+            name = ""
+        row = None
+        if name:
+            with self._db.statement() as conn:
+                row = conn.execute(SELECT_LOGIN, {"name": name}).one_or_none()
+        stored = row.password_hash if row is not None and row.password_hash else self._dummy
+        try:
+            self.hasher.verify(stored, password)
+        except (VerifyMismatchError, VerificationError, InvalidHashError):
+            return None
+        if row is None or not row.password_hash or row.disabled_at is not None:
+            return None
+        if self.hasher.check_needs_rehash(stored):
+            with self._db.transaction() as conn:
+                conn.execute(UPDATE_HASH, {"name": name, "hash": self.hasher.hash(password)})
+        return _operator(row)
+
+    def start_session(self, operator: Operator, *, lifetime: timedelta) -> tuple[str, Session]:
+        """A new session for `operator`: the cookie's token and the session."""
+        token = secrets.token_urlsafe(32)
+        csrf = secrets.token_urlsafe(32)
+        with self._db.transaction() as conn:
+            conn.execute(PURGE_SESSIONS)
+            expires: datetime = conn.execute(
+                INSERT_SESSION,
+                {
+                    "id": session_id(token),
+                    "operator": operator.name,
+                    "csrf": csrf,
+                    "lifetime": lifetime,
+                },
+            ).scalar_one()
+        return token, Session(operator=operator, csrf_token=csrf, expires_at=expires)
+
+    def session(self, token: str, *, idle: timedelta) -> Session | None:
+        """The live session of this cookie token (and mark it used), or None."""
+        if not token or len(token) > 200:
+            return None
+        with self._db.transaction() as conn:
+            row = conn.execute(TOUCH_SESSION, {"id": session_id(token), "idle": idle}).one_or_none()
+        if row is None:
+            return None
+        return Session(
+            operator=_operator(row), csrf_token=row.csrf_token, expires_at=row.expires_at
+        )
+
+    def end_session(self, token: str) -> None:
+        with self._db.transaction() as conn:
+            conn.execute(END_SESSION, {"id": session_id(token)})

@@ -1,0 +1,202 @@
+"""Who may use the console: `opledger operator add|disable`, password sign-in, sessions that
+expire, CSRF on every form (sign-in included), the trusted-header SSO mode, and the refusal
+to start without any operator. Real `opledger console` processes, spoken to over HTTP."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from opledger.dev.chaos.stack import Proc, free_port, wait_until
+from tests.conftest import _libpq
+
+PASSWORD = "a long enough password"
+
+
+@pytest.fixture
+def env(database_url: str, tmp_path: Path) -> dict[str, str]:
+    with psycopg.connect(_libpq(database_url), autocommit=True) as conn:
+        conn.execute("TRUNCATE operators CASCADE")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
+    return clean | {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_STATE_DIR": str(tmp_path)}
+
+
+def opledger(env: dict[str, str], *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "opledger.cli", *args],
+        input=stdin,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def add(env: dict[str, str], name: str, *args: str, password: str = PASSWORD) -> None:
+    done = opledger(
+        env,
+        "operator",
+        "add",
+        name,
+        "--by",
+        "test",
+        *args,
+        "--password-stdin",
+        stdin=password + "\n",
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@contextmanager
+def console(env: dict[str, str], tmp_path: Path, *args: str) -> Iterator[httpx.Client]:
+    port = free_port()
+    proc = Proc("console", ["console", "--port", str(port), *args], env, tmp_path / "c.log")
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        if proc.proc.poll() is not None:
+            raise AssertionError(f"the console died:\n{proc.output()}")
+        try:
+            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(up, 30, "the console to answer")
+        with httpx.Client(base_url=url, follow_redirects=False, timeout=10) as client:
+            yield client
+    finally:
+        proc.stop()
+
+
+def sign_in(client: httpx.Client, name: str, password: str = PASSWORD) -> httpx.Response:
+    page = client.get("/login")
+    nonce = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+    assert nonce is not None
+    return client.post(
+        "/login", data={"csrf_token": nonce.group(1), "name": name, "password": password}
+    )
+
+
+def csrf_of(page: httpx.Response) -> str:
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+    assert found is not None
+    return found.group(1)
+
+
+def test_the_console_refuses_to_start_without_an_operator(env: dict[str, str]) -> None:
+    done = opledger(env, "console", "--port", str(free_port()))
+    assert done.returncode == 4
+    lines = done.stderr.strip().splitlines()
+    assert lines == [
+        "opledger console: no operator accounts: add one with "
+        "`opledger operator add NAME --tenant TENANT --by YOU`"
+    ]
+
+
+def test_operator_add_refuses_bad_input_and_keeps_only_a_hash(
+    env: dict[str, str], database_url: str
+) -> None:
+    short = opledger(
+        env,
+        "operator",
+        "add",
+        "alice",
+        "--tenant",
+        "acme",
+        "--by",
+        "t",
+        "--password-stdin",
+        stdin="short\n",
+    )
+    assert short.returncode == 3 and "at least 12 characters" in short.stderr
+    nowhere = opledger(
+        env, "operator", "add", "alice", "--by", "t", "--password-stdin", stdin=PASSWORD + "\n"
+    )
+    assert nowhere.returncode == 3 and "--tenant" in nowhere.stderr
+    add(env, "alice", "--tenant", "acme", "--tenant", "globex")
+    again = opledger(env, "operator", "add", "alice", "--all-tenants", "--by", "t", "--sso-only")
+    assert again.returncode == 3 and "exists already" in again.stderr
+    with psycopg.connect(_libpq(database_url)) as conn:
+        stored = conn.execute("SELECT password_hash FROM operators WHERE name = 'alice'").fetchone()
+    assert stored is not None and stored[0].startswith("$argon2id$") and PASSWORD not in stored[0]
+    listed = opledger(env, "operator", "list", "--json")
+    assert '"tenants": [\n      "acme",\n      "globex"\n    ]' in listed.stdout
+    assert opledger(env, "operator", "disable", "nobody", "--by", "t").returncode == 3
+
+
+def test_password_sign_in_csrf_sessions_that_expire_and_disabling(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    add(env, "alice", "--tenant", "acme")
+    with console(env, tmp_path, "--idle-minutes", "0.04") as client:  # 2.4 s idle
+        assert client.get("/").headers["location"].startswith("/login")
+        assert sign_in(client, "alice", "wrong password!!").status_code == 401
+        assert sign_in(client, "mallory").status_code == 401
+        no_token = client.post("/login", data={"name": "alice", "password": PASSWORD})
+        assert no_token.status_code == 403 and "CSRF" in no_token.text
+        signed = sign_in(client, "alice")
+        assert signed.status_code == 303 and signed.headers["location"] == "/"
+        cookie = signed.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie
+        queue = client.get("/")
+        assert queue.status_code == 200 and "signed in as <strong" in queue.text
+        assert queue.headers["x-frame-options"] == "DENY"
+        assert "frame-ancestors 'none'" in queue.headers["content-security-policy"]
+        # every form needs the session's token: signing out too
+        assert client.post("/logout", data={}).status_code == 403
+        assert client.get("/").status_code == 200
+        time.sleep(3.0)  # idle past the timeout
+        assert client.get("/").headers["location"].startswith("/login")
+
+        assert sign_in(client, "alice").status_code == 303
+        assert client.get("/").status_code == 200
+        assert opledger(env, "operator", "disable", "alice", "--by", "admin").returncode == 0
+        assert client.get("/").headers["location"].startswith("/login")  # ended at once
+        assert sign_in(client, "alice").status_code == 401
+
+        add(env, "carol", "--tenant", "acme")
+        assert sign_in(client, "carol").status_code == 303
+        out = client.post("/logout", data={"csrf_token": csrf_of(client.get("/"))})
+        assert out.status_code == 303
+        assert client.get("/").headers["location"].startswith("/login")
+
+
+def test_the_trusted_header_mode_trusts_only_the_proxy_and_known_operators(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    opledger(env, "operator", "add", "bob@corp", "--tenant", "globex", "--by", "t", "--sso-only")
+    with console(env, tmp_path, "--trusted-header", "X-Remote-User") as client:
+        assert client.get("/").status_code == 401  # the proxy sent no name
+        stranger = client.get("/", headers={"X-Remote-User": "eve@corp"})
+        assert stranger.status_code == 403 and "no enabled operator" in stranger.text
+        page = client.get("/", headers={"X-Remote-User": "bob@corp"})
+        assert page.status_code == 200 and "bob@corp" in page.text
+        assert (
+            client.get(
+                "/t/acme/ops/op_01M8PYGRXXJST91GFNVPW3KG4N", headers={"X-Remote-User": "bob@corp"}
+            ).status_code
+            == 404
+        )
+        refused = client.post(
+            "/t/globex/ops/op_01M8PYGRXXJST91GFNVPW3KG4N/resolve",
+            data={"note": "x"},
+            headers={"X-Remote-User": "bob@corp"},
+        )
+        assert refused.status_code == 403 and "CSRF" in refused.text
+        assert client.post("/login", data={"name": "bob@corp"}).status_code == 403
+    with console(
+        env, tmp_path, "--trusted-header", "X-Remote-User", "--trusted-proxy", "10.0.0.0/8"
+    ) as client:
+        spoofed = client.get("/", headers={"X-Remote-User": "bob@corp"})
+        assert spoofed.status_code == 403 and "SSO proxy" in spoofed.text
