@@ -35,6 +35,12 @@ def test_a_tiny_bench_run(stack: Stack) -> None:
             "1",
             "--backlog",
             "200",
+            # the ratio at other concurrencies is the same drain again: one tenant spread
+            # exercises the sweep code without the full run's six more drains
+            "--concurrencies",
+            "0",
+            "--tenants",
+            "3",
         ],
         capture_output=True,
         text=True,
@@ -55,6 +61,18 @@ def test_a_tiny_bench_run(stack: Stack) -> None:
     ):
         assert result[key] > 0, key
     assert result["tasks"] == 300 and result["sweep_rows_1m"] == 6000
+    # CPU per operation, read from /proc for the workers, their backends and the broker
+    for key in (
+        "client_cpu_ms_per_op",
+        "client_pool_cpu_ms_per_op",
+        "backend_cpu_ms_per_op",
+        "broker_cpu_ms_per_op",
+        "celery_client_cpu_ms_per_op",
+    ):
+        assert result[key] > 0, key
+    assert set(result["by_concurrency"]) == {str(result["concurrency"])}
+    assert set(result["ledger_ops_s_by_tenants"]) == {"3"}
+    assert result["ledger_ops_s_by_tenants"]["3"] > 0
     assert 1.95 <= result["round_trips_per_op"] <= 2.1
     assert result["index_scans"], result["sweep_plans"]
     # The backlog drains (timings are reported, not asserted): every operation settled
