@@ -113,10 +113,14 @@ def authorization(row: Any) -> Authorization:
     return Authorization.model_validate({name: m[name] for name in Authorization.model_fields})
 
 
-def _driver_error(exc: psycopg.Error, *, invalidated: bool) -> Exception:
+def _driver_error(exc: psycopg.Error, *, invalidated: bool, sql: str | None = None) -> Exception:
     """What to raise for a psycopg error met outside SQLAlchemy: the ledger's error for it,
-    or the error itself when it is none of the ledger's."""
-    return _translate(exc, invalidated=invalidated) or exc
+    or, when it is none of the ledger's, the `DBAPIError` SQLAlchemy would have raised
+    (`IntegrityError`, `ProgrammingError`...), so callers see one kind either way."""
+    mapped = _translate(exc, invalidated=invalidated)
+    if mapped is not None:
+        return mapped
+    return DBAPIError.instance(sql, None, exc, psycopg.Error, connection_invalidated=invalidated)
 
 
 _DIALECT = PGDialect_psycopg()  # type: ignore[no-untyped-call]
@@ -231,7 +235,7 @@ class Store:
                 self._hot.discard(held)
             else:
                 self._hot.give(held)
-            raise _driver_error(exc, invalidated=broken) from exc
+            raise _driver_error(exc, invalidated=broken, sql=sql) from exc
         except BaseException:
             self._hot.discard(held)  # interrupted mid-statement: its state is unknown
             raise

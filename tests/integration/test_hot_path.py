@@ -114,3 +114,18 @@ def test_disposing_the_engine_closes_them(
     assert len(_hot_backends(database_url, expect=1)) == 1
     own_ledger.engine.dispose()
     assert _hot_backends(database_url, expect=0) == []
+
+
+def test_errors_are_translated_as_on_every_other_path(own_ledger: Ledger) -> None:
+    from sqlalchemy import text
+    from sqlalchemy.exc import DataError
+
+    from opledger.ledger import SchemaMissing
+
+    store = own_ledger._store
+    with pytest.raises(SchemaMissing, match="opledger migrate"):
+        store.hot(text("SELECT * FROM no_such_table"), {})
+    with pytest.raises(DataError):  # none of the ledger's: SQLAlchemy's kind, as elsewhere
+        store.hot(text("SELECT 1 / CAST(:zero AS int)"), {"zero": 0})
+    # the connection survived both and is used again
+    assert store.hot(text("SELECT CAST(:one AS int)"), {"one": 1}) == (1,)
