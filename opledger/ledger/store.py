@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -139,15 +140,17 @@ def _psycopg_sql(statement: TextClause) -> str:
 class _Held:
     pooled: Any  #: the engine's wrapper, detached from its pool
     conn: psycopg.Connection[Any]  #: its psycopg connection
+    pid: int  #: the process that opened it (the only one that may close it)
 
 
 class _HotConnections:
     """Autocommit connections for `Store.hot`, taken and given back without any reset.
 
     Made by the engine (its URL, connect arguments and `connect` events), then detached
-    from its pool; as many as run hot statements at once, at most `keep` kept idle. After
-    a fork, `drop()` forgets the parent's without touching their sockets (psycopg closes a
-    connection only in the process that opened it).
+    from its pool; as many as run hot statements at once, at most `keep` kept idle. They
+    are closed by `engine.dispose()`, or when the store is garbage-collected. After a
+    fork, `drop()` forgets the parent's without touching their sockets (closing them would
+    end the parent's sessions).
     """
 
     def __init__(self, engine: Engine, keep: int = 2) -> None:
@@ -155,8 +158,18 @@ class _HotConnections:
         self.keep = keep
         self._idle: deque[_Held] = deque()
         self._pid = os.getpid()
-        # `engine.dispose()` closes these too, as it closes the pool's
-        event.listen(engine, "engine_disposed", lambda _engine: self.drop())
+        # `engine.dispose()` closes these too, as it closes the pool's. The listener holds
+        # this object weakly: a ledger that is dropped without being disposed still lets go
+        # of its connections (the finalizer below), as its pool does.
+        this = weakref.ref(self)
+
+        def disposed(_engine: Engine) -> None:
+            hot = this()
+            if hot is not None:
+                hot.drop()
+
+        event.listen(engine, "engine_disposed", disposed)
+        weakref.finalize(self, _close_idle, self._idle)
 
     def take(self) -> _Held:
         if self._pid != os.getpid():  # forked without `dispose()`
@@ -170,7 +183,7 @@ class _HotConnections:
         pooled.detach()  # ours now: closing `pooled` closes `conn`
         assert conn is not None
         conn.autocommit = True
-        return _Held(pooled, conn)
+        return _Held(pooled, conn, os.getpid())
 
     def give(self, held: _Held) -> None:
         if len(self._idle) < self.keep and self._pid == os.getpid():
@@ -179,21 +192,25 @@ class _HotConnections:
             self.discard(held)
 
     def discard(self, held: _Held) -> None:
-        if self._pid == os.getpid():
-            with contextlib.suppress(Exception):
-                held.pooled.close()
+        _close_idle([held])
 
     def drop(self) -> None:
-        """Forget every idle connection: closed if this process opened them, else (a
-        forked child) kept unreferenced-but-alive, never closed or collected here, since
-        closing would end the parent's session on the shared socket."""
-        idle, self._idle = self._idle, deque()
-        if self._pid == os.getpid():
-            for held in idle:
-                self.discard(held)
-        else:
-            _INHERITED.extend(idle)
+        """Let go of every idle connection: closed if this process opened them, else (a
+        forked child) kept alive and unused, never closed or collected here."""
+        idle = list(self._idle)
+        self._idle.clear()
+        _close_idle(idle)
         self._pid = os.getpid()
+
+
+def _close_idle(idle: Iterable[_Held]) -> None:
+    """Close the connections this process opened; keep a parent's alive and unused."""
+    for held in list(idle):
+        if held.pid != os.getpid():
+            _INHERITED.append(held)
+            continue
+        with contextlib.suppress(Exception):
+            held.pooled.close()
 
 
 #: connections a forked child inherited from its parent: never used, never closed

@@ -129,3 +129,21 @@ def test_errors_are_translated_as_on_every_other_path(own_ledger: Ledger) -> Non
         store.hot(text("SELECT 1 / CAST(:zero AS int)"), {"zero": 0})
     # the connection survived both and is used again
     assert store.hot(text("SELECT CAST(:one AS int)"), {"one": 1}) == (1,)
+
+
+def test_a_ledger_dropped_without_dispose_lets_go_of_its_connections(
+    database_url: str, grant: str
+) -> None:
+    """Nothing keeps the connections alive but the ledger: a test or a script that drops
+    its ledger does not leak one connection per ledger until the server runs out."""
+    import gc
+
+    for n in range(3):
+        engine = create_engine(
+            sqlalchemy_url(database_url), pool_size=1, connect_args={"application_name": APP}
+        )
+        dropped = Ledger(engine)
+        assert _confirm(dropped, _prepare(dropped, f"dropped-{n}")) is Status.CONFIRMED
+        del dropped, engine
+    gc.collect()
+    assert _hot_backends(database_url, expect=0) == []
