@@ -506,6 +506,15 @@ class Story:
         assert self._ledger is not None, "start the story first"
         return self._ledger
 
+    def _refused_early(self) -> bool:
+        """Whether the early worker's startup checks ran before the database was migrated
+        (they refuse an unmigrated schema or an unreachable server: one line, exit 4)."""
+        proc = self.workers.procs[self.AGENT]
+        said = proc.output()
+        return proc.proc.poll() is not None or any(
+            f"opledger worker: {check}:" in said for check in ("postgres", "schema")
+        )
+
     def start(self, *, flower: bool = False) -> None:
         """The agent's worker and beat (and Flower). The worker starts while Postgres is
         still starting when its address is known ahead (the embedded one's is)."""
@@ -519,6 +528,8 @@ class Story:
             self.env = self._env()
             self.stack.env = self.workers.env = self.env
             early = False
+        elif early and self._refused_early():
+            early = False  # it checked the database before the migration had committed
         self.phase("starting a Celery worker and beat")
         if not early:
             self.workers.spawn(self.AGENT, active=True)
