@@ -110,6 +110,12 @@ class Settings(BaseSettings):
         description="Redis visibility timeout, set identically in every place Celery reads it; "
         "keep it well above the task time limit.",
     )
+    broker_consumer_timeout_seconds: float = Field(
+        default=1800.0,
+        gt=0,
+        description="RabbitMQ's consumer_timeout as configured on the server (RabbitMQ's "
+        "default: 30 min); must exceed the task time limit.",
+    )
     task_time_limit_seconds: int = Field(
         default=300, gt=0, description="Hard time limit of one task."
     )

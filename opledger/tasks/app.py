@@ -146,8 +146,12 @@ def _superseded(task: Any, kind: str, op_id: str, gen: int, min_age: float) -> b
 def queue_of(task_name: str, celery_app: Celery | None = None) -> str:
     """The queue a task is routed to (celeryconfig.task_routes)."""
     conf = (celery_app or app).conf
-    route = (conf.task_routes or {}).get(task_name, {})
-    return str(route.get("queue", conf.task_default_queue))
+    routes = conf.task_routes or {}
+    # a dict, or a list of routers (`opledger.tasks.register` puts ours first)
+    for router in [routes] if isinstance(routes, dict) else routes:
+        if isinstance(router, dict) and task_name in router:
+            return str(router[task_name].get("queue", conf.task_default_queue))
+    return str(conf.task_default_queue)
 
 
 #: an operation a task can never act on: logged and dropped, never retried
@@ -164,6 +168,7 @@ class OperationTask(Task):  # type: ignore[misc]
       refused (`refusing`): logged once and dropped, since no retry can fix it.
     """
 
+    ignore_result = True  # on an app of yours with a result backend too
     autoretry_for = (DatabaseUnavailable,)
     retry_backoff = 1
     retry_backoff_max = 30
