@@ -1115,6 +1115,54 @@ def flower(
 
 
 @app.command()
+def metrics(
+    port: Annotated[int, typer.Option(help="HTTP port.")] = 9464,
+    address: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+) -> None:
+    """Serve Prometheus metrics on /metrics: the ledger's gauges (read on each scrape) and
+    the workers' counters (from PROMETHEUS_MULTIPROC_DIR), behind Flower's basic auth."""
+    try:
+        from opledger.observability.server import make_server
+    except ImportError as exc:  # a production install without the extra
+        err_console.print(
+            f"opledger metrics: needs the metrics extra ({exc.name} is missing): "
+            "pip install 'opledger[metrics]'",
+            style="red",
+            markup=False,
+        )
+        raise typer.Exit(4) from None
+    settings = get_settings()
+    if not settings.flower_password:
+        err_console.print(
+            "opledger metrics: set OPLEDGER_FLOWER_PASSWORD: the metrics never run without "
+            "auth (the same credentials as Flower)",
+            style="red",
+            markup=False,
+        )
+        raise typer.Exit(2)
+    from sqlalchemy import create_engine
+
+    from opledger.ledger.migrate import sqlalchemy_url
+
+    engine = create_engine(sqlalchemy_url(database_url()), pool_size=1, pool_pre_ping=True)
+    server = make_server(
+        engine,
+        user=settings.flower_user,
+        password=settings.flower_password,
+        address=address,
+        port=port,
+    )
+    typer.echo(f"opledger metrics on http://{address}:{server.server_port}/metrics", err=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        engine.dispose()
+
+
+@app.command()
 def chaos(
     ops: Annotated[int, typer.Option(help="Operations to drive through the workers.")] = 200,
     seed: Annotated[int, typer.Option(help="Seed of the breakage schedule.")] = 1,

@@ -36,6 +36,7 @@ from opledger.ledger import (
 )
 from opledger.ledger.decide import ReviewPolicy
 from opledger.ledger.ids import check_operation_id
+from opledger.observability import metrics
 from opledger.settings import UNCONFIGURED_BROKER_URL, Settings, get_settings
 
 from . import backlog, crashpoints, steps
@@ -252,6 +253,7 @@ def sweep(self: OperationTask) -> dict[str, int]:
     Expired leases become checks due at once; the checks are handed out only into the
     reconcile queue's headroom (the backlog guard), so a check never waits there long
     enough to fall due a second time."""
+    started = time.perf_counter()
     rt = runtime()
     backoff = timedelta(seconds=rt.settings.check_backoff_seconds)
     expired = rt.ledger.expire_leases(limit=rt.settings.sweep_batch, backoff=timedelta(0))
@@ -269,6 +271,7 @@ def sweep(self: OperationTask) -> dict[str, int]:
     unnotified = rt.ledger.due_notifications(limit=rt.settings.sweep_batch, backoff=backoff)
     for op_id in unnotified:
         notify_review.delay(op_id)
+    metrics.SWEEP_DURATION.observe(time.perf_counter() - started)
     if expired or handouts:
         log.info("sweep: %d leases expired, %d checks handed out", len(expired), len(handouts))
     return {"expired": len(expired), "due": len(handouts), "notify": len(unnotified)}
@@ -351,6 +354,7 @@ def relay(self: OperationTask) -> int:
     )
     generations(self.app).published("dispatch", published)
     if ids:
+        metrics.RELAY_REPUBLISHED.inc(len(ids))
         log.info("relay: re-published %d prepared operations", len(ids))
     return len(ids)
 
