@@ -10,6 +10,7 @@ an index whose size is the backlog, never a count of the whole history.
 - `opledger_reviews_open` and `opledger_oldest_open_review_age_seconds`;
 - `opledger_oldest_prepared_age_seconds`, `opledger_oldest_unknown_age_seconds`: since the
   operation was prepared (0 when there is none).
+- `opledger_beat_lock_held`: 1 while a beat holds its advisory lock (`pg_locks`), else 0.
 - `opledger_ledger_up`: 1 when the ledger answered this scrape, else 0 (and nothing else).
 """
 
@@ -44,6 +45,13 @@ OPEN_REVIEWS = text(
 ESTIMATED_ROWS = text(
     "SELECT GREATEST(reltuples, 0)::bigint FROM pg_class WHERE oid = 'operations'::regclass"
 )
+#: `opledger.cli.beatlock.BEAT_LOCK_KEY` (a test keeps the two equal)
+BEAT_LOCK_KEY = 0x6F706C6564676572
+BEAT_LOCK_HELD = text(
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+    "AND classid = :hi AND objid = :lo AND objsubid = 1 "
+    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
 
 
 class LedgerCollector(Collector):
@@ -59,6 +67,9 @@ class LedgerCollector(Collector):
                 by_status = conn.execute(BY_STATUS_AND_ACTION).all()
                 reviews, oldest_review = conn.execute(OPEN_REVIEWS).one()
                 estimated = conn.execute(ESTIMATED_ROWS).scalar()
+                beat = conn.execute(
+                    BEAT_LOCK_HELD, {"hi": BEAT_LOCK_KEY >> 32, "lo": BEAT_LOCK_KEY & 0xFFFFFFFF}
+                ).scalar()
         except Exception as exc:  # an unreachable ledger is a metric, not a failed scrape
             log.warning("cannot read the ledger's gauges: %s", exc)
             up.add_metric([], 0)
@@ -103,3 +114,8 @@ class LedgerCollector(Collector):
         )
         total.add_metric([], float(estimated or 0))
         yield total
+        lock = GaugeMetricFamily(
+            "opledger_beat_lock_held", "1 while a beat holds its advisory lock, else 0."
+        )
+        lock.add_metric([], 1 if beat else 0)
+        yield lock

@@ -89,6 +89,28 @@ def test_the_status_query_can_be_served_by_the_sweeps_partial_indexes(ledger: Le
         assert index in plan, plan
 
 
+def test_the_beat_lock_gauge_follows_the_beats_advisory_lock(
+    ledger: Ledger, database_url: str, endpoint: str
+) -> None:
+    from opledger.cli.beatlock import BEAT_LOCK_KEY as beat_key
+    from opledger.cli.beatlock import BeatLock
+    from opledger.observability.ledger_gauges import BEAT_LOCK_KEY
+
+    assert beat_key == BEAT_LOCK_KEY
+    assert (
+        samples(httpx.get(f"{endpoint}/metrics", headers=AUTH).text)[
+            ("opledger_beat_lock_held", ())
+        ]
+        == 0
+    )
+    lock = BeatLock(database_url)
+    try:
+        got = samples(httpx.get(f"{endpoint}/metrics", headers=AUTH).text)
+        assert got[("opledger_beat_lock_held", ())] == 1
+    finally:
+        lock.release()
+
+
 def test_the_endpoint_asks_for_the_password_like_flower(endpoint: str) -> None:
     missing = httpx.get(f"{endpoint}/metrics")
     assert missing.status_code == 401
