@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from functools import lru_cache
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator
@@ -121,6 +122,11 @@ class Settings(BaseSettings):
     )
     worker_concurrency: int | None = Field(
         default=None, description="Worker processes; unset: one per core."
+    )
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="Log lines: human-readable text, or one JSON object per line with op_id, "
+        "tenant, action, fence, attempt, decision and task_id where they apply.",
     )
     flower_user: str = Field(default="opledger", description="Flower basic-auth user.")
     flower_password: str | None = Field(

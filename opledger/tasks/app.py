@@ -36,7 +36,7 @@ from opledger.ledger import (
 )
 from opledger.ledger.decide import ReviewPolicy
 from opledger.ledger.ids import check_operation_id
-from opledger.observability import metrics
+from opledger.observability import logs, metrics
 from opledger.settings import UNCONFIGURED_BROKER_URL, Settings, get_settings
 
 from . import backlog, crashpoints, steps
@@ -45,6 +45,7 @@ log = logging.getLogger("opledger.tasks")
 
 app = Celery("opledger")
 app.config_from_object("opledger.celeryconfig")
+logs.install(get_settings().log_format)  # JSON lines when OPLEDGER_LOG_FORMAT=json
 
 
 @dataclass

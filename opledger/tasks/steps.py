@@ -120,7 +120,11 @@ def _send(
         op = _save(ledger, claim, outcome)
     except StaleFence as exc:
         metrics.FENCED_OUT.labels("outcome").inc()
-        log.warning("fenced out of %s; outcome kept as evidence", claim.op_id)
+        log.warning(
+            "fenced out of %s; outcome kept as evidence",
+            claim.op_id,
+            extra={"op_id": claim.op_id, "fence": claim.fence, "attempt": claim.attempt_n},
+        )
         if (
             settle is not None
             and exc.fields.get("evidence_kept")
@@ -286,7 +290,21 @@ def reconcile(
         op = history.operation
         if op.status is not Status.UNKNOWN:
             return StepResult(Step.NOOP, op)
-    metrics.DECISIONS.labels(type(decision).__name__).inc()
+    kind = type(decision).__name__
+    metrics.DECISIONS.labels(kind).inc()
+    log.info(
+        "reconcile of %s: %s",
+        op.id,
+        kind,
+        extra={
+            "op_id": op.id,
+            "tenant": op.tenant,
+            "action": op.action,
+            "fence": op.fence,
+            "attempt": len(history.attempts),
+            "decision": kind,
+        },
+    )
     if any(r.resolved_at is None for r in history.reviews) and not isinstance(
         decision, Confirm | Reject
     ):
