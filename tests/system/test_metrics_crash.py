@@ -83,6 +83,18 @@ def test_scrapes_see_unknown_rise_and_fall_and_the_review_gauge_move(
             dispatch.delay(op_id)
         wait_until(lambda: _crashes(running, "crashy") >= 2, 45, "2 crashes after the call")
         running.kill_worker("crashy")
+        # a worker on the maintenance queue only: the sweep fences both claims out, and
+        # nothing reconciles them until w1 starts
+        sweeper = Proc(
+            "sweeper",
+            ["worker", "-Q", "maintenance", "-c", "1", "--hostname", "sweeper@%h"],
+            {**running.env, **prom},
+            running.workdir / "sweeper.log",
+        )
+        try:
+            wait_until(lambda: scrape(url)["ops:unknown"] == 2, 30, "both operations unknown")
+        finally:
+            sweeper.kill()
         running.start_worker("w1", **prom)
         final = settled(sys_ledger, op_ids, timeout=60)
         assert final == {op_ids[0]: Status.UNKNOWN, op_ids[1]: Status.CONFIRMED}
