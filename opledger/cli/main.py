@@ -1171,7 +1171,9 @@ def chaos(
         float, typer.Option(help="Share of operations with a provider fault.")
     ] = 0.25,
     kill_every: Annotated[float, typer.Option(help="Mean seconds between worker kills.")] = 2.0,
-    redis_restarts: Annotated[int, typer.Option(help="Redis restarts (queued messages lost).")] = 1,
+    redis_restarts: Annotated[
+        int, typer.Option(help="Broker restarts (queued messages lost).")
+    ] = 1,
     restart_postgres: Annotated[
         bool, typer.Option("--restart-postgres", help="Also restart Postgres (embedded server).")
     ] = False,
@@ -1180,9 +1182,16 @@ def chaos(
         float, typer.Option(help="Then how long it may take to settle.")
     ] = 120.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    broker: Annotated[
+        str,
+        typer.Option(
+            help="redis (a private server) or rabbitmq (a private vhost on the local "
+            "RabbitMQ, made with rabbitmqctl; a restart deletes and re-adds it)."
+        ),
+    ] = "redis",
 ) -> None:
     """Drive operations through real workers while killing them, injecting provider faults
-    and restarting Redis (and Postgres); then audit duplicates, races, stuck and lost."""
+    and restarting the broker (and Postgres); then audit duplicates, races, stuck and lost."""
     import json
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -1200,7 +1209,11 @@ def chaos(
         restart_postgres=restart_postgres,
         chaos_seconds=chaos_seconds,
         settle_timeout=settle_timeout,
+        broker=broker,
     )
+    if broker not in ("redis", "rabbitmq"):
+        typer.echo(f"opledger: --broker must be redis or rabbitmq (got {broker!r})", err=True)
+        raise typer.Exit(2)
     err = Console(stderr=True)
     with Progress(
         TextColumn("[bold]chaos[/bold]"),
