@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from functools import lru_cache
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator
@@ -110,11 +111,22 @@ class Settings(BaseSettings):
         description="Redis visibility timeout, set identically in every place Celery reads it; "
         "keep it well above the task time limit.",
     )
+    broker_consumer_timeout_seconds: float = Field(
+        default=1800.0,
+        gt=0,
+        description="RabbitMQ's consumer_timeout as configured on the server (RabbitMQ's "
+        "default: 30 min); must exceed the task time limit.",
+    )
     task_time_limit_seconds: int = Field(
         default=300, gt=0, description="Hard time limit of one task."
     )
     worker_concurrency: int | None = Field(
         default=None, description="Worker processes; unset: one per core."
+    )
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="Log lines: human-readable text, or one JSON object per line with op_id, "
+        "tenant, action, fence, attempt, decision and task_id where they apply.",
     )
     flower_user: str = Field(default="opledger", description="Flower basic-auth user.")
     flower_password: str | None = Field(

@@ -134,6 +134,14 @@ def _consistency(settings: Settings, registry: Any) -> Check:
             f"exceed OPLEDGER_TASK_TIME_LIMIT_SECONDS ({settings.task_time_limit_seconds}), or "
             "Redis redelivers a task that is still running"
         )
+    scheme = (settings.broker_url or "").split(":", 1)[0]
+    consumer = settings.broker_consumer_timeout_seconds
+    if scheme in ("amqp", "amqps", "pyamqp") and consumer <= settings.task_time_limit_seconds:
+        problems.append(
+            f"OPLEDGER_BROKER_CONSUMER_TIMEOUT_SECONDS ({consumer:g}) must exceed "
+            f"OPLEDGER_TASK_TIME_LIMIT_SECONDS ({settings.task_time_limit_seconds}), or "
+            "RabbitMQ closes the channel of a task that is still running"
+        )
     if problems:
         return Check("settings", False, "; ".join(problems))
     return Check("settings", True, "valid and consistent")

@@ -1115,6 +1115,54 @@ def flower(
 
 
 @app.command()
+def metrics(
+    port: Annotated[int, typer.Option(help="HTTP port.")] = 9464,
+    address: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+) -> None:
+    """Serve Prometheus metrics on /metrics: the ledger's gauges (read on each scrape) and
+    the workers' counters (from PROMETHEUS_MULTIPROC_DIR), behind Flower's basic auth."""
+    try:
+        from opledger.observability.server import make_server
+    except ImportError as exc:  # a production install without the extra
+        err_console.print(
+            f"opledger metrics: needs the metrics extra ({exc.name} is missing): "
+            "pip install 'opledger[metrics]'",
+            style="red",
+            markup=False,
+        )
+        raise typer.Exit(4) from None
+    settings = get_settings()
+    if not settings.flower_password:
+        err_console.print(
+            "opledger metrics: set OPLEDGER_FLOWER_PASSWORD: the metrics never run without "
+            "auth (the same credentials as Flower)",
+            style="red",
+            markup=False,
+        )
+        raise typer.Exit(2)
+    from sqlalchemy import create_engine
+
+    from opledger.ledger.migrate import sqlalchemy_url
+
+    engine = create_engine(sqlalchemy_url(database_url()), pool_size=1, pool_pre_ping=True)
+    server = make_server(
+        engine,
+        user=settings.flower_user,
+        password=settings.flower_password,
+        address=address,
+        port=port,
+    )
+    typer.echo(f"opledger metrics on http://{address}:{server.server_port}/metrics", err=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        engine.dispose()
+
+
+@app.command()
 def chaos(
     ops: Annotated[int, typer.Option(help="Operations to drive through the workers.")] = 200,
     seed: Annotated[int, typer.Option(help="Seed of the breakage schedule.")] = 1,
@@ -1123,7 +1171,9 @@ def chaos(
         float, typer.Option(help="Share of operations with a provider fault.")
     ] = 0.25,
     kill_every: Annotated[float, typer.Option(help="Mean seconds between worker kills.")] = 2.0,
-    redis_restarts: Annotated[int, typer.Option(help="Redis restarts (queued messages lost).")] = 1,
+    redis_restarts: Annotated[
+        int, typer.Option(help="Broker restarts (queued messages lost).")
+    ] = 1,
     restart_postgres: Annotated[
         bool, typer.Option("--restart-postgres", help="Also restart Postgres (embedded server).")
     ] = False,
@@ -1132,9 +1182,16 @@ def chaos(
         float, typer.Option(help="Then how long it may take to settle.")
     ] = 120.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    broker: Annotated[
+        str,
+        typer.Option(
+            help="redis (a private server) or rabbitmq (a private vhost on the local "
+            "RabbitMQ, made with rabbitmqctl; a restart deletes and re-adds it)."
+        ),
+    ] = "redis",
 ) -> None:
     """Drive operations through real workers while killing them, injecting provider faults
-    and restarting Redis (and Postgres); then audit duplicates, races, stuck and lost."""
+    and restarting the broker (and Postgres); then audit duplicates, races, stuck and lost."""
     import json
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -1152,7 +1209,11 @@ def chaos(
         restart_postgres=restart_postgres,
         chaos_seconds=chaos_seconds,
         settle_timeout=settle_timeout,
+        broker=broker,
     )
+    if broker not in ("redis", "rabbitmq"):
+        typer.echo(f"opledger: --broker must be redis or rabbitmq (got {broker!r})", err=True)
+        raise typer.Exit(2)
     err = Console(stderr=True)
     with Progress(
         TextColumn("[bold]chaos[/bold]"),

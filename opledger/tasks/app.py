@@ -36,6 +36,7 @@ from opledger.ledger import (
 )
 from opledger.ledger.decide import ReviewPolicy
 from opledger.ledger.ids import check_operation_id
+from opledger.observability import logs, metrics
 from opledger.settings import UNCONFIGURED_BROKER_URL, Settings, get_settings
 
 from . import backlog, crashpoints, steps
@@ -44,6 +45,7 @@ log = logging.getLogger("opledger.tasks")
 
 app = Celery("opledger")
 app.config_from_object("opledger.celeryconfig")
+logs.install(get_settings().log_format)  # JSON lines when OPLEDGER_LOG_FORMAT=json
 
 
 @dataclass
@@ -146,8 +148,12 @@ def _superseded(task: Any, kind: str, op_id: str, gen: int, min_age: float) -> b
 def queue_of(task_name: str, celery_app: Celery | None = None) -> str:
     """The queue a task is routed to (celeryconfig.task_routes)."""
     conf = (celery_app or app).conf
-    route = (conf.task_routes or {}).get(task_name, {})
-    return str(route.get("queue", conf.task_default_queue))
+    routes = conf.task_routes or {}
+    # a dict, or a list of routers (`opledger.tasks.register` puts ours first)
+    for router in [routes] if isinstance(routes, dict) else routes:
+        if isinstance(router, dict) and task_name in router:
+            return str(router[task_name].get("queue", conf.task_default_queue))
+    return str(conf.task_default_queue)
 
 
 #: an operation a task can never act on: logged and dropped, never retried
@@ -164,6 +170,7 @@ class OperationTask(Task):  # type: ignore[misc]
       refused (`refusing`): logged once and dropped, since no retry can fix it.
     """
 
+    ignore_result = True  # on an app of yours with a result backend too
     autoretry_for = (DatabaseUnavailable,)
     retry_backoff = 1
     retry_backoff_max = 30
@@ -247,6 +254,7 @@ def sweep(self: OperationTask) -> dict[str, int]:
     Expired leases become checks due at once; the checks are handed out only into the
     reconcile queue's headroom (the backlog guard), so a check never waits there long
     enough to fall due a second time."""
+    started = time.perf_counter()
     rt = runtime()
     backoff = timedelta(seconds=rt.settings.check_backoff_seconds)
     expired = rt.ledger.expire_leases(limit=rt.settings.sweep_batch, backoff=timedelta(0))
@@ -264,6 +272,7 @@ def sweep(self: OperationTask) -> dict[str, int]:
     unnotified = rt.ledger.due_notifications(limit=rt.settings.sweep_batch, backoff=backoff)
     for op_id in unnotified:
         notify_review.delay(op_id)
+    metrics.SWEEP_DURATION.observe(time.perf_counter() - started)
     if expired or handouts:
         log.info("sweep: %d leases expired, %d checks handed out", len(expired), len(handouts))
     return {"expired": len(expired), "due": len(handouts), "notify": len(unnotified)}
@@ -346,6 +355,7 @@ def relay(self: OperationTask) -> int:
     )
     generations(self.app).published("dispatch", published)
     if ids:
+        metrics.RELAY_REPUBLISHED.inc(len(ids))
         log.info("relay: re-published %d prepared operations", len(ids))
     return len(ids)
 

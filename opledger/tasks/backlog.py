@@ -12,6 +12,11 @@ the broker loses that newer message (a restart, a wipe), the generation is lost 
 when it lives in the same Redis; and if it survives, the operation is still `prepared`, so
 the relay publishes it once more after its backoff (at most 2^RELAY_MAX_DOUBLINGS times
 the relay's `after`). A store that cannot be read never drops anything.
+
+On RabbitMQ (or any broker that is not Redis) there is no store: nothing is recorded and
+nothing dropped, and a superseded duplicate costs one refused claim. That is deliberate:
+a generation kept in Postgres would cost the worker the same round trip as the refused
+claim it saves.
 """
 
 from __future__ import annotations

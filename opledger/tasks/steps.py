@@ -47,6 +47,7 @@ from opledger.ledger.decide import (
     admit,
     decide,
 )
+from opledger.observability import metrics
 
 from . import crashpoints
 
@@ -97,11 +98,14 @@ def _send(
     after the envelope). A refused check is recorded as not sent (`NOT_SENT`), whatever the
     adapter made of it: the attempt provably carried no request.
     """
+    provider = adapter.contract.provider
     try:
         claim.window.check()
         crashpoints.reached("dispatch.before_call")
+        started = time.perf_counter()
         with sending(claim.window):
             outcome = adapter.dispatch(claim)
+        metrics.PROVIDER_LATENCY.labels(provider).observe(time.perf_counter() - started)
     except SendWindowPassed:
         outcome = _not_sent(claim)
     except Exception as exc:  # an adapter bug must not leave the row dispatching
@@ -111,10 +115,16 @@ def _send(
         outcome = _not_sent(claim)
     crashpoints.reached("dispatch.after_call")
     outcome = admit(adapter.contract, claim, outcome)
+    metrics.DISPATCH_OUTCOMES.labels(provider, outcome.kind).inc()
     try:
         op = _save(ledger, claim, outcome)
     except StaleFence as exc:
-        log.warning("fenced out of %s; outcome kept as evidence", claim.op_id)
+        metrics.FENCED_OUT.labels("outcome").inc()
+        log.warning(
+            "fenced out of %s; outcome kept as evidence",
+            claim.op_id,
+            extra={"op_id": claim.op_id, "fence": claim.fence, "attempt": claim.attempt_n},
+        )
         if (
             settle is not None
             and exc.fields.get("evidence_kept")
@@ -280,6 +290,21 @@ def reconcile(
         op = history.operation
         if op.status is not Status.UNKNOWN:
             return StepResult(Step.NOOP, op)
+    kind = type(decision).__name__
+    metrics.DECISIONS.labels(kind).inc()
+    log.info(
+        "reconcile of %s: %s",
+        op.id,
+        kind,
+        extra={
+            "op_id": op.id,
+            "tenant": op.tenant,
+            "action": op.action,
+            "fence": op.fence,
+            "attempt": len(history.attempts),
+            "decision": kind,
+        },
+    )
     if any(r.resolved_at is None for r in history.reviews) and not isinstance(
         decision, Confirm | Reject
     ):
@@ -300,6 +325,7 @@ def reconcile(
             settle=settle,
         )
     except StaleFence:
+        metrics.FENCED_OUT.labels("reconcile").inc()
         return StepResult(Step.FENCED, decision=decision)
 
 

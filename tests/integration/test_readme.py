@@ -366,6 +366,18 @@ assert ledger.claim(email.op_id, owner="readme") is None
             "opledger operator disable alice --by root": (f"{CONSOLE_ACCESS}::{SESSIONS}",),
         },
     ),
+    "171d64ffeb": Python(
+        "import os",  # the "Using your own Celery app" block
+        then="""
+from celery import current_app
+assert {"opledger.dispatch", "opledger.sweep"} <= set(theirs.tasks)
+assert [q.name for q in theirs.conf.task_queues][-4:] == [
+    "dispatch", "reconcile", "maintenance", "notifications"
+]
+assert "opledger-sweep" in theirs.conf.beat_schedule
+assert current_app._get_current_object() is theirs
+""",
+    ),
     "cefc9d1460": NotCode(
         "opledger/ledger/     the core:",
         "the directory layout",

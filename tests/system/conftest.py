@@ -4,10 +4,16 @@ A private Redis, the sandbox providers, one `opledger worker` (prefork, two proc
 and one `opledger beat`, all against the session's test database, with short leases and
 sweep intervals so recovery happens in seconds. Tests that kill or stop the worker get a
 fresh one afterwards.
+
+A test that parametrizes `broker` with "rabbitmq" gets the same stack on RabbitMQ instead:
+a virtual host of the session's own on the machine's server (`rabbitmqctl`), deleted at the
+end of the session, so parallel runs and leftovers never share a queue. Only one stack
+runs at a time (both share the database): switching stops the other's processes.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +23,14 @@ import pytest
 from opledger.adapters.registry import load_registry
 from opledger.dev.chaos.audit import settled as is_settled
 from opledger.dev.chaos.run import stack_env
-from opledger.dev.chaos.stack import PrivateRedis, Stack, wait_until
+from opledger.dev.chaos.stack import (
+    PrivateRedis,
+    PrivateVhost,
+    Stack,
+    rabbitmq_available,
+    use_broker,
+    wait_until,
+)
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.settings import Settings
@@ -51,15 +64,64 @@ def stack(
         app.pool.force_close_all()
 
 
+@pytest.fixture(scope="session")
+def rabbit_vhost() -> Iterator[PrivateVhost]:
+    why = rabbitmq_available()
+    if why is not None:  # a missing service is a skip on a laptop, a failure in CI
+        if os.environ.get("CI"):
+            raise RuntimeError(why)
+        pytest.skip(why)
+    vhost = PrivateVhost()
+    vhost.start()
+    try:
+        yield vhost
+    finally:
+        vhost.kill()
+
+
+@pytest.fixture(scope="session")
+def rabbit_stack(
+    database_url: str, rabbit_vhost: PrivateVhost, sandbox_server: Sandbox, workdir: Path
+) -> Iterator[Stack]:
+    env = stack_env(database_url, rabbit_vhost.url, sandbox_server, workdir)
+    stack = Stack(env, workdir, name="rabbitmq")
+    try:
+        yield stack
+    finally:
+        stack.stop_all()
+
+
 @pytest.fixture
-def running(stack: Stack, ledger: Ledger, sandbox: Sandbox) -> Stack:
+def broker() -> str:
+    """The broker `running` runs on: "redis", unless a test parametrizes it."""
+    return "redis"
+
+
+@pytest.fixture
+def running(
+    request: pytest.FixtureRequest, broker: str, stack: Stack, ledger: Ledger, sandbox: Sandbox
+) -> Iterator[Stack]:
     """The stack with a live worker `w1` and beat; empty ledger; sandbox reset."""
-    if "w1" not in stack.workers or stack.workers["w1"].proc.poll() is not None:
-        stack.workers.pop("w1", None)
-        stack.start_worker("w1")
-    if stack.beat is None or stack.beat.proc.poll() is not None:
-        stack.start_beat()
-    return stack
+    from opledger.tasks.app import app
+
+    active = stack
+    if broker == "rabbitmq":
+        active = request.getfixturevalue("rabbit_stack")
+        stack.stop_all()  # one stack at a time: the Redis one's beat would sweep these ops
+        use_broker(app, active.env["OPLEDGER_BROKER_URL"])
+    elif broker != "redis":
+        raise ValueError(f"unknown broker {broker!r}")
+    if "w1" not in active.workers or active.workers["w1"].proc.poll() is not None:
+        active.workers.pop("w1", None)
+        active.start_worker("w1")
+    if active.beat is None or active.beat.proc.poll() is not None:
+        active.start_beat()
+    try:
+        yield active
+    finally:
+        if active is not stack:  # back to the session's Redis stack for the next test
+            active.stop_all()
+            use_broker(app, stack.env["OPLEDGER_BROKER_URL"])
 
 
 def settings_of(env: dict[str, str]) -> Settings:

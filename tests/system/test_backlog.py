@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from opledger.dev.chaos.stack import PrivateRedis, Stack, wait_until
+from opledger.dev.chaos.stack import PrivateRedis, PrivateVhost, Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.tasks.app import dispatch
@@ -42,3 +42,32 @@ def test_queue_depth_is_read_through_kombu(running: Stack, private_redis: Privat
 
     assert queue_depth(app, "no-such-queue") == 0
     assert queue_depth(app, "dispatch") == private_redis.queued("dispatch")
+
+
+@pytest.mark.rabbitmq
+def test_on_rabbitmq_depth_comes_from_a_passive_declare_and_generations_drop_nothing(
+    rabbit_vhost: PrivateVhost,
+) -> None:
+    """No worker: publish into the session's private vhost and read the depth back."""
+    from celery import Celery
+
+    from opledger import celeryconfig
+
+    app = Celery("depth-probe", broker=rabbit_vhost.url, set_as_current=False)
+    app.conf.task_queues = celeryconfig.task_queues
+    app.conf.task_routes = celeryconfig.task_routes
+    try:
+        assert queue_depth(app, "no-such-queue") == 0  # RabbitMQ's 404, not an error
+        for i in range(3):
+            app.send_task("opledger.dispatch", (f"op_probe{i}",), {"gen": 0})
+        assert queue_depth(app, "dispatch") == rabbit_vhost.queued("dispatch") == 3
+        assert queue_depth(app, "reconcile") == 0
+        # Generations live in Redis only: on RabbitMQ nothing is recorded, nothing dropped
+        # (a superseded duplicate costs one refused claim instead; see the README).
+        generations = Generations(rabbit_vhost.url, ttl_s=60)
+        generations.published("dispatch", [("op_probe0", 5)])
+        assert not generations.superseded("dispatch", "op_probe0", 1)
+    finally:
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_purge("dispatch")
+        app.pool.force_close_all()

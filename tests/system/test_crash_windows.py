@@ -7,10 +7,16 @@ email API and SMTP, and asserts on the providers' ground truth and the final led
 no effect applied twice, no request sent while an earlier attempt could be in flight,
 every operation confirmed, rejected, cancelled or unknown with an open review; none stuck,
 none lost.
+
+Every test runs on Redis. On RabbitMQ (a private vhost, see conftest) one representative
+window runs by default — the kill after the provider applied the effect, before the outcome
+was saved — and the whole file with OPLEDGER_TEST_RABBITMQ=all (or select them with
+`-m rabbitmq`).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -78,8 +84,36 @@ def _fault_first_requests(sandbox: Sandbox, ledger: Ledger, op_ids: list[str], m
             sandbox.fault("crm", mode, key=op_id)
 
 
-@pytest.mark.parametrize("window", WINDOWS, ids=[w.point for w in WINDOWS])
-def test_crash_point(window: Window, running: Stack, sys_ledger: Ledger, sandbox: Sandbox) -> None:
+#: the window that runs on RabbitMQ in the default suite
+REPRESENTATIVE = "dispatch.after_call"
+RABBITMQ_ALL = os.environ.get("OPLEDGER_TEST_RABBITMQ") == "all"
+OPT_IN = pytest.mark.skipif(
+    not RABBITMQ_ALL, reason="on RabbitMQ only with OPLEDGER_TEST_RABBITMQ=all (suite budget)"
+)
+
+
+def _on(broker: str, opt_in: bool) -> pytest.MarkDecorator | list[pytest.MarkDecorator]:
+    if broker == "redis":
+        return []
+    return [pytest.mark.rabbitmq, OPT_IN] if opt_in else [pytest.mark.rabbitmq]
+
+
+#: every other test of this file: on Redis, and on RabbitMQ when opted in
+BROKERS = ["redis", pytest.param("rabbitmq", marks=_on("rabbitmq", opt_in=True))]
+CASES = [
+    pytest.param(w, broker, id=f"{w.point}-{broker}", marks=_on(broker, w.point != REPRESENTATIVE))
+    for broker in ("redis", "rabbitmq")
+    for w in WINDOWS
+]
+
+
+@pytest.mark.parametrize(("window", "broker"), CASES)
+def test_crash_point(
+    window: Window, broker: str, running: Stack, sys_ledger: Ledger, sandbox: Sandbox
+) -> None:
+    url = running.env["OPLEDGER_BROKER_URL"]
+    assert url.startswith("amqp://" if broker == "rabbitmq" else "redis://")
+    assert dispatch.app.conf.broker_url == url  # this process publishes there too
     configure_sandbox(sandbox, settings_of(running.env))
     running.kill_worker("w1")
     running.start_worker("crashy", concurrency=1, OPLEDGER_CRASHPOINT=window.point)
@@ -94,6 +128,7 @@ def test_crash_point(window: Window, running: Stack, sys_ledger: Ledger, sandbox
         45,
         f"{window.crashes} crashes at {window.point}",
     )
+    assert f"Connected to {url.split('://')[0]}://" in running.workers["crashy"].output()
     running.kill_worker("crashy")
     running.start_worker("w1")
     settled(sys_ledger, op_ids, timeout=60)
@@ -105,6 +140,7 @@ def test_crash_point(window: Window, running: Stack, sys_ledger: Ledger, sandbox
         assert result.confirmed == len(ACTIONS)
 
 
+@pytest.mark.parametrize("broker", BROKERS)
 def test_two_workers_resume_the_same_operation_together(
     running: Stack, sys_ledger: Ledger, sandbox: Sandbox
 ) -> None:
@@ -128,6 +164,7 @@ def test_two_workers_resume_the_same_operation_together(
     running.kill_worker("w2")
 
 
+@pytest.mark.parametrize("broker", BROKERS)
 def test_a_provider_key_expiring_between_attempts_goes_to_review(
     running: Stack, sys_ledger: Ledger, sandbox: Sandbox
 ) -> None:
@@ -149,6 +186,7 @@ def test_a_provider_key_expiring_between_attempts_goes_to_review(
     running.kill_worker("w1")  # back to the standard settings for the next test
 
 
+@pytest.mark.parametrize("broker", BROKERS)
 def test_a_changed_payload_under_the_same_intent_is_refused(
     running: Stack, sys_ledger: Ledger, sandbox: Sandbox
 ) -> None:
@@ -161,6 +199,7 @@ def test_a_changed_payload_under_the_same_intent_is_refused(
     assert sandbox.effects(f"crm:{op_id}") == 1
 
 
+@pytest.mark.parametrize("broker", BROKERS)
 def test_delayed_search_visibility_keeps_it_unknown_for_review(
     running: Stack, sys_ledger: Ledger, sandbox: Sandbox
 ) -> None:
@@ -178,6 +217,7 @@ def test_delayed_search_visibility_keeps_it_unknown_for_review(
     assert history.reviews[0].resolved_at is None  # a person has it, and nothing was retried
 
 
+@pytest.mark.parametrize("broker", BROKERS)
 def test_a_worker_killed_mid_call_never_races_the_call_still_in_flight(
     running: Stack, sys_ledger: Ledger, sandbox: Sandbox
 ) -> None:

@@ -55,3 +55,58 @@ def test_flower_is_never_open_without_a_password() -> None:
     flower = _compose()["services"]["flower"]
     assert ":?" in flower["environment"]["OPLEDGER_FLOWER_PASSWORD"]
     assert all(port.startswith("127.0.0.1:") for port in flower["ports"])
+
+
+DEPLOY = COMPOSE.parent / "deploy"
+OBSERVABILITY = COMPOSE.parent / "opledger" / "observability"
+
+
+def _exported() -> set[str]:
+    """Every metric name opledger exports (workers' counters, the ledger's gauges)."""
+    import re
+
+    names: set[str] = set()
+    for module in ("metrics.py", "ledger_gauges.py"):
+        source = (OBSERVABILITY / module).read_text()
+        names |= set(re.findall(r'"(opledger_[a-z_]+)"', source))
+        names |= {f"opledger_oldest_{s}_age_seconds" for s in ("prepared", "unknown")}
+    return names
+
+
+def _used(text: str) -> set[str]:
+    import re
+
+    found = set(re.findall(r"\b(opledger_[a-z_]+)", text))
+    suffixes = ("_total", "_bucket", "_count", "_sum")
+    return {next((n.removesuffix(s) for s in suffixes if n.endswith(s)), n) for n in found}
+
+
+def test_the_observability_profile_is_optional_and_never_open() -> None:
+    services = _compose()["services"]
+    for name in ("metrics", "prometheus", "grafana"):
+        assert services[name]["profiles"] == ["observability"], name
+        assert all(p.startswith("127.0.0.1:") for p in services[name]["ports"]), name
+    metrics = services["metrics"]
+    assert metrics["command"][0] in _commands()
+    assert ":?" in metrics["environment"]["OPLEDGER_FLOWER_PASSWORD"]
+    for service in ("prometheus", "grafana"):
+        for volume in services[service]["volumes"]:
+            assert (COMPOSE.parent / volume.split(":")[0]).exists(), volume
+
+
+def test_alerts_and_dashboard_use_only_metrics_opledger_exports() -> None:
+    import json
+
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
+    exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    names = {r["alert"] for g in rules["groups"] for r in g["rules"]}
+    assert {
+        "OpledgerUnknownTooOld",
+        "OpledgerReviewBacklogGrowing",
+        "OpledgerNothingConfirmed",
+        "OpledgerBeatLockLost",
+    } <= names
+    dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "opledger.json").read_text())
+    exprs += [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = _used("\n".join(exprs))
+    assert used and used <= _exported(), used - _exported()

@@ -30,7 +30,7 @@ from opledger.ledger import DatabaseUnavailable, Ledger
 from opledger.settings import Settings
 
 from .audit import Audit, audit
-from .stack import PrivateRedis, Stack, use_broker
+from .stack import Stack, private_broker, use_broker
 from .variants import KINDS, build_registry, configure_sandbox
 
 #: short leases and intervals so recovery happens in seconds
@@ -71,10 +71,11 @@ class ChaosConfig:
     workers: int = 2
     fault_rate: float = 0.25
     kill_every: float = 2.0  #: mean seconds between two worker kills
-    redis_restarts: int = 1
+    redis_restarts: int = 1  #: broker restarts (the name predates RabbitMQ)
     restart_postgres: bool = False
     chaos_seconds: float = 20.0  #: how long things keep breaking
     settle_timeout: float = 120.0  #: then how long the run may take to settle
+    broker: str = "redis"  #: "redis" (a private server) or "rabbitmq" (a private vhost)
 
 
 @dataclass
@@ -87,6 +88,7 @@ class ChaosResult:
     postgres_restarts: int
     elapsed_s: float
     max_queued: dict[str, int] = field(default_factory=dict)  #: deepest queue seen, by name
+    broker: str = "redis"
 
     def summary(self) -> dict[str, Any]:
         a = self.audit
@@ -113,6 +115,7 @@ class ChaosResult:
             "max_dispatch_queued": self.max_queued.get("dispatch", 0),
             "max_reconcile_queued": self.max_queued.get("reconcile", 0),
             "seed": self.seed,
+            "broker": self.broker,
             "review_share_by_provider": a.reviews_by_provider,
             "problems": a.problems[:20],
         }
@@ -205,7 +208,7 @@ def _run(
     server_url = own_pg.url if own_pg else devstack.postgres_url()
     database_url, drop_database = devstack.scratch_database(server_url, "opledger_chaos")
     cleanup.callback(_quietly, drop_database)
-    redis = PrivateRedis(work)
+    redis = private_broker(config.broker, work)  # a restart loses every queued message
     cleanup.callback(redis.kill)
     redis.start()
     sandbox = Sandbox()
@@ -332,6 +335,7 @@ def _run(
         postgres_restarts=counters["postgres"],
         elapsed_s=elapsed_total,
         max_queued=max_queued,
+        broker=config.broker,
     )
 
 

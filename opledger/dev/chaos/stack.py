@@ -1,5 +1,5 @@
-"""Real processes for system tests, chaos runs and the demo: a private Redis, Celery
-workers and one beat.
+"""Real processes for system tests, chaos runs and the demo: a private broker (a Redis
+server of our own, or a RabbitMQ virtual host of our own), Celery workers and one beat.
 
 Every process runs in its own session (process group), so a test can SIGKILL, SIGSTOP or
 SIGCONT a whole worker — the main process and its pool children — like a crashed host.
@@ -15,9 +15,11 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+from urllib.parse import quote, urlsplit
 
 import redis
 
@@ -59,12 +61,16 @@ def use_broker(app: Any, url: str) -> None:
     """Make this process publish through `app` to `url` from now on.
 
     Setting `broker_url` alone is not enough once the app has published: its connection
-    and producer pools keep the old broker (what Celery itself resets after a fork)."""
+    and producer pools keep the old broker (what Celery itself resets after a fork). Switching
+    back and forth (the system tests' Redis and RabbitMQ stacks) is fine."""
     if app.conf.broker_url == url:
         return  # same broker (perhaps restarted): its pools reconnect by themselves
+    import kombu.pools
+
     app.conf.broker_url = url
-    if app._pool is not None:
-        app._pool.force_close_all()
+    # The app's pool is kombu's process-wide pool for that broker: closing it alone would
+    # leave a closed pool in kombu's registry for the next switch back to that URL.
+    kombu.pools.reset()  # type: ignore[no-untyped-call]
     app._pool = None
     amqp = app.__dict__.get("amqp")
     if amqp is not None:
@@ -161,6 +167,108 @@ def _pings(client: redis.Redis) -> bool:
         return bool(client.ping())
     except redis.RedisError:
         return False
+
+
+class PrivateBroker(Protocol):
+    """A broker of a run's own: a restart loses every queued message."""
+
+    @property
+    def url(self) -> str: ...
+
+    def start(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+    def restart(self) -> None: ...
+
+    def queued(self, queue: str) -> int: ...
+
+
+#: the machine's RabbitMQ (guest/guest on loopback); override with OPLEDGER_TEST_RABBITMQ_URL
+RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
+
+
+def rabbitmq_server_url() -> str:
+    return os.environ.get("OPLEDGER_TEST_RABBITMQ_URL", RABBITMQ_URL)
+
+
+class PrivateVhost:
+    """A RabbitMQ virtual host of our own on a running server, made and removed with
+    `rabbitmqctl` (on the broker's host): its queues, exchanges and messages are apart from
+    every other run's, and deleting it leaves nothing behind.
+
+    A restart deletes the virtual host and adds it again: every queued message is lost
+    and every client connection is closed, as a broker crash without persistence would
+    (a real restart of a shared server is not ours to make). Clients reconnect and
+    declare their queues again."""
+
+    def __init__(self, server_url: str | None = None, prefix: str = "opledger_test") -> None:
+        self.server_url = server_url or rabbitmq_server_url()
+        self.name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+        self.ctl = shutil.which("rabbitmqctl")
+        self._exists = False
+
+    @property
+    def url(self) -> str:
+        parts = urlsplit(self.server_url)
+        return f"{parts.scheme}://{parts.netloc}/{quote(self.name, safe='')}"
+
+    def _ctl(self, *args: str) -> None:
+        if self.ctl is None:
+            raise RuntimeError("no rabbitmqctl on PATH: cannot make a private RabbitMQ vhost")
+        subprocess.run([self.ctl, "-q", *args], check=True, capture_output=True, timeout=60)
+
+    def start(self) -> None:
+        user = urlsplit(self.server_url).username or "guest"
+        self._ctl("add_vhost", self.name)
+        self._exists = True
+        self._ctl("set_permissions", "-p", self.name, user, ".*", ".*", ".*")
+
+    def kill(self) -> None:
+        if self._exists:
+            self._ctl("delete_vhost", self.name)  # closes its connections, drops its queues
+            self._exists = False
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def queued(self, queue: str) -> int:
+        from amqp.exceptions import NotFound
+        from kombu.connection import Connection
+
+        with Connection(self.url, connect_timeout=5) as conn:  # type: ignore[no-untyped-call]
+            channel = conn.channel()
+            try:
+                return int(channel.queue_declare(queue=queue, passive=True).message_count)
+            except NotFound:
+                return 0
+            finally:
+                with contextlib.suppress(Exception):
+                    channel.close()
+
+
+def rabbitmq_available(server_url: str | None = None) -> str | None:
+    """Why a private vhost cannot be made here (None: it can)."""
+    from kombu.connection import Connection
+
+    if shutil.which("rabbitmqctl") is None:
+        return "no rabbitmqctl on PATH"
+    try:
+        with Connection(server_url or rabbitmq_server_url(), connect_timeout=3) as conn:  # type: ignore[no-untyped-call]
+            conn.ensure_connection(max_retries=1, timeout=3)
+    except Exception as exc:
+        return f"no RabbitMQ at {server_url or rabbitmq_server_url()}: {exc}"
+    return None
+
+
+def private_broker(kind: str, workdir: Path) -> PrivateBroker:
+    """A private broker of `kind` ("redis" or "rabbitmq"), not yet started."""
+    if kind == "redis":
+        return PrivateRedis(workdir)
+    if kind == "rabbitmq":
+        return PrivateVhost()
+    raise ValueError(f"unknown broker kind {kind!r} (redis or rabbitmq)")
 
 
 class Proc:

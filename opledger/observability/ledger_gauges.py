@@ -1,0 +1,121 @@
+"""What the ledger knows, read when Prometheus scrapes: a few statements, each served by
+an index whose size is the backlog, never a count of the whole history.
+
+- `opledger_operations{status,action}`: operations per open status (`prepared`,
+  `dispatching`, `unknown`) and action, from the partial indexes the sweeps use. Finished
+  operations (confirmed, rejected, cancelled) grow with the history, so they are not
+  counted per scrape: their rates are the workers' counters
+  (`opledger_dispatch_outcomes_total`, `opledger_decisions_total`), and
+  `opledger_operations_estimated` is Postgres's own estimate of the table's rows (free).
+- `opledger_reviews_open` and `opledger_oldest_open_review_age_seconds`;
+- `opledger_oldest_prepared_age_seconds`, `opledger_oldest_unknown_age_seconds`: since the
+  operation was prepared (0 when there is none).
+- `opledger_beat_lock_held`: 1 while a beat holds its advisory lock (`pg_locks`), else 0.
+- `opledger_ledger_up`: 1 when the ledger answered this scrape, else 0 (and nothing else).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import text
+
+log = logging.getLogger("opledger.metrics")
+
+OPEN_STATUSES = ("prepared", "dispatching", "unknown")
+
+# One branch per status, each matching a partial index's predicate (ix_operations_prepared,
+# ix_operations_stale_lease, ix_operations_due_check): the planner reads only those rows.
+BY_STATUS_AND_ACTION = text(
+    " UNION ALL ".join(
+        f"(SELECT '{status}' AS status, action, count(*) AS n, "
+        "EXTRACT(EPOCH FROM now() - min(created_at)) AS oldest "
+        f"FROM operations WHERE status = '{status}' GROUP BY action)"
+        for status in OPEN_STATUSES
+    )
+)
+OPEN_REVIEWS = text(
+    "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(opened_at)), 0) "
+    "FROM reviews WHERE resolved_at IS NULL"
+)
+ESTIMATED_ROWS = text(
+    "SELECT GREATEST(reltuples, 0)::bigint FROM pg_class WHERE oid = 'operations'::regclass"
+)
+#: `opledger.cli.beatlock.BEAT_LOCK_KEY` (a test keeps the two equal)
+BEAT_LOCK_KEY = 0x6F706C6564676572
+BEAT_LOCK_HELD = text(
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+    "AND classid = :hi AND objid = :lo AND objsubid = 1 "
+    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
+
+class LedgerCollector(Collector):
+    """Reads the ledger's gauges from `engine` (a SQLAlchemy engine) on every collect."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        up = GaugeMetricFamily("opledger_ledger_up", "1 when the ledger answered this scrape.")
+        try:
+            with self.engine.connect() as conn:
+                by_status = conn.execute(BY_STATUS_AND_ACTION).all()
+                reviews, oldest_review = conn.execute(OPEN_REVIEWS).one()
+                estimated = conn.execute(ESTIMATED_ROWS).scalar()
+                beat = conn.execute(
+                    BEAT_LOCK_HELD, {"hi": BEAT_LOCK_KEY >> 32, "lo": BEAT_LOCK_KEY & 0xFFFFFFFF}
+                ).scalar()
+        except Exception as exc:  # an unreachable ledger is a metric, not a failed scrape
+            log.warning("cannot read the ledger's gauges: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        ops = GaugeMetricFamily(
+            "opledger_operations",
+            "Operations in an open status (prepared, dispatching, unknown), by action.",
+            labels=["status", "action"],
+        )
+        oldest = dict.fromkeys(OPEN_STATUSES, 0.0)
+        seen: set[str] = set()
+        for status, action, n, age in by_status:
+            ops.add_metric([status, action], n)
+            oldest[status] = max(oldest[status], float(age or 0))
+            seen.add(status)
+        for status in OPEN_STATUSES:  # a zero series per status, so alerts see it fall
+            if status not in seen:
+                ops.add_metric([status, ""], 0)
+        yield ops
+        for status in ("prepared", "unknown"):
+            gauge = GaugeMetricFamily(
+                f"opledger_oldest_{status}_age_seconds",
+                f"Age of the oldest {status} operation (since prepared); 0 when none.",
+            )
+            gauge.add_metric([], oldest[status])
+            yield gauge
+        count = GaugeMetricFamily("opledger_reviews_open", "Reviews waiting for a person.")
+        count.add_metric([], reviews)
+        yield count
+        age = GaugeMetricFamily(
+            "opledger_oldest_open_review_age_seconds",
+            "Age of the oldest open review; 0 when none.",
+        )
+        age.add_metric([], float(oldest_review))
+        yield age
+        total = GaugeMetricFamily(
+            "opledger_operations_estimated",
+            "Postgres's estimate of the operations table's rows (history included).",
+        )
+        total.add_metric([], float(estimated or 0))
+        yield total
+        lock = GaugeMetricFamily(
+            "opledger_beat_lock_held", "1 while a beat holds its advisory lock, else 0."
+        )
+        lock.add_metric([], 1 if beat else 0)
+        yield lock

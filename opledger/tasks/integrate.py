@@ -1,0 +1,161 @@
+"""opledger's tasks on a Celery app of your own: `register(app)`.
+
+opledger's tasks are shared tasks, so any finalized app has them; what an app of yours
+does not have is opledger's queues, routes and beat entries, nor the settings opledger's
+guarantees rest on. `register(app)` adds the first and checks the second, refusing an app
+that would break a guarantee with one line naming the setting (`AppMisconfigured`):
+
+- `task_acks_late=True` and `worker_prefetch_multiplier=1`: a message is acknowledged only
+  after its task ran, and a worker process holds one at a time;
+- `task_reject_on_worker_lost` off: a killed worker leaves its row `dispatching` and the
+  sweeper, not a blind redelivery, decides what happens next;
+- a hard `task_time_limit` below the broker's redelivery horizon: on Redis the visibility
+  timeout (`broker_transport_options["visibility_timeout"]`, kombu's default 3600 s when
+  unset); on RabbitMQ the server's `consumer_timeout` (RabbitMQ's default 30 min; tell
+  opledger another value with `OPLEDGER_BROKER_CONSUMER_TIMEOUT_SECONDS`);
+- JSON only (`task_serializer`, `accept_content`): the messages carry only operation ids.
+
+Nothing here connects to a broker or a database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from kombu.entity import Exchange, Queue
+
+from opledger.settings import NotConfigured, get_settings
+
+#: kombu's Redis visibility timeout when none is configured
+REDIS_DEFAULT_VISIBILITY_S = 3600
+REDIS_SCHEMES = ("redis", "rediss", "sentinel")
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+
+
+class AppMisconfigured(NotConfigured):
+    """A Celery app's setting breaks one of opledger's guarantees; the message names it."""
+
+
+def _conf(app: Any, name: str) -> Any:
+    return app.conf.get(name)
+
+
+def broker_scheme(url: str | None) -> str:
+    return urlsplit(url or "").scheme
+
+
+def check_app(app: Any) -> None:
+    """Raise `AppMisconfigured`, naming the first setting of `app` opledger cannot run on."""
+    if _conf(app, "task_acks_late") is not True:
+        raise AppMisconfigured(
+            f"Celery setting task_acks_late must be True for opledger's tasks "
+            f"(got {_conf(app, 'task_acks_late')!r}): a message must be acknowledged only "
+            "after its task ran"
+        )
+    if _conf(app, "worker_prefetch_multiplier") != 1:
+        raise AppMisconfigured(
+            "Celery setting worker_prefetch_multiplier must be 1 for opledger's tasks "
+            f"(got {_conf(app, 'worker_prefetch_multiplier')!r})"
+        )
+    if _conf(app, "task_reject_on_worker_lost"):
+        raise AppMisconfigured(
+            "Celery setting task_reject_on_worker_lost must be False for opledger's tasks: "
+            "a killed worker's operation is the sweeper's, not a redelivery's"
+        )
+    if _conf(app, "task_serializer") != "json":
+        raise AppMisconfigured(
+            f"Celery setting task_serializer must be 'json' (got {_conf(app, 'task_serializer')!r})"
+        )
+    accept = _conf(app, "accept_content")
+    if not accept or set(accept) - {"json", "application/json"}:
+        raise AppMisconfigured(
+            f"Celery setting accept_content must be ['json'] (got {accept!r}): opledger's "
+            "workers accept JSON only"
+        )
+    limit = _conf(app, "task_time_limit")
+    if not limit or limit <= 0:
+        raise AppMisconfigured(
+            "Celery setting task_time_limit must be set: opledger needs a hard time limit "
+            "below the broker's redelivery horizon"
+        )
+    scheme = broker_scheme(_conf(app, "broker_url"))
+    if scheme in REDIS_SCHEMES:
+        options = _conf(app, "broker_transport_options") or {}
+        visibility = options.get("visibility_timeout", REDIS_DEFAULT_VISIBILITY_S)
+        if visibility <= limit:
+            raise AppMisconfigured(
+                f"Celery setting broker_transport_options['visibility_timeout'] ({visibility}) "
+                f"must exceed task_time_limit ({limit}): Redis would redeliver a running task"
+            )
+    elif scheme in AMQP_SCHEMES:
+        consumer = get_settings().broker_consumer_timeout_seconds
+        if consumer <= limit:
+            raise AppMisconfigured(
+                f"RabbitMQ consumer_timeout (OPLEDGER_BROKER_CONSUMER_TIMEOUT_SECONDS={consumer:g})"
+                f" must exceed Celery setting task_time_limit ({limit}): RabbitMQ would close "
+                "the channel of a running task"
+            )
+
+
+def opledger_queues() -> tuple[Queue, ...]:
+    """opledger's queues, each with its own direct exchange (as in celeryconfig)."""
+    from opledger import celeryconfig
+
+    return tuple(celeryconfig.task_queues)
+
+
+def _queues(app: Any) -> list[Queue]:
+    existing = _conf(app, "task_queues")
+    if existing is None:  # Celery's implicit default queue must keep being consumed
+        name = _conf(app, "task_default_queue") or "celery"
+        exchange = _conf(app, "task_default_exchange") or name
+        key = _conf(app, "task_default_routing_key") or name
+        existing = [Queue(name, Exchange(exchange, type="direct"), routing_key=key)]
+    queues = list(existing)
+    names = {q.name for q in queues}
+    queues += [q for q in opledger_queues() if q.name not in names]
+    return queues
+
+
+def _routes(app: Any) -> Any:
+    from opledger import celeryconfig
+
+    ours = dict(celeryconfig.task_routes)
+    existing = _conf(app, "task_routes")
+    if existing is None:
+        return ours
+    if isinstance(existing, Mapping):
+        return {**dict(existing), **ours}
+    if isinstance(existing, Sequence) and not isinstance(existing, str):
+        return [ours, *existing]  # the first router that answers wins: ours, for our tasks
+    return [ours, existing]  # a single router function
+
+
+def beat_entries() -> dict[str, dict[str, Any]]:
+    """opledger's beat entries (named `opledger-...` so they never clash with yours)."""
+    from opledger import celeryconfig
+
+    return {f"opledger-{name}": dict(entry) for name, entry in celeryconfig.beat_schedule.items()}
+
+
+def register(app: Any) -> Any:
+    """Put opledger's queues, routes and beat entries on `app` after checking its settings.
+
+    Returns `app`. Call it where you configure your app, before its worker or beat starts.
+    Raises `AppMisconfigured` (one line naming the setting) when the app would break one of
+    opledger's guarantees; nothing is changed then."""
+    check_app(app)
+    import opledger.tasks.app  # noqa: F401 — the shared tasks attach to every app, yours too
+
+    app.conf.task_queues = _queues(app)
+    app.conf.task_routes = _routes(app)
+    app.conf.beat_schedule = {**(_conf(app, "beat_schedule") or {}), **beat_entries()}
+    # Importing opledger's module created its own app; yours stays the current one, so
+    # `dispatch.delay(op_id)` publishes through your app.
+    app.set_current()
+    return app
+
+
+__all__ = ["AppMisconfigured", "beat_entries", "check_app", "register"]
