@@ -508,12 +508,23 @@ class Story:
 
     def _refused_early(self) -> bool:
         """Whether the early worker's startup checks ran before the database was migrated
-        (they refuse an unmigrated schema or an unreachable server: one line, exit 4)."""
+        (they refuse an unmigrated schema or an unreachable server: one line, exit 4).
+        Waits until it is ready or has refused, so a refusal a moment later is not missed."""
         proc = self.workers.procs[self.AGENT]
-        said = proc.output()
-        return proc.proc.poll() is not None or any(
-            f"opledger worker: {check}:" in said for check in ("postgres", "schema")
+
+        def refused() -> bool:
+            said = proc.output()
+            return proc.proc.poll() is not None or any(
+                f"opledger worker: {check}:" in said for check in ("postgres", "schema")
+            )
+
+        wait_until(
+            lambda: refused() or "ready." in proc.output(),
+            90,
+            "the agent's worker to start or refuse",
+            every=POLL_S,
         )
+        return refused()
 
     def start(self, *, flower: bool = False) -> None:
         """The agent's worker and beat (and Flower). The worker starts while Postgres is

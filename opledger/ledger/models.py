@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta
 from enum import StrEnum
-from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
@@ -94,12 +93,12 @@ class ClaimTerms(Record):
     in_flight_by_provider: dict[str, timedelta] = Field(default_factory=dict)
     send_window_by_provider: dict[str, timedelta] = Field(default_factory=dict)
 
-    @cached_property
+    @property
     def in_flight_json(self) -> str:
         """`in_flight_by_provider` in seconds, as JSON (the claim statement's form)."""
         return _seconds_json(self.in_flight_by_provider)
 
-    @cached_property
+    @property
     def send_window_json(self) -> str:
         """`send_window_by_provider` in seconds, as JSON (the claim statement's form)."""
         return _seconds_json(self.send_window_by_provider)

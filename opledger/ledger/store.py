@@ -159,8 +159,8 @@ class _HotConnections:
         self._idle: deque[_Held] = deque()
         self._pid = os.getpid()
         # `engine.dispose()` closes these too, as it closes the pool's. The listener holds
-        # this object weakly: a ledger that is dropped without being disposed still lets go
-        # of its connections (the finalizer below), as its pool does.
+        # this object weakly, and goes when it goes: a ledger that is dropped without being
+        # disposed still lets go of its connections (the finalizer), as its pool does.
         this = weakref.ref(self)
 
         def disposed(_engine: Engine) -> None:
@@ -169,7 +169,7 @@ class _HotConnections:
                 hot.drop()
 
         event.listen(engine, "engine_disposed", disposed)
-        weakref.finalize(self, _close_idle, self._idle)
+        weakref.finalize(self, _finalize, self._idle, engine, disposed)
 
     def take(self) -> _Held:
         if self._pid != os.getpid():  # forked without `dispose()`
@@ -204,13 +204,23 @@ class _HotConnections:
 
 
 def _close_idle(idle: Iterable[_Held]) -> None:
-    """Close the connections this process opened; keep a parent's alive and unused."""
+    """Close the connections this process opened; keep a parent's alive and unused.
+
+    Closed on psycopg directly: the engine's wrapper would first send a ROLLBACK, which a
+    broken or interrupted connection cannot take (and would then log an error and leave
+    the socket open)."""
     for held in list(idle):
         if held.pid != os.getpid():
             _INHERITED.append(held)
             continue
         with contextlib.suppress(Exception):
-            held.pooled.close()
+            held.conn.close()
+
+
+def _finalize(idle: Iterable[_Held], engine: Engine, listener: Any) -> None:
+    _close_idle(idle)
+    with contextlib.suppress(Exception):
+        event.remove(engine, "engine_disposed", listener)
 
 
 #: connections a forked child inherited from its parent: never used, never closed
@@ -241,8 +251,8 @@ class Store:
         sql = _psycopg_sql(statement)
         try:
             held = self._hot.take()
-        except psycopg.Error as exc:  # no connection to be had
-            raise _driver_error(exc, invalidated=True) from exc
+        except psycopg.Error as exc:  # no connection to be had (refused, restarting...)
+            raise _driver_error(exc, invalidated=False) from exc
         conn = held.conn
         try:
             row: tuple[Any, ...] | None = conn.execute(sql, params, prepare=True).fetchone()

@@ -14,6 +14,7 @@ setup error (a missing table, invalid settings) is not retried: it fails the tas
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
 import socket
@@ -203,6 +204,9 @@ def refusing(fn: F) -> F:
             log.error("%s refused for %r: %s", task.name if task else fn.__name__, op_id, exc)
             return "refused"
 
+    # Celery checks a call's arguments at publish time against the function's signature
+    # (`inspect.getfullargspec`, which does not follow `__wrapped__`): give it the real one
+    run.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
     return cast(F, run)
 
 

@@ -53,3 +53,15 @@ def test_runtime_never_finds_or_starts_a_database_of_its_own(
             tasks.runtime()
     finally:
         get_settings.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "name", ["opledger.dispatch", "opledger.reconcile", "opledger.notify_review"]
+)
+def test_wrong_arguments_are_refused_when_published_not_in_the_worker(name: str) -> None:
+    """Celery checks a call's arguments against the task's signature before it publishes;
+    the refusing wrapper keeps the real signature, so the check still works."""
+    check = tasks.app.tasks[name].__header__
+    check("op_01JAAAAAAAAAAAAAAAAAAAAAAA")
+    with pytest.raises(TypeError):
+        check("op_01JAAAAAAAAAAAAAAAAAAAAAAA", 1, 2, 3)
