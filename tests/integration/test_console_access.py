@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,8 +15,9 @@ import httpx
 import psycopg
 import pytest
 
-from opledger.dev.chaos.stack import Proc, free_port, wait_until
+from opledger.dev.chaos.stack import free_port
 from tests.conftest import _libpq
+from tests.consoles import opledger, running_console
 
 PASSWORD = "a long enough password"
 
@@ -29,17 +28,6 @@ def env(database_url: str, tmp_path: Path) -> dict[str, str]:
         conn.execute("TRUNCATE operators CASCADE")
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
     return clean | {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_STATE_DIR": str(tmp_path)}
-
-
-def opledger(env: dict[str, str], *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "opledger.cli", *args],
-        input=stdin,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def add(env: dict[str, str], name: str, *args: str, password: str = PASSWORD) -> None:
@@ -59,24 +47,11 @@ def add(env: dict[str, str], name: str, *args: str, password: str = PASSWORD) ->
 
 @contextmanager
 def console(env: dict[str, str], tmp_path: Path, *args: str) -> Iterator[httpx.Client]:
-    port = free_port()
-    proc = Proc("console", ["console", "--port", str(port), *args], env, tmp_path / "c.log")
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        if proc.proc.poll() is not None:
-            raise AssertionError(f"the console died:\n{proc.output()}")
-        try:
-            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(up, 30, "the console to answer")
-        with httpx.Client(base_url=url, follow_redirects=False, timeout=10) as client:
-            yield client
-    finally:
-        proc.stop()
+    with (
+        running_console(env, tmp_path / "c.log", *args) as url,
+        httpx.Client(base_url=url, follow_redirects=False, timeout=10) as client,
+    ):
+        yield client
 
 
 def sign_in(client: httpx.Client, name: str, password: str = PASSWORD) -> httpx.Response:

@@ -12,22 +12,20 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import psycopg
 import pytest
 
 from opledger.adapters.registry import load_registry
-from opledger.dev.chaos.stack import Proc, Stack, free_port, wait_until
+from opledger.dev.chaos.stack import Stack, wait_until
 from opledger.dev.chaos.variants import KINDS, configure_sandbox
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from tests.conftest import TABLES, _libpq
+from tests.consoles import opledger, running_console
 
 from .conftest import settings_of, settled
 
@@ -56,17 +54,6 @@ class Console:
     url: str
     ledger: Ledger
     ops: list[str]  #: acme's operations in review, made by real crashes
-
-
-def _opledger(*args: str, env: dict[str, str], stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "opledger.cli", *args],
-        input=stdin,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +104,10 @@ def crashed(stack: Stack, session_ledger: Ledger, sandbox_server: Sandbox, datab
 def console(crashed: tuple[Ledger, list[str]], stack: Stack, workdir: Path) -> Iterator[Console]:
     ledger, ops = crashed
     env = dict(stack.env)
-    assert _opledger("console", "--port", "1", env=env).returncode == 4  # no operator yet
+    assert opledger(env, "console", "--port", "1").returncode == 4  # no operator yet
     for name, tenant in (("alice", "acme"), ("bob", "globex")):
-        added = _opledger(
+        added = opledger(
+            env,
             "operator",
             "add",
             name,
@@ -128,27 +116,11 @@ def console(crashed: tuple[Ledger, list[str]], stack: Stack, workdir: Path) -> I
             "--by",
             "test",
             "--password-stdin",
-            env=env,
             stdin=PASSWORDS[name] + "\n",
         )
         assert added.returncode == 0, added.stderr
-    port = free_port()
-    proc = Proc("console", ["console", "--port", str(port)], env, workdir / "console.log")
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        if proc.proc.poll() is not None:
-            raise AssertionError(f"the console died:\n{proc.output()}")
-        try:
-            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(up, 30, "the console to answer")
+    with running_console(env, workdir / "console.log") as url:
         yield Console(url, ledger, ops)
-    finally:
-        proc.kill()
 
 
 @pytest.fixture(scope="module")
