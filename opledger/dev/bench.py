@@ -144,17 +144,23 @@ FROM operations AS o WHERE tenant = 'backlog'
 """
 
 
-def _clock_ticks() -> float:
-    return float(os.sysconf("SC_CLK_TCK"))
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name, or None if it is not visible."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _cpu_of(fields: list[str]) -> float:
+    """User + system CPU seconds from a process's stat fields."""
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _cpu_s(pid: int) -> float | None:
     """User + system CPU seconds of process `pid` so far, or None if it is not visible."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / _clock_ticks()
+    fields = _stat(pid)
+    return _cpu_of(fields) if fields is not None else None
 
 
 def _group_cpu_s(pgid: int) -> tuple[float, float]:
@@ -163,18 +169,13 @@ def _group_cpu_s(pgid: int) -> tuple[float, float]:
     processes, which run the tasks)."""
     main = pool = 0.0
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        fields = _stat(entry.name) if entry.name.isdigit() else None
+        if fields is None or int(fields[2]) != pgid:
             continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid:
-            cpu = (int(fields[11]) + int(fields[12])) / _clock_ticks()
-            if int(entry.name) == pgid:
-                main += cpu
-            else:
-                pool += cpu
+        if int(entry.name) == pgid:
+            main += _cpu_of(fields)
+        else:
+            pool += _cpu_of(fields)
     return main, pool
 
 
@@ -291,6 +292,22 @@ def _enable_statement_stats(conn: psycopg.Connection[Any]) -> bool:
     return True
 
 
+def prepare_many(
+    ledger: Ledger, n: int, intent: Callable[[int], dict[str, Any]], batch: int = 500
+) -> list[str]:
+    """Prepare `n` operations (`intent(i)` gives the i-th one's arguments), `batch` to a
+    transaction (untimed set-up); their ids in order."""
+    op_ids: list[str] = []
+    for first in range(0, n, batch):
+        with Session(ledger.engine) as session:
+            op_ids += [
+                ledger.prepare(**intent(i), session=session).id
+                for i in range(first, min(n, first + batch))
+            ]
+            session.commit()
+    return op_ids
+
+
 def ledger_drain(
     stack: Stack,
     ledger: Ledger,
@@ -315,23 +332,19 @@ def ledger_drain(
         )
     for t in range(tenants):
         ledger.grant(tenant=f"t{t}", scope=["bench.*"], granted_by="bench", ref=f"auth_t{t}")
-    op_ids = []
-    for first in range(0, n, 500):
-        with Session(ledger.engine) as session:
-            for i in range(first, min(n, first + 500)):
-                op_ids.append(
-                    ledger.prepare(
-                        tenant=f"t{i % tenants}",
-                        workflow_id=run,
-                        intent_key=f"op-{i}",
-                        action=ACTION,
-                        target=f"t-{i}",
-                        payload={"i": i},
-                        authorization_ref=f"auth_t{i % tenants}",
-                        session=session,
-                    ).id
-                )
-            session.commit()
+    op_ids = prepare_many(
+        ledger,
+        n,
+        lambda i: {
+            "tenant": f"t{i % tenants}",
+            "workflow_id": run,
+            "intent_key": f"op-{i}",
+            "action": ACTION,
+            "target": f"t-{i}",
+            "payload": {"i": i},
+            "authorization_ref": f"auth_t{i % tenants}",
+        },
+    )
     for op_id in op_ids:
         dispatch.delay(op_id)
     # A backend reports its statistics when it exits (or after idling for a while): close
@@ -605,23 +618,19 @@ def backlog_drain(
         ledger = Ledger.from_url(database_url, actions=load_registry(Settings.from_environ(env)))
         ledger.grant(tenant="backlog", scope=["crm.*"], granted_by="bench", ref="auth_backlog")
         progress(f"backlog ({mode}): preparing {n} operations")
-        op_ids: list[str] = []
-        for first in range(0, n, 500):
-            with Session(ledger.engine) as session:
-                for i in range(first, min(n, first + 500)):
-                    op_ids.append(
-                        ledger.prepare(
-                            tenant="backlog",
-                            workflow_id="backlog",
-                            intent_key=f"op-{i}",
-                            action="crm.close_case.v1",
-                            target=f"case-{i}",
-                            payload={"note": f"backlog {i}"},
-                            authorization_ref="auth_backlog",
-                            session=session,
-                        ).id
-                    )
-                session.commit()
+        op_ids = prepare_many(
+            ledger,
+            n,
+            lambda i: {
+                "tenant": "backlog",
+                "workflow_id": "backlog",
+                "intent_key": f"op-{i}",
+                "action": "crm.close_case.v1",
+                "target": f"case-{i}",
+                "payload": {"note": f"backlog {i}"},
+                "authorization_ref": "auth_backlog",
+            },
+        )
         use_broker(app, redis.url)
         for op_id in op_ids:
             dispatch.delay(op_id)
