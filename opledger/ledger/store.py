@@ -157,7 +157,6 @@ class _HotConnections:
         self.engine = engine
         self.keep = keep
         self._idle: deque[_Held] = deque()
-        self._pid = os.getpid()
         # `engine.dispose()` closes these too, as it closes the pool's. The listener holds
         # this object weakly, and goes when it goes: a ledger that is dropped without being
         # disposed still lets go of its connections (the finalizer), as its pool does.
@@ -172,12 +171,14 @@ class _HotConnections:
         weakref.finalize(self, _finalize, self._idle, engine, disposed)
 
     def take(self) -> _Held:
-        if self._pid != os.getpid():  # forked without `dispose()`
-            self.drop()
-        try:
-            return self._idle.pop()
-        except IndexError:
-            pass
+        while self._idle:
+            try:
+                held = self._idle.pop()
+            except IndexError:  # another thread took the last one
+                break
+            if held.pid == os.getpid():
+                return held
+            _close_idle([held])  # a parent's (forked without `dispose()`): kept, unused
         pooled = self.engine.raw_connection()
         conn = pooled.driver_connection
         pooled.detach()  # ours now: closing `pooled` closes `conn`
@@ -186,7 +187,7 @@ class _HotConnections:
         return _Held(pooled, conn, os.getpid())
 
     def give(self, held: _Held) -> None:
-        if len(self._idle) < self.keep and self._pid == os.getpid():
+        if len(self._idle) < self.keep and held.pid == os.getpid():
             self._idle.append(held)
         else:
             self.discard(held)
@@ -200,7 +201,6 @@ class _HotConnections:
         idle = list(self._idle)
         self._idle.clear()
         _close_idle(idle)
-        self._pid = os.getpid()
 
 
 def _close_idle(idle: Iterable[_Held]) -> None:
