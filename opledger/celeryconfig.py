@@ -66,6 +66,10 @@ task_routes = {
     "opledger.notify_review": {"queue": "notifications"},
 }
 
+# Celery's persistent scheduler, except that a broker refusing the connection (RabbitMQ
+# while it recovers or re-creates a virtual host) no longer ends the beat process.
+beat_scheduler = "opledger.tasks.scheduler:Scheduler"
+
 _sweep = _settings.sweep_interval_seconds
 beat_schedule = {
     "sweep": {

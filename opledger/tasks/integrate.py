@@ -32,6 +32,8 @@ from opledger.settings import NotConfigured, get_settings
 REDIS_DEFAULT_VISIBILITY_S = 3600
 REDIS_SCHEMES = ("redis", "rediss", "sentinel")
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+#: what Celery's `beat_scheduler` setting says when nobody chose a scheduler
+CELERY_DEFAULT_SCHEDULERS = (None, "celery.beat:PersistentScheduler")
 
 
 class AppMisconfigured(NotConfigured):
@@ -143,6 +145,9 @@ def beat_entries() -> dict[str, dict[str, Any]]:
 def register(app: Any) -> Any:
     """Put opledger's queues, routes and beat entries on `app` after checking its settings.
 
+    Where the app uses Celery's default beat scheduler, it gets opledger's
+    (`opledger.tasks.scheduler:Scheduler`: the same, but it outlives a broker's refusals).
+
     Returns `app`. Call it where you configure your app, before its worker or beat starts.
     Raises `AppMisconfigured` (one line naming the setting) when the app would break one of
     opledger's guarantees; nothing is changed then."""
@@ -152,6 +157,12 @@ def register(app: Any) -> Any:
     app.conf.task_queues = _queues(app)
     app.conf.task_routes = _routes(app)
     app.conf.beat_schedule = {**(_conf(app, "beat_schedule") or {}), **beat_entries()}
+    if _conf(app, "beat_scheduler") in CELERY_DEFAULT_SCHEDULERS:
+        # Celery's own scheduler exits on the first broker refusal; ours waits it out.
+        # A scheduler of your own choosing (django-celery-beat, ...) is left as it is.
+        from opledger import celeryconfig
+
+        app.conf.beat_scheduler = celeryconfig.beat_scheduler
     # Importing opledger's module created its own app; yours stays the current one, so
     # `dispatch.delay(op_id)` publishes through your app.
     app.set_current()

@@ -89,6 +89,9 @@ class ChaosResult:
     elapsed_s: float
     max_queued: dict[str, int] = field(default_factory=dict)  #: deepest queue seen, by name
     broker: str = "redis"
+    #: workers and beats that exited by themselves (a startup check refused a restarting
+    #: broker) and were started again, as a process supervisor would
+    respawns: int = 0
 
     def summary(self) -> dict[str, Any]:
         a = self.audit
@@ -111,6 +114,7 @@ class ChaosResult:
             "crash_points_armed": self.crash_points_armed,
             "redis_restarts": self.redis_restarts,
             "postgres_restarts": self.postgres_restarts,
+            "respawns": self.respawns,
             "elapsed_s": round(self.elapsed_s, 1),
             "max_dispatch_queued": self.max_queued.get("dispatch", 0),
             "max_reconcile_queued": self.max_queued.get("reconcile", 0),
@@ -220,7 +224,7 @@ def _run(
     cleanup.callback(stack.stop_all)
     ledger = Ledger.from_url(database_url, actions=build_registry(settings))
     cleanup.callback(ledger.engine.dispose)
-    counters = {"kills": 0, "armed": 0, "redis": 0, "postgres": 0}
+    counters = {"kills": 0, "armed": 0, "redis": 0, "postgres": 0, "respawns": 0}
     started = time.monotonic()
     op_ids: list[str] = []
 
@@ -285,6 +289,7 @@ def _run(
     )
     postgres_at = [rng.uniform(0.3, 0.7) * config.chaos_seconds] if own_pg else []
     next_kill = rng.expovariate(1 / config.kill_every)
+    supervised = [0.0]
     while (elapsed := time.monotonic() - started) < config.chaos_seconds:
         while len(op_ids) < config.ops and elapsed >= next_publish:
             publish_next()
@@ -303,6 +308,9 @@ def _run(
             # Not waiting for it to be ready: the run goes on breaking things meanwhile.
             stack.spawn_worker(name, concurrency=1, **armed)
             next_kill = time.monotonic() - started + rng.expovariate(1 / config.kill_every)
+        if elapsed - supervised[0] >= 1.0:  # a supervisor's restart delay
+            supervised[0] = elapsed
+            counters["respawns"] += _supervise(stack, names)
         if redis_at and elapsed >= redis_at[0]:
             redis_at.pop(0)
             redis.restart()
@@ -323,6 +331,7 @@ def _run(
         stack.start_worker(name, concurrency=1)
     deadline = time.monotonic() + config.settle_timeout
     while report(force=True) < len(op_ids) and time.monotonic() < deadline:
+        counters["respawns"] += _supervise(stack, names)
         time.sleep(1.0)
     elapsed_total = time.monotonic() - started
     result = audit(ledger, sandbox.truth(), op_ids)
@@ -333,10 +342,27 @@ def _run(
         crash_points_armed=counters["armed"],
         redis_restarts=counters["redis"],
         postgres_restarts=counters["postgres"],
+        respawns=counters["respawns"],
         elapsed_s=elapsed_total,
         max_queued=max_queued,
         broker=config.broker,
     )
+
+
+def _supervise(stack: Stack, names: list[str]) -> int:
+    """Start again the workers and the beat that exited by themselves, as systemd's
+    `Restart=always` or compose's `restart: unless-stopped` would: one started while the
+    broker restarts refuses at its startup checks and exits 4. How many were started."""
+    started = 0
+    for name in names:
+        proc = stack.workers.get(name)
+        if proc is not None and proc.proc.poll() is not None:
+            stack.spawn_worker(name, concurrency=1)
+            started += 1
+    if stack.beat is not None and stack.beat.proc.poll() is not None:
+        stack.start_beat()
+        started += 1
+    return started
 
 
 T = TypeVar("T")
