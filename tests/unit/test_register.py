@@ -60,6 +60,15 @@ def test_a_well_configured_app_gets_queues_routes_beat_and_tasks(theirs: Celery)
     assert current_app._get_current_object() is theirs  # dispatch.delay publishes through it
 
 
+def test_celerys_default_scheduler_becomes_ours_and_a_chosen_one_is_kept(theirs: Celery) -> None:
+    opledger.tasks.register(theirs)
+    assert theirs.conf.beat_scheduler == "opledger.tasks.scheduler:Scheduler"
+    chosen = Celery("chosen", set_as_current=False)
+    chosen.conf.update(GOOD, beat_scheduler="django_celery_beat.schedulers:DatabaseScheduler")
+    opledger.tasks.register(chosen)
+    assert chosen.conf.beat_scheduler == "django_celery_beat.schedulers:DatabaseScheduler"
+
+
 def test_their_routers_are_kept_behind_ours(theirs: Celery) -> None:
     def router(name: str, *_: Any, **__: Any) -> dict[str, str] | None:
         return {"queue": "reports"} if name.startswith("theirs.") else None
