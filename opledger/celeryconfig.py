@@ -50,10 +50,30 @@ task_send_sent_event = True
 worker_hijack_root_logger = False
 worker_concurrency = _settings.worker_concurrency
 
-# Each queue has its own direct exchange and routing key. (A Queue declared by name alone
-# is bound to the default exchange and key, and every message would reach every queue.)
+# Each queue has its own exchange and routing key. (A Queue declared by name alone is bound
+# to the default exchange and key, and every message would reach every queue.)
 QUEUES = ("dispatch", "reconcile", "maintenance", "notifications")
-task_queues = tuple(Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES)
+
+
+def queues_of(queue_type: str, broker: str | None) -> tuple[Queue, ...]:
+    """opledger's queues: classic queues behind direct exchanges, or on RabbitMQ, quorum
+    queues behind topic exchanges (Celery's native delayed delivery, which a countdown
+    needs on a quorum queue, routes only through topic and fanout exchanges)."""
+    amqp = (broker or "").split(":", 1)[0] in ("amqp", "amqps", "pyamqp")
+    if queue_type == "quorum" and amqp:
+        return tuple(
+            Queue(
+                name,
+                Exchange(name, type="topic"),
+                routing_key=name,
+                queue_arguments={"x-queue-type": "quorum"},
+            )
+            for name in QUEUES
+        )
+    return tuple(Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES)
+
+
+task_queues = queues_of(_settings.rabbitmq_queue_type, broker_url)
 task_default_exchange = "dispatch"
 task_default_routing_key = "dispatch"
 task_default_queue = "dispatch"

@@ -117,6 +117,12 @@ class Settings(BaseSettings):
         description="RabbitMQ's consumer_timeout as configured on the server (RabbitMQ's "
         "default: 30 min); must exceed the task time limit.",
     )
+    rabbitmq_queue_type: Literal["classic", "quorum"] = Field(
+        default="classic",
+        description="On RabbitMQ, the type of opledger's queues: classic, or quorum "
+        "(replicated; their exchanges are then topic exchanges, for Celery's native "
+        "delayed delivery). Ignored on Redis.",
+    )
     task_time_limit_seconds: int = Field(
         default=300, gt=0, description="Hard time limit of one task."
     )

@@ -62,6 +62,15 @@ def _checks(env: Mapping[str, str], *, broker: bool, database: bool) -> Iterator
     lease = _lease(settings, registry)
     if lease is not None:
         yield lease
+    scheme = (settings.broker_url or "").split(":", 1)[0]
+    if settings.rabbitmq_queue_type == "quorum" and scheme not in ("amqp", "amqps", "pyamqp"):
+        yield Check(
+            "queues",
+            False,
+            "OPLEDGER_RABBITMQ_QUEUE_TYPE=quorum has no effect on this broker "
+            f"({scheme or 'none configured'}): only RabbitMQ has quorum queues",
+            warning=True,
+        )
     if database:
         if not settings.database_url and not settings.dev:
             yield Check("postgres", False, "OPLEDGER_DATABASE_URL is not set")

@@ -154,6 +154,18 @@ def test_check_reports_every_part_and_passes_on_a_good_setup(
     assert bad.returncode == 4 and "FAIL broker: OPLEDGER_BROKER_URL is not set" in bad.stdout
 
 
+def test_quorum_queues_on_redis_are_a_warning_naming_the_setting() -> None:
+    from opledger.cli.checks import run_checks
+
+    env = {"OPLEDGER_BROKER_URL": REDIS, "OPLEDGER_RABBITMQ_QUEUE_TYPE": "quorum"}
+    checks = run_checks(env, broker=False, database=False)
+    queues = [c for c in checks if c.name == "queues"]
+    assert len(queues) == 1 and queues[0].warning, checks
+    assert "OPLEDGER_RABBITMQ_QUEUE_TYPE=quorum has no effect" in queues[0].detail
+    amqp = {**env, "OPLEDGER_BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//"}
+    assert not [c for c in run_checks(amqp, broker=False, database=False) if c.name == "queues"]
+
+
 def test_beat_refuses_a_schedule_it_cannot_write_and_the_worker_passes_options_on(
     tmp_path: Path, database_url: str
 ) -> None:
