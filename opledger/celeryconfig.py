@@ -12,8 +12,8 @@ Why each one (the README's "Running with Celery" and docs/architecture.md say mo
 from __future__ import annotations
 
 from celery.schedules import schedule
-from kombu.entity import Exchange, Queue
 
+from opledger.queues import queues_of
 from opledger.settings import DEFAULT_BROKER_URL, UNCONFIGURED_BROKER_URL, get_settings
 
 _settings = get_settings()
@@ -35,6 +35,10 @@ task_ignore_result = True
 result_backend = None
 
 task_acks_late = True
+# A channel error (RabbitMQ closing a channel for consumer_timeout, PRECONDITION_FAILED)
+# restarts the consumer instead of ending the worker with "Unrecoverable error"; the
+# delivery goes back to the queue and the fence refuses its second claim.
+broker_channel_error_retry = True
 task_reject_on_worker_lost = False
 worker_prefetch_multiplier = 1
 worker_cancel_long_running_tasks_on_connection_loss = True
@@ -50,29 +54,8 @@ task_send_sent_event = True
 worker_hijack_root_logger = False
 worker_concurrency = _settings.worker_concurrency
 
-# Each queue has its own exchange and routing key. (A Queue declared by name alone is bound
-# to the default exchange and key, and every message would reach every queue.)
-QUEUES = ("dispatch", "reconcile", "maintenance", "notifications")
-
-
-def queues_of(queue_type: str, broker: str | None) -> tuple[Queue, ...]:
-    """opledger's queues: classic queues behind direct exchanges, or on RabbitMQ, quorum
-    queues behind topic exchanges (Celery's native delayed delivery, which a countdown
-    needs on a quorum queue, routes only through topic and fanout exchanges)."""
-    amqp = (broker or "").split(":", 1)[0] in ("amqp", "amqps", "pyamqp")
-    if queue_type == "quorum" and amqp:
-        return tuple(
-            Queue(
-                name,
-                Exchange(name, type="topic"),
-                routing_key=name,
-                queue_arguments={"x-queue-type": "quorum"},
-            )
-            for name in QUEUES
-        )
-    return tuple(Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES)
-
-
+# opledger's four queues (opledger.queues), each with its own exchange; on RabbitMQ quorum
+# queues behind topic exchanges if OPLEDGER_RABBITMQ_QUEUE_TYPE=quorum
 task_queues = queues_of(_settings.rabbitmq_queue_type, broker_url)
 task_default_exchange = "dispatch"
 task_default_routing_key = "dispatch"

@@ -6,8 +6,9 @@ Nothing here creates or changes anything: it reads the settings, connects, and q
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
@@ -41,13 +42,20 @@ def run_checks(
     *,
     broker: bool = True,
     database: bool = True,
+    declare: bool = False,
 ) -> list[Check]:
-    """Every check, in order; a later check that depends on a failed one is skipped."""
+    """Every check, in order; a later check that depends on a failed one is skipped.
+
+    With `declare` (the worker's and the beat's startup checks: they declare them anyway
+    moments later), opledger's queues are declared on RabbitMQ, so a queue or exchange
+    that exists with another type or arguments is one line, not a crash loop."""
     env = os.environ if environ is None else environ
-    return list(_checks(env, broker=broker, database=database))
+    return list(_checks(env, broker=broker, database=database, declare=declare))
 
 
-def _checks(env: Mapping[str, str], *, broker: bool, database: bool) -> Iterator[Check]:
+def _checks(
+    env: Mapping[str, str], *, broker: bool, database: bool, declare: bool = False
+) -> Iterator[Check]:
     typos = unknown_variables(env)
     if typos:
         yield Check("variables", False, "not settings, a typo? " + ", ".join(typos), True)
@@ -91,7 +99,12 @@ def _checks(env: Mapping[str, str], *, broker: bool, database: bool) -> Iterator
         if not settings.broker_url and not settings.dev:
             yield Check("broker", False, "OPLEDGER_BROKER_URL is not set")
         elif settings.broker_url:
-            yield _broker(settings.broker_url)
+            queues: tuple[Any, ...] = ()
+            if declare:
+                from opledger.queues import queues_of
+
+                queues = queues_of(settings.rabbitmq_queue_type, settings.broker_url)
+            yield _broker(settings.broker_url, queues, settings.rabbitmq_queue_type)
 
 
 def _registry(settings: Settings) -> tuple[Check, Any]:
@@ -251,13 +264,33 @@ def _beat_lock(engine: Any) -> Check:
     return _attempt("beat lock", probe)
 
 
-def _broker(url: str) -> Check:
+def _broker(url: str, queues: Sequence[Any] = (), queue_type: str = "classic") -> Check:
     from kombu.connection import Connection
 
     def probe() -> str:
         with Connection(url, connect_timeout=CONNECT_TIMEOUT_S) as conn:
             conn.ensure_connection(max_retries=1, timeout=CONNECT_TIMEOUT_S)
-            return f"reachable ({conn.transport_cls}://{conn.hostname}:{conn.port})"
+            reachable = f"reachable ({conn.transport_cls}://{conn.hostname}:{conn.port})"
+            if not queues or conn.transport.driver_type != "amqp":
+                return reachable
+            channel = conn.channel()
+            try:
+                for queue in queues:
+                    try:
+                        queue(channel).declare()
+                    except conn.channel_errors as exc:
+                        reason = getattr(exc, "reply_text", "") or str(exc)
+                        raise RuntimeError(
+                            f"queue {queue.name!r} and its exchange cannot be declared as "
+                            f"OPLEDGER_RABBITMQ_QUEUE_TYPE={queue_type} says ({reason}); a "
+                            "queue's or exchange's type cannot change: drain opledger's "
+                            "queues and delete them and their exchanges, or use a new "
+                            "virtual host"
+                        ) from exc
+            finally:
+                with contextlib.suppress(Exception):
+                    channel.close()
+            return f"{reachable}, {len(queues)} {queue_type} queues declared"
 
     return _attempt("broker", probe)
 

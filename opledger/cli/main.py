@@ -100,7 +100,7 @@ def ensure_services() -> None:
     get_settings.cache_clear()
 
 
-def preflight(command: str, *, broker: bool = True) -> None:
+def preflight(command: str, *, broker: bool = True, declare: bool = False) -> None:
     """Make the services explicit (`ensure_services`) and run the startup checks before a
     long-running process says ready: a failure is one line on stderr and exit code 4; a
     likely typo in a variable name is a warning."""
@@ -114,7 +114,7 @@ def preflight(command: str, *, broker: bool = True) -> None:
         err_console.print(f"opledger {command}: {exc}", style="red", markup=False)
         raise typer.Exit(4) from None
 
-    checks = run_checks(broker=broker)
+    checks = run_checks(broker=broker, declare=declare)
     for check in checks:
         if check.warning:
             err_console.print(f"opledger {command}: warning: {check.name}: {check.detail}")
@@ -1038,7 +1038,7 @@ def worker(
 
     The startup checks run first (`opledger check`); options after `--` go to Celery's own
     worker unchanged, e.g. `opledger worker -- --max-tasks-per-child 100`."""
-    preflight("worker")
+    preflight("worker", declare=True)
     from opledger.tasks.app import app as celery_app
 
     argv = ["worker", "-Q", queues, "--loglevel", loglevel, "-E"]
@@ -1055,7 +1055,7 @@ def beat(
     schedule: Annotated[str, typer.Option(help="Where beat keeps its schedule state.")] = "",
 ) -> None:
     """Run the beat scheduler (sweep, relay, purge). Refuses to start if one already runs."""
-    preflight("beat")
+    preflight("beat", declare=True)
     from opledger.cli.beatlock import BeatLock, BeatLockTaken
     from opledger.tasks.app import app as celery_app
 

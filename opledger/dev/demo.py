@@ -49,7 +49,6 @@ from typing import Any, ClassVar
 import httpx
 
 from opledger.adapters.registry import load_registry
-from opledger.celeryconfig import QUEUES
 from opledger.dev import devstack
 from opledger.dev.chaos.audit import Audit, audit, effect_key, settled
 from opledger.dev.chaos.run import stack_env
@@ -58,6 +57,7 @@ from opledger.dev.chaos.variants import KINDS, configure_sandbox
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import IntentConflict, Ledger, Status
 from opledger.ledger.migrate import upgrade
+from opledger.queues import QUEUES
 from opledger.settings import Settings
 
 OWNER = "owner@acme.test"

@@ -154,6 +154,43 @@ def test_check_reports_every_part_and_passes_on_a_good_setup(
     assert bad.returncode == 4 and "FAIL broker: OPLEDGER_BROKER_URL is not set" in bad.stdout
 
 
+def test_a_queue_declared_as_another_type_is_refused_in_one_line(
+    tmp_path: Path, database_url: str
+) -> None:
+    """Switching OPLEDGER_RABBITMQ_QUEUE_TYPE under queues that exist: RabbitMQ refuses to
+    redeclare them (PRECONDITION_FAILED), and the worker would restart its consumer on that
+    channel error forever. Its startup checks declare the queues first and refuse."""
+    from kombu.connection import Connection
+
+    from opledger.dev.chaos.stack import PrivateVhost, rabbitmq_available
+    from opledger.queues import queues_of
+
+    why = rabbitmq_available()
+    if why is not None:
+        if os.environ.get("CI"):
+            raise RuntimeError(why)
+        pytest.skip(why)
+    vhost = PrivateVhost()
+    vhost.start()
+    try:
+        with Connection(vhost.url) as conn:  # type: ignore[no-untyped-call]
+            channel = conn.channel()
+            for queue in queues_of("classic", vhost.url):
+                queue(channel).declare()
+        env = {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_BROKER_URL": vhost.url}
+        refused(
+            run(tmp_path, "worker", **env, OPLEDGER_RABBITMQ_QUEUE_TYPE="quorum"),
+            "broker: queue 'dispatch' and its exchange cannot be declared as "
+            "OPLEDGER_RABBITMQ_QUEUE_TYPE=quorum says",
+            "PRECONDITION_FAILED - inequivalent arg 'type' for exchange 'dispatch'",
+            "new virtual host",
+        )
+        check = run(tmp_path, "check", **env)  # the same type as declared: fine
+        assert check.returncode == 0, check.stdout + check.stderr
+    finally:
+        vhost.kill()
+
+
 def test_quorum_queues_on_redis_are_a_warning_naming_the_setting() -> None:
     from opledger.cli.checks import run_checks
 

@@ -24,6 +24,7 @@ from opledger.dev.chaos.audit import audit
 from opledger.dev.chaos.stack import PrivateVhost, Stack, rabbitmq_available, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
+from opledger.queues import QUEUES, queues_of
 
 from .conftest import prepare, settled
 
@@ -78,9 +79,7 @@ def test_a_crash_window_and_a_countdown_on_quorum_queues(
         "crashy", concurrency=1, OPLEDGER_CRASHPOINT="dispatch.after_call:1"
     )
     types = _queue_types(vhost)
-    assert {q: types.get(q) for q in celeryconfig.QUEUES} == dict.fromkeys(
-        celeryconfig.QUEUES, "quorum"
-    ), types
+    assert {q: types.get(q) for q in QUEUES} == dict.fromkeys(QUEUES, "quorum"), types
     stack.start_beat()
 
     # Published by the relay (from the worker, on its quorum configuration); the worker's
@@ -92,7 +91,7 @@ def test_a_crash_window_and_a_countdown_on_quorum_queues(
     # classic queues): it must come through native delayed delivery, not at once.
     publisher = Celery("publisher", broker=vhost.url, set_as_current=False)
     publisher.conf.update(
-        task_queues=celeryconfig.queues_of("quorum", vhost.url),
+        task_queues=queues_of("quorum", vhost.url),
         task_routes=celeryconfig.task_routes,
         task_serializer="json",
     )

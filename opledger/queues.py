@@ -1,0 +1,35 @@
+"""opledger's four queues, as every worker, beat and publisher declares them.
+
+Each queue has its own exchange and routing key. (A Queue declared by name alone is bound
+to the default exchange and key, and every message would reach every queue.) On RabbitMQ
+they may be quorum queues (`OPLEDGER_RABBITMQ_QUEUE_TYPE=quorum`): their exchanges are
+then topic exchanges, because Celery's native delayed delivery, which a countdown needs on
+a quorum queue, routes only through topic and fanout exchanges.
+"""
+
+from __future__ import annotations
+
+from kombu.entity import Exchange, Queue
+
+QUEUES = ("dispatch", "reconcile", "maintenance", "notifications")
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+
+
+def is_amqp(broker_url: str | None) -> bool:
+    return (broker_url or "").split(":", 1)[0] in AMQP_SCHEMES
+
+
+def queues_of(queue_type: str, broker_url: str | None) -> tuple[Queue, ...]:
+    """The queues for `queue_type` ("classic" or "quorum") on the broker at `broker_url`:
+    quorum only on RabbitMQ (Redis has one kind of queue)."""
+    if queue_type == "quorum" and is_amqp(broker_url):
+        return tuple(
+            Queue(
+                name,
+                Exchange(name, type="topic"),
+                routing_key=name,
+                queue_arguments={"x-queue-type": "quorum"},
+            )
+            for name in QUEUES
+        )
+    return tuple(Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES)
