@@ -146,7 +146,9 @@ def register(app: Any) -> Any:
     """Put opledger's queues, routes and beat entries on `app` after checking its settings.
 
     Where the app uses Celery's default beat scheduler, it gets opledger's
-    (`opledger.tasks.scheduler:Scheduler`: the same, but it outlives a broker's refusals).
+    (`opledger.tasks.scheduler:Scheduler`: the same, but it outlives a broker's refusals);
+    unless the app chose otherwise, `broker_channel_error_retry` is turned on (a channel
+    error restarts the worker's consumer instead of ending the worker).
 
     Returns `app`. Call it where you configure your app, before its worker or beat starts.
     Raises `AppMisconfigured` (one line naming the setting) when the app would break one of
@@ -157,6 +159,10 @@ def register(app: Any) -> Any:
     app.conf.task_queues = _queues(app)
     app.conf.task_routes = _routes(app)
     app.conf.beat_schedule = {**(_conf(app, "beat_schedule") or {}), **beat_entries()}
+    if "broker_channel_error_retry" not in app.conf.changes:
+        # Celery's default ends the worker on a channel error (RabbitMQ's consumer_timeout);
+        # an explicit choice of yours is kept.
+        app.conf.broker_channel_error_retry = True
     if _conf(app, "beat_scheduler") in CELERY_DEFAULT_SCHEDULERS:
         # Celery's own scheduler exits on the first broker refusal; ours waits it out.
         # A scheduler of your own choosing (django-celery-beat, ...) is left as it is.

@@ -60,13 +60,19 @@ def test_a_well_configured_app_gets_queues_routes_beat_and_tasks(theirs: Celery)
     assert current_app._get_current_object() is theirs  # dispatch.delay publishes through it
 
 
-def test_celerys_default_scheduler_becomes_ours_and_a_chosen_one_is_kept(theirs: Celery) -> None:
+def test_celerys_defaults_for_beat_and_channel_errors_become_ours_and_choices_are_kept(theirs: Celery) -> None:
     opledger.tasks.register(theirs)
     assert theirs.conf.beat_scheduler == "opledger.tasks.scheduler:Scheduler"
+    assert theirs.conf.broker_channel_error_retry is True
     chosen = Celery("chosen", set_as_current=False)
-    chosen.conf.update(GOOD, beat_scheduler="django_celery_beat.schedulers:DatabaseScheduler")
+    chosen.conf.update(
+        GOOD,
+        beat_scheduler="django_celery_beat.schedulers:DatabaseScheduler",
+        broker_channel_error_retry=False,
+    )
     opledger.tasks.register(chosen)
     assert chosen.conf.beat_scheduler == "django_celery_beat.schedulers:DatabaseScheduler"
+    assert chosen.conf.broker_channel_error_retry is False
 
 
 def test_their_routers_are_kept_behind_ours(theirs: Celery) -> None:
