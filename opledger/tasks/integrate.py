@@ -101,11 +101,12 @@ def check_app(app: Any) -> None:
             )
 
 
-def opledger_queues() -> tuple[Queue, ...]:
-    """opledger's queues, each with its own direct exchange (as in celeryconfig)."""
-    from opledger import celeryconfig
+def opledger_queues(app: Any) -> tuple[Queue, ...]:
+    """opledger's queues for `app`'s broker (as in celeryconfig): quorum queues on RabbitMQ
+    when `OPLEDGER_RABBITMQ_QUEUE_TYPE=quorum`."""
+    from opledger.queues import queues_of
 
-    return tuple(celeryconfig.task_queues)
+    return queues_of(get_settings().rabbitmq_queue_type, _conf(app, "broker_url"))
 
 
 def _queues(app: Any) -> list[Queue]:
@@ -117,7 +118,7 @@ def _queues(app: Any) -> list[Queue]:
         existing = [Queue(name, Exchange(exchange, type="direct"), routing_key=key)]
     queues = list(existing)
     names = {q.name for q in queues}
-    queues += [q for q in opledger_queues() if q.name not in names]
+    queues += [q for q in opledger_queues(app) if q.name not in names]
     return queues
 
 

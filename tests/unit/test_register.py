@@ -60,7 +60,9 @@ def test_a_well_configured_app_gets_queues_routes_beat_and_tasks(theirs: Celery)
     assert current_app._get_current_object() is theirs  # dispatch.delay publishes through it
 
 
-def test_celerys_defaults_for_beat_and_channel_errors_become_ours_and_choices_are_kept(theirs: Celery) -> None:
+def test_celerys_defaults_for_beat_and_channel_errors_become_ours_and_choices_are_kept(
+    theirs: Celery,
+) -> None:
     opledger.tasks.register(theirs)
     assert theirs.conf.beat_scheduler == "opledger.tasks.scheduler:Scheduler"
     assert theirs.conf.broker_channel_error_retry is True
@@ -73,6 +75,26 @@ def test_celerys_defaults_for_beat_and_channel_errors_become_ours_and_choices_ar
     opledger.tasks.register(chosen)
     assert chosen.conf.beat_scheduler == "django_celery_beat.schedulers:DatabaseScheduler"
     assert chosen.conf.broker_channel_error_retry is False
+
+
+def test_quorum_queues_follow_the_setting_on_their_rabbitmq_broker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPLEDGER_RABBITMQ_QUEUE_TYPE", "quorum")
+    get_settings.cache_clear()
+    try:
+        rabbit = Celery(
+            "rabbit", broker="amqp://guest:guest@127.0.0.1:5672//", set_as_current=False
+        )
+        rabbit.conf.update(GOOD)
+        opledger.tasks.register(rabbit)
+        ours = {q.name: q for q in rabbit.conf.task_queues if q.name != "celery"}
+        assert sorted(ours) == ["dispatch", "maintenance", "notifications", "reconcile"]
+        assert all(q.queue_arguments == {"x-queue-type": "quorum"} for q in ours.values())
+        assert {q.exchange.type for q in ours.values()} == {"topic"}
+    finally:
+        get_settings.cache_clear()
+        tasks.app.set_current()
 
 
 def test_their_routers_are_kept_behind_ours(theirs: Celery) -> None:
