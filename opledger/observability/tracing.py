@@ -66,6 +66,8 @@ CLAIMED = "opledger.claimed"
 REPLAYED = "opledger.replayed"
 
 _TRUE = ("1", "true", "yes", "on")
+#: OTLP/HTTP's default endpoint (the collector on this host)
+DEFAULT_OTLP_ENDPOINT = "http://localhost:4318"
 
 
 def wanted(environ: Mapping[str, str] | None = None) -> bool:
@@ -251,7 +253,14 @@ def _otlp_exporter() -> Any:
         return None
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return OTLPSpanExporter()  # endpoint, headers, timeout and compression from OTEL_*
+    # The endpoint as the SDK would read it, except that an empty variable (a compose file's
+    # `${OTEL_EXPORTER_OTLP_ENDPOINT:-}`) counts as unset; headers, timeout and compression
+    # come from OTEL_* as usual.
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or (
+        (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or DEFAULT_OTLP_ENDPOINT).rstrip("/")
+        + "/v1/traces"
+    )
+    return OTLPSpanExporter(endpoint=endpoint)
 
 
 def shutdown() -> None:
