@@ -17,8 +17,9 @@ intent key, or a secret — they can carry customer data):
 
 - `opledger.prepare`: recording the intent and publishing its dispatch (the Celery
   publish span is its child). Its context is stored on the operation (`traceparent`).
-- `opledger.claim`: taking the fenced claim; linked to the prepare span when the task runs
-  in another trace (a dispatch the relay published).
+- `opledger.claim`: taking the fenced claim. It (and `opledger.decide`) links to the
+  prepare span when the task runs in another trace (a dispatch the relay published, a
+  reconcile the sweep handed out).
 - `opledger.provider.call` (CLIENT): the adapter's dispatch; `opledger.outcome` says what
   came back (`confirmed`, `rejected`, `ambiguous`).
 - `opledger.outcome`: recording an outcome (or settling on evidence); `opledger.status`
