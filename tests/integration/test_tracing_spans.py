@@ -16,7 +16,7 @@ from opentelemetry.trace import StatusCode
 from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.adapters.registry import Registry
 from opledger.dev.sandbox import Sandbox
-from opledger.ledger import Claim, Ledger, Outcome, Status
+from opledger.ledger import Claim, InvalidInput, Ledger, Outcome, Status
 from opledger.observability import tracing
 from opledger.tasks import steps
 
@@ -139,3 +139,32 @@ def test_an_adapter_that_raises_is_an_error_on_the_call_and_the_outcome_is_unkno
     (outcome,) = _named(spans, "opledger.outcome")
     assert outcome.attributes is not None and outcome.attributes["opledger.status"] == "unknown"
     assert outcome.status.status_code is StatusCode.UNSET
+
+
+def test_prepare_keeps_the_first_trace_context_and_refuses_a_malformed_one(
+    ledger: Ledger, crm: CrmAdapter
+) -> None:
+    ledger, _ = _ledger(ledger, crm)
+    op_id = _prepare(ledger, "kept")
+    again = ledger.prepare(
+        tenant="acme",
+        workflow_id="traces",
+        intent_key="kept",
+        action="crm.close_case.v1",
+        target="case-kept",
+        payload={"note": "secret note"},
+        authorization_ref="auth_acme",
+        traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01",  # a replay from another trace
+    )
+    assert again.id == op_id and again.traceparent == ORIGIN
+    with pytest.raises(InvalidInput):
+        ledger.prepare(
+            tenant="acme",
+            workflow_id="traces",
+            intent_key="too-long",
+            action="crm.close_case.v1",
+            target="case-long",
+            payload={},
+            authorization_ref="auth_acme",
+            traceparent="0" * 300,
+        )
