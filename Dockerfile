@@ -8,10 +8,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY opledger ./opledger
-# The sandbox providers and the review console are extras; an image for production builds
-# without the sandbox:
-#   docker build --build-arg EXTRAS=console .
-ARG EXTRAS=sandbox,console
+# The sandbox providers, the review console and traces are extras; an image for production
+# builds without the sandbox:
+#   docker build --build-arg EXTRAS=console,tracing .
+ARG EXTRAS=sandbox,console,tracing
 RUN pip install ".${EXTRAS:+[$EXTRAS]}" && useradd --create-home --uid 10001 opledger
 USER opledger
 WORKDIR /home/opledger

@@ -38,6 +38,7 @@ from opledger.ledger import (
     Review,
     Status,
 )
+from opledger.observability import tracing
 
 log = logging.getLogger("opledger.agents")
 
@@ -207,22 +208,25 @@ class Effects:
         authorization_ref: str,
         after: Sequence[str | _Result],
     ) -> Operation:
-        op = self.ledger.prepare(
-            tenant=tenant,
-            workflow_id=run,
-            intent_key=step,
-            action=action,
-            target=target,
-            payload=payload,
-            authorization_ref=authorization_ref,
-            after=_ids(after),
-            notify=True,
-            actor="agent",
-        )
-        if op.status is Status.PREPARED and not (
-            after and any(d.blocking for d in self.ledger.dependencies(op.id))
-        ):
-            self._try_publish(op.id)
+        with tracing.prepare(tenant, action) as span:  # the publish span is its child
+            op = self.ledger.prepare(
+                tenant=tenant,
+                workflow_id=run,
+                intent_key=step,
+                action=action,
+                target=target,
+                payload=payload,
+                authorization_ref=authorization_ref,
+                after=_ids(after),
+                notify=True,
+                actor="agent",
+                traceparent=span.traceparent(),
+            )
+            span.prepared(op)
+            if op.status is Status.PREPARED and not (
+                after and any(d.blocking for d in self.ledger.dependencies(op.id))
+            ):
+                self._try_publish(op.id)
         return op
 
     def _try_publish(self, op_id: str) -> None:

@@ -250,6 +250,7 @@ class Ledger:
         actor: str = "prepare",
         after: Sequence[str] = (),
         notify: bool = False,
+        traceparent: str | None = None,
     ) -> Operation:
         """Record an intended effect before anything crosses the boundary.
 
@@ -267,8 +268,13 @@ class Ledger:
         `after` that would make an operation wait on itself `DependencyCycle`.
         `notify=True` makes every status change (and review) of it a `NOTIFY
         opledger_settle` in the transaction that makes it (what `opledger.agents` waits on).
+        `traceparent` is the caller's trace context (opledger's tracing passes a W3C
+        `traceparent`), kept opaque on the new operation for the workers' spans to link
+        back to; a replayed call keeps the first one.
         """
         tenant = check_key("tenant", tenant)
+        if traceparent is not None:
+            check_identifier("traceparent", traceparent, max_length=TRACEPARENT_MAX)
         workflow_id = check_key("workflow_id", workflow_id)
         intent_key = check_key("intent_key", intent_key)
         target = check_key("target", target)
@@ -314,6 +320,7 @@ class Ledger:
                     "actor": actor,
                     "waiting_on": blocking,
                     "notify_settle": notify,
+                    "traceparent": traceparent,
                 },
             ).one_or_none()
             if row is None:  # another caller inserted the same intent just now
@@ -1053,6 +1060,9 @@ def _reason_of(outcome: Outcome) -> str:
         return "accepted by provider" if outcome.accepted_only else "provider receipt"
     return f"{outcome.kind}: {outcome.code}"
 
+
+#: the longest trace context `prepare` keeps (a W3C traceparent is 55 characters)
+TRACEPARENT_MAX = 256
 
 #: how many operations one operation may run after
 MAX_DEPENDENCIES = 100

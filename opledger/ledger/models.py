@@ -74,6 +74,9 @@ class Operation(Record):
     next_check_at: AwareDatetime | None
     #: an operator resolved its review with "retry": the next reconcile sends once more
     operator_retry_by: str | None = None
+    #: the trace context of the code that prepared it (a W3C `traceparent`), opaque here:
+    #: the workers' spans link back to it; None when tracing was off
+    traceparent: str | None = None
     record_version: int
     created_at: AwareDatetime
     updated_at: AwareDatetime

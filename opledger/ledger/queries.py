@@ -39,6 +39,7 @@ OPERATION_COLUMNS = (
     "evidence_checked_at",
     "next_check_at",
     "operator_retry_by",
+    "traceparent",
     "record_version",
     "created_at",
     "updated_at",
@@ -92,12 +93,12 @@ INSERT_OPERATION = text(
         INSERT INTO operations (
             id, tenant, workflow_id, intent_key, action, target, provider,
             payload_digest, payload_size, authorization_ref, idempotency_key,
-            changed_by, change_reason, waiting_on, notify_settle
+            changed_by, change_reason, waiting_on, notify_settle, traceparent
         )
         VALUES (
             :id, :tenant, :workflow_id, :intent_key, :action, :target, :provider,
             :payload_digest, :payload_size, :authorization_ref, :idempotency_key,
-            :actor, 'prepared', :waiting_on, :notify_settle
+            :actor, 'prepared', :waiting_on, :notify_settle, :traceparent
         )
         ON CONFLICT (tenant, workflow_id, intent_key) DO NOTHING
         RETURNING *

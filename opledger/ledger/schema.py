@@ -105,6 +105,9 @@ operations = Table(
     Column("released_at", DateTime(timezone=True)),
     # An agent waits on it: status changes and reviews are NOTIFYed on `opledger_settle`.
     Column("notify_settle", Boolean, nullable=False, server_default=text("false")),
+    # The trace context of the code that prepared it (migration 0010): opaque to the ledger,
+    # kept so a worker's spans can link back to the trace that recorded the intent.
+    Column("traceparent", Text),
     UniqueConstraint("tenant", "workflow_id", "intent_key", name="uq_operations_intent"),
     CheckConstraint("waiting_on >= 0", name="waiting_nonnegative"),
     CheckConstraint("id ~ '^op_[0-9A-HJKMNP-TV-Z]{26}$'", name="id_format"),

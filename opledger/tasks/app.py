@@ -37,7 +37,7 @@ from opledger.ledger import (
 )
 from opledger.ledger.decide import ReviewPolicy
 from opledger.ledger.ids import check_operation_id
-from opledger.observability import logs, metrics
+from opledger.observability import logs, metrics, tracing
 from opledger.settings import UNCONFIGURED_BROKER_URL, Settings, get_settings
 
 from . import backlog, crashpoints, steps
@@ -47,6 +47,7 @@ log = logging.getLogger("opledger.tasks")
 app = Celery("opledger")
 app.config_from_object("opledger.celeryconfig")
 logs.install(get_settings().log_format)  # JSON lines when OPLEDGER_LOG_FORMAT=json
+tracing.install()  # OpenTelemetry in each worker process, when OTEL_* asks for traces
 
 
 @dataclass
@@ -327,6 +328,7 @@ def notify_review(self: OperationTask, op_id: str) -> str:
         },
         authorization_ref=grant.ref,
         actor="notify_review",
+        traceparent=tracing.traceparent(),  # this task's span, when traces are on
     )
     rt.ledger.mark_notified(review.id)
     dispatch.delay(note.id)

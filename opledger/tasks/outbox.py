@@ -19,6 +19,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from opledger.ledger import Ledger, Operation
+from opledger.observability import tracing
 
 _PENDING = "opledger.pending_dispatch"
 log = logging.getLogger("opledger.outbox")
@@ -54,11 +55,16 @@ def prepare_and_dispatch(
     ledger: Ledger, *, session: Session | None = None, **intent: Any
 ) -> Operation:
     """`Ledger.prepare(**intent)`, then `dispatch.delay(op.id)`: at once without a session,
-    after the session's commit with one (nothing is published if it rolls back)."""
-    op = ledger.prepare(session=session, **intent)
-    if session is None:
-        _try_publish(op.id)
-        return op
+    after the session's commit with one (nothing is published if it rolls back).
+
+    Traced as `opledger.prepare` (its context kept on the operation); with a session, the
+    publish runs at commit, outside that span, and the worker's spans link back to it."""
+    with tracing.prepare(str(intent.get("tenant")), str(intent.get("action"))) as span:
+        op = ledger.prepare(session=session, traceparent=span.traceparent(), **intent)
+        span.prepared(op)
+        if session is None:
+            _try_publish(op.id)
+            return op
     if _PENDING not in session.info:
         session.info[_PENDING] = []
         if not event.contains(session, "after_commit", _publish):

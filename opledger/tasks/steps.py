@@ -47,7 +47,7 @@ from opledger.ledger.decide import (
     admit,
     decide,
 )
-from opledger.observability import metrics
+from opledger.observability import metrics, tracing
 
 from . import crashpoints
 
@@ -99,39 +99,46 @@ def _send(
     adapter made of it: the attempt provably carried no request.
     """
     provider = adapter.contract.provider
-    try:
-        claim.window.check()
-        crashpoints.reached("dispatch.before_call")
-        started = time.perf_counter()
-        with sending(claim.window):
-            outcome = adapter.dispatch(claim)
-        metrics.PROVIDER_LATENCY.labels(provider).observe(time.perf_counter() - started)
-    except SendWindowPassed:
-        outcome = _not_sent(claim)
-    except Exception as exc:  # an adapter bug must not leave the row dispatching
-        log.exception("adapter %s raised on %s", type(adapter).__name__, claim.op_id)
-        outcome = Ambiguous(code="adapter_error", reason=f"{type(exc).__name__}: {exc}"[:500])
-    if claim.window.refused:  # the check raised inside the adapter: no byte left
-        outcome = _not_sent(claim)
+    with tracing.provider_call(claim) as call:
+        try:
+            claim.window.check()
+            crashpoints.reached("dispatch.before_call")
+            started = time.perf_counter()
+            with sending(claim.window):
+                outcome = adapter.dispatch(claim)
+            metrics.PROVIDER_LATENCY.labels(provider).observe(time.perf_counter() - started)
+        except SendWindowPassed:
+            outcome = _not_sent(claim)
+        except Exception as exc:  # an adapter bug must not leave the row dispatching
+            log.exception("adapter %s raised on %s", type(adapter).__name__, claim.op_id)
+            call.error(exc)
+            outcome = Ambiguous(code="adapter_error", reason=f"{type(exc).__name__}: {exc}"[:500])
+        if claim.window.refused:  # the check raised inside the adapter: no byte left
+            outcome = _not_sent(claim)
+        call.outcome(outcome)
     crashpoints.reached("dispatch.after_call")
     outcome = admit(adapter.contract, claim, outcome)
     metrics.DISPATCH_OUTCOMES.labels(provider, outcome.kind).inc()
-    try:
-        op = _save(ledger, claim, outcome)
-    except StaleFence as exc:
-        metrics.FENCED_OUT.labels("outcome").inc()
-        log.warning(
-            "fenced out of %s; outcome kept as evidence",
-            claim.op_id,
-            extra={"op_id": claim.op_id, "fence": claim.fence, "attempt": claim.attempt_n},
-        )
-        if (
-            settle is not None
-            and exc.fields.get("evidence_kept")
-            and (exc.fields.get("status") == Status.UNKNOWN.value)
-        ):
-            settle(claim.op_id)
-        return StepResult(Step.FENCED)
+    with tracing.outcome(claim.op_id, claim.fence, "provider") as recording:
+        recording.outcome(outcome)
+        try:
+            op = _save(ledger, claim, outcome)
+        except StaleFence as exc:
+            recording.fenced()
+            metrics.FENCED_OUT.labels("outcome").inc()
+            log.warning(
+                "fenced out of %s; outcome kept as evidence",
+                claim.op_id,
+                extra={"op_id": claim.op_id, "fence": claim.fence, "attempt": claim.attempt_n},
+            )
+            if (
+                settle is not None
+                and exc.fields.get("evidence_kept")
+                and (exc.fields.get("status") == Status.UNKNOWN.value)
+            ):
+                settle(claim.op_id)
+            return StepResult(Step.FENCED)
+        recording.status(op.status)
     crashpoints.reached("dispatch.after_save")
     return StepResult(Step.DISPATCHED, op)
 
@@ -176,13 +183,16 @@ def dispatch(
     """First dispatch of a prepared operation. A no-op for anything else (redelivery).
     `settle(op_id)` is called when this worker was fenced out but its outcome was kept
     on an unknown operation (to reconcile it at once)."""
-    try:
-        claim = ledger.claim(op_id, owner=owner, terms=registry.claim_terms(lease))
-    except AuthorizationRevoked:
-        return StepResult(Step.CANCELLED)
-    if claim is None:
-        log.info("dispatch of %s: not claimable (already claimed, finished or unknown)", op_id)
-        return StepResult(Step.NOOP)
+    with tracing.claim(op_id) as span:
+        try:
+            claim = ledger.claim(op_id, owner=owner, terms=registry.claim_terms(lease))
+        except AuthorizationRevoked:
+            span.status(Status.CANCELLED)
+            return StepResult(Step.CANCELLED)
+        if claim is None:
+            log.info("dispatch of %s: not claimable (already claimed, finished or unknown)", op_id)
+            return StepResult(Step.NOOP)
+        span.claim(claim)
     crashpoints.reached("dispatch.after_claim")
     try:
         adapter = registry.adapter_for(claim.operation.action)
@@ -254,6 +264,52 @@ def reconcile(
 ) -> StepResult:
     """Run the retry decision on an unknown operation and act on it. `on_review(op_id)` is
     called when this step opened a review (to notify someone); `settle` as in `dispatch`."""
+    with tracing.decide(op_id) as span:
+        decided = _decide(ledger, registry, op_id, now=now, max_lookups=max_lookups, policy=policy)
+        if isinstance(decided, StepResult):
+            if decided.operation is not None:
+                span.operation(decided.operation)
+            return decided
+        history, adapter, decision, lookups = decided
+        span.operation(history.operation)
+        span.decision(decision, lookups)
+    op = history.operation
+    if any(r.resolved_at is None for r in history.reviews) and not isinstance(
+        decision, Confirm | Reject
+    ):
+        # A person has it: only evidence that settles it acts before they do (a fenced-out
+        # worker's late receipt, say); anything else waits for their resolution.
+        return StepResult(Step.REVIEW, op, decision)
+    try:
+        return _act(
+            ledger,
+            registry,
+            adapter,
+            history,
+            decision,
+            owner=owner,
+            lease=lease,
+            now=now,
+            on_review=on_review,
+            settle=settle,
+        )
+    except StaleFence:
+        metrics.FENCED_OUT.labels("reconcile").inc()
+        return StepResult(Step.FENCED, decision=decision)
+
+
+def _decide(
+    ledger: Ledger,
+    registry: Registry,
+    op_id: str,
+    *,
+    now: Callable[[], datetime],
+    max_lookups: int,
+    policy: ReviewPolicy,
+) -> StepResult | tuple[History, Adapter, Decision, int]:
+    """The decision on `op_id`, after as many lookups as it asks for (at most
+    `max_lookups`), with the history and adapter it was taken on and the lookups made; or
+    what the step did when there was nothing to decide."""
     history = ledger.history(op_id)
     op = history.operation
     if op.status is not Status.UNKNOWN:
@@ -276,7 +332,9 @@ def reconcile(
             break
         lookups += 1
         crashpoints.reached("reconcile.before_lookup")
-        result = adapter.lookup(op, history.attempts)
+        with tracing.lookup(op) as span:
+            result = adapter.lookup(op, history.attempts)
+            span.verdict(result.verdict)
         crashpoints.reached("reconcile.after_lookup")
         ledger.record_evidence(
             op.id,
@@ -305,28 +363,7 @@ def reconcile(
             "decision": kind,
         },
     )
-    if any(r.resolved_at is None for r in history.reviews) and not isinstance(
-        decision, Confirm | Reject
-    ):
-        # A person has it: only evidence that settles it acts before they do (a fenced-out
-        # worker's late receipt, say); anything else waits for their resolution.
-        return StepResult(Step.REVIEW, op, decision)
-    try:
-        return _act(
-            ledger,
-            registry,
-            adapter,
-            history,
-            decision,
-            owner=owner,
-            lease=lease,
-            now=now,
-            on_review=on_review,
-            settle=settle,
-        )
-    except StaleFence:
-        metrics.FENCED_OUT.labels("reconcile").inc()
-        return StepResult(Step.FENCED, decision=decision)
+    return history, adapter, decision, lookups
 
 
 def _act(
@@ -346,15 +383,22 @@ def _act(
     if isinstance(decision, Confirm | Reject):
         evidence = next(e for e in history.evidence if e.id == decision.evidence_id)
         to = Status.CONFIRMED if isinstance(decision, Confirm) else Status.REJECTED
-        settled = ledger.settle(
-            op.id,
-            fence=op.fence,
-            to=to,
-            evidence_id=evidence.id,
-            receipt_id=evidence.binding.receipt_id,
-            actor=owner,
-            reason=f"{evidence.source} evidence {evidence.id}",
-        )
+        with tracing.outcome(op.id, op.fence, "evidence") as recording:
+            recording.set(tracing.OUTCOME, to.value)
+            try:
+                settled = ledger.settle(
+                    op.id,
+                    fence=op.fence,
+                    to=to,
+                    evidence_id=evidence.id,
+                    receipt_id=evidence.binding.receipt_id,
+                    actor=owner,
+                    reason=f"{evidence.source} evidence {evidence.id}",
+                )
+            except StaleFence:
+                recording.fenced()
+                raise
+            recording.status(settled.status)
         return StepResult(Step(to.value), settled, decision)
     if isinstance(decision, Wait | HoldUnknown):
         at = decision.until if isinstance(decision, Wait) else decision.next_check
@@ -377,17 +421,20 @@ def _act(
             on_review(op.id)
         return StepResult(Step.REVIEW, ledger.get(op.id), decision)
     assert isinstance(decision, Dispatch)
-    try:
-        claim = ledger.claim_retry(
-            op.id,
-            owner=owner,
-            expected_fence=op.fence,
-            authorized_by=op.operator_retry_by,
-            terms=registry.claim_terms(lease),
-        )
-    except AuthorizationRevoked:
-        return StepResult(Step.NOOP, ledger.get(op.id), decision)
-    if claim is None:
-        return StepResult(Step.FENCED, decision=decision)
+    with tracing.claim(op.id) as span:
+        try:
+            claim = ledger.claim_retry(
+                op.id,
+                owner=owner,
+                expected_fence=op.fence,
+                authorized_by=op.operator_retry_by,
+                terms=registry.claim_terms(lease),
+            )
+        except AuthorizationRevoked:
+            return StepResult(Step.NOOP, ledger.get(op.id), decision)
+        if claim is None:
+            span.fenced()
+            return StepResult(Step.FENCED, decision=decision)
+        span.claim(claim)
     result = _send(ledger, adapter, claim, settle)
     return StepResult(result.action, result.operation, decision)

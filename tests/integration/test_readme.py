@@ -194,6 +194,10 @@ LANGGRAPH_TEST = (
     "test_kill_resume_replay_and_fork_never_repeat_an_effect"
 )
 EXAMPLE = "python examples/langgraph_onboarding.py"
+TRACES_TEST = (
+    "tests/system/test_traces.py::"
+    "test_one_operations_trace_is_whole_and_a_crash_is_reconciled_with_a_lookup"
+)
 
 MAKE_TEST = "test_make_test_runs_lint_types_contracts_and_the_suite"
 CONSOLE_ACCESS = "tests/integration/test_console_access.py"
@@ -365,6 +369,18 @@ assert ledger.claim(email.op_id, owner="readme") is None
             "opledger console": (f"{CONSOLE_ACCESS}::{SESSIONS}", CONSOLE_BROWSER),
             "opledger operator disable alice --by root": (f"{CONSOLE_ACCESS}::{SESSIONS}",),
         },
+    ),
+    "38aab4ae4c": Shell(
+        "export OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318",
+        # a worker exporting to a collector: the traces' system test runs real workers (and
+        # an agent) exporting over OTLP/HTTP to a receiver of its own
+        covered={"opledger worker": (TRACES_TEST,)},
+    ),
+    "a386f019ee": Python(
+        "from opledger.observability import tracing",
+        then="""
+assert not tracing.enabled()  # nothing here asks for traces: configure() set nothing up
+""",
     ),
     "171d64ffeb": Python(
         "import os",  # the "Using your own Celery app" block

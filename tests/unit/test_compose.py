@@ -30,13 +30,20 @@ def test_every_service_is_there_with_a_healthcheck_where_it_matters() -> None:
         assert "healthcheck" in services[name], name
 
 
+#: OpenTelemetry's own variables the compose file passes through (opledger.observability.tracing)
+OTEL = {"OTEL_EXPORTER_OTLP_ENDPOINT"}
+
+
 def test_opledger_services_run_real_commands_with_real_settings() -> None:
     services = _compose()["services"]
     fields = {name.upper() for name in Settings.model_fields}
     for name in ("migrate", "worker", "beat", "flower", "sandbox"):
         service = services[name]
         assert service["command"][0] in _commands(), name
-        for variable in service.get("environment", {}):
+        for variable, value in service.get("environment", {}).items():
+            if variable in OTEL:  # the standard OpenTelemetry variable: off unless given
+                assert value == f"${{{variable}:-}}", variable
+                continue
             assert variable.startswith("OPLEDGER_") and variable[9:] in fields, variable
 
 
@@ -83,7 +90,7 @@ def _used(text: str) -> set[str]:
 
 def test_the_observability_profile_is_optional_and_never_open() -> None:
     services = _compose()["services"]
-    for name in ("metrics", "prometheus", "grafana"):
+    for name in ("metrics", "prometheus", "grafana", "jaeger"):
         assert services[name]["profiles"] == ["observability"], name
         assert all(p.startswith("127.0.0.1:") for p in services[name]["ports"]), name
     metrics = services["metrics"]
