@@ -67,8 +67,14 @@ def test_the_cli_migrates_the_configured_database(
 
     from opledger.cli.main import app
 
+    from opledger.settings import get_settings
+
     monkeypatch.setenv("OPLEDGER_DATABASE_URL", empty_db)
-    result = CliRunner().invoke(app, ["migrate"])
+    get_settings.cache_clear()  # an earlier test may have read the settings without it
+    try:
+        result = CliRunner().invoke(app, ["migrate"])
+    finally:
+        get_settings.cache_clear()
     assert result.exit_code == 0, result.output
     assert "head" in result.output
     assert _diff(empty_db) == []
