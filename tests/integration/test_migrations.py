@@ -66,7 +66,6 @@ def test_the_cli_migrates_the_configured_database(
     from typer.testing import CliRunner
 
     from opledger.cli.main import app
-
     from opledger.settings import get_settings
 
     monkeypatch.setenv("OPLEDGER_DATABASE_URL", empty_db)
