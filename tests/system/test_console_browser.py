@@ -177,7 +177,7 @@ def _resolve(driver, resolution: str, note: str) -> None:  # type: ignore[no-unt
 
 
 def test_sign_in_open_the_queue_and_a_crash_review_resolve_it_and_see_the_audit_row(
-    console: Console, browser, tmp_path: Path
+    browser, console: Console, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     from selenium.webdriver.common.by import By
 
@@ -238,7 +238,7 @@ def test_sign_in_open_the_queue_and_a_crash_review_resolve_it_and_see_the_audit_
     assert len(console.ledger.reviews.audit(op_id, tenant="acme")) == 1
 
 
-def test_a_stale_view_is_refused_with_what_changed(console: Console, browser) -> None:  # type: ignore[no-untyped-def]
+def test_a_stale_view_is_refused_with_what_changed(browser, console: Console) -> None:  # type: ignore[no-untyped-def]
     from selenium.webdriver.common.by import By
 
     d = browser
@@ -264,7 +264,7 @@ def test_a_stale_view_is_refused_with_what_changed(console: Console, browser) ->
     assert console.ledger.get(op_id).status is Status.CANCELLED
 
 
-def test_a_form_without_the_csrf_token_is_refused(console: Console, browser) -> None:  # type: ignore[no-untyped-def]
+def test_a_form_without_the_csrf_token_is_refused(browser, console: Console) -> None:  # type: ignore[no-untyped-def]
     from selenium.webdriver.common.by import By
 
     d = browser
@@ -284,7 +284,7 @@ def test_a_form_without_the_csrf_token_is_refused(console: Console, browser) -> 
     assert console.ledger.reviews.audit(op_id, tenant="acme") == ()
 
 
-def test_another_tenants_operator_cannot_reach_the_review_by_url(console: Console, browser) -> None:  # type: ignore[no-untyped-def]
+def test_another_tenants_operator_cannot_reach_the_review_by_url(browser, console: Console) -> None:  # type: ignore[no-untyped-def]
     from selenium.webdriver.common.by import By
 
     d = browser
