@@ -2,6 +2,8 @@
 they say ready. Each check is one line: what was checked and, when it fails, what to fix.
 
 Nothing here creates or changes anything: it reads the settings, connects, and queries.
+The one exception is `declare=True`, which only the worker's and beat's startup uses: it
+declares opledger's queues on RabbitMQ, as those processes do moments later anyway.
 """
 
 from __future__ import annotations

@@ -185,7 +185,7 @@ def test_a_queue_declared_as_another_type_is_refused_in_one_line(
             "PRECONDITION_FAILED - inequivalent arg 'type' for exchange 'dispatch'",
             "new virtual host",
         )
-        check = run(tmp_path, "check", **env)  # the same type as declared: fine
+        check = run(tmp_path, "check", **env)  # check declares nothing: classic, as they are
         assert check.returncode == 0, check.stdout + check.stderr
     finally:
         vhost.kill()

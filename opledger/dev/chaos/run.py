@@ -289,7 +289,7 @@ def _run(
     )
     postgres_at = [rng.uniform(0.3, 0.7) * config.chaos_seconds] if own_pg else []
     next_kill = rng.expovariate(1 / config.kill_every)
-    supervised = [0.0]
+    supervised_at = 0.0
     while (elapsed := time.monotonic() - started) < config.chaos_seconds:
         while len(op_ids) < config.ops and elapsed >= next_publish:
             publish_next()
@@ -308,8 +308,8 @@ def _run(
             # Not waiting for it to be ready: the run goes on breaking things meanwhile.
             stack.spawn_worker(name, concurrency=1, **armed)
             next_kill = time.monotonic() - started + rng.expovariate(1 / config.kill_every)
-        if elapsed - supervised[0] >= 1.0:  # a supervisor's restart delay
-            supervised[0] = elapsed
+        if elapsed - supervised_at >= 1.0:  # a supervisor's restart delay
+            supervised_at = elapsed
             counters["respawns"] += _supervise(stack, names)
         if redis_at and elapsed >= redis_at[0]:
             redis_at.pop(0)
