@@ -2,8 +2,9 @@
 
 Why each one (the README's "Running with Celery" and docs/architecture.md say more):
 - acks late + prefetch 1: a message is acknowledged only after its task ran, and a worker
-  holds one at a time; a killed child leaves its row `dispatching` (reject_on_worker_lost
-  stays False: the sweeper, not a redelivery, decides what happens next).
+  holds one at a time (one per queue on quorum queues, which have no global prefetch); a
+  killed child leaves its row `dispatching` (reject_on_worker_lost stays False: the
+  sweeper, not a redelivery, decides what happens next).
 - the Redis visibility timeout is set identically in the three places Celery reads it, far
   above the task time limit, and no task uses a countdown near it;
 - only JSON; no results; task events on so Flower sees every task.

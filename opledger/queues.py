@@ -9,7 +9,10 @@ a quorum queue, routes only through topic and fanout exchanges.
 
 from __future__ import annotations
 
-from kombu.entity import Exchange, Queue
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # kombu is imported when the queues are built, not by the CLI's checks
+    from kombu.entity import Queue
 
 QUEUES = ("dispatch", "reconcile", "maintenance", "notifications")
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
@@ -22,6 +25,8 @@ def is_amqp(broker_url: str | None) -> bool:
 def queues_of(queue_type: str, broker_url: str | None) -> tuple[Queue, ...]:
     """The queues for `queue_type` ("classic" or "quorum") on the broker at `broker_url`:
     quorum only on RabbitMQ (Redis has one kind of queue)."""
+    from kombu.entity import Exchange, Queue
+
     if queue_type == "quorum" and is_amqp(broker_url):
         return tuple(
             Queue(

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from opledger.queues import QUEUES, is_amqp, queues_of
 from opledger.settings import Settings, SettingsInvalid, unknown_variables
 
 #: how long one connection attempt may take before the check says it failed
@@ -72,15 +73,9 @@ def _checks(
     lease = _lease(settings, registry)
     if lease is not None:
         yield lease
-    scheme = (settings.broker_url or "").split(":", 1)[0]
-    if settings.rabbitmq_queue_type == "quorum" and scheme not in ("amqp", "amqps", "pyamqp"):
-        yield Check(
-            "queues",
-            False,
-            "OPLEDGER_RABBITMQ_QUEUE_TYPE=quorum has no effect on this broker "
-            f"({scheme or 'none configured'}): only RabbitMQ has quorum queues",
-            warning=True,
-        )
+    quorum = _quorum(settings)
+    if quorum is not None:
+        yield quorum
     if database:
         if not settings.database_url and not settings.dev:
             yield Check("postgres", False, "OPLEDGER_DATABASE_URL is not set")
@@ -103,8 +98,6 @@ def _checks(
         elif settings.broker_url:
             queues: tuple[Any, ...] = ()
             if declare:
-                from opledger.queues import queues_of
-
                 queues = queues_of(settings.rabbitmq_queue_type, settings.broker_url)
             yield _broker(settings.broker_url, queues, settings.rabbitmq_queue_type)
 
@@ -158,9 +151,8 @@ def _consistency(settings: Settings, registry: Any) -> Check:
             f"exceed OPLEDGER_TASK_TIME_LIMIT_SECONDS ({settings.task_time_limit_seconds}), or "
             "Redis redelivers a task that is still running"
         )
-    scheme = (settings.broker_url or "").split(":", 1)[0]
     consumer = settings.broker_consumer_timeout_seconds
-    if scheme in ("amqp", "amqps", "pyamqp") and consumer <= settings.task_time_limit_seconds:
+    if is_amqp(settings.broker_url) and consumer <= settings.task_time_limit_seconds:
         problems.append(
             f"OPLEDGER_BROKER_CONSUMER_TIMEOUT_SECONDS ({consumer:g}) must exceed "
             f"OPLEDGER_TASK_TIME_LIMIT_SECONDS ({settings.task_time_limit_seconds}), or "
@@ -169,6 +161,38 @@ def _consistency(settings: Settings, registry: Any) -> Check:
     if problems:
         return Check("settings", False, "; ".join(problems))
     return Check("settings", True, "valid and consistent")
+
+
+def _quorum(settings: Settings) -> Check | None:
+    """Quorum queues: a warning where they mean nothing (Redis), or where a message a
+    worker reserved could wait past RabbitMQ's consumer_timeout before its task ends."""
+    if settings.rabbitmq_queue_type != "quorum":
+        return None
+    if not is_amqp(settings.broker_url):
+        scheme = (settings.broker_url or "").split(":", 1)[0]
+        return Check(
+            "queues",
+            False,
+            "OPLEDGER_RABBITMQ_QUEUE_TYPE=quorum has no effect on this broker "
+            f"({scheme or 'none configured'}): only RabbitMQ has quorum queues",
+            warning=True,
+        )
+    # No global prefetch on quorum queues: a worker may reserve a message from each of
+    # the queues while its processes are busy, so one can wait for a task of each queue
+    # before its own runs: (queues + 1) time limits between delivery and ack at worst.
+    worst = settings.task_time_limit_seconds * (len(QUEUES) + 1)
+    if settings.broker_consumer_timeout_seconds <= worst:
+        return Check(
+            "queues",
+            False,
+            f"with quorum queues a reserved message may wait up to {worst} s "
+            f"({len(QUEUES) + 1} × OPLEDGER_TASK_TIME_LIMIT_SECONDS) before its ack, not below "
+            f"OPLEDGER_BROKER_CONSUMER_TIMEOUT_SECONDS "
+            f"({settings.broker_consumer_timeout_seconds:g}): RabbitMQ may close the channel "
+            "and redeliver (the fence refuses the second claim, but the work is repeated)",
+            warning=True,
+        )
+    return None
 
 
 def _attempt(name: str, probe: Callable[[], str]) -> Check:

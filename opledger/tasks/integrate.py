@@ -26,14 +26,12 @@ from urllib.parse import urlsplit
 
 from kombu.entity import Exchange, Queue
 
+from opledger.queues import is_amqp, queues_of
 from opledger.settings import NotConfigured, get_settings
 
 #: kombu's Redis visibility timeout when none is configured
 REDIS_DEFAULT_VISIBILITY_S = 3600
 REDIS_SCHEMES = ("redis", "rediss", "sentinel")
-AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
-#: what Celery's `beat_scheduler` setting says when nobody chose a scheduler
-CELERY_DEFAULT_SCHEDULERS = (None, "celery.beat:PersistentScheduler")
 
 
 class AppMisconfigured(NotConfigured):
@@ -42,6 +40,19 @@ class AppMisconfigured(NotConfigured):
 
 def _conf(app: Any, name: str) -> Any:
     return app.conf.get(name)
+
+
+def _chosen(app: Any, name: str) -> bool:
+    """Whether `app` was given `name` (by `conf.update`, an attribute, `config_from_object`
+    or the environment), not merely left at Celery's default."""
+    conf = app.conf
+    conf.broker_url  # noqa: B018 - reading a setting finalizes the layers below
+    return any(name in layer for layer in conf.maps[:-1])  # the last layer: the defaults
+
+
+def _broker_url(app: Any) -> str | None:
+    """The app's broker, as Celery resolves it (`CELERY_BROKER_URL` included)."""
+    return app.conf.broker_url  # type: ignore[no-any-return]
 
 
 def broker_scheme(url: str | None) -> str:
@@ -82,7 +93,7 @@ def check_app(app: Any) -> None:
             "Celery setting task_time_limit must be set: opledger needs a hard time limit "
             "below the broker's redelivery horizon"
         )
-    scheme = broker_scheme(_conf(app, "broker_url"))
+    scheme = broker_scheme(_broker_url(app))
     if scheme in REDIS_SCHEMES:
         options = _conf(app, "broker_transport_options") or {}
         visibility = options.get("visibility_timeout", REDIS_DEFAULT_VISIBILITY_S)
@@ -91,7 +102,7 @@ def check_app(app: Any) -> None:
                 f"Celery setting broker_transport_options['visibility_timeout'] ({visibility}) "
                 f"must exceed task_time_limit ({limit}): Redis would redeliver a running task"
             )
-    elif scheme in AMQP_SCHEMES:
+    elif is_amqp(_broker_url(app)):
         consumer = get_settings().broker_consumer_timeout_seconds
         if consumer <= limit:
             raise AppMisconfigured(
@@ -104,9 +115,7 @@ def check_app(app: Any) -> None:
 def opledger_queues(app: Any) -> tuple[Queue, ...]:
     """opledger's queues for `app`'s broker (as in celeryconfig): quorum queues on RabbitMQ
     when `OPLEDGER_RABBITMQ_QUEUE_TYPE=quorum`."""
-    from opledger.queues import queues_of
-
-    return queues_of(get_settings().rabbitmq_queue_type, _conf(app, "broker_url"))
+    return queues_of(get_settings().rabbitmq_queue_type, _broker_url(app))
 
 
 def _queues(app: Any) -> list[Queue]:
@@ -146,10 +155,11 @@ def beat_entries() -> dict[str, dict[str, Any]]:
 def register(app: Any) -> Any:
     """Put opledger's queues, routes and beat entries on `app` after checking its settings.
 
-    Where the app uses Celery's default beat scheduler, it gets opledger's
-    (`opledger.tasks.scheduler:Scheduler`: the same, but it outlives a broker's refusals);
-    unless the app chose otherwise, `broker_channel_error_retry` is turned on (a channel
-    error restarts the worker's consumer instead of ending the worker).
+    Two of Celery's defaults change unless the app chose a value itself (in any way: an
+    attribute, `conf.update`, `config_from_object`): beat gets opledger's scheduler
+    (`opledger.tasks.scheduler:Scheduler`, which waits out a broker refusing its first
+    connection) and `broker_channel_error_retry` is turned on (a channel error restarts
+    the worker's consumer instead of ending the worker).
 
     Returns `app`. Call it where you configure your app, before its worker or beat starts.
     Raises `AppMisconfigured` (one line naming the setting) when the app would break one of
@@ -160,11 +170,11 @@ def register(app: Any) -> Any:
     app.conf.task_queues = _queues(app)
     app.conf.task_routes = _routes(app)
     app.conf.beat_schedule = {**(_conf(app, "beat_schedule") or {}), **beat_entries()}
-    if "broker_channel_error_retry" not in app.conf.changes:
+    if not _chosen(app, "broker_channel_error_retry"):
         # Celery's default ends the worker on a channel error (RabbitMQ's consumer_timeout);
         # an explicit choice of yours is kept.
         app.conf.broker_channel_error_retry = True
-    if _conf(app, "beat_scheduler") in CELERY_DEFAULT_SCHEDULERS:
+    if not _chosen(app, "beat_scheduler"):
         # Celery's own scheduler exits on the first broker refusal; ours waits it out.
         # A scheduler of your own choosing (django-celery-beat, ...) is left as it is.
         from opledger import celeryconfig

@@ -59,8 +59,9 @@ def prepare_and_dispatch(
 
     Traced as `opledger.prepare` (its context kept on the operation); with a session, the
     publish runs at commit, outside that span, and the worker's spans link back to it."""
+    given = intent.pop("traceparent", None)  # the caller's own trace context wins
     with tracing.prepare(str(intent.get("tenant")), str(intent.get("action"))) as span:
-        op = ledger.prepare(session=session, traceparent=span.traceparent(), **intent)
+        op = ledger.prepare(session=session, traceparent=given or span.traceparent(), **intent)
         span.prepared(op)
         if session is None:
             _try_publish(op.id)

@@ -1,25 +1,27 @@
-"""Beat's scheduler: Celery's persistent scheduler, made to ride out a broker that refuses.
+"""Beat's scheduler: Celery's persistent scheduler, whose first broker connection waits
+out a broker that refuses it.
 
-Celery's beat retries its broker connection only on the transport's *recoverable* errors
-(a refused socket, a forced close). A broker that answers but refuses the connection is
-"irrecoverable" to kombu, and the first such refusal ends the beat process:
+Celery's beat opens its producer's connection at its first tick and retries it only on the
+transport's *recoverable* errors (a refused socket, a forced close), up to
+`broker_connection_max_retries`. A broker that answers but refuses the connection is
+"irrecoverable" to kombu, and one such refusal there ends the beat process:
 
 - RabbitMQ answers `NOT_ALLOWED - vhost ... is down` while it recovers a virtual host
   after a restart, and `NOT_ALLOWED - vhost ... not found` or `ACCESS_REFUSED` while one
   is re-created and its permissions restored;
-- `broker_connection_max_retries` ends the recoverable retries too, after a long outage.
+- after a long outage, `broker_connection_max_retries` ends the recoverable retries too.
 
-A beat that has exited runs no sweep and no relay: unknown operations are never checked
-again and the prepared operations whose message the broker lost are never published again,
-until someone notices and restarts it. `opledger beat` refuses a broker that refuses at
-start (its startup checks: a setup mistake is one line and exit code 4), so a refusal
-once it runs is a broker in trouble: this scheduler logs it and tries again, with a
-capped backoff, for as long as it takes. A beat being stopped (SIGTERM, SIGINT) still
-stops at once.
+A beat started (or restarted by its supervisor) while the broker recovers meets this: its
+startup checks passed a moment before its first tick. A beat that has exited runs no sweep
+and no relay: unknown operations are never checked again and the prepared operations whose
+message the broker lost are never published again, until someone restarts it. So this
+scheduler logs the refusal and tries again, with a capped backoff, for as long as it
+takes. A beat being stopped (SIGTERM, SIGINT) still stops at once: beat's signal handler
+raises `SystemExit`, which nothing here catches.
 
-Publishing is already safe to fail: a tick whose publish fails logs it and the entry runs
-again at its next interval, on a connection kombu re-opens (and declares the queues on
-again, so nothing is published to a virtual host's missing exchange).
+Once connected, a running beat already rides refusals out: a publish that fails is logged
+by `apply_entry` and the entry runs again at its next interval, on a connection kombu
+re-opens (declaring the queues on it again, so nothing goes to a missing exchange).
 """
 
 from __future__ import annotations

@@ -185,7 +185,8 @@ def test_a_queue_declared_as_another_type_is_refused_in_one_line(
             "PRECONDITION_FAILED - inequivalent arg 'type' for exchange 'dispatch'",
             "new virtual host",
         )
-        check = run(tmp_path, "check", **env)  # check declares nothing: classic, as they are
+        # `check` only reads: it passes with the type the queues do not have
+        check = run(tmp_path, "check", **env, OPLEDGER_RABBITMQ_QUEUE_TYPE="quorum")
         assert check.returncode == 0, check.stdout + check.stderr
     finally:
         vhost.kill()
@@ -201,6 +202,10 @@ def test_quorum_queues_on_redis_are_a_warning_naming_the_setting() -> None:
     assert "OPLEDGER_RABBITMQ_QUEUE_TYPE=quorum has no effect" in queues[0].detail
     amqp = {**env, "OPLEDGER_BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//"}
     assert not [c for c in run_checks(amqp, broker=False, database=False) if c.name == "queues"]
+    # no global prefetch: a reserved message may wait for a task of each queue first
+    slow = {**amqp, "OPLEDGER_TASK_TIME_LIMIT_SECONDS": "400"}
+    warned = [c for c in run_checks(slow, broker=False, database=False) if c.name == "queues"]
+    assert len(warned) == 1 and warned[0].warning and "2000 s" in warned[0].detail, warned
 
 
 def test_beat_refuses_a_schedule_it_cannot_write_and_the_worker_passes_options_on(

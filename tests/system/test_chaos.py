@@ -71,6 +71,7 @@ def test_ci_sized_chaos_run_keeps_every_invariant(
     assert summary["dispatches_while_in_flight"] == 0, summary["problems"]
     assert summary["stuck"] == 0 and summary["lost"] == 0, summary["problems"]
     assert summary["kills"] >= 1 and summary["redis_restarts"] == 1
+    assert summary["unexpected_exits"] == 0  # only refusals at start were started again
     settled = summary["confirmed"] + summary["rejected"] + summary["cancelled"]
     assert settled + summary["unknown_in_review"] == ops
     assert run.returncode == 0

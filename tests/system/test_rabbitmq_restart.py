@@ -47,17 +47,20 @@ def test_a_broker_restart_loses_messages_but_no_operation(
 
     worker = running.workers["w1"]
     worker.signal(signal.SIGSTOP)  # a worker that cannot take the next message in time
-    queued = prepare(sys_ledger, "queued-at-the-restart", target="case-319")
-    dispatch.delay(queued)
-    wait_until(lambda: _held(rabbit_vhost, "dispatch") == 1, 10, "the message to be held")
+    try:
+        queued = prepare(sys_ledger, "queued-at-the-restart", target="case-319")
+        dispatch.delay(queued)
+        wait_until(lambda: _held(rabbit_vhost, "dispatch") == 1, 10, "the message to be held")
 
-    rabbit_vhost.kill()  # the queue, its message and every connection: gone
-    unpublished = prepare(sys_ledger, "prepared-while-down", target="case-320")
-    with contextlib.suppress(Exception):  # the broker refuses: the relay's to publish
-        dispatch.delay(unpublished)
-    time.sleep(2.0)  # beat ticks every 0.5 s: each tick meets the refusing broker
-    rabbit_vhost.start()
-    worker.signal(signal.SIGCONT)
+        rabbit_vhost.kill()  # the queue, its message and every connection: gone
+        unpublished = prepare(sys_ledger, "prepared-while-down", target="case-320")
+        with contextlib.suppress(Exception):  # the broker refuses: the relay's to publish
+            dispatch.delay(unpublished)
+        time.sleep(2.0)  # beat ticks every 0.5 s: each tick meets the refusing broker
+    finally:  # the session's virtual host and worker stay usable whatever failed here
+        if not rabbit_vhost.exists:
+            rabbit_vhost.start()
+        worker.signal(signal.SIGCONT)
 
     op_ids = [first, queued, unpublished]
     assert settled(sys_ledger, op_ids, timeout=60) == dict.fromkeys(op_ids, Status.CONFIRMED)
@@ -104,6 +107,14 @@ def test_the_beat_scheduler_waits_out_a_broker_that_refuses(
     app.conf.broker_connection_timeout = 3
     scheduler = Scheduler(app, lazy=True)
     result: dict[str, Any] = {}
+    deadline = time.monotonic() + 60
+
+    def bounded_sleep(seconds: float) -> None:  # the real wait, but never past the test
+        if time.monotonic() > deadline:
+            raise TimeoutError("the scheduler was still retrying when the test gave up")
+        time.sleep(seconds)
+
+    scheduler.sleep = bounded_sleep
 
     def connect() -> None:
         try:

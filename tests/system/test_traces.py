@@ -105,8 +105,10 @@ def test_one_operations_trace_is_whole_and_a_crash_is_reconciled_with_a_lookup(
             15,
             "both outcomes' spans",
         )
-    finally:
-        running.kill_worker("w1")  # the next test's worker exports nothing
+    finally:  # the next test gets a plain w1 again: no crash point, exporting nothing
+        for name in ("crashy", "w1"):
+            if name in running.workers:
+                running.kill_worker(name)
 
     # -- the whole trace of one operation: prepare -> publish -> run -> claim, call, outcome
     op = {"opledger.operation.id": whole}

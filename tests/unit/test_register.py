@@ -75,6 +75,18 @@ def test_celerys_defaults_for_beat_and_channel_errors_become_ours_and_choices_ar
     opledger.tasks.register(chosen)
     assert chosen.conf.beat_scheduler == "django_celery_beat.schedulers:DatabaseScheduler"
     assert chosen.conf.broker_channel_error_retry is False
+    # chosen in a configuration object (the usual way), even where it equals the default
+    from_object = Celery("from-object", set_as_current=False)
+    from_object.config_from_object(
+        {
+            **GOOD,
+            "beat_scheduler": "celery.beat:PersistentScheduler",
+            "broker_channel_error_retry": False,
+        }
+    )
+    opledger.tasks.register(from_object)
+    assert from_object.conf.beat_scheduler == "celery.beat:PersistentScheduler"
+    assert from_object.conf.broker_channel_error_retry is False
 
 
 def test_quorum_queues_follow_the_setting_on_their_rabbitmq_broker(

@@ -10,6 +10,7 @@ Reproducible with the same seed (the schedule of breakage; process timing still 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import shutil
@@ -34,6 +35,8 @@ from .stack import Stack, private_broker, use_broker
 from .variants import KINDS, build_registry, configure_sandbox
 
 #: short leases and intervals so recovery happens in seconds
+log = logging.getLogger("opledger.chaos")
+
 FAST_ENV = {
     "OPLEDGER_LEASE_SECONDS": "3",
     "OPLEDGER_PROVIDER_TIMEOUT_SECONDS": "1",
@@ -92,6 +95,8 @@ class ChaosResult:
     #: workers and beats that exited by themselves (a startup check refused a restarting
     #: broker) and were started again, as a process supervisor would
     respawns: int = 0
+    #: workers or beats that exited by themselves for any other reason (the run fails)
+    unexpected_exits: int = 0
 
     def summary(self) -> dict[str, Any]:
         a = self.audit
@@ -115,6 +120,7 @@ class ChaosResult:
             "redis_restarts": self.redis_restarts,
             "postgres_restarts": self.postgres_restarts,
             "respawns": self.respawns,
+            "unexpected_exits": self.unexpected_exits,
             "elapsed_s": round(self.elapsed_s, 1),
             "max_dispatch_queued": self.max_queued.get("dispatch", 0),
             "max_reconcile_queued": self.max_queued.get("reconcile", 0),
@@ -126,7 +132,7 @@ class ChaosResult:
 
     @property
     def clean(self) -> bool:
-        return self.audit.clean
+        return self.audit.clean and not self.unexpected_exits
 
 
 def stack_env(
@@ -224,7 +230,14 @@ def _run(
     cleanup.callback(stack.stop_all)
     ledger = Ledger.from_url(database_url, actions=build_registry(settings))
     cleanup.callback(ledger.engine.dispose)
-    counters = {"kills": 0, "armed": 0, "redis": 0, "postgres": 0, "respawns": 0}
+    counters = {
+        "kills": 0,
+        "armed": 0,
+        "redis": 0,
+        "postgres": 0,
+        "respawns": 0,
+        "unexpected_exits": 0,
+    }
     started = time.monotonic()
     op_ids: list[str] = []
 
@@ -310,7 +323,7 @@ def _run(
             next_kill = time.monotonic() - started + rng.expovariate(1 / config.kill_every)
         if elapsed - supervised_at >= 1.0:  # a supervisor's restart delay
             supervised_at = elapsed
-            counters["respawns"] += _supervise(stack, names)
+            _supervise(stack, names, counters)
         if redis_at and elapsed >= redis_at[0]:
             redis_at.pop(0)
             redis.restart()
@@ -331,7 +344,7 @@ def _run(
         stack.start_worker(name, concurrency=1)
     deadline = time.monotonic() + config.settle_timeout
     while report(force=True) < len(op_ids) and time.monotonic() < deadline:
-        counters["respawns"] += _supervise(stack, names)
+        _supervise(stack, names, counters)
         time.sleep(1.0)
     elapsed_total = time.monotonic() - started
     result = audit(ledger, sandbox.truth(), op_ids)
@@ -343,26 +356,36 @@ def _run(
         redis_restarts=counters["redis"],
         postgres_restarts=counters["postgres"],
         respawns=counters["respawns"],
+        unexpected_exits=counters["unexpected_exits"],
         elapsed_s=elapsed_total,
         max_queued=max_queued,
         broker=config.broker,
     )
 
 
-def _supervise(stack: Stack, names: list[str]) -> int:
+#: the exit code of a worker or beat whose startup checks refused (`opledger.cli`)
+REFUSED_AT_START = 4
+
+
+def _supervise(stack: Stack, names: list[str], counters: dict[str, int]) -> None:
     """Start again the workers and the beat that exited by themselves, as systemd's
-    `Restart=always` or compose's `restart: unless-stopped` would: one started while the
-    broker restarts refuses at its startup checks and exits 4. How many were started."""
-    started = 0
-    for name in names:
-        proc = stack.workers.get(name)
-        if proc is not None and proc.proc.poll() is not None:
+    `Restart=always` or compose's `restart: unless-stopped` would. One started while the
+    broker restarts refuses at its startup checks (exit code 4): a `respawn`. Any other
+    exit is a process that did not ride something out: an `unexpected_exit`, which makes
+    the run fail (it is started again too, so the run can finish)."""
+    procs = [(name, stack.workers.get(name)) for name in names] + [("beat", stack.beat)]
+    for name, proc in procs:
+        if proc is None or (code := proc.proc.poll()) is None:
+            continue
+        if code == REFUSED_AT_START:
+            counters["respawns"] += 1
+        else:
+            counters["unexpected_exits"] += 1
+            log.error("chaos: %s exited with %s:\n%s", name, code, proc.output()[-2000:])
+        if name == "beat":
+            stack.start_beat()
+        else:
             stack.spawn_worker(name, concurrency=1)
-            started += 1
-    if stack.beat is not None and stack.beat.proc.poll() is not None:
-        stack.start_beat()
-        started += 1
-    return started
 
 
 T = TypeVar("T")

@@ -209,6 +209,11 @@ class PrivateVhost:
         self._exists = False
 
     @property
+    def exists(self) -> bool:
+        """Whether the virtual host is there (started and not killed)."""
+        return self._exists
+
+    @property
     def url(self) -> str:
         parts = urlsplit(self.server_url)
         return f"{parts.scheme}://{parts.netloc}/{quote(self.name, safe='')}"
