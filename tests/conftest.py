@@ -26,6 +26,19 @@ from opledger.ledger.migrate import upgrade
 # every call slower, and a missed deadline must not count as a kill).
 settings.register_profile("mutmut", deadline=None, derandomize=True)
 
+
+def require_rabbitmq() -> None:
+    """Skip the test when the machine's RabbitMQ cannot give it a private virtual host: a
+    skip on a laptop, a failure in CI (where `.ci/run` starts RabbitMQ)."""
+    from opledger.dev.chaos.stack import rabbitmq_available
+
+    why = rabbitmq_available()
+    if why is not None:
+        if os.environ.get("CI"):
+            raise RuntimeError(why)
+        pytest.skip(why)
+
+
 TABLES = (
     "review_actions, review_views, reviews, transitions, evidence, attempts, "
     "operation_payloads, operation_deps, operations, authorizations"

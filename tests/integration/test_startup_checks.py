@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from tests.conftest import PostgresServer
+from tests.conftest import PostgresServer, require_rabbitmq
 
 REDIS = "redis://127.0.0.1:6379/0"
 
@@ -162,14 +162,10 @@ def test_a_queue_declared_as_another_type_is_refused_in_one_line(
     channel error forever. Its startup checks declare the queues first and refuse."""
     from kombu.connection import Connection
 
-    from opledger.dev.chaos.stack import PrivateVhost, rabbitmq_available
+    from opledger.dev.chaos.stack import PrivateVhost
     from opledger.queues import queues_of
 
-    why = rabbitmq_available()
-    if why is not None:
-        if os.environ.get("CI"):
-            raise RuntimeError(why)
-        pytest.skip(why)
+    require_rabbitmq()
     vhost = PrivateVhost()
     vhost.start()
     try:

@@ -13,7 +13,6 @@ runs at a time (both share the database): switching stops the other's processes.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,13 +26,13 @@ from opledger.dev.chaos.stack import (
     PrivateRedis,
     PrivateVhost,
     Stack,
-    rabbitmq_available,
     use_broker,
     wait_until,
 )
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.settings import Settings
+from tests.conftest import require_rabbitmq
 
 
 @pytest.fixture(scope="session")
@@ -66,11 +65,7 @@ def stack(
 
 @pytest.fixture(scope="session")
 def rabbit_vhost() -> Iterator[PrivateVhost]:
-    why = rabbitmq_available()
-    if why is not None:  # a missing service is a skip on a laptop, a failure in CI
-        if os.environ.get("CI"):
-            raise RuntimeError(why)
-        pytest.skip(why)
+    require_rabbitmq()
     vhost = PrivateVhost()
     vhost.start()
     try:

@@ -5,13 +5,13 @@ every run; completion is reported, never forced."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from opledger.dev.chaos.stack import Stack, rabbitmq_available
+from opledger.dev.chaos.stack import Stack
+from tests.conftest import require_rabbitmq
 
 pytestmark = pytest.mark.system
 
@@ -46,11 +46,7 @@ def test_ci_sized_chaos_run_keeps_every_invariant(
     broker: str, ops: int, seed: int, stack: Stack
 ) -> None:
     if broker == "rabbitmq":
-        why = rabbitmq_available()
-        if why is not None:  # a missing service is a skip on a laptop, a failure in CI
-            if os.environ.get("CI"):
-                raise RuntimeError(why)
-            pytest.skip(why)
+        require_rabbitmq()
     stack.stop_all()  # the run brings its own broker, providers and workers
     run = subprocess.run(
         [

@@ -10,9 +10,7 @@ change once declared), a worker killed after the provider answered, and a countd
 from __future__ import annotations
 
 import logging
-import os
 import re
-import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,10 +20,11 @@ from celery import Celery
 
 from opledger import celeryconfig
 from opledger.dev.chaos.audit import audit
-from opledger.dev.chaos.stack import PrivateVhost, Stack, rabbitmq_available, wait_until
+from opledger.dev.chaos.stack import PrivateVhost, Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.queues import QUEUES, queues_of
+from tests.conftest import require_rabbitmq
 
 from .conftest import prepare, settled
 
@@ -40,11 +39,7 @@ def quorum_stack(
 ) -> Iterator[tuple[Stack, PrivateVhost]]:
     from opledger.dev.chaos.run import stack_env
 
-    why = rabbitmq_available()
-    if why is not None:  # a missing service is a skip on a laptop, a failure in CI
-        if os.environ.get("CI"):
-            raise RuntimeError(why)
-        pytest.skip(why)
+    require_rabbitmq()
     stack.stop_all()  # one stack at a time: the Redis one's beat would sweep these ops
     vhost = PrivateVhost()
     vhost.start()
@@ -58,19 +53,8 @@ def quorum_stack(
         vhost.kill()
 
 
-def _listed(vhost: PrivateVhost, what: str, *columns: str) -> str:
-    return subprocess.run(
-        ["rabbitmqctl", "-q", what, "-p", vhost.name, "--no-table-headers", *columns],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
-
-
 def _queue_types(vhost: PrivateVhost) -> dict[str, str]:
-    out = _listed(vhost, "list_queues", "name", "type")
-    return dict(line.split() for line in out.splitlines() if line.strip())
+    return {name: kind for name, kind in vhost.listed("list_queues", "name", "type")}
 
 
 def test_a_crash_window_and_a_countdown_on_quorum_queues(
@@ -110,7 +94,7 @@ def test_a_crash_window_and_a_countdown_on_quorum_queues(
     # sent into Celery's native delayed delivery (the worker declared its exchanges), not
     # held in a worker until its ETA, as it would be behind a direct exchange
     assert "Direct exchanges are not supported" not in caplog.text
-    assert "celery_delayed_27" in _listed(vhost, "list_exchanges", "name")
+    assert ["celery_delayed_27"] in vhost.listed("list_exchanges", "name")
 
     stack.kill_worker("crashy")
     stack.start_worker("w1")

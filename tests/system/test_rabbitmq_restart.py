@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-import subprocess
 import threading
 import time
 from typing import Any
@@ -25,6 +24,7 @@ from opledger.dev.chaos.stack import PrivateVhost, Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.tasks.scheduler import Scheduler
+from tests.conftest import require_rabbitmq
 
 from .conftest import prepare, settled
 
@@ -78,18 +78,8 @@ def test_a_broker_restart_loses_messages_but_no_operation(
 
 def _held(vhost: PrivateVhost, queue: str) -> int:
     """Messages `queue` holds, ready or delivered and not yet acknowledged."""
-    out = subprocess.run(
-        [
-            *("rabbitmqctl", "-q", "list_queues", "-p", vhost.name),
-            *("--no-table-headers", "name", "messages"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
-    counts = dict(line.split() for line in out.splitlines() if line.strip())
-    return int(counts.get(queue, 0))
+    counts = {name: int(n) for name, n in vhost.listed("list_queues", "name", "messages")}
+    return counts.get(queue, 0)
 
 
 def test_the_beat_scheduler_waits_out_a_broker_that_refuses(
@@ -97,11 +87,7 @@ def test_the_beat_scheduler_waits_out_a_broker_that_refuses(
 ) -> None:
     """Celery's scheduler raises on a refused connection and the beat process exits; ours
     logs it and connects once the broker lets it."""
-    from opledger.dev.chaos.stack import rabbitmq_available
-
-    why = rabbitmq_available()
-    if why is not None:
-        pytest.skip(why)
+    require_rabbitmq()
     vhost = PrivateVhost()  # not added yet: the broker answers NOT_ALLOWED
     app = Celery("refused", broker=vhost.url, set_as_current=False)
     app.conf.broker_connection_timeout = 3

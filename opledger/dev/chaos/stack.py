@@ -218,10 +218,18 @@ class PrivateVhost:
         parts = urlsplit(self.server_url)
         return f"{parts.scheme}://{parts.netloc}/{quote(self.name, safe='')}"
 
-    def _ctl(self, *args: str) -> None:
+    def _ctl(self, *args: str) -> str:
         if self.ctl is None:
             raise RuntimeError("no rabbitmqctl on PATH: cannot make a private RabbitMQ vhost")
-        subprocess.run([self.ctl, "-q", *args], check=True, capture_output=True, timeout=60)
+        return subprocess.run(
+            [self.ctl, "-q", *args], check=True, capture_output=True, text=True, timeout=60
+        ).stdout
+
+    def listed(self, what: str, *columns: str) -> list[list[str]]:
+        """`rabbitmqctl <what>` in this virtual host (list_queues, list_exchanges, ...):
+        one row of `columns` per entity."""
+        out = self._ctl(what, "-p", self.name, "--no-table-headers", *columns)
+        return [line.split() for line in out.splitlines() if line.strip()]
 
     def start(self) -> None:
         user = urlsplit(self.server_url).username or "guest"
