@@ -99,6 +99,11 @@ def test_scrapes_see_unknown_rise_and_fall_and_the_review_gauge_move(
         final = settled(sys_ledger, op_ids, timeout=60)
         assert final == {op_ids[0]: Status.UNKNOWN, op_ids[1]: Status.CONFIRMED}
         wait_until(lambda: scrape(url)["ops:unknown"] == 1, 10, "the last scrape")
+        # the sampler may have last looked just before the drop that wait_until saw: stop
+        # it, then take the final sample here, so the series ends after the fall
+        stop.set()
+        sampler.join(timeout=5)
+        seen.append(scrape(url))
     finally:
         stop.set()
         if sampler.is_alive():
