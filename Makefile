@@ -22,8 +22,11 @@ typecheck: $(STAMP)
 contracts: $(STAMP)
 	$(BIN)/lint-imports
 
+# Two pytest processes (pytest-xdist): the system tests in one, around their shared stack of
+# real processes, the unit and integration tests in the other (tests/conftest.py).
+TEST_JOBS ?= 2
 test: lint typecheck contracts
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_JOBS) --dist loadgroup $(PYTEST_ARGS)
 
 # Mutation testing of the retry decision, canonical payloads and the adapters' error mapping
 # against the fast unit tests (config: [tool.mutmut] in pyproject.toml); always a fresh run.

@@ -25,6 +25,10 @@ from opledger.ledger.migrate import upgrade
 # every run (so the kill rate is reproducible) and no deadline (mutmut's trampolines make
 # every call slower, and a missed deadline must not count as a kill).
 settings.register_profile("mutmut", deadline=None, derandomize=True)
+# Every other run: no per-example deadline either. The suite shares two cores between two
+# pytest processes and the system tests' workers; a stalled example is not a failure.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 
 def require_rabbitmq() -> None:
@@ -37,6 +41,15 @@ def require_rabbitmq() -> None:
         if os.environ.get("CI"):
             raise RuntimeError(why)
         pytest.skip(why)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """For `pytest -n 2 --dist loadgroup` (`make test`): the system tests run in one worker
+    process, around the one stack of real processes they share, and the unit and
+    integration tests in the other. Each process has its own database and services."""
+    for item in items:
+        group = "system" if item.get_closest_marker("system") else "fast"
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 TABLES = (
