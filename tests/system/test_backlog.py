@@ -60,7 +60,9 @@ def test_on_rabbitmq_depth_comes_from_a_passive_declare_and_generations_drop_not
         assert queue_depth(app, "no-such-queue") == 0  # RabbitMQ's 404, not an error
         for i in range(3):
             app.send_task("opledger.dispatch", (f"op_probe{i}",), {"gen": 0})
-        assert queue_depth(app, "dispatch") == rabbit_vhost.queued("dispatch") == 3
+        # publishes are asynchronous (no confirms): the queue counts them a moment later
+        wait_until(lambda: queue_depth(app, "dispatch") == 3, 10, "three messages queued")
+        assert rabbit_vhost.queued("dispatch") == 3
         assert queue_depth(app, "reconcile") == 0
         # Generations live in Redis only: on RabbitMQ nothing is recorded, nothing dropped
         # (a superseded duplicate costs one refused claim instead; see the README).
