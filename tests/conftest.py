@@ -130,6 +130,30 @@ def grant(ledger: Ledger) -> str:
 
 
 @pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Redis on 127.0.0.1:6379, or a private one when none answers there (a fresh
+    machine): its URL without a database number."""
+    import redis
+
+    from opledger.dev.chaos.stack import PrivateRedis
+
+    local = redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=2)
+    try:
+        local.ping()
+    except redis.RedisError:
+        server = PrivateRedis(tmp_path_factory.mktemp("redis"))
+        server.start()
+        try:
+            yield server.url.rsplit("/", 1)[0]
+        finally:
+            server.kill()
+    else:
+        yield "redis://127.0.0.1:6379"
+    finally:
+        local.close()
+
+
+@pytest.fixture(scope="session")
 def sandbox_server() -> Iterator[Sandbox]:
     with Sandbox() as sandbox:
         yield sandbox

@@ -52,15 +52,12 @@ import typer
 from sqlalchemy import text
 
 from opledger.cli.main import app as cli_app
-from opledger.dev.chaos.stack import PrivateRedis
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ambiguous, Ledger
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 BIN = Path(sys.executable).parent  # the virtualenv's bin: `opledger`, `python`
-#: a Redis database of this test's own on the local server, flushed before and after
-BROKER_URL = "redis://127.0.0.1:6379/14"
 SCRIPT_TIMEOUT = 90.0  # seconds one block's commands may take
 LONG_RUNNING_GRACE = 20.0  # seconds a long-running process has to get ready
 #: jobs (a block's commands, a long-running process) run side by side: each CLI start costs
@@ -599,23 +596,9 @@ for block in json.load(open(sys.argv[1])):
 
 
 @pytest.fixture(scope="session")
-def broker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Database 14 of the Redis on 127.0.0.1:6379, or of a private one when none answers
-    there (as the system tests start)."""
-    local = redis.Redis.from_url(BROKER_URL, socket_connect_timeout=2)
-    try:
-        local.ping()
-    except redis.RedisError:
-        server = PrivateRedis(tmp_path_factory.mktemp("readme-redis"))
-        server.start()
-        try:
-            yield server.url.rsplit("/", 1)[0] + "/14"
-        finally:
-            server.kill()
-    else:
-        yield BROKER_URL
-    finally:
-        local.close()
+def broker_server(redis_server: str) -> str:
+    """Database 14 of the machine's Redis, or of a private one (tests/conftest.py)."""
+    return f"{redis_server}/14"
 
 
 @pytest.fixture

@@ -20,8 +20,6 @@ from sqlalchemy.engine import make_url
 
 from tests.conftest import PostgresServer, require_rabbitmq
 
-REDIS = "redis://127.0.0.1:6379/0"
-
 
 def run(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
@@ -70,7 +68,7 @@ CASES = {
         ["OPLEDGER_LEASE_SECONDS", "'abc'"],
     ),
     "a MySQL URL": (
-        {"OPLEDGER_DATABASE_URL": "mysql://u@localhost/db", "OPLEDGER_BROKER_URL": REDIS},
+        {"OPLEDGER_DATABASE_URL": "mysql://u@localhost/db", "OPLEDGER_BROKER_URL": "{redis}"},
         ["OPLEDGER_DATABASE_URL", "postgresql://"],
     ),
     "an unsupported broker": (
@@ -80,24 +78,27 @@ CASES = {
     "in-flight below the timeout": (
         {
             "OPLEDGER_DATABASE_URL": "{db}",
-            "OPLEDGER_BROKER_URL": REDIS,
+            "OPLEDGER_BROKER_URL": "{redis}",
             "OPLEDGER_PROVIDER_IN_FLIGHT_SECONDS": "1",
         },
         ["OPLEDGER_PROVIDER_IN_FLIGHT_SECONDS (1)", "OPLEDGER_PROVIDER_TIMEOUT_SECONDS"],
     ),
     "Postgres on the wrong port": (
-        {"OPLEDGER_DATABASE_URL": "postgresql://root@127.0.0.1:1/x", "OPLEDGER_BROKER_URL": REDIS},
+        {
+            "OPLEDGER_DATABASE_URL": "postgresql://root@127.0.0.1:1/x",
+            "OPLEDGER_BROKER_URL": "{redis}",
+        },
         ["postgres:", "port 1"],
     ),
     "a database role that does not exist": (
         {
-            "OPLEDGER_DATABASE_URL": "postgresql://no_such_role@127.0.0.1:5432/postgres",
-            "OPLEDGER_BROKER_URL": REDIS,
+            "OPLEDGER_DATABASE_URL": "{no_role}",
+            "OPLEDGER_BROKER_URL": "{redis}",
         },
         ["postgres:", 'role "no_such_role" does not exist'],
     ),
     "an unmigrated database": (
-        {"OPLEDGER_DATABASE_URL": "{empty}", "OPLEDGER_BROKER_URL": REDIS},
+        {"OPLEDGER_DATABASE_URL": "{empty}", "OPLEDGER_BROKER_URL": "{redis}"},
         ["schema", "opledger migrate"],
     ),
     "the broker down": (
@@ -112,6 +113,7 @@ def test_the_worker_refuses_each_broken_setup_in_one_line(
     pg_server: PostgresServer,
     database_url: str,
     empty_db: str,
+    redis_server: str,
 ) -> None:
     before = databases(pg_server)
 
@@ -120,7 +122,17 @@ def test_the_worker_refuses_each_broken_setup_in_one_line(
 
     def attempt(case: str) -> tuple[str, Path, subprocess.CompletedProcess[str]]:
         env, _ = CASES[case]
-        env = {k: v.format(db=database_url, empty=empty_db) for k, v in env.items()}
+        urls = {
+            "db": database_url,
+            "empty": empty_db,
+            "redis": f"{redis_server}/0",
+            # the test server, as a role it does not have
+            "no_role": make_url(pg_server.url)
+            .set(drivername="postgresql", username="no_such_role", password=None)
+            .set(database="postgres")
+            .render_as_string(hide_password=False),
+        }
+        env = {k: v.format(**urls) for k, v in env.items()}
         return case, cwds[case], run(cwds[case], "worker", **env)
 
     with ThreadPoolExecutor(max_workers=4) as pool:  # each case is its own process
@@ -136,9 +148,10 @@ def test_the_worker_refuses_each_broken_setup_in_one_line(
 
 
 def test_check_reports_every_part_and_passes_on_a_good_setup(
-    tmp_path: Path, database_url: str
+    tmp_path: Path, database_url: str, redis_server: str
 ) -> None:
-    ok = run(tmp_path, "check", OPLEDGER_DATABASE_URL=database_url, OPLEDGER_BROKER_URL=REDIS)
+    redis = f"{redis_server}/0"
+    ok = run(tmp_path, "check", OPLEDGER_DATABASE_URL=database_url, OPLEDGER_BROKER_URL=redis)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     names = [line.split(":")[0] for line in ok.stdout.splitlines()]
     assert names == [
@@ -191,7 +204,10 @@ def test_a_queue_declared_as_another_type_is_refused_in_one_line(
 def test_quorum_queues_on_redis_are_a_warning_naming_the_setting() -> None:
     from opledger.cli.checks import run_checks
 
-    env = {"OPLEDGER_BROKER_URL": REDIS, "OPLEDGER_RABBITMQ_QUEUE_TYPE": "quorum"}
+    env = {
+        "OPLEDGER_BROKER_URL": "redis://127.0.0.1:6379/0",
+        "OPLEDGER_RABBITMQ_QUEUE_TYPE": "quorum",
+    }
     checks = run_checks(env, broker=False, database=False)
     queues = [c for c in checks if c.name == "queues"]
     assert len(queues) == 1 and queues[0].warning, checks
@@ -205,9 +221,9 @@ def test_quorum_queues_on_redis_are_a_warning_naming_the_setting() -> None:
 
 
 def test_beat_refuses_a_schedule_it_cannot_write_and_the_worker_passes_options_on(
-    tmp_path: Path, database_url: str
+    tmp_path: Path, database_url: str, redis_server: str
 ) -> None:
-    env = {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_BROKER_URL": REDIS}
+    env = {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_BROKER_URL": f"{redis_server}/0"}
     unwritable = "/proc/opledger-cannot-write-here/schedule"
     refused(run(tmp_path, "beat", "--schedule", unwritable, **env), "cannot write", "--schedule")
     assert list(tmp_path.iterdir()) == []
