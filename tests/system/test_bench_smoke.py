@@ -73,7 +73,11 @@ def test_a_tiny_bench_run(stack: Stack) -> None:
     assert set(result["by_concurrency"]) == {str(result["concurrency"])}
     assert set(result["ledger_ops_s_by_tenants"]) == {"3"}
     assert result["ledger_ops_s_by_tenants"]["3"] > 0
-    assert 1.95 <= result["round_trips_per_op"] <= 2.1
+    # The window also counts what the workers do apart from operations (start-up checks,
+    # new connections), more of it on a loaded machine: 2.12 was seen beside the suite's
+    # other process. A third statement per operation would read 3; the exact two are counted
+    # on the wire by tests/integration/test_round_trips.py.
+    assert 1.95 <= result["round_trips_per_op"] <= 2.25
     assert result["index_scans"], result["sweep_plans"]
     # The backlog drains (timings are reported, not asserted): every operation settled
     # once, also after the broker was wiped halfway.
