@@ -16,7 +16,7 @@ from opentelemetry.trace import StatusCode
 from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.adapters.registry import Registry
 from opledger.dev.sandbox import Sandbox
-from opledger.ledger import Claim, InvalidInput, Ledger, Outcome, Status
+from opledger.ledger import Claim, InvalidInput, Ledger, Operation, Outcome, Status
 from opledger.observability import tracing
 from opledger.tasks import steps
 
@@ -57,7 +57,7 @@ def _ledger(ledger: Ledger, adapter: CrmAdapter) -> tuple[Ledger, Registry]:
     return mine, registry
 
 
-def _prepare(ledger: Ledger, key: str) -> str:
+def _prepare_op(ledger: Ledger, key: str, traceparent: str = ORIGIN) -> Operation:
     return ledger.prepare(
         tenant="acme",
         workflow_id="traces",
@@ -66,8 +66,12 @@ def _prepare(ledger: Ledger, key: str) -> str:
         target=f"case-{key}",
         payload={"note": "secret note"},
         authorization_ref="auth_acme",
-        traceparent=ORIGIN,
-    ).id
+        traceparent=traceparent,
+    )
+
+
+def _prepare(ledger: Ledger, key: str) -> str:
+    return _prepare_op(ledger, key).id
 
 
 def _named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
@@ -146,25 +150,8 @@ def test_prepare_keeps_the_first_trace_context_and_refuses_a_malformed_one(
 ) -> None:
     ledger, _ = _ledger(ledger, crm)
     op_id = _prepare(ledger, "kept")
-    again = ledger.prepare(
-        tenant="acme",
-        workflow_id="traces",
-        intent_key="kept",
-        action="crm.close_case.v1",
-        target="case-kept",
-        payload={"note": "secret note"},
-        authorization_ref="auth_acme",
-        traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01",  # a replay from another trace
-    )
+    # a replay from another trace
+    again = _prepare_op(ledger, "kept", traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01")
     assert again.id == op_id and again.traceparent == ORIGIN
     with pytest.raises(InvalidInput):
-        ledger.prepare(
-            tenant="acme",
-            workflow_id="traces",
-            intent_key="too-long",
-            action="crm.close_case.v1",
-            target="case-long",
-            payload={},
-            authorization_ref="auth_acme",
-            traceparent="0" * 300,
-        )
+        _prepare_op(ledger, "too-long", traceparent="0" * 300)
