@@ -127,6 +127,9 @@ class CrmAdapter:
         self.contract = scoped(contract or crm_contract(), f"{account} at {self.base_url}")
         self._verbs = {f"{namespace}.{name}": verb for name, verb in VERBS.items()}
         self.actions: tuple[str, ...] = tuple(self._verbs)
+        # what makes another act on the same case: the fields an update sets (a note is
+        # wording); a close of a case is one act whatever its note says
+        self.intent_fields = {f"{namespace}.update_case.v1": ("fields",)}
         self._client = http_client(
             self.contract.request_timeout.total_seconds(),
             reuse=reuses_connections(self.contract),
@@ -163,6 +166,7 @@ class CrmAdapter:
                 detail={
                     "status": status,
                     "replayed": response.headers.get("idempotent-replayed") == "true",
+                    "result": _result(body),
                 },
             )
         return outcome_for_http_status(response, CODES, provider="the CRM")
@@ -209,7 +213,7 @@ class CrmAdapter:
                         "key": body.get("idempotency_key") or key,
                     }
                 ),
-                detail={"source": "status_api", "stored_status": code},
+                detail={"source": "status_api", "stored_status": code, "result": _result(body)},
             )
         err = (body.get("error") or {}).get("code", "") if isinstance(body, dict) else ""
         detail = {"stored_status": code, "code": err}
@@ -283,3 +287,8 @@ def _binding(body: dict[str, object]) -> Binding:
         target=str(body["case_id"]),
         resulting_version=str(body["version"]),
     )
+
+
+def _result(body: dict[str, object]) -> dict[str, object]:
+    """What the change produced, for the agent that asked: the case's status and version."""
+    return {k: body[k] for k in ("case_id", "status", "version") if k in body}

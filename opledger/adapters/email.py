@@ -127,6 +127,7 @@ class EmailAdapter:
                 detail={
                     "status": status,
                     "replayed": response.headers.get("idempotent-replayed") == "true",
+                    "result": {"message_id": str(response.json()["id"])},
                 },
             )
         return outcome_for_http_status(response, CODES, provider="the email API")

@@ -9,6 +9,7 @@ from datetime import timedelta
 from opledger.ledger import ClaimTerms, UnknownAction
 from opledger.ledger.contract import Contract
 from opledger.ledger.ids import LONGEST_KEY, check_action
+from opledger.ledger.intents import check_fields
 from opledger.settings import Settings
 
 from .base import Adapter
@@ -23,6 +24,7 @@ class Registry:
     def __init__(self, adapters: Iterable[Adapter] = ()) -> None:
         self._by_action: dict[str, Adapter] = {}
         self._terms: dict[timedelta, ClaimTerms] = {}
+        self._intent_fields: dict[str, tuple[str, ...]] = {}
         for adapter in adapters:
             self.register(adapter)
 
@@ -37,11 +39,18 @@ class Registry:
                 f"{adapter.contract.provider} accepts keys of at most {limit} characters; "
                 f"opledger's keys take up to {LONGEST_KEY}"
             )
+        declared = dict(getattr(adapter, "intent_fields", None) or {})
+        unserved = sorted(set(declared) - set(adapter.actions))
+        if unserved:
+            raise ValueError(
+                f"intent_fields names actions the adapter does not serve: {', '.join(unserved)}"
+            )
         for action in adapter.actions:
             check_action(action)
             if action in self._by_action and self._by_action[action] is not adapter:
                 raise ValueError(f"{action} is already served by another adapter")
             self._by_action[action] = adapter
+            self._intent_fields[action] = check_fields(declared.get(action, ()))
         self._terms.clear()
 
     def adapter_for(self, action: str) -> Adapter:
@@ -53,6 +62,12 @@ class Registry:
                 f"no adapter serves {action!r}; known: {', '.join(sorted(self._by_action))}",
                 action=action,
             ) from None
+
+    def intent_fields(self, action: str) -> tuple[str, ...]:
+        """The payload fields that make another act of `action` (its adapter's
+        `intent_fields`; none declared: the action and the target alone)."""
+        self.adapter_for(action)
+        return self._intent_fields[action]
 
     def contract_for(self, action: str) -> Contract:
         return self.adapter_for(action).contract

@@ -1,19 +1,23 @@
 """What an agent calls to cause an external effect once, and to learn how it ended.
 
     effects = Effects(ledger)                      # publishes through opledger's Celery app
-    close = effects.effect(tenant="acme", run="onboarding-42", step="close-case",
+    close = effects.effect(tenant="acme", run="onboarding-42",
                            action="crm.close_case.v1", target="case-318",
                            payload={"note": "resolved"}, authorization_ref="auth_acme",
-                           wait=30)
+                           asked_by=tool_call_id, wait=30)
     if close.kind == "confirmed":
-        effects.effect(..., step="email-owner", after=[close], wait=30)
+        effects.effect(..., action="email.send.v1", after=[close], wait=30)
 
-The intent is the workflow run and the step (`workflow_id=run`, `intent_key=step`), never
-the payload: replaying a step returns the operation it recorded and how it stands now,
-never a second effect. Waiting is `LISTEN opledger_settle` (the ledger NOTIFYs in the
-transaction that settles an operation an agent waits on), with a slow poll as the
-fallback; it returns when the operation is final, or when a person holds it (or holds a
-dependency it waits on), or when the time is up. Unknown is never "failed".
+The intent is the workflow run plus the act itself — the action, the target, the action's
+declared intent fields and an explicit `purpose` (`opledger.ledger.intents`) — never the
+payload's wording and never an id the model or the transport invented (`asked_by` is kept
+as evidence of which call asked). Asking for the same act again, whatever new id or
+rewording the model chose, returns the operation it recorded and how it stands, never a
+second effect; what the new ask asked differently is named in the result (`differs`) and
+was not sent. Waiting is `LISTEN opledger_settle` (the ledger NOTIFYs in the transaction
+that settles an operation an agent waits on), with a slow poll as the fallback; it returns
+when the operation is final, or when a person holds it (or holds a dependency it waits
+on), or when the time is up. Unknown is never "failed".
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy.engine import make_url
 
 from opledger.ledger import (
+    Asked,
     Dependency,
     History,
     InvalidInput,
@@ -38,6 +43,7 @@ from opledger.ledger import (
     Review,
     Status,
 )
+from opledger.ledger.intents import intent_key, payload_differences
 from opledger.observability import tracing
 
 log = logging.getLogger("opledger.agents")
@@ -55,8 +61,15 @@ Publish = Callable[[str], None]
 class _Result(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    #: the operation as it stands (its id, status, run and step, target, attempts' key...)
+    #: the operation as it stands (its id, status, run and intent, target, key...)
     operation: Operation
+    #: the intent was recorded before this ask (a replayed step, a model asked again, a
+    #: lost answer asked again): this is the recorded operation, and nothing new was sent
+    asked_before: bool = False
+    #: what this ask asked otherwise than the recorded intent — payload fields as
+    #: "payload.<field>" ("payload" once the frozen payload is purged),
+    #: "authorization_ref", "after" — none of which was recorded or sent
+    differs: tuple[str, ...] = ()
 
     @property
     def op_id(self) -> str:
@@ -67,6 +80,28 @@ class _Result(BaseModel):
         """Confirmed, rejected or cancelled: nothing about it will change any more."""
         return self.operation.status.final
 
+    def _act(self) -> str:
+        return f"{self.operation.action} on {self.operation.target}"
+
+    def _state(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def message(self) -> str:
+        """How it stands, in words an agent (or a person) reads."""
+        if not self.asked_before:
+            return self._state()
+        text = (
+            f"This run already asked for {self._act()} (operation {self.op_id}); "
+            f"{self._state()} Nothing new was sent."
+        )
+        if self.differs:
+            text += (
+                f" This call differs from the recorded one in {', '.join(self.differs)}: "
+                "that was not sent."
+            )
+        return text
+
 
 class EffectConfirmed(_Result):
     """The provider's evidence binds this operation: the effect happened (once)."""
@@ -76,6 +111,16 @@ class EffectConfirmed(_Result):
     receipt_id: str | None
     #: the provider only took custody (an email "accepted"), which is not delivery
     accepted_only: bool = False
+    #: what the provider said the effect produced (the adapter's `detail["result"]`: a
+    #: case's new status and version, a message id), from the confirming evidence
+    data: dict[str, Any] = {}
+
+    def _state(self) -> str:
+        done = (
+            "accepted by the provider (custody, not delivery)" if self.accepted_only else ("done")
+        )
+        receipt = f", receipt {self.receipt_id}" if self.receipt_id else ""
+        return f"{self._act()} is {done}{receipt}."
 
 
 class EffectRejected(_Result):
@@ -85,12 +130,19 @@ class EffectRejected(_Result):
     code: str | None
     reason: str
 
+    def _state(self) -> str:
+        code = f" ({self.code})" if self.code else ""
+        return f"the provider refused {self._act()}{code}: {self.reason}. It did not happen."
+
 
 class EffectCancelled(_Result):
     """Stopped before any effect: a dependency failed, the grant was revoked, an operator."""
 
     kind: Literal["cancelled"] = "cancelled"
     reason: str
+
+    def _state(self) -> str:
+        return f"{self._act()} was cancelled before any effect: {self.reason}."
 
 
 class EffectUnknown(_Result):
@@ -103,24 +155,37 @@ class EffectUnknown(_Result):
     #: what it waits for, in words
     waiting_for: str
 
+    def _state(self) -> str:
+        return (
+            f"whether {self._act()} happened is not known yet: it may have. Do not do it "
+            f"another way; it waits for {self.waiting_for}."
+        )
+
 
 class EffectPending(_Result):
     """Nothing settled yet: it waits for its dependencies, a worker, or the provider's
     answer (when the wait ran out, or when nothing was waited for)."""
 
     kind: Literal["pending"] = "pending"
+    #: what it waits for: its dependencies, a worker to take it, or the provider's answer
+    waiting_on: Literal["dependencies", "worker", "provider"]
+    #: the same, in words
     waiting_for: str
     #: the dependencies not confirmed yet (each with the review holding it, if any)
     blocked_by: tuple[Dependency, ...] = ()
+
+    def _state(self) -> str:
+        return f"{self._act()} is recorded and not settled yet: it waits for {self.waiting_for}."
 
 
 EffectResult = EffectConfirmed | EffectRejected | EffectCancelled | EffectUnknown | EffectPending
 
 
 def _default_publish(op_id: str) -> None:
-    from opledger.tasks.app import dispatch
+    # through an app named explicitly, from whatever thread or event loop calls it
+    from opledger.tasks.app import publish_dispatch
 
-    dispatch.delay(op_id)
+    publish_dispatch(op_id)
 
 
 class Effects:
@@ -153,66 +218,134 @@ class Effects:
         *,
         tenant: str,
         run: str,
-        step: str,
         action: str,
         target: str,
         payload: dict[str, Any],
         authorization_ref: str,
+        purpose: str | None = None,
+        intent_fields: Sequence[str] | None = None,
+        step: str | None = None,
+        asked_by: str | None = None,
         after: Sequence[str | _Result] = (),
         wait: float | timedelta | None = None,
     ) -> EffectResult:
-        """Record the intent of `step` in workflow run `run`, enqueue it, and return how it
-        stands — after waiting up to `wait` seconds for it to settle, if given.
+        """Record the intent of this act in workflow run `run`, enqueue it, and return how
+        it stands — after waiting up to `wait` seconds for it to settle, if given.
 
-        Replaying the same step returns the same operation and its current state; the same
-        step with another action, target, payload, authorization or `after` raises
-        `IntentConflict`: a changed recipient is a new step. `after` (operation ids or
-        earlier results) makes it wait until each of them is confirmed.
+        The intent (the operation's `intent_key`) is derived from the act: the action, the
+        target, the values of the action's intent fields (`intent_fields`, else what its
+        adapter declares, else none) and `purpose` — say one only to ask deliberately for
+        the same act again (a second reminder). `step` instead names the intent yourself
+        (a key of your workflow's own, stable across re-runs). `asked_by` is the asker's id
+        for this call (a tool-call id, a request id): kept as evidence, never the intent.
+
+        Asking again for an act this run already asked for returns its operation as it
+        stands (`asked_before`), never a second effect; a payload, authorization or
+        `after` that differs is named in `differs` and is not sent. `after` (operation ids
+        or earlier results) makes it wait until each of them is confirmed.
         """
         timeout = _timeout(wait)
-        op = self._record(tenant, run, step, action, target, payload, authorization_ref, after)
-        if timeout is None:
-            return self.result(op.id)
-        return self.wait(op.id, timeout)
+        asked = self._record(
+            tenant,
+            run,
+            self._intent(action, target, payload, purpose, intent_fields, step),
+            action,
+            target,
+            payload,
+            authorization_ref,
+            after,
+            asked_by,
+        )
+        op_id = asked.operation.id
+        result = self.result(op_id) if timeout is None else self.wait(op_id, timeout)
+        return self._as_asked(result, asked, payload)
 
     async def aeffect(
         self,
         *,
         tenant: str,
         run: str,
-        step: str,
         action: str,
         target: str,
         payload: dict[str, Any],
         authorization_ref: str,
+        purpose: str | None = None,
+        intent_fields: Sequence[str] | None = None,
+        step: str | None = None,
+        asked_by: str | None = None,
         after: Sequence[str | _Result] = (),
         wait: float | timedelta | None = None,
     ) -> EffectResult:
         """`effect` for asyncio agents: the wait never blocks the event loop."""
         timeout = _timeout(wait)
-        op = await asyncio.to_thread(
-            self._record, tenant, run, step, action, target, payload, authorization_ref, after
+        key = self._intent(action, target, payload, purpose, intent_fields, step)
+        asked = await asyncio.to_thread(
+            self._record,
+            tenant,
+            run,
+            key,
+            action,
+            target,
+            payload,
+            authorization_ref,
+            after,
+            asked_by,
         )
+        op_id = asked.operation.id
         if timeout is None:
-            return await asyncio.to_thread(self.result, op.id)
-        return await self.await_result(op.id, timeout)
+            result = await asyncio.to_thread(self.result, op_id)
+        else:
+            result = await self.await_result(op_id, timeout)
+        return await asyncio.to_thread(self._as_asked, result, asked, payload)
+
+    def intent_of(
+        self,
+        *,
+        action: str,
+        target: str,
+        payload: dict[str, Any],
+        purpose: str | None = None,
+        intent_fields: Sequence[str] | None = None,
+    ) -> str:
+        """The intent key `effect` records this act under (without `step`)."""
+        return self._intent(action, target, payload, purpose, intent_fields, None)
+
+    def _intent(
+        self,
+        action: str,
+        target: str,
+        payload: dict[str, Any],
+        purpose: str | None,
+        intent_fields: Sequence[str] | None,
+        step: str | None,
+    ) -> str:
+        if step is not None:
+            if purpose is not None:
+                raise InvalidInput(
+                    "give either step (your own intent key) or purpose, not both",
+                    field="purpose",
+                )
+            return step
+        fields = self.ledger.intent_fields(action) if intent_fields is None else intent_fields
+        return intent_key(action, target, payload, fields=fields, purpose=purpose)
 
     def _record(
         self,
         tenant: str,
         run: str,
-        step: str,
+        key: str,
         action: str,
         target: str,
         payload: dict[str, Any],
         authorization_ref: str,
         after: Sequence[str | _Result],
-    ) -> Operation:
+        asked_by: str | None,
+    ) -> Asked:
         with tracing.prepare(tenant, action) as span:  # the publish span is its child
-            op = self.ledger.prepare(
+            asked = self.ledger.ask(
                 tenant=tenant,
                 workflow_id=run,
-                intent_key=step,
+                intent_key=key,
                 action=action,
                 target=target,
                 payload=payload,
@@ -220,14 +353,33 @@ class Effects:
                 after=_ids(after),
                 notify=True,
                 actor="agent",
+                asked_by=asked_by,
                 traceparent=span.traceparent(),
             )
+            op = asked.operation
             span.prepared(op)
-            if op.status is Status.PREPARED and not (
-                after and any(d.blocking for d in self.ledger.dependencies(op.id))
-            ):
+            if op.status is Status.PREPARED and not op.waiting_on:
                 self._try_publish(op.id)
-        return op
+        return asked
+
+    def _as_asked(
+        self, result: EffectResult, asked: Asked, payload: dict[str, Any]
+    ) -> EffectResult:
+        """The result as the answer to this ask: whether the intent was recorded before,
+        and what this ask asked differently (payload fields named)."""
+        if asked.first:
+            return result
+        differs: list[str] = []
+        for part in asked.differs:
+            if part != "payload_digest":
+                differs.append(part)
+                continue
+            recorded = self.ledger.payload(asked.operation.id)
+            if recorded is None:  # purged after its retention: the digest says it differs
+                differs.append("payload")
+            else:
+                differs.extend(f"payload.{f}" for f in payload_differences(recorded, payload))
+        return result.model_copy(update={"asked_before": True, "differs": tuple(differs)})
 
     def _try_publish(self, op_id: str) -> None:
         try:
@@ -318,8 +470,7 @@ class Effects:
             not published
             and isinstance(result, EffectPending)
             and result.operation.status is Status.PREPARED
-            and not result.blocked_by
-            and result.waiting_for.startswith("a worker")
+            and result.waiting_on == "worker"
         ):
             self._try_publish(result.op_id)
             return True
@@ -388,9 +539,13 @@ def _result_of(history: History, deps: Sequence[Dependency]) -> EffectResult:
     last = history.transitions[-1].reason if history.transitions else op.status.value
     if op.status is Status.CONFIRMED:
         applied = [e for e in history.evidence if e.applied and e.verdict == "confirmed"]
-        accepted = bool(applied and applied[-1].detail.get("accepted_only"))
+        detail = applied[-1].detail if applied else {}
+        data = detail.get("result")
         return EffectConfirmed(
-            operation=op, receipt_id=op.provider_result_id, accepted_only=accepted
+            operation=op,
+            receipt_id=op.provider_result_id,
+            accepted_only=bool(detail.get("accepted_only")),
+            data=data if isinstance(data, dict) else {},
         )
     if op.status is Status.REJECTED:
         applied = [e for e in history.evidence if e.applied and e.verdict == "rejected"]
@@ -412,13 +567,14 @@ def _result_of(history: History, deps: Sequence[Dependency]) -> EffectResult:
             waiting = "evidence: a check is under way"
         return EffectUnknown(operation=op, review=review, waiting_for=waiting)
     blocked = tuple(d for d in deps if d.blocking)
+    on: Literal["dependencies", "worker", "provider"]
     if blocked:
-        waiting = "dependencies: " + "; ".join(_describe(d) for d in blocked)
+        on, waiting = "dependencies", "dependencies: " + "; ".join(_describe(d) for d in blocked)
     elif op.status is Status.DISPATCHING:
-        waiting = "the provider's answer to the attempt under way"
+        on, waiting = "provider", "the provider's answer to the attempt under way"
     else:
-        waiting = "a worker to take it"
-    return EffectPending(operation=op, waiting_for=waiting, blocked_by=blocked)
+        on, waiting = "worker", "a worker to take it"
+    return EffectPending(operation=op, waiting_on=on, waiting_for=waiting, blocked_by=blocked)
 
 
 def _describe(dep: Dependency) -> str:

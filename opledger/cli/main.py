@@ -485,9 +485,9 @@ def publish_retry(op_id: str, *, debug: bool) -> str | None:
     not. Best effort: the resolution is already saved and the check due at once, so the
     sweep hands it out when the broker is back."""
     try:
-        from opledger.tasks.app import reconcile
+        from opledger.tasks.app import publish_reconcile
 
-        reconcile.delay(op_id)
+        publish_reconcile(op_id)
     except Exception as exc:  # the broker is down or misconfigured: the sweep recovers it
         if debug:
             traceback.print_exception(exc, file=sys.stderr)

@@ -13,6 +13,7 @@ import json
 import os
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, Protocol
 
@@ -47,9 +48,12 @@ from .ids import (
     check_operator,
     new_operation_id,
 )
+from .intents import check_fields
 from .migrate import sqlalchemy_url
 from .models import (
     Ambiguous,
+    Ask,
+    Asked,
     Authorization,
     Binding,
     Claim,
@@ -77,9 +81,15 @@ SCOPE_PATTERN_MAX = 120
 
 
 class ActionResolver(Protocol):
-    """Says which provider serves an action, or raises `UnknownAction`."""
+    """Says which provider serves an action, or raises `UnknownAction`; and what makes
+    one effect of an action a different business act (`intent_fields`)."""
 
     def provider_for(self, action: str) -> str: ...
+
+    def intent_fields(self, action: str) -> tuple[str, ...]:
+        """The payload fields whose values make another act of `action` (see
+        `opledger.ledger.intents`); by default none: the action and its target."""
+        return ()
 
 
 class PrefixResolver:
@@ -92,9 +102,25 @@ class PrefixResolver:
     def provider_for(self, action: str) -> str:
         return check_action(action).split(".", 1)[0]
 
+    def intent_fields(self, action: str) -> tuple[str, ...]:
+        check_action(action)
+        return ()
+
 
 def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class _SameIntent:
+    """What a call asked, to compare with the operation its intent already names."""
+
+    #: the action, target, payload digest and authorization of the call
+    asked: tuple[str, str, str, str]
+    deps: tuple[str, ...]
+    notify: bool
+    #: `ask`'s asker ("asked_by", "actor"); None for `prepare`, which refuses a difference
+    ask: dict[str, str | None] | None
 
 
 class Ledger:
@@ -272,6 +298,98 @@ class Ledger:
         `traceparent`), kept opaque on the new operation for the workers' spans to link
         back to; a replayed call keeps the first one.
         """
+        return self._prepare(
+            tenant=tenant,
+            workflow_id=workflow_id,
+            intent_key=intent_key,
+            action=action,
+            target=target,
+            payload=payload,
+            authorization_ref=authorization_ref,
+            session=session,
+            actor=actor,
+            after=after,
+            notify=notify,
+            traceparent=traceparent,
+            asking=False,
+            asked_by=None,
+        ).operation
+
+    def ask(
+        self,
+        *,
+        tenant: str,
+        workflow_id: str,
+        intent_key: str,
+        action: str,
+        target: str,
+        payload: Mapping[str, Any],
+        authorization_ref: str,
+        asked_by: str | None = None,
+        actor: str = "agent",
+        after: Sequence[str] = (),
+        notify: bool = False,
+        traceparent: str | None = None,
+    ) -> Asked:
+        """`prepare` as an agent asks for an effect: an intent asked again is answered with
+        the operation it recorded, never refused.
+
+        Where `prepare` raises `IntentConflict`, `ask` returns the recorded operation and
+        what this ask asked differently (`Asked.differs`: the payload, the authorization,
+        `after`); nothing of the difference is recorded as an effect, so nothing of it is
+        ever sent. An intent already recorded is answered even when the authorization this
+        ask names is no longer active or does not cover the action (it reads what was done;
+        the grant must still be the tenant's); a new one needs an active grant covering the
+        action, as with `prepare`. Every ask is kept (`asks(op_id)`), with `asked_by` — the
+        asker's own id for the call, a model's tool-call id or an MCP request id — as
+        evidence of which call asked. That id is never the intent: derive `intent_key`
+        from the act (`opledger.ledger.intents.intent_key`)."""
+        if asked_by is not None:
+            check_identifier("asked_by", asked_by)
+        return self._prepare(
+            tenant=tenant,
+            workflow_id=workflow_id,
+            intent_key=intent_key,
+            action=action,
+            target=target,
+            payload=payload,
+            authorization_ref=authorization_ref,
+            session=None,
+            actor=actor,
+            after=after,
+            notify=notify,
+            traceparent=traceparent,
+            asking=True,
+            asked_by=asked_by,
+        )
+
+    def asks(self, op_id: str) -> tuple[Ask, ...]:
+        """Every ask of `op_id`'s intent through `ask`, oldest first (the first recorded it)."""
+        check_operation_id(op_id)
+        with self._single() as conn:
+            rows = conn.execute(q.SELECT_ASKS, {"op_id": op_id}).all()
+        if not rows:
+            self.get(op_id)
+        return tuple(store.record(Ask, r) for r in rows)
+
+    def _prepare(
+        self,
+        *,
+        tenant: str,
+        workflow_id: str,
+        intent_key: str,
+        action: str,
+        target: str,
+        payload: Mapping[str, Any],
+        authorization_ref: str,
+        session: Session | None,
+        actor: str,
+        after: Sequence[str],
+        notify: bool,
+        traceparent: str | None,
+        asking: bool,
+        asked_by: str | None,
+    ) -> Asked:
         tenant = check_key("tenant", tenant)
         if traceparent is not None:
             check_identifier("traceparent", traceparent, max_length=TRACEPARENT_MAX)
@@ -283,32 +401,38 @@ class Ledger:
         deps = _check_after(after)
         provider = self.actions.provider_for(action)
         frozen = canonicalize(payload, max_bytes=self.max_payload_bytes)
+        intent = {"tenant": tenant, "workflow_id": workflow_id, "intent_key": intent_key}
+        same = _SameIntent(
+            asked=(action, target, frozen.digest, authorization_ref),
+            deps=deps,
+            notify=notify,
+            ask={"asked_by": asked_by, "actor": actor} if asking else None,
+        )
         with self._tx(session) as conn:
             grant = conn.execute(q.SELECT_AUTHORIZATION, {"ref": authorization_ref}).one_or_none()
-            _check_grant(grant, tenant=tenant, action=action, ref=authorization_ref)
+            try:
+                _check_grant(grant, tenant=tenant, action=action, ref=authorization_ref)
+            except AuthorizationError:
+                # an ask of an intent already recorded reads what was done: no new write
+                # is made under this grant, which needs only to be the tenant's
+                if not asking or grant is None or grant.tenant != tenant:
+                    raise
+                existing_row = conn.execute(q.SELECT_OPERATION_BY_INTENT, intent).one_or_none()
+                if existing_row is None:
+                    raise
+                return self._same_intent(conn, store.operation(existing_row), same)
             blocking, doomed = 0, None
             if deps:
-                existing_row = conn.execute(
-                    q.SELECT_OPERATION_BY_INTENT,
-                    {"tenant": tenant, "workflow_id": workflow_id, "intent_key": intent_key},
-                ).one_or_none()
+                existing_row = conn.execute(q.SELECT_OPERATION_BY_INTENT, intent).one_or_none()
                 if existing_row is not None:  # a replayed step: lock nothing, insert nothing
-                    return self._same_intent(
-                        conn,
-                        store.operation(existing_row),
-                        (action, target, frozen.digest, authorization_ref),
-                        deps,
-                        notify,
-                    )
+                    return self._same_intent(conn, store.operation(existing_row), same)
                 blocking, doomed = self._lock_dependencies(conn, tenant, deps)
             op_id = new_operation_id()
             row = conn.execute(
                 q.INSERT_OPERATION,
                 {
                     "id": op_id,
-                    "tenant": tenant,
-                    "workflow_id": workflow_id,
-                    "intent_key": intent_key,
+                    **intent,
                     "action": action,
                     "target": target,
                     "provider": provider,
@@ -321,27 +445,20 @@ class Ledger:
                     "waiting_on": blocking,
                     "notify_settle": notify,
                     "traceparent": traceparent,
+                    "asked_by": asked_by,
+                    "record_ask": asking,
                 },
             ).one_or_none()
             if row is None:  # another caller inserted the same intent just now
-                row = conn.execute(
-                    q.SELECT_OPERATION_BY_INTENT,
-                    {"tenant": tenant, "workflow_id": workflow_id, "intent_key": intent_key},
-                ).one()
-                return self._same_intent(
-                    conn,
-                    store.operation(row),
-                    (action, target, frozen.digest, authorization_ref),
-                    deps,
-                    notify,
-                )
+                row = conn.execute(q.SELECT_OPERATION_BY_INTENT, intent).one()
+                return self._same_intent(conn, store.operation(row), same)
             if deps:
                 conn.execute(q.INSERT_DEPENDENCIES, {"op_id": op_id, "after": list(deps)})
             if doomed is not None:
                 row = conn.execute(
                     q.CANCEL, {"op_id": op_id, "actor": "dependency", "reason": doomed}
                 ).one()
-        return store.operation(row)
+        return Asked(operation=store.operation(row), first=True)
 
     def _lock_dependencies(
         self, conn: Connection, tenant: str, deps: tuple[str, ...]
@@ -371,24 +488,21 @@ class Ledger:
             )
         return blocking, doomed
 
-    def _same_intent(
-        self,
-        conn: Connection,
-        existing: Operation,
-        asked: tuple[str, str, str, str],
-        deps: tuple[str, ...],
-        notify: bool,
-    ) -> Operation:
-        """The operation a replayed prepare names, if it is the same intent; `asked` is
-        the action, target, payload digest and authorization of the replayed call."""
+    def _same_intent(self, conn: Connection, existing: Operation, same: _SameIntent) -> Asked:
+        """The operation a replayed prepare (or a repeated ask) names. `prepare` refuses
+        another action, target, payload, authorization or `after` (`IntentConflict`); an
+        ask is answered with the recorded operation and what it asked differently."""
         names = ("action", "target", "payload_digest", "authorization_ref")
-        differs = [n for n, mine in zip(names, asked, strict=True) if getattr(existing, n) != mine]
+        differs = [
+            n for n, mine in zip(names, same.asked, strict=True) if getattr(existing, n) != mine
+        ]
         recorded = set(conn.execute(q.SELECT_DEPENDENCY_IDS, {"op_id": existing.id}).scalars())
-        if recorded != set(deps):
+        if recorded != set(same.deps):
             if (
-                deps
+                same.ask is None
+                and same.deps
                 and conn.execute(
-                    q.REACHES, {"after": list(deps), "op_id": existing.id}
+                    q.REACHES, {"after": list(same.deps), "op_id": existing.id}
                 ).scalar_one()
             ):
                 raise DependencyCycle(
@@ -397,16 +511,27 @@ class Ledger:
                     op_id=existing.id,
                 )
             differs.append("after")
-        if differs:
+        if differs and same.ask is None:
             raise IntentConflict(
                 f"intent {existing.intent_key!r} of workflow {existing.workflow_id!r} already "
                 f"names operation {existing.id} with a different {', '.join(differs)}",
                 op_id=existing.id,
                 differs=tuple(differs),
             )
-        if notify:
+        if same.ask is not None:
+            conn.execute(
+                q.INSERT_ASK,
+                {
+                    "op_id": existing.id,
+                    **same.ask,
+                    "payload_digest": same.asked[2],
+                    "authorization_ref": same.asked[3],
+                    "differs": differs,
+                },
+            )
+        if same.notify:
             conn.execute(q.WATCH, {"op_id": existing.id})
-        return existing
+        return Asked(operation=existing, first=False, differs=tuple(differs))
 
     def dependencies(self, op_id: str) -> tuple[Dependency, ...]:
         """The operations `op_id` runs after, as they stand now (with the open review of
@@ -423,6 +548,12 @@ class Ledger:
         check_operation_id(op_id)
         with self._single() as conn:
             conn.execute(q.WATCH, {"op_id": op_id})
+
+    def intent_fields(self, action: str) -> tuple[str, ...]:
+        """The payload fields that make another act of `action`, as the action resolver
+        (the adapter registry) declares them; none when it declares nothing."""
+        declared = getattr(self.actions, "intent_fields", None)  # a resolver of your own
+        return check_fields(declared(action)) if callable(declared) else ()
 
     # -- reads -------------------------------------------------------------------------
 

@@ -77,6 +77,9 @@ class Operation(Record):
     #: the trace context of the code that prepared it (a W3C `traceparent`), opaque here:
     #: the workers' spans link back to it; None when tracing was off
     traceparent: str | None = None
+    #: how many of the operations it runs after (`after`) are not confirmed yet; it is
+    #: claimed only at 0
+    waiting_on: int = 0
     record_version: int
     created_at: AwareDatetime
     updated_at: AwareDatetime
@@ -330,3 +333,34 @@ class History(Record):
     evidence: tuple[Evidence, ...]
     transitions: tuple[Transition, ...]
     reviews: tuple[Review, ...]
+
+
+class Ask(Record):
+    """One ask of an intent (`Ledger.ask`): who asked, and what it asked differently.
+
+    `asked_by` is the asker's own id for the call (a model's tool-call id, an MCP request
+    id): evidence of which call asked, never part of the intent. `differs` names what this
+    ask asked otherwise than the recorded intent (`payload_digest`, `authorization_ref`,
+    `after`); none of it was sent. The first ask of an operation differs in nothing."""
+
+    id: int
+    op_id: str
+    asked_at: AwareDatetime
+    asked_by: str | None
+    actor: str
+    payload_digest: str
+    authorization_ref: str
+    differs: tuple[str, ...]
+
+
+class Asked(Record):
+    """What `Ledger.ask` found: the operation of the intent, whether this ask recorded it,
+    and what it asked differently from the recorded one (nothing of that was recorded or
+    will be sent)."""
+
+    operation: Operation
+    #: this ask recorded the operation; False when the intent was recorded already
+    first: bool
+    #: the recorded intent's parts this ask asked otherwise ("payload_digest",
+    #: "authorization_ref", "after"); empty when it asked the same
+    differs: tuple[str, ...] = ()

@@ -40,6 +40,7 @@ OPERATION_COLUMNS = (
     "next_check_at",
     "operator_retry_by",
     "traceparent",
+    "waiting_on",
     "record_version",
     "created_at",
     "updated_at",
@@ -105,8 +106,29 @@ INSERT_OPERATION = text(
     ),
     payload AS (
         INSERT INTO operation_payloads (op_id, canonical) SELECT id, :canonical FROM ins
+    ),
+    ask AS (
+        INSERT INTO intent_asks (op_id, asked_by, actor, payload_digest, authorization_ref)
+        SELECT id, :asked_by, :actor, payload_digest, authorization_ref FROM ins
+        WHERE CAST(:record_ask AS boolean)
     )
     SELECT {_cols("ins")} FROM ins
+    """
+)
+
+# An ask of an intent already recorded (`Ledger.ask`): who asked, with what, and which
+# parts of the recorded intent it asked differently (nothing of those was sent).
+INSERT_ASK = text(
+    """
+    INSERT INTO intent_asks (op_id, asked_by, actor, payload_digest, authorization_ref, differs)
+    VALUES (:op_id, :asked_by, :actor, :payload_digest, :authorization_ref, :differs)
+    """
+).bindparams(bindparam("differs", type_=ARRAY(Text)))
+
+SELECT_ASKS = text(
+    """
+    SELECT id, op_id, asked_at, asked_by, actor, payload_digest, authorization_ref, differs
+    FROM intent_asks WHERE op_id = :op_id ORDER BY id
     """
 )
 

@@ -216,6 +216,23 @@ evidence = Table(
 )
 Index("ix_evidence_op_id", evidence.c.op_id)
 
+# Who asked for each intent (migration 0011): every ask of an agent's effect, the first one
+# that recorded it and each one after (a re-asked model, a lost response asked again), with
+# the tool-call or request id of the asker. Evidence of which call asked, never a key.
+intent_asks = Table(
+    "intent_asks",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("op_id", Text, ForeignKey("operations.id", ondelete="CASCADE"), nullable=False),
+    Column("asked_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("asked_by", Text),
+    Column("actor", Text, nullable=False),
+    Column("payload_digest", Text, nullable=False),
+    Column("authorization_ref", Text, nullable=False),
+    Column("differs", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+)
+Index("ix_intent_asks_op_id", intent_asks.c.op_id)
+
 transitions = Table(
     "transitions",
     metadata,

@@ -73,6 +73,37 @@ class Runtime:
 
 _runtime: Runtime | None = None
 
+#: the app that publishes opledger's tasks from code outside a worker: opledger's own, or
+#: the one `register(app)` was given
+_publisher: Celery = app
+
+
+def publishing_app() -> Celery:
+    """The Celery app opledger publishes through outside a task: the app given to
+    `register(app)`, else opledger's own (`OPLEDGER_BROKER_URL`).
+
+    Named explicitly, never Celery's *current* app: that one is per thread, so in any
+    thread but the one that created or registered an app (an agent's tool thread, an
+    `asyncio.to_thread`, a web server's pool) it is Celery's default app, whose broker is
+    `amqp://guest@localhost//` whatever was configured."""
+    return _publisher
+
+
+def use_for_publishing(celery_app: Celery) -> None:
+    """Publish through `celery_app` from now on (what `register(app)` does)."""
+    global _publisher
+    _publisher = celery_app
+
+
+def publish_dispatch(op_id: str) -> None:
+    """Enqueue the dispatch of `op_id` through `publishing_app()`, from any thread."""
+    publishing_app().tasks["opledger.dispatch"].apply_async((op_id,))
+
+
+def publish_reconcile(op_id: str) -> None:
+    """Enqueue a reconcile of `op_id` through `publishing_app()`, from any thread."""
+    publishing_app().tasks["opledger.reconcile"].apply_async((op_id,))
+
 
 def runtime() -> Runtime:
     """This process's runtime, built on first use (after any fork).
@@ -186,6 +217,12 @@ class OperationTask(Task):  # type: ignore[misc]
         return super().apply_async(*args, **kwargs)
 
 
+def _sibling(task: Task, name: str) -> Task:
+    """Another of opledger's tasks on the app running `task` (in a thread or greenlet
+    pool too, where the thread's current app is Celery's default)."""
+    return task.app.tasks[name]
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -224,7 +261,12 @@ def dispatch(self: OperationTask, op_id: str, gen: int = 0) -> str:
         return "superseded"
     rt = runtime()
     return steps.dispatch(
-        rt.ledger, rt.registry, op_id, owner=rt.owner, lease=rt.lease, settle=reconcile.delay
+        rt.ledger,
+        rt.registry,
+        op_id,
+        owner=rt.owner,
+        lease=rt.lease,
+        settle=_sibling(self, "opledger.reconcile").delay,
     ).action
 
 
@@ -247,8 +289,8 @@ def reconcile(self: OperationTask, op_id: str, gen: int = 0) -> str:
         owner=rt.owner,
         lease=rt.lease,
         policy=rt.policy,
-        on_review=notify_review.delay,
-        settle=reconcile.delay,
+        on_review=_sibling(self, "opledger.notify_review").delay,
+        settle=_sibling(self, "opledger.reconcile").delay,
     ).action
 
 
@@ -271,12 +313,13 @@ def sweep(self: OperationTask) -> dict[str, int]:
         interval=timedelta(seconds=rt.settings.sweep_interval_seconds),
         queue=queue,
     )
+    reconcile_task = _sibling(self, "opledger.reconcile")
     for handout in handouts:
-        reconcile.apply_async((handout.op_id,), {"gen": handout.gen})
+        reconcile_task.apply_async((handout.op_id,), {"gen": handout.gen})
     generations(self.app).published("check", list(handouts))
     unnotified = rt.ledger.due_notifications(limit=rt.settings.sweep_batch, backoff=backoff)
     for op_id in unnotified:
-        notify_review.delay(op_id)
+        _sibling(self, "opledger.notify_review").delay(op_id)
     metrics.SWEEP_DURATION.observe(time.perf_counter() - started)
     if expired or handouts:
         log.info("sweep: %d leases expired, %d checks handed out", len(expired), len(handouts))
@@ -331,7 +374,7 @@ def notify_review(self: OperationTask, op_id: str) -> str:
         traceparent=tracing.traceparent(),  # this task's span, when traces are on
     )
     rt.ledger.mark_notified(review.id)
-    dispatch.delay(note.id)
+    _sibling(self, "opledger.dispatch").delay(note.id)
     return "prepared"
 
 
@@ -346,8 +389,10 @@ def relay(self: OperationTask) -> int:
     queue = queue_of("opledger.dispatch", self.app)
     published: list[tuple[str, int]] = []
 
+    dispatch_task = _sibling(self, "opledger.dispatch")
+
     def publish(op_id: str, gen: int) -> None:
-        dispatch.apply_async((op_id,), {"gen": gen})
+        dispatch_task.apply_async((op_id,), {"gen": gen})
         published.append((op_id, gen))
 
     ids = rt.ledger.relay(

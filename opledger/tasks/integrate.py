@@ -165,7 +165,7 @@ def register(app: Any) -> Any:
     Raises `AppMisconfigured` (one line naming the setting) when the app would break one of
     opledger's guarantees; nothing is changed then."""
     check_app(app)
-    import opledger.tasks.app  # noqa: F401 — the shared tasks attach to every app, yours too
+    import opledger.tasks.app  # the shared tasks attach to every app, yours too
 
     app.conf.task_queues = _queues(app)
     app.conf.task_routes = _routes(app)
@@ -181,8 +181,10 @@ def register(app: Any) -> Any:
 
         app.conf.beat_scheduler = celeryconfig.beat_scheduler
     # Importing opledger's module created its own app; yours stays the current one, so
-    # `dispatch.delay(op_id)` publishes through your app.
+    # `dispatch.delay(op_id)` publishes through your app, and opledger's own publishers
+    # (the agent API, the outbox) use it from any thread.
     app.set_current()
+    opledger.tasks.app.use_for_publishing(app)
     return app
 
 

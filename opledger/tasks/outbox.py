@@ -33,10 +33,10 @@ def _publish(session: Session) -> None:
 def _try_publish(op_id: str) -> None:
     """Publish the dispatch message, best effort: the operation is committed already, so a
     broker outage must not fail the caller (the beat relay publishes it later)."""
-    from .app import dispatch
+    from .app import publish_dispatch
 
     try:
-        dispatch.delay(op_id)
+        publish_dispatch(op_id)
     except Exception as exc:  # kombu/redis/amqp errors differ by transport
         log.warning(
             "%s is prepared but its dispatch message could not be published (%s: %s); "
