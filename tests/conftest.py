@@ -20,6 +20,7 @@ from opledger.dev import devstack
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger
 from opledger.ledger.migrate import upgrade
+from opledger.ledger.schema import metadata
 
 # `make mutate` runs the unit tests against each mutant with this profile: the same examples
 # every run (so the kill rate is reproducible) and no deadline (mutmut's trampolines make
@@ -52,10 +53,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.xdist_group(group))
 
 
-TABLES = (
-    "review_actions, review_views, reviews, transitions, evidence, attempts, "
-    "operation_payloads, operation_deps, operations, authorizations"
-)
+#: every table of the ledger's schema, emptied before each test that takes `ledger`
+TABLES = ", ".join(table.name for table in reversed(metadata.sorted_tables))
 
 
 def _libpq(url: str) -> str:

@@ -1,21 +1,22 @@
-"""LangGraph integration: a tool call becomes an opledger effect, keyed by the graph step.
+"""LangGraph integration: a tool call becomes an opledger effect, keyed by the business act.
 
 LangGraph's checkpointer saves what the graph did; it cannot know what a provider did.
-Resuming a thread after a crash re-runs the interrupted node, and replaying from an earlier
-checkpoint (time travel) or forking re-runs every node after it, tool calls included. Here
-each tool call is an operation whose intent is the thread and the step that asked for it:
+Resuming a thread after a crash re-runs the interrupted node; replaying from an earlier
+checkpoint (time travel) or forking re-runs every node after it, and a node that calls
+the model asks it again — and a model asked again gives its tool calls new ids (every
+real chat model API does) and may reword its arguments. So the tool call id is never the
+intent. Each effect's intent is:
 
-    run  = "langgraph:<thread_id>"
-    step = "<node>:<tool call id>"
+    run    = "langgraph:<thread_id>"                (or your own `run_of(config)`)
+    intent = the action, the target, the action's intent fields, and `purpose`
 
-so a re-run of the same tool call (same thread, node and tool call id) gets the operation
-it recorded, and its outcome, back — never a second effect — while a tool call with other
-arguments under the same id is refused (`IntentConflict`), and a new tool call (a fork
-whose model asked for another recipient) is a new operation under its own authorization.
-
-The tool call id is the model's: a model asked again from a checkpoint *before* it answered
-may choose new ids, which are new intents. Where that must still be one effect (close this
-case, whatever the model says), pass `step=` to key it by the business intent instead.
+(`opledger.ledger.intents`), so the same act asked again in the thread — resumed,
+replayed, forked, re-asked under new ids, reworded — gets the operation it recorded and
+its outcome back as the tool's answer, never a second effect. The tool call id and the
+node are kept as evidence of which call asked (`Ledger.asks`). A changed business intent
+(a fork that emails another recipient) is a new act: a new operation, under the grant the
+tool names at that moment. The model asks for a deliberately repeated act (a second
+reminder) with the tool's `purpose` argument.
 
 Needs the `[langgraph]` extra; nothing else in opledger imports this module.
 """
@@ -28,19 +29,24 @@ from datetime import timedelta
 from typing import Annotated, Any
 
 from langchain_core.runnables import RunnableConfig
-from langchain_core.tools import BaseTool, InjectedToolCallId, StructuredTool
-from pydantic import BaseModel, create_model
+from langchain_core.tools import BaseTool, InjectedToolCallId, StructuredTool, ToolException
+from pydantic import BaseModel, Field, create_model
 
-from opledger.ledger import InvalidInput
+from opledger.ledger import AuthorizationError, InvalidInput, UnknownAction
 
 from .effects import EffectResult, Effects, _Result
 
+#: the argument a model sets to ask for a deliberately repeated act (see `effect_tool`)
+PURPOSE = "purpose"
+PURPOSE_HELP = (
+    "Leave this out. Set it only to do again, on purpose, something this conversation "
+    "already did (the tool said so): a short name for the new act, such as "
+    "'second reminder'. Never set it to retry or to correct a call."
+)
 
-def run_and_step(
-    config: RunnableConfig | Mapping[str, Any], tool_call_id: str, *, node: str | None = None
-) -> tuple[str, str]:
-    """The workflow run and the step of a tool call made in a LangGraph node: the thread,
-    and the node plus the tool call's id."""
+
+def run_of(config: RunnableConfig | Mapping[str, Any]) -> str:
+    """The workflow run of a LangGraph call: its thread (`langgraph:<thread_id>`)."""
     configurable = config.get("configurable") or {}
     thread_id = configurable.get("thread_id")
     if not thread_id:
@@ -49,6 +55,13 @@ def run_and_step(
             "with a checkpointer and a thread)",
             field="thread_id",
         )
+    return f"langgraph:{thread_id}"
+
+
+def asker_of(
+    config: RunnableConfig | Mapping[str, Any], tool_call_id: str, *, node: str | None = None
+) -> str:
+    """Who asked, for the record: the node and the tool call's id (`<node>:<id>`)."""
     node = node or (config.get("metadata") or {}).get("langgraph_node")
     if not node:
         raise InvalidInput(
@@ -58,7 +71,7 @@ def run_and_step(
         )
     if not isinstance(tool_call_id, str) or not tool_call_id:
         raise InvalidInput("a tool call needs its id", field="tool_call_id")
-    return f"langgraph:{thread_id}", f"{node}:{tool_call_id}"
+    return f"{node}:{tool_call_id}"[:200]
 
 
 def node_effect(
@@ -74,19 +87,25 @@ def node_effect(
     after: Sequence[str | _Result] = (),
     wait: float | timedelta | None = None,
     node: str | None = None,
+    purpose: str | None = None,
+    intent_fields: Sequence[str] | None = None,
     step: str | None = None,
+    run: str | None = None,
 ) -> EffectResult:
-    """Inside a node: the effect of `tool_call` (a dict with its `id`), keyed by the
-    thread, the node and the tool call's id (or by `step`, when given)."""
-    run, keyed = run_and_step(config, str(tool_call.get("id") or ""), node=node)
+    """Inside a node: the effect `tool_call` (a dict with its `id`) asks for, in the
+    thread's run, keyed by the act (see the module's docstring; `step` names the intent
+    yourself, `run` another run than the thread). The tool call's id is kept as who asked."""
     return effects.effect(
         tenant=tenant,
-        run=run,
-        step=step or keyed,
+        run=run or run_of(config),
         action=action,
         target=target,
         payload=payload,
         authorization_ref=authorization_ref,
+        purpose=purpose,
+        intent_fields=intent_fields,
+        step=step,
+        asked_by=asker_of(config, str(tool_call.get("id") or ""), node=node),
         after=after,
         wait=wait,
     )
@@ -103,50 +122,110 @@ def effect_tool(
     authorization_ref: str | Callable[[RunnableConfig], str],
     effect_of: Callable[[dict[str, Any]], tuple[str, dict[str, Any]]],
     wait: float | timedelta | None = 30.0,
+    intent_fields: Sequence[str] | None = None,
+    repeatable: bool = True,
+    run: Callable[[RunnableConfig], str] = run_of,
 ) -> BaseTool:
-    """A LangChain tool (for `ToolNode` or `bind_tools`) whose call is an opledger effect.
+    """A LangChain tool (for `ToolNode`, `create_react_agent`, `bind_tools`) whose call is
+    an opledger effect, keyed by the act it asks for, never by its tool call id.
 
-    `effect_of(args)` gives the target and the payload of the tool call's arguments;
-    `authorization_ref` may depend on the run's config (a forked thread under its own
-    grant). The tool's answer (the ToolMessage content) is the result as JSON: its kind
-    (confirmed, rejected, cancelled, unknown, pending), the operation id, and the receipt,
-    reason or what it waits for.
+    `effect_of(args)` gives the target and the payload of the tool call's arguments; the
+    action's intent fields (`intent_fields`, else what its adapter declares) are payload
+    fields. `authorization_ref` may depend on the run's config (a forked thread under its
+    own grant); `run(config)` names the workflow run (the thread by default). With
+    `repeatable` (the default) the tool takes an optional `purpose` argument the model
+    sets only to ask for the same act again on purpose (a second reminder); without it,
+    the act happens at most once per run.
+
+    The tool's answer (the ToolMessage content) is the result as JSON (`describe`): its
+    kind (confirmed, rejected, cancelled, unknown, pending), the operation, the receipt and
+    the provider's result data, or the reason or what it waits for, and a `message` in
+    words. An act this run already asked for is answered with its recorded outcome
+    (`asked_before`, and `differs` naming what the new call changed, which was not sent).
+    A refusal the call itself caused (a revoked or missing grant, an argument the ledger
+    refuses) is answered as an error message the model reads (`kind: "refused"`); what no
+    call can fix (the database down, an action no adapter serves) is raised.
     """
-    injected = create_model(
-        f"{args_schema.__name__}WithToolCallId",
-        __base__=args_schema,
-        tool_call_id=(Annotated[str, InjectedToolCallId], ...),
-    )
+    own_purpose = PURPOSE in args_schema.model_fields
+    extra: dict[str, Any] = {"tool_call_id": (Annotated[str, InjectedToolCallId], ...)}
+    if repeatable and not own_purpose:
+        extra[PURPOSE] = (str | None, Field(default=None, description=PURPOSE_HELP))
+    injected = create_model(f"{args_schema.__name__}WithToolCallId", __base__=args_schema, **extra)
 
     def call(config: RunnableConfig, tool_call_id: str, **args: Any) -> str:
+        purpose = args.get(PURPOSE) if repeatable else None
+        if not own_purpose:
+            args.pop(PURPOSE, None)
         target, payload = effect_of(args)
         ref = authorization_ref(config) if callable(authorization_ref) else authorization_ref
-        result = node_effect(
-            effects,
-            config,
-            {"id": tool_call_id},
-            tenant=tenant,
-            action=action,
-            target=target,
-            payload=payload,
-            authorization_ref=ref,
-            wait=wait,
-        )
-        return describe(result)
+        try:
+            result = node_effect(
+                effects,
+                config,
+                {"id": tool_call_id},
+                tenant=tenant,
+                action=action,
+                target=target,
+                payload=payload,
+                authorization_ref=ref,
+                wait=wait,
+                purpose=purpose,
+                intent_fields=intent_fields,
+                run=run(config),
+            )
+        except UnknownAction:
+            raise
+        except (AuthorizationError, InvalidInput) as exc:
+            raise ToolException(refusal(exc)) from exc
+        return describe(result, repeatable=repeatable)
 
     return StructuredTool.from_function(
-        func=call, name=name, description=description, args_schema=injected
+        func=call,
+        name=name,
+        description=description,
+        args_schema=injected,
+        handle_tool_error=True,  # a ToolException is the answer, with status "error"
     )
 
 
-def describe(result: EffectResult) -> str:
-    """The result as the JSON a model (or a ToolMessage) reads."""
-    summary = result.model_dump(mode="json", include={"kind"})
-    summary["op_id"] = result.op_id
-    for field in ("receipt_id", "accepted_only", "code", "reason", "waiting_for"):
+def refusal(exc: Exception) -> str:
+    """A refused call as the JSON a model reads: nothing was recorded or sent."""
+    return json.dumps(
+        {
+            "kind": "refused",
+            "error": type(exc).__name__,
+            "message": f"Not done, nothing was sent: {exc}",
+        },
+        sort_keys=True,
+    )
+
+
+def describe(result: EffectResult, *, repeatable: bool = True) -> str:
+    """The result as the JSON a model (or a ToolMessage) reads: what it is, how it stands,
+    and a `message` in words."""
+    op = result.operation
+    summary: dict[str, Any] = {
+        "kind": result.kind,
+        "op_id": result.op_id,
+        "action": op.action,
+        "target": op.target,
+        "asked_before": result.asked_before,
+    }
+    for field in ("receipt_id", "accepted_only", "data", "code", "reason", "waiting_for"):
         if hasattr(result, field):
             summary[field] = getattr(result, field)
     review = getattr(result, "review", None)
     if review is not None:
         summary["review_id"] = review.id
-    return json.dumps(summary, sort_keys=True)
+    message = result.message
+    if result.differs:
+        summary["differs"] = list(result.differs)
+    if result.asked_before:
+        message += (
+            f" To do it again as a separate act on purpose, call again with `{PURPOSE}` "
+            "naming why (for example 'second reminder')."
+            if repeatable
+            else " It happens at most once in this run."
+        )
+    summary["message"] = message
+    return json.dumps(summary, sort_keys=True, default=str)

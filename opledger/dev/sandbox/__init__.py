@@ -152,6 +152,12 @@ class Sandbox:
         result: dict[str, Any] = self._client.get("/_admin/truth").json()
         return result
 
+    def by_act(self) -> dict[str, int]:
+        """Effects applied per business act, whatever key carried them: a CRM verb on a
+        case (`crm:<account>:<verb>:<case>`), an email to a recipient
+        (`email:<account>:<to>`)."""
+        return {k: int(v) for k, v in self.truth()["by_act"].items()}
+
     def effects(self, effect: str) -> int:
         """How many times `effect` (e.g. 'crm:op_...') was applied."""
         return int(self.truth()["effects"].get(effect, 0))

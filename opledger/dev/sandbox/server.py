@@ -104,6 +104,10 @@ class State:
         self.cases: dict[tuple[str, str], Case] = defaultdict(Case)
         self.messages: list[dict[str, Any]] = []
         self.effects: dict[str, int] = defaultdict(int)
+        #: effects applied per business act, whatever key carried them: a CRM verb on a
+        #: case ("crm:<account>:update:<case>"), an email to a recipient
+        #: ("email:<account>:<to>") — two operations for one act show here as 2
+        self.by_act: dict[str, int] = defaultdict(int)
         self.requests: dict[str, list[dict[str, Any]]] = defaultdict(list)
         #: the provider's own durable record of what each key applied: what its status
         #: API answers from, whatever the key store (a cache in front of it) says
@@ -280,6 +284,7 @@ async def crm_case_action(request: Request) -> Response:
         case.version += 1
         case.last_key, case.last_digest, case.applied_at = key, digest, time.time()
         state.effects[f"crm:{key}"] += 1
+        state.by_act[f"crm:{account}:{verb}:{case_id}"] += 1
         return 200, {
             "case_id": case_id,
             "status": case.status,
@@ -369,6 +374,7 @@ async def email_send(request: Request) -> Response:
             }
         )
         state.effects[f"email:{key or payload.get('marker')}"] += 1
+        state.by_act[f"email:{account}:{payload.get('to')}"] += 1
         return 202, {"id": message_id}
 
     return await _keyed_request(
@@ -424,7 +430,11 @@ async def webhook_receive(request: Request) -> Response:
 
 async def admin_truth(request: Request) -> Response:
     return JSONResponse(
-        {"effects": dict(STATE.effects), "requests": {k: v for k, v in STATE.requests.items()}}
+        {
+            "effects": dict(STATE.effects),
+            "by_act": dict(STATE.by_act),
+            "requests": {k: v for k, v in STATE.requests.items()},
+        }
     )
 
 
