@@ -156,22 +156,22 @@ def effect_tool(
         purpose = args.get(PURPOSE) if repeatable else None
         if not own_purpose:
             args.pop(PURPOSE, None)
+        # a graph without a thread or node is misconfigured, not the call: raised
+        the_run, asker = run(config), asker_of(config, tool_call_id)
         target, payload = effect_of(args)
         ref = authorization_ref(config) if callable(authorization_ref) else authorization_ref
         try:
-            result = node_effect(
-                effects,
-                config,
-                {"id": tool_call_id},
+            result = effects.effect(
                 tenant=tenant,
+                run=the_run,
                 action=action,
                 target=target,
                 payload=payload,
                 authorization_ref=ref,
-                wait=wait,
                 purpose=purpose,
                 intent_fields=intent_fields,
-                run=run(config),
+                asked_by=asker,
+                wait=wait,
             )
         except UnknownAction:
             raise

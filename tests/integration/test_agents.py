@@ -84,8 +84,28 @@ def test_a_step_is_recorded_once_and_replays_return_its_state(
     assert isinstance(again, EffectConfirmed)
     assert again.op_id == first.op_id and again.receipt_id == f"r-{first.op_id}"
     assert published == [first.op_id]  # a settled operation is not enqueued again
-    with pytest.raises(IntentConflict):
-        _effect(effects, "close-case", payload={"note": "changed"})
+    assert again.asked_before and again.differs == ()
+    # the same step asked with another payload: answered with the recorded one, not sent
+    changed = _effect(effects, "close-case", payload={"note": "changed"}, asked_by="call_9")
+    assert isinstance(changed, EffectConfirmed) and changed.op_id == first.op_id
+    assert changed.differs == ("payload.note",) and "not sent" in changed.message
+    assert published == [first.op_id]
+    asks = ledger.asks(first.op_id)
+    assert [(a.asked_by, a.differs) for a in asks] == [
+        (None, ()),
+        (None, ()),
+        ("call_9", ("payload_digest",)),
+    ]
+    with pytest.raises(IntentConflict):  # the ledger's own prepare still refuses it
+        ledger.prepare(
+            tenant="acme",
+            workflow_id="onboarding-42",
+            intent_key="close-case",
+            action="crm.close_case.v1",
+            target="case-318",
+            payload={"note": "changed"},
+            authorization_ref="auth_acme",
+        )
     with pytest.raises(InvalidInput):
         _effect(effects, "close-case", wait=-1)
 
@@ -152,12 +172,24 @@ def test_an_unknown_dependency_keeps_the_dependent_waiting_with_a_visible_reason
 def test_dependencies_are_checked_and_a_cycle_is_refused(ledger: Ledger, effects: Effects) -> None:
     a = _effect(effects, "a")
     b = _effect(effects, "b", target="case-1", after=[a])
-    with pytest.raises(DependencyCycle):  # replaying step "a" as if it ran after b
-        _effect(effects, "a", after=[b])
-    with pytest.raises(DependencyCycle):
-        _effect(effects, "a", after=[a])
-    with pytest.raises(IntentConflict):  # another dependency set, no cycle: another intent
-        _effect(effects, "b", target="case-1", after=[])
+    # replaying step "a" as if it ran after b (or itself): answered, nothing written
+    for cyclic in ([b], [a]):
+        answer = _effect(effects, "a", after=cyclic)
+        assert answer.asked_before and answer.differs == ("after",)  # type: ignore[attr-defined]
+    assert ledger.dependencies(a.op_id) == ()  # type: ignore[attr-defined]
+    answer = _effect(effects, "b", target="case-1", after=[])  # another dependency set
+    assert answer.differs == ("after",)  # type: ignore[attr-defined]
+    with pytest.raises(DependencyCycle):  # the ledger's prepare refuses a cycle
+        ledger.prepare(
+            tenant="acme",
+            workflow_id="onboarding-42",
+            intent_key="a",
+            action="crm.close_case.v1",
+            target="case-318",
+            payload={"note": "a"},
+            authorization_ref="auth_acme",
+            after=[b.op_id],  # type: ignore[attr-defined]
+        )
     with pytest.raises(UnknownDependency):
         _effect(effects, "c", after=["op_01J00000000000000000000000"])
     other = ledger.grant(tenant="beta", scope=["crm.*"], granted_by="t", ref="auth_beta")
@@ -238,7 +270,7 @@ def test_a_wait_that_runs_out_says_what_it_waits_for(ledger: Ledger, effects: Ef
     assert result.waiting_for.startswith("evidence")
 
 
-def test_a_langgraph_tool_call_is_one_effect_per_thread_node_and_call_id(
+def test_a_langgraph_tool_call_is_one_effect_per_act_whatever_its_call_id(
     ledger: Ledger, effects: Effects, published: Published
 ) -> None:
     import json
@@ -258,18 +290,18 @@ def test_a_langgraph_tool_call_is_one_effect_per_thread_node_and_call_id(
         tenant="acme",
         action="crm.close_case.v1",
         authorization_ref="auth_acme",
-        effect_of=lambda args: (args["case_id"], {"note": "closed by the agent"}),
+        effect_of=lambda args: (args["case_id"], {"note": f"closed ({args['case_id']})"}),
         wait=None,
     )
     config = {"configurable": {"thread_id": "t-7"}, "metadata": {"langgraph_node": "tools"}}
 
-    def call(call_id: str, case_id: str) -> dict[str, object]:
+    def call(call_id: str, case_id: str, **extra: object) -> dict[str, object]:
         message = tool.invoke(
             {
                 "type": "tool_call",
                 "id": call_id,
                 "name": "close_case",
-                "args": {"case_id": case_id},
+                "args": {"case_id": case_id, **extra},
             },
             config,
         )
@@ -278,18 +310,74 @@ def test_a_langgraph_tool_call_is_one_effect_per_thread_node_and_call_id(
 
     first = call("call_1", "case-318")
     op = ledger.get(str(first["op_id"]))
-    assert (op.workflow_id, op.intent_key, op.target) == (
-        "langgraph:t-7",
-        "tools:call_1",
-        "case-318",
+    assert (op.workflow_id, op.target) == ("langgraph:t-7", "case-318")
+    assert op.intent_key == effects.intent_of(
+        action="crm.close_case.v1", target="case-318", payload={"note": "closed (case-318)"}
     )
-    assert first["kind"] == "pending"
-    assert call("call_1", "case-318")["op_id"] == op.id  # the same tool call, replayed
-    with pytest.raises(IntentConflict):  # the same call id asking for another case
-        call("call_1", "case-999")
-    assert call("call_2", "case-318")["op_id"] != op.id  # another tool call: another intent
-    with pytest.raises(InvalidInput):
+    assert first["kind"] == "pending" and first["asked_before"] is False
+    # the model asked again: a new call id, the same act: the recorded operation
+    again = call("call_2", "case-318")
+    assert again["op_id"] == op.id and again["asked_before"] is True
+    assert "already asked" in str(again["message"]) and "purpose" in str(again["message"])
+    assert published == [op.id, op.id]  # still prepared: enqueued again, claimed once
+    assert [a.asked_by for a in ledger.asks(op.id)] == ["tools:call_1", "tools:call_2"]
+    # another case is another act, whatever the call id
+    assert call("call_1", "case-999")["op_id"] != op.id
+    # a deliberate repeat says so, in words the model chose
+    reminder = call("call_3", "case-318", purpose="Second  close")
+    assert reminder["op_id"] != op.id and reminder["asked_before"] is False
+    assert call("call_4", "case-318", purpose="second close")["op_id"] == reminder["op_id"]
+    with pytest.raises(InvalidInput):  # no thread: the graph is misconfigured, not the call
         tool.invoke(
-            {"type": "tool_call", "id": "call_3", "name": "close_case", "args": {"case_id": "x"}},
-            {"metadata": {"langgraph_node": "tools"}},  # no thread
+            {"type": "tool_call", "id": "call_5", "name": "close_case", "args": {"case_id": "x"}},
+            {"metadata": {"langgraph_node": "tools"}},
         )
+
+
+def test_a_tool_answers_a_refused_call_to_the_model_and_records_nothing(
+    ledger: Ledger, effects: Effects
+) -> None:
+    import json
+
+    from pydantic import BaseModel
+
+    from opledger.agents.langgraph import effect_tool
+
+    class EmailArgs(BaseModel):
+        to: str
+
+    tool = effect_tool(
+        effects,
+        name="email",
+        description="Email someone",
+        args_schema=EmailArgs,
+        tenant="acme",
+        action="email.send.v1",
+        authorization_ref="auth_acme",
+        effect_of=lambda args: (args["to"], {"to": args["to"]}),
+        wait=None,
+        repeatable=False,
+    )
+    assert "purpose" not in tool.get_input_schema().model_fields
+    config = {"configurable": {"thread_id": "t-8"}, "metadata": {"langgraph_node": "tools"}}
+
+    def call(call_id: str, to: str) -> tuple[str, dict[str, object]]:
+        message = tool.invoke(
+            {"type": "tool_call", "id": call_id, "name": "email", "args": {"to": to}}, config
+        )
+        return message.status, json.loads(message.content)
+
+    status, sent = call("call_1", "a@acme.test")
+    assert status == "success"
+    ledger.revoke("auth_acme", by="test", reason="the run is over")
+    # the act already recorded is answered though the grant is revoked (a read)...
+    status, again = call("call_2", "a@acme.test")
+    assert status == "success" and again["op_id"] == sent["op_id"] and again["asked_before"]
+    assert "at most once" in str(again["message"])
+    # ...a new act needs a grant in force: refused, in words the model reads
+    status, refused = call("call_3", "b@acme.test")
+    assert status == "error" and refused["kind"] == "refused"
+    assert refused["error"] == "AuthorizationRevoked"
+    status, invalid = call("call_4", "b\u200b@acme.test")  # an invisible character
+    assert status == "error" and invalid["error"] == "InvalidIdentifier"
+    assert [o.target for o in ledger.list(tenant="acme")] == ["a@acme.test"]
