@@ -349,14 +349,35 @@ def history_tables(history: History) -> list[Table]:
 
 @ops_app.command("show")
 def ops_show(op_id: str, as_json: JsonOption = False) -> None:
-    """Status, attempts, evidence and transitions of one operation."""
+    """Status, attempts, evidence, transitions and asks of one operation."""
     with open_ledger() as ledger:
         history = ledger.history(op_id)
+        asks = ledger.asks(op_id)
     if as_json:
-        emit_json(history.model_dump(mode="json"))
+        emit_json(
+            {**history.model_dump(mode="json"), "asks": [a.model_dump(mode="json") for a in asks]}
+        )
         return
     for table in history_tables(history):
         console.print(table)
+    if asks:
+        console.print(
+            records_table(
+                ("at", "asked by", "actor", "authorization", "differs"),
+                [
+                    (
+                        _when(a.asked_at),
+                        a.asked_by or "",
+                        a.actor,
+                        a.authorization_ref,
+                        ", ".join(a.differs) or "nothing",
+                    )
+                    for a in asks
+                ],
+                title="asks (who asked for this intent; what differed was not sent)",
+                keys=("asked by",),
+            )
+        )
 
 
 @ops_app.command("list")

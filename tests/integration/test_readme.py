@@ -188,7 +188,11 @@ BENCH_TEST = "tests/system/test_bench_smoke.py::test_a_tiny_bench_run"
 
 LANGGRAPH_TEST = (
     "tests/system/test_langgraph_onboarding.py::"
-    "test_kill_resume_replay_and_fork_never_repeat_an_effect"
+    "test_a_run_then_time_travel_replay_and_forks_cause_each_act_once"
+)
+LANGGRAPH_KILL_TEST = (
+    "tests/system/test_langgraph_onboarding.py::"
+    "test_a_kill_mid_tool_then_resume_or_rerun_causes_each_act_once"
 )
 EXAMPLE = "python examples/langgraph_onboarding.py"
 TRACES_TEST = (
@@ -326,23 +330,27 @@ assert "case-319" in rows, rows
             ("[--quick] [--json]", "--quick --json"),
         ),
     ),
-    "1506de85a8": Shell(
+    "b78bbb7360": Shell(
         f"{EXAMPLE} run --thread t1",
         # it needs a worker on the ledger and the broker: the system test runs every
-        # command with the shared worker and kills the first one mid-node
+        # command with the shared worker and kills the agent mid-tool
         covered={
-            f"{EXAMPLE} run --thread t1": (LANGGRAPH_TEST,),
-            f"{EXAMPLE} resume --thread t1": (LANGGRAPH_TEST,),
-            f"{EXAMPLE} replay --thread t1 --before close": (LANGGRAPH_TEST,),
+            f"{EXAMPLE} run --thread t1": (LANGGRAPH_TEST, LANGGRAPH_KILL_TEST),
+            f"{EXAMPLE} resume --thread t1": (LANGGRAPH_KILL_TEST,),
+            f"{EXAMPLE} travel --thread t1 --to first-turn": (LANGGRAPH_TEST,),
+            f"{EXAMPLE} travel --thread t1 --to first-tools": (LANGGRAPH_TEST,),
             f"{EXAMPLE} fork --thread t1 --owner new-owner@acme.test "
             "--authorization auth_onboarding_fork": (LANGGRAPH_TEST,),
         },
     ),
-    "8ca4053dec": Python(
+    "628c937c46": Python(
         "from opledger.agents import Effects",
         then="""
 import os, redis
 from opledger.agents import EffectPending
+assert again.asked_before and [a.asked_by for a in ledger.asks(close.op_id)] == [
+    "call_1", "call_7"
+]
 queued = redis.Redis.from_url(os.environ["OPLEDGER_BROKER_URL"]).lrange("dispatch", 0, -1)
 assert any(close.op_id.encode() in message for message in queued), queued
 assert not any(email.op_id.encode() in message for message in queued), queued  # waits
