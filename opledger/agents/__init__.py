@@ -1,9 +1,11 @@
 """The agent-facing API: cause an external effect once, wait for how it ended, order effects.
 
-`Effects.effect(...)` records the intent of one step of one workflow run, enqueues it and
-(optionally) waits for it to settle; `opledger.agents.langgraph` keys it by a LangGraph
-thread, node and tool call (the `[langgraph]` extra). This package imports neither
-LangGraph nor LangChain.
+`Effects.effect(...)` records one act of one workflow run — keyed by the act (its action,
+target, intent fields and purpose), never by an id the model or the transport chose —,
+enqueues it and (optionally) waits for it to settle; an act asked again gets its recorded
+operation back. `opledger.agents.langgraph` makes LangChain tools of it, run by a LangGraph
+thread (the `[langgraph]` extra); this package itself imports neither LangGraph nor
+LangChain.
 """
 
 from .effects import (

@@ -37,6 +37,7 @@ from opledger.ledger import (
     Asked,
     Dependency,
     History,
+    IntentConflict,
     InvalidInput,
     Ledger,
     Operation,
@@ -66,9 +67,10 @@ class _Result(BaseModel):
     #: the intent was recorded before this ask (a replayed step, a model asked again, a
     #: lost answer asked again): this is the recorded operation, and nothing new was sent
     asked_before: bool = False
-    #: what this ask asked otherwise than the recorded intent — payload fields as
+    #: what this ask asked otherwise than the recorded operation — payload fields as
     #: "payload.<field>" ("payload" once the frozen payload is purged),
-    #: "authorization_ref", "after" — none of which was recorded or sent
+    #: "authorization_ref", "after" — none of which was recorded or sent: the `kind` and
+    #: everything else here are the recorded operation's, not this ask's
     differs: tuple[str, ...] = ()
 
     @property
@@ -168,7 +170,7 @@ class EffectPending(_Result):
 
     kind: Literal["pending"] = "pending"
     #: what it waits for: its dependencies, a worker to take it, or the provider's answer
-    waiting_on: Literal["dependencies", "worker", "provider"]
+    awaiting: Literal["dependencies", "worker", "provider"]
     #: the same, in words
     waiting_for: str
     #: the dependencies not confirmed yet (each with the review holding it, if any)
@@ -241,8 +243,12 @@ class Effects:
 
         Asking again for an act this run already asked for returns its operation as it
         stands (`asked_before`), never a second effect; a payload, authorization or
-        `after` that differs is named in `differs` and is not sent. `after` (operation ids
-        or earlier results) makes it wait until each of them is confirmed.
+        `after` that differs is named in `differs` and is not sent (the result's `kind` is
+        the recorded operation's). Only where `step=` names an intent that already names
+        another action or target does it raise `IntentConflict`: one key cannot name two
+        acts. `after` (operation ids or earlier results) makes it wait until each of them
+        is confirmed. Raises `IntentFieldsUndeclared` when the ledger was built without the
+        adapter registry and neither `intent_fields` nor `step` is given.
         """
         timeout = _timeout(wait)
         asked = self._record(
@@ -369,6 +375,16 @@ class Effects:
         and what this ask asked differently (payload fields named)."""
         if asked.first:
             return result
+        clash = [part for part in asked.differs if part in ("action", "target")]
+        if clash:  # only an intent key of the caller's own (`step=`) can name two acts
+            op = asked.operation
+            raise IntentConflict(
+                f"intent {op.intent_key!r} of workflow {op.workflow_id!r} already names "
+                f"operation {op.id} ({op.action} on {op.target}) with a different "
+                f"{', '.join(clash)}: another act needs another step",
+                op_id=op.id,
+                differs=tuple(asked.differs),
+            )
         differs: list[str] = []
         for part in asked.differs:
             if part != "payload_digest":
@@ -470,7 +486,7 @@ class Effects:
             not published
             and isinstance(result, EffectPending)
             and result.operation.status is Status.PREPARED
-            and result.waiting_on == "worker"
+            and result.awaiting == "worker"
         ):
             self._try_publish(result.op_id)
             return True
@@ -574,7 +590,7 @@ def _result_of(history: History, deps: Sequence[Dependency]) -> EffectResult:
         on, waiting = "provider", "the provider's answer to the attempt under way"
     else:
         on, waiting = "worker", "a worker to take it"
-    return EffectPending(operation=op, waiting_on=on, waiting_for=waiting, blocked_by=blocked)
+    return EffectPending(operation=op, awaiting=on, waiting_for=waiting, blocked_by=blocked)
 
 
 def _describe(dep: Dependency) -> str:

@@ -16,7 +16,7 @@ its outcome back as the tool's answer, never a second effect. The tool call id a
 node are kept as evidence of which call asked (`Ledger.asks`). A changed business intent
 (a fork that emails another recipient) is a new act: a new operation, under the grant the
 tool names at that moment. The model asks for a deliberately repeated act (a second
-reminder) with the tool's `purpose` argument.
+reminder) with the tool's `repeat` argument (2 for the second time).
 
 Needs the `[langgraph]` extra; nothing else in opledger imports this module.
 """
@@ -32,16 +32,24 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, InjectedToolCallId, StructuredTool, ToolException
 from pydantic import BaseModel, Field, create_model
 
-from opledger.ledger import AuthorizationError, InvalidInput, UnknownAction
+from opledger.ledger import (
+    AuthorizationError,
+    IntentFieldsUndeclared,
+    InvalidInput,
+    UnknownAction,
+)
+from opledger.ledger.ids import evidence_text
 
 from .effects import EffectResult, Effects, _Result
 
-#: the argument a model sets to ask for a deliberately repeated act (see `effect_tool`)
-PURPOSE = "purpose"
-PURPOSE_HELP = (
-    "Leave this out. Set it only to do again, on purpose, something this conversation "
-    "already did (the tool said so): a short name for the new act, such as "
-    "'second reminder'. Never set it to retry or to correct a call."
+#: the argument a model sets to ask for a deliberately repeated act (see `effect_tool`): a
+#: number, which a model asked again (a replay, a fork) repeats far more faithfully than
+#: any wording it would give the reason
+REPEAT = "repeat"
+REPEAT_HELP = (
+    "Leave this out. Only to do again, on purpose, an act this conversation already did "
+    "(the tool said so): 2 for the second time, 3 for the third. Never set it to retry, "
+    "to correct a call or to get an answer sooner."
 )
 
 
@@ -69,9 +77,10 @@ def asker_of(
             "(node=...)",
             field="node",
         )
-    if not isinstance(tool_call_id, str) or not tool_call_id:
+    asker = evidence_text(f"{node}:{tool_call_id}") if tool_call_id else None
+    if asker is None or not str(tool_call_id).strip():
         raise InvalidInput("a tool call needs its id", field="tool_call_id")
-    return f"{node}:{tool_call_id}"[:200]
+    return asker
 
 
 def node_effect(
@@ -127,15 +136,18 @@ def effect_tool(
     run: Callable[[RunnableConfig], str] = run_of,
 ) -> BaseTool:
     """A LangChain tool (for `ToolNode`, `create_react_agent`, `bind_tools`) whose call is
-    an opledger effect, keyed by the act it asks for, never by its tool call id.
+    an opledger effect, keyed by the act it asks for, never by its tool call id. It runs
+    with `invoke` (in `ToolNode`'s threads) and natively with `ainvoke` (`aeffect`: the
+    wait never holds a thread).
 
     `effect_of(args)` gives the target and the payload of the tool call's arguments; the
     action's intent fields (`intent_fields`, else what its adapter declares) are payload
     fields. `authorization_ref` may depend on the run's config (a forked thread under its
     own grant); `run(config)` names the workflow run (the thread by default). With
-    `repeatable` (the default) the tool takes an optional `purpose` argument the model
-    sets only to ask for the same act again on purpose (a second reminder); without it,
-    the act happens at most once per run.
+    `repeatable` (the default) the tool takes an optional integer `repeat` argument the
+    model sets only to ask for the same act again on purpose (2 for the second time);
+    without it, the act happens at most once per run. An `args_schema` with a `repeat`
+    field of its own needs `repeatable=False` (raises `ValueError`).
 
     The tool's answer (the ToolMessage content) is the result as JSON (`describe`): its
     kind (confirmed, rejected, cancelled, unknown, pending), the operation, the receipt and
@@ -143,49 +155,74 @@ def effect_tool(
     words. An act this run already asked for is answered with its recorded outcome
     (`asked_before`, and `differs` naming what the new call changed, which was not sent).
     A refusal the call itself caused (a revoked or missing grant, an argument the ledger
-    refuses) is answered as an error message the model reads (`kind: "refused"`); what no
-    call can fix (the database down, an action no adapter serves) is raised.
+    refuses) is answered as an error ToolMessage the model reads (`kind: "refused"`); what
+    no call can fix (no thread, the database down, an action no adapter serves, intent
+    fields nobody declared) is raised.
     """
-    own_purpose = PURPOSE in args_schema.model_fields
+    if repeatable and REPEAT in args_schema.model_fields:
+        raise ValueError(
+            f"{args_schema.__name__} has a field named {REPEAT!r}, the argument a repeatable "
+            "tool adds for deliberate repeats: rename it, or pass repeatable=False"
+        )
     extra: dict[str, Any] = {"tool_call_id": (Annotated[str, InjectedToolCallId], ...)}
-    if repeatable and not own_purpose:
-        extra[PURPOSE] = (str | None, Field(default=None, description=PURPOSE_HELP))
+    if repeatable:
+        extra[REPEAT] = (int | None, Field(default=None, ge=1, le=1000, description=REPEAT_HELP))
     injected = create_model(f"{args_schema.__name__}WithToolCallId", __base__=args_schema, **extra)
 
-    def call(config: RunnableConfig, tool_call_id: str, **args: Any) -> str:
-        purpose = args.get(PURPOSE) if repeatable else None
-        if not own_purpose:
-            args.pop(PURPOSE, None)
-        # a graph without a thread or node is misconfigured, not the call: raised
+    def ask(config: RunnableConfig, tool_call_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        """The `effect` arguments of one call (a graph without a thread or a node is
+        misconfigured, not the call: raised)."""
+        repeat = args.pop(REPEAT, None) if repeatable else None
         the_run, asker = run(config), asker_of(config, tool_call_id)
         target, payload = effect_of(args)
         ref = authorization_ref(config) if callable(authorization_ref) else authorization_ref
+        return {
+            "tenant": tenant,
+            "run": the_run,
+            "action": action,
+            "target": target,
+            "payload": payload,
+            "authorization_ref": ref,
+            "purpose": f"repeat {repeat}" if repeat is not None and repeat > 1 else None,
+            "intent_fields": intent_fields,
+            "asked_by": asker,
+            "wait": wait,
+        }
+
+    def call(config: RunnableConfig, tool_call_id: str, **args: Any) -> str:
+        kwargs = ask(config, tool_call_id, args)
         try:
-            result = effects.effect(
-                tenant=tenant,
-                run=the_run,
-                action=action,
-                target=target,
-                payload=payload,
-                authorization_ref=ref,
-                purpose=purpose,
-                intent_fields=intent_fields,
-                asked_by=asker,
-                wait=wait,
-            )
-        except UnknownAction:
+            result = effects.effect(**kwargs)
+        except UNFIXABLE:
             raise
-        except (AuthorizationError, InvalidInput) as exc:
+        except REFUSED as exc:
+            raise ToolException(refusal(exc)) from exc
+        return describe(result, repeatable=repeatable)
+
+    async def acall(config: RunnableConfig, tool_call_id: str, **args: Any) -> str:
+        kwargs = ask(config, tool_call_id, args)
+        try:
+            result = await effects.aeffect(**kwargs)
+        except UNFIXABLE:
+            raise
+        except REFUSED as exc:
             raise ToolException(refusal(exc)) from exc
         return describe(result, repeatable=repeatable)
 
     return StructuredTool.from_function(
         func=call,
+        coroutine=acall,
         name=name,
         description=description,
         args_schema=injected,
         handle_tool_error=True,  # a ToolException is the answer, with status "error"
     )
+
+
+#: what the ledger refuses because of what a call asked: answered to the model ...
+REFUSED = (AuthorizationError, InvalidInput)
+#: ... except what no call can fix: an action no adapter serves, undeclared intent fields
+UNFIXABLE = (UnknownAction, IntentFieldsUndeclared)
 
 
 def refusal(exc: Exception) -> str:
@@ -221,11 +258,14 @@ def describe(result: EffectResult, *, repeatable: bool = True) -> str:
     if result.differs:
         summary["differs"] = list(result.differs)
     if result.asked_before:
-        message += (
-            f" To do it again as a separate act on purpose, call again with `{PURPOSE}` "
-            "naming why (for example 'second reminder')."
-            if repeatable
-            else " It happens at most once in this run."
-        )
+        if not result.final:  # it may still happen: a repeat now could make it twice
+            message += " Wait for it; never ask for it again another way."
+        elif repeatable:
+            message += (
+                f" Only to do it again as a separate act on purpose, call again with "
+                f"`{REPEAT}` set to 2 (3 for a third time)."
+            )
+        else:
+            message += " It happens at most once in this run."
     summary["message"] = message
     return json.dumps(summary, sort_keys=True, default=str)

@@ -33,6 +33,7 @@ from .errors import (
     ForbiddenTransition,
     ForgedFence,
     IntentConflict,
+    IntentFieldsUndeclared,
     InvalidInput,
     OperationNotFound,
     OutOfScope,
@@ -46,6 +47,7 @@ from .ids import (
     check_key,
     check_operation_id,
     check_operator,
+    evidence_text,
     new_operation_id,
 )
 from .intents import check_fields
@@ -81,19 +83,20 @@ SCOPE_PATTERN_MAX = 120
 
 
 class ActionResolver(Protocol):
-    """Says which provider serves an action, or raises `UnknownAction`; and what makes
-    one effect of an action a different business act (`intent_fields`)."""
+    """Says which provider serves an action, or raises `UnknownAction`.
+
+    A resolver may also declare what makes another act of an action, as
+    `intent_fields(action) -> tuple[str, ...]` (the adapter registry does): the payload
+    fields an agent's intent is derived from (`opledger.ledger.intents`). Without it,
+    `Ledger.intent_fields` raises `IntentFieldsUndeclared`."""
 
     def provider_for(self, action: str) -> str: ...
 
-    def intent_fields(self, action: str) -> tuple[str, ...]:
-        """The payload fields whose values make another act of `action` (see
-        `opledger.ledger.intents`); by default none: the action and its target."""
-        return ()
-
 
 class PrefixResolver:
-    """Accept any well-formed versioned action; its first segment names the provider.
+    """Accept any well-formed versioned action; its first segment names the provider. It
+    declares no action's intent fields, so an agent's intent cannot be derived through it
+    (`Ledger.intent_fields` raises `IntentFieldsUndeclared`).
 
     The composition root replaces this with the adapter registry, which refuses actions
     no adapter serves.
@@ -101,10 +104,6 @@ class PrefixResolver:
 
     def provider_for(self, action: str) -> str:
         return check_action(action).split(".", 1)[0]
-
-    def intent_fields(self, action: str) -> tuple[str, ...]:
-        check_action(action)
-        return ()
 
 
 def _json(value: Any) -> str:
@@ -335,17 +334,16 @@ class Ledger:
         the operation it recorded, never refused.
 
         Where `prepare` raises `IntentConflict`, `ask` returns the recorded operation and
-        what this ask asked differently (`Asked.differs`: the payload, the authorization,
-        `after`); nothing of the difference is recorded as an effect, so nothing of it is
-        ever sent. An intent already recorded is answered even when the authorization this
-        ask names is no longer active or does not cover the action (it reads what was done;
-        the grant must still be the tenant's); a new one needs an active grant covering the
-        action, as with `prepare`. Every ask is kept (`asks(op_id)`), with `asked_by` — the
-        asker's own id for the call, a model's tool-call id or an MCP request id — as
-        evidence of which call asked. That id is never the intent: derive `intent_key`
-        from the act (`opledger.ledger.intents.intent_key`)."""
-        if asked_by is not None:
-            check_identifier("asked_by", asked_by)
+        what this ask asked differently (`Asked.differs`: the action, the target, the
+        payload digest, the authorization, `after`); nothing of the difference is recorded
+        as an effect, so nothing of it is ever sent. An intent already recorded is answered
+        even when the grant this ask names was revoked or has expired (that reads what was
+        done); the grant must still be the tenant's and cover the action. A new intent
+        needs an active grant covering the action, as with `prepare`. Every ask is kept
+        (`asks(op_id)`), with `asked_by` — the asker's own id for the call, a model's
+        tool-call id or an MCP request id — as evidence of which call asked (kept as text,
+        control characters replaced, never refused). That id is never the intent: derive
+        `intent_key` from the act (`opledger.ledger.intents.intent_key`)."""
         return self._prepare(
             tenant=tenant,
             workflow_id=workflow_id,
@@ -360,11 +358,12 @@ class Ledger:
             notify=notify,
             traceparent=traceparent,
             asking=True,
-            asked_by=asked_by,
+            asked_by=evidence_text(asked_by),
         )
 
     def asks(self, op_id: str) -> tuple[Ask, ...]:
-        """Every ask of `op_id`'s intent through `ask`, oldest first (the first recorded it)."""
+        """Every ask of `op_id`'s intent through `ask`, oldest first (none for what only
+        `prepare` recorded: it keeps no asks)."""
         check_operation_id(op_id)
         with self._single() as conn:
             rows = conn.execute(q.SELECT_ASKS, {"op_id": op_id}).all()
@@ -412,10 +411,10 @@ class Ledger:
             grant = conn.execute(q.SELECT_AUTHORIZATION, {"ref": authorization_ref}).one_or_none()
             try:
                 _check_grant(grant, tenant=tenant, action=action, ref=authorization_ref)
-            except AuthorizationError:
-                # an ask of an intent already recorded reads what was done: no new write
-                # is made under this grant, which needs only to be the tenant's
-                if not asking or grant is None or grant.tenant != tenant:
+            except AuthorizationRevoked:
+                # an ask of an intent already recorded reads what was done: no new write is
+                # made under this grant, the tenant's, covering the action (checked first)
+                if not asking:
                     raise
                 existing_row = conn.execute(q.SELECT_OPERATION_BY_INTENT, intent).one_or_none()
                 if existing_row is None:
@@ -551,9 +550,17 @@ class Ledger:
 
     def intent_fields(self, action: str) -> tuple[str, ...]:
         """The payload fields that make another act of `action`, as the action resolver
-        (the adapter registry) declares them; none when it declares nothing."""
+        (the adapter registry) declares them. Raises `IntentFieldsUndeclared` when the
+        resolver declares none (the default `PrefixResolver`): every process must derive
+        an act's intent from the same declaration, or one act gets two keys."""
         declared = getattr(self.actions, "intent_fields", None)  # a resolver of your own
-        return check_fields(declared(action)) if callable(declared) else ()
+        if not callable(declared):
+            raise IntentFieldsUndeclared(
+                f"nothing declares the intent fields of {action!r}: build the Ledger with the "
+                "adapter registry (Ledger.from_url(url, actions=load_registry(settings)), as "
+                "opledger.tasks.app.runtime().ledger is), or give intent_fields= (or step=)"
+            )
+        return check_fields(declared(action))
 
     # -- reads -------------------------------------------------------------------------
 
@@ -1225,10 +1232,10 @@ def _check_scope(scope: Sequence[str]) -> tuple[str, ...]:
 def _check_grant(grant: Any, *, tenant: str, action: str, ref: str) -> None:
     if grant is None or grant.tenant != tenant:
         raise UnknownAuthorization(f"no authorization {ref!r} for tenant {tenant!r}", ref=ref)
-    if not grant.active:
-        raise AuthorizationRevoked(f"authorization {ref!r} is no longer active", ref=ref)
     if not any(fnmatch.fnmatchcase(action, p) for p in grant.scope):
         raise OutOfScope(f"authorization {ref!r} does not cover {action!r}", ref=ref)
+    if not grant.active:  # last: a revoked grant that covers the action may still read
+        raise AuthorizationRevoked(f"authorization {ref!r} is no longer active", ref=ref)
 
 
 def _guard_state(row: Any) -> backlog.GuardState:

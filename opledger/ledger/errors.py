@@ -56,6 +56,11 @@ class IntentConflict(LedgerError):
     """
 
 
+class IntentFieldsUndeclared(LedgerError):
+    """Nothing declares what makes another act of this action (`Ledger.intent_fields`):
+    the ledger was built without the adapter registry. A setup error, not the caller's."""
+
+
 class OperationNotFound(LedgerError, LookupError):
     """No operation with this id."""
 

@@ -46,6 +46,16 @@ def check_identifier(name: str, value: object, *, max_length: int = MAX_IDENTIFI
     return value
 
 
+def evidence_text(value: object, *, max_length: int = MAX_IDENTIFIER_LENGTH) -> str | None:
+    """An id someone else chose (a model's tool-call id, an MCP request id), kept as
+    evidence only: as text, control characters replaced by "?", cut to `max_length`.
+    Never refused: what a caller's transport put in its ids must not fail the call."""
+    if value is None:
+        return None
+    text = "".join("?" if unicodedata.category(ch) in ("Cc", "Cs") else ch for ch in str(value))
+    return text[:max_length] if text.strip() else None
+
+
 #: characters that render as nothing although Unicode calls them letters or symbols
 INVISIBLE = frozenset("\u115f\u1160\u3164\uffa0\u2800\u180e")
 

@@ -340,8 +340,9 @@ class Ask(Record):
 
     `asked_by` is the asker's own id for the call (a model's tool-call id, an MCP request
     id): evidence of which call asked, never part of the intent. `differs` names what this
-    ask asked otherwise than the recorded intent (`payload_digest`, `authorization_ref`,
-    `after`); none of it was sent. The first ask of an operation differs in nothing."""
+    ask asked otherwise than the recorded operation (`action`, `target`, `payload_digest`,
+    `authorization_ref`, `after`); none of it was sent. The ask that recorded the operation
+    differs in nothing."""
 
     id: int
     op_id: str
@@ -361,6 +362,6 @@ class Asked(Record):
     operation: Operation
     #: this ask recorded the operation; False when the intent was recorded already
     first: bool
-    #: the recorded intent's parts this ask asked otherwise ("payload_digest",
-    #: "authorization_ref", "after"); empty when it asked the same
+    #: the recorded operation's parts this ask asked otherwise ("action", "target",
+    #: "payload_digest", "authorization_ref", "after"); empty when it asked the same
     differs: tuple[str, ...] = ()

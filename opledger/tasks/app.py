@@ -1,8 +1,9 @@
 """The Celery app and opledger's tasks.
 
 Every task's only argument is an operation id (beat tasks take none): no payload and no
-customer data ever travels through the broker or shows in Flower. Agents call
-``dispatch.delay(op_id)`` after `Ledger.prepare`.
+customer data ever travels through the broker or shows in Flower. Code outside a worker
+calls ``publish_dispatch(op_id)`` after `Ledger.prepare` (from any thread: it names its
+app, where ``dispatch.delay`` would use the thread's current one).
 
 The tasks are shared tasks on one base class (`OperationTask`): they belong to whichever
 Celery app runs them — opledger's own `app` below (`opledger worker`) or an app of yours

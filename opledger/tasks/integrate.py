@@ -180,9 +180,10 @@ def register(app: Any) -> Any:
         from opledger import celeryconfig
 
         app.conf.beat_scheduler = celeryconfig.beat_scheduler
-    # Importing opledger's module created its own app; yours stays the current one, so
-    # `dispatch.delay(op_id)` publishes through your app, and opledger's own publishers
-    # (the agent API, the outbox) use it from any thread.
+    # Importing opledger's module created its own app; yours stays the current one (in
+    # this thread, as Celery's current app is per thread), so `dispatch.delay(op_id)`
+    # publishes through your app here, and opledger's own publishers (`publish_dispatch`,
+    # the agent API, the outbox) use it from any thread.
     app.set_current()
     opledger.tasks.app.use_for_publishing(app)
     return app

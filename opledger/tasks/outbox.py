@@ -54,7 +54,7 @@ def _forget(session: Session, *_: Any) -> None:
 def prepare_and_dispatch(
     ledger: Ledger, *, session: Session | None = None, **intent: Any
 ) -> Operation:
-    """`Ledger.prepare(**intent)`, then `dispatch.delay(op.id)`: at once without a session,
+    """`Ledger.prepare(**intent)`, then `publish_dispatch(op.id)`: at once without a session,
     after the session's commit with one (nothing is published if it rolls back).
 
     Traced as `opledger.prepare` (its context kept on the operation); with a session, the

@@ -10,6 +10,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from pydantic import ValidationError
 
 from opledger.agents import (
     EffectCancelled,
@@ -46,6 +47,23 @@ def published() -> Published:
 @pytest.fixture
 def effects(ledger: Ledger, grant: str, published: Published) -> Effects:
     return Effects(ledger, publish=published, poll=30.0)
+
+
+@pytest.fixture
+def agent_effects(ledger: Ledger, grant: str, published: Published) -> Effects:
+    """Effects over a ledger that knows the bundled adapters' intent fields, as
+    `opledger.tasks.app.runtime().ledger` does."""
+    from opledger.adapters.crm import CrmAdapter
+    from opledger.adapters.email import EmailAdapter
+    from opledger.adapters.registry import Registry
+
+    registry = Registry(
+        [
+            CrmAdapter("http://127.0.0.1:9", account="acme"),
+            EmailAdapter("http://127.0.0.1:9", account="acme"),
+        ]
+    )
+    return Effects(Ledger(ledger.engine, actions=registry), publish=published, poll=30.0)
 
 
 def _effect(effects: Effects, step: str, **kw: object) -> object:
@@ -271,8 +289,9 @@ def test_a_wait_that_runs_out_says_what_it_waits_for(ledger: Ledger, effects: Ef
 
 
 def test_a_langgraph_tool_call_is_one_effect_per_act_whatever_its_call_id(
-    ledger: Ledger, effects: Effects, published: Published
+    ledger: Ledger, agent_effects: Effects, published: Published
 ) -> None:
+    effects = agent_effects
     import json
 
     from pydantic import BaseModel
@@ -318,15 +337,21 @@ def test_a_langgraph_tool_call_is_one_effect_per_act_whatever_its_call_id(
     # the model asked again: a new call id, the same act: the recorded operation
     again = call("call_2", "case-318")
     assert again["op_id"] == op.id and again["asked_before"] is True
-    assert "already asked" in str(again["message"]) and "purpose" in str(again["message"])
+    assert "already asked" in str(again["message"]) and "Wait for it" in str(again["message"])
     assert published == [op.id, op.id]  # still prepared: enqueued again, claimed once
     assert [a.asked_by for a in ledger.asks(op.id)] == ["tools:call_1", "tools:call_2"]
+    _settle(ledger, op.id)
+    done = call("call_2b", "case-318")  # settled: how to ask for a deliberate repeat
+    assert done["kind"] == "confirmed" and "`repeat` set to 2" in str(done["message"])
     # another case is another act, whatever the call id
     assert call("call_1", "case-999")["op_id"] != op.id
-    # a deliberate repeat says so, in words the model chose
-    reminder = call("call_3", "case-318", purpose="Second  close")
-    assert reminder["op_id"] != op.id and reminder["asked_before"] is False
-    assert call("call_4", "case-318", purpose="second close")["op_id"] == reminder["op_id"]
+    # a deliberate repeat says so with a number, which a re-asked model repeats faithfully
+    second = call("call_3", "case-318", repeat=2)
+    assert second["op_id"] != op.id and second["asked_before"] is False
+    assert call("call_4", "case-318", repeat=2)["op_id"] == second["op_id"]
+    assert call("call_5", "case-318", repeat=1)["op_id"] == op.id  # the first time
+    with pytest.raises(ValidationError):
+        call("call_6", "case-318", repeat=0)
     with pytest.raises(InvalidInput):  # no thread: the graph is misconfigured, not the call
         tool.invoke(
             {"type": "tool_call", "id": "call_5", "name": "close_case", "args": {"case_id": "x"}},
@@ -335,8 +360,9 @@ def test_a_langgraph_tool_call_is_one_effect_per_act_whatever_its_call_id(
 
 
 def test_a_tool_answers_a_refused_call_to_the_model_and_records_nothing(
-    ledger: Ledger, effects: Effects
+    ledger: Ledger, agent_effects: Effects
 ) -> None:
+    effects = agent_effects
     import json
 
     from pydantic import BaseModel
@@ -358,7 +384,7 @@ def test_a_tool_answers_a_refused_call_to_the_model_and_records_nothing(
         wait=None,
         repeatable=False,
     )
-    assert "purpose" not in tool.get_input_schema().model_fields
+    assert "repeat" not in tool.get_input_schema().model_fields
     config = {"configurable": {"thread_id": "t-8"}, "metadata": {"langgraph_node": "tools"}}
 
     def call(call_id: str, to: str) -> tuple[str, dict[str, object]]:
@@ -369,6 +395,7 @@ def test_a_tool_answers_a_refused_call_to_the_model_and_records_nothing(
 
     status, sent = call("call_1", "a@acme.test")
     assert status == "success"
+    _settle(ledger, str(sent["op_id"]))
     ledger.revoke("auth_acme", by="test", reason="the run is over")
     # the act already recorded is answered though the grant is revoked (a read)...
     status, again = call("call_2", "a@acme.test")
@@ -381,3 +408,84 @@ def test_a_tool_answers_a_refused_call_to_the_model_and_records_nothing(
     status, invalid = call("call_4", "b\u200b@acme.test")  # an invisible character
     assert status == "error" and invalid["error"] == "InvalidIdentifier"
     assert [o.target for o in ledger.list(tenant="acme")] == ["a@acme.test"]
+
+
+def test_an_intent_needs_a_declaration_and_one_key_names_one_act(
+    ledger: Ledger, effects: Effects, agent_effects: Effects
+) -> None:
+    """A ledger without the adapter registry cannot derive an agent's intent: two processes
+    built differently would key one act twice. Under a key of the caller's own, another
+    action or target is refused: one key cannot name two acts."""
+    import asyncio
+    import json
+
+    from pydantic import BaseModel
+
+    from opledger.agents.langgraph import effect_tool
+    from opledger.ledger import IntentFieldsUndeclared
+
+    with pytest.raises(IntentFieldsUndeclared, match="adapter registry"):
+        effects.effect(
+            tenant="acme",
+            run="r",
+            action="crm.close_case.v1",
+            target="case-1",
+            payload={},
+            authorization_ref="auth_acme",
+        )
+    _effect(effects, "close-case")
+    with pytest.raises(IntentConflict):
+        _effect(effects, "close-case", target="case-2")
+
+    class Args(BaseModel):
+        case_id: str
+
+    def tool_of(effects: Effects) -> object:
+        return effect_tool(
+            effects,
+            name="close_case",
+            description="Close a case",
+            args_schema=Args,
+            tenant="acme",
+            action="crm.close_case.v1",
+            authorization_ref="auth_acme",
+            effect_of=lambda args: (args["case_id"], {}),
+            wait=5,
+        )
+
+    config = {"configurable": {"thread_id": "t-9"}, "metadata": {"langgraph_node": "tools"}}
+    call = {"type": "tool_call", "id": "call\x00", "name": "close_case", "args": {"case_id": "c"}}
+    with pytest.raises(IntentFieldsUndeclared):  # a setup error: raised, not answered
+        tool_of(effects).invoke(call, config)  # type: ignore[attr-defined]
+
+    # natively async: the wait is an asyncio wait, the ask kept its odd id as text
+    async def ask() -> object:
+        return await tool_of(agent_effects).ainvoke(call, config)  # type: ignore[attr-defined]
+
+    async def settle_soon() -> object:
+        answer = asyncio.create_task(ask())
+        while not ledger.list(tenant="acme", limit=5) or len(ledger.list(tenant="acme")) < 2:
+            await asyncio.sleep(0.05)
+        op = next(o for o in ledger.list(tenant="acme") if o.target == "c")
+        await asyncio.to_thread(_settle, ledger, op.id)
+        return await answer
+
+    message = asyncio.run(settle_soon())
+    answer = json.loads(message.content)  # type: ignore[attr-defined]
+    assert answer["kind"] == "confirmed"
+    assert [a.asked_by for a in ledger.asks(answer["op_id"])] == ["tools:call?"]
+
+    class Clash(BaseModel):
+        repeat: int
+
+    with pytest.raises(ValueError, match="repeatable=False"):
+        effect_tool(
+            agent_effects,
+            name="x",
+            description="x",
+            args_schema=Clash,
+            tenant="acme",
+            action="crm.close_case.v1",
+            authorization_ref="auth_acme",
+            effect_of=lambda args: ("c", {}),
+        )

@@ -256,8 +256,8 @@ assert adapter.contract_probe(1)[0] in adapter.actions
 adapter.client.close()
 """,
     ),
-    "990d1ffa6a": Python(
-        "from opledger.tasks.app import dispatch, runtime",
+    "0f0c6357fe": Python(
+        "from opledger.tasks.app import publish_dispatch, runtime",
         then=PUBLISHED,
     ),
     "fbb4bbe03e": Python(
@@ -343,7 +343,7 @@ assert "case-319" in rows, rows
             "--authorization auth_onboarding_fork": (LANGGRAPH_TEST,),
         },
     ),
-    "628c937c46": Python(
+    "5f59eb06de": Python(
         "from opledger.agents import Effects",
         then="""
 import os, redis

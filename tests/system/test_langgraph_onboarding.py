@@ -146,7 +146,7 @@ def test_a_run_then_time_travel_replay_and_forks_cause_each_act_once(
     assert all(a["asked_before"] and a["kind"] == "confirmed" for a in travelled.values())
     email = travelled["email_owner"]
     assert email["differs"] == ["payload.text"]  # the reworded body: answered, not sent
-    assert "already asked" in email["message"] and "purpose" in email["message"]
+    assert "already asked" in email["message"] and "`repeat` set to 2" in email["message"]
     assert travelled["tag_case"]["differs"] == ["payload.note"]
     _once(sandbox, case, owner)
 

@@ -101,6 +101,12 @@ def test_dotted_fields_reach_nested_values_and_numbers_compare_canonically() -> 
     assert payload_differences({"a": 1}, {"a": 1.0, "b": None}) == ("b",)
 
 
+def test_a_purpose_is_compared_without_case_or_spacing() -> None:
+    one = intent_key(ACTION, "t", {}, purpose="Second Reminder")
+    assert one == intent_key(ACTION, "t", {}, purpose="  second   reminder ")
+    assert one != intent_key(ACTION, "t", {}, purpose="third reminder")
+
+
 def test_nfc_and_nfd_spellings_are_one_act() -> None:
     nfc, nfd = "caf\u00e9", "cafe\u0301"
     assert intent_key(ACTION, nfc, {}) == intent_key(ACTION, nfd, {})
