@@ -69,17 +69,13 @@ def run_of(config: RunnableConfig | Mapping[str, Any]) -> str:
 def asker_of(
     config: RunnableConfig | Mapping[str, Any], tool_call_id: str, *, node: str | None = None
 ) -> str:
-    """Who asked, for the record: the node and the tool call's id (`<node>:<id>`)."""
-    node = node or (config.get("metadata") or {}).get("langgraph_node")
-    if not node:
-        raise InvalidInput(
-            "no LangGraph node in the config's metadata: call this inside a node, or name it "
-            "(node=...)",
-            field="node",
-        )
-    asker = evidence_text(f"{node}:{tool_call_id}") if tool_call_id else None
-    if asker is None or not str(tool_call_id).strip():
+    """Who asked, for the record: the node (when the config names one) and the tool call's
+    id, `<node>:<id>`. Evidence only: it never decides the intent."""
+    if not isinstance(tool_call_id, str) or not tool_call_id.strip():
         raise InvalidInput("a tool call needs its id", field="tool_call_id")
+    node = node or (config.get("metadata") or {}).get("langgraph_node")
+    asker = evidence_text(f"{node}:{tool_call_id}" if node else tool_call_id)
+    assert asker is not None  # the id is not blank
     return asker
 
 
