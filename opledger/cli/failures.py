@@ -157,8 +157,21 @@ def _silence_stdout() -> None:
         pass
 
 
+#: the order `opledger --help` lists the commands in (one module each registers them)
+COMMAND_ORDER = (
+    "migrate", "console", "check", "sandbox", "worker", "beat", "flower", "metrics",
+    "chaos", "demo", "bench", "ops", "review", "grant", "contract", "operator",
+)  # fmt: skip
+
+
 class OpledgerGroup(TyperGroup):
-    """The `opledger` command group: every command's failures pass through `invoke`."""
+    """The `opledger` command group: every command's failures pass through `invoke`;
+    the help lists the commands in `COMMAND_ORDER`."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        names = super().list_commands(ctx)
+        rank = {name: i for i, name in enumerate(COMMAND_ORDER)}
+        return sorted(names, key=lambda name: rank.get(name, len(rank)))
 
     def invoke(self, ctx: Any) -> Any:  # a Click context (vendored by newer Typers)
         try:

@@ -1,0 +1,89 @@
+"""`opledger contract check`: each adapter's declared contract against its provider."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.text import Text
+
+from opledger.adapters.registry import load_registry
+from opledger.cli.failures import REFUSED
+from opledger.settings import get_settings
+
+from .app import (
+    app,
+    console,
+)
+from .render import records_table
+
+contract_app = typer.Typer(help="Provider contracts: what each adapter declares, checked.")
+app.add_typer(contract_app, name="contract")
+
+
+@contract_app.command("check")
+def contract_check(
+    action: Annotated[str, typer.Argument(help="An action the configured adapters serve.")],
+    admin_url: Annotated[
+        str | None,
+        typer.Option(help="The sandbox's base URL, to inject a failure and a restart too."),
+    ] = None,
+    allow_remote: Annotated[
+        bool,
+        typer.Option(
+            "--i-accept-real-requests-to-a-remote-provider",
+            help="Run against an endpoint that is neither loopback nor the adapter's declared "
+            "test URL: every probe is a real request that changes things there.",
+        ),
+    ] = False,
+    concurrency_delay: Annotated[
+        float,
+        typer.Option(help="With --admin-url: seconds each request executes, so two overlap."),
+    ] = 0.5,
+) -> None:
+    """Send probe requests to the provider behind ACTION and print, fact by fact, where its
+    declared contract and the provider disagree. Exits 1 on any disagreement."""
+    from opledger.adapters.check import UnsafeTarget, check_contract, probe_for
+
+    registry = load_registry(get_settings())
+    try:
+        adapter = registry.adapter_for(action)
+        probe = probe_for(adapter)
+        if probe is None:
+            typer.echo(
+                f"opledger: refused: the adapter serving {action} offers no contract_probe",
+                err=True,
+            )
+            raise typer.Exit(REFUSED)
+        findings = check_contract(
+            adapter,
+            probe,
+            admin_url=admin_url,
+            allow_remote=allow_remote,
+            concurrency_delay_s=concurrency_delay if admin_url else 0.0,
+        )
+    except UnsafeTarget as exc:
+        typer.echo(f"opledger: refused: {' '.join(str(exc).split())}", err=True)
+        raise typer.Exit(REFUSED) from exc
+    finally:
+        registry.close()
+    colour = {"agrees": "green", "disagrees": "red", "not observed": "yellow"}
+    table = records_table(
+        ("fact", "declared", "observed", "verdict"),
+        [
+            (f.fact, f.declared, f.observed, Text(f.verdict, style=colour[f.verdict]))
+            for f in findings
+        ],
+        title=f"contract {adapter.contract.provider} for {action}",
+    )
+    console.print(table)
+    wrong = [f.fact for f in findings if f.verdict == "disagrees"]
+    if wrong:
+        console.print(f"[red]the contract disagrees with the provider on: {', '.join(wrong)}[/red]")
+        raise typer.Exit(1)
+    console.print("[green]no disagreement observed[/green]")
+
+
+# -- the review console ---------------------------------------------------------------------
+
+#: the modules of the `[console]` extra

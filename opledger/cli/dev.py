@@ -1,0 +1,329 @@
+"""Development commands (sandbox, chaos, demo, bench): they run the development tooling
+(`opledger.dev`, the `[dev]` and `[sandbox]` extras), which no runtime command imports."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .app import (
+    app,
+    console,
+)
+
+
+@app.command()
+def sandbox(
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="HTTP port for the CRM and email APIs (0: any).")] = 0,
+    smtp_port: Annotated[int, typer.Option(help="SMTP port (0: any).")] = 0,
+) -> None:
+    """Run the sandbox CRM, email API and SMTP server until interrupted."""
+    try:
+        from opledger.dev.sandbox.__main__ import serve
+    except ImportError as exc:  # a production install: the servers are an extra
+        console.print(
+            f"the sandbox needs the sandbox extra ({exc.name} is missing): "
+            "pip install 'opledger[sandbox]'",
+            style="red",
+            markup=False,
+        )
+        raise typer.Exit(4) from exc
+
+    serve(host, port, smtp_port)
+
+
+@app.command()
+def chaos(
+    ops: Annotated[int, typer.Option(help="Operations to drive through the workers.")] = 200,
+    seed: Annotated[int, typer.Option(help="Seed of the breakage schedule.")] = 1,
+    workers: Annotated[int, typer.Option(help="Worker processes.")] = 2,
+    fault_rate: Annotated[
+        float, typer.Option(help="Share of operations with a provider fault.")
+    ] = 0.25,
+    kill_every: Annotated[float, typer.Option(help="Mean seconds between worker kills.")] = 2.0,
+    redis_restarts: Annotated[
+        int, typer.Option(help="Broker restarts (queued messages lost).")
+    ] = 1,
+    restart_postgres: Annotated[
+        bool, typer.Option("--restart-postgres", help="Also restart Postgres (embedded server).")
+    ] = False,
+    chaos_seconds: Annotated[float, typer.Option(help="How long things keep breaking.")] = 20.0,
+    settle_timeout: Annotated[
+        float, typer.Option(help="Then how long it may take to settle.")
+    ] = 120.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    broker: Annotated[
+        str,
+        typer.Option(
+            help="redis (a private server) or rabbitmq (a private vhost on the local "
+            "RabbitMQ, made with rabbitmqctl; a restart deletes and re-adds it)."
+        ),
+    ] = "redis",
+) -> None:
+    """Drive operations through real workers while killing them, injecting provider faults
+    and restarting the broker (and Postgres); then audit duplicates, races, stuck and lost."""
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from opledger.dev.chaos.run import ChaosConfig, run_chaos
+    from opledger.dev.chaos.stack import Interrupted, stop_on_signals
+
+    config = ChaosConfig(
+        ops=ops,
+        seed=seed,
+        workers=workers,
+        fault_rate=fault_rate,
+        kill_every=kill_every,
+        redis_restarts=redis_restarts,
+        restart_postgres=restart_postgres,
+        chaos_seconds=chaos_seconds,
+        settle_timeout=settle_timeout,
+        broker=broker,
+    )
+    if broker not in ("redis", "rabbitmq"):
+        typer.echo(f"opledger: --broker must be redis or rabbitmq (got {broker!r})", err=True)
+        raise typer.Exit(2)
+    err = Console(stderr=True)
+    with Progress(
+        TextColumn("[bold]chaos[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[note]}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=as_json,
+    ) as bar:
+        task = bar.add_task("settled", total=ops, note="")
+
+        def progress(done: int, total: int, counters: dict[str, int]) -> None:
+            note = (
+                f"kills {counters['kills']} · redis {counters['redis']} · pg {counters['postgres']}"
+            )
+            bar.update(task, completed=done, total=total, note=note)
+
+        with stop_on_signals():
+            try:
+                result = run_chaos(config, progress=progress)
+            except Interrupted as stop:
+                err.print(f"[red]{stop}: every process stopped, temporary files removed[/red]")
+                raise typer.Exit(stop.exit_code) from None
+    summary = result.summary()
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        table = Table("measure", "value", title=f"chaos run, seed {seed}")
+        for key, value in summary.items():
+            if key != "problems":
+                table.add_row(key, str(value))
+        console.print(table)
+        for problem in summary["problems"]:
+            console.print(f"[red]{problem}[/red]")
+    if not result.clean:
+        raise typer.Exit(1)
+
+
+@app.command()
+def demo(
+    keep: Annotated[
+        bool,
+        typer.Option(
+            "--keep", help="Leave the stack running, with Flower from the start; print URLs."
+        ),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Also print a JSON summary.")] = False,
+) -> None:
+    """The onboarding story, then the same story broken at every crash window."""
+    import time
+
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+    from rich.table import Column
+
+    from opledger.dev.chaos.stack import Interrupted, stop_on_signals
+    from opledger.dev.demo import Row, planned_scenarios, run_demo
+
+    started = time.monotonic()
+    console.print(
+        "[bold]opledger demo[/bold]: an agent closes case-318 in the CRM and emails the "
+        "account owner — two operations — on real Postgres, Redis, Celery workers and beat, "
+        "and sandbox providers. Then the workers are broken at every crash window.\n"
+    )
+    table = Table("scenario", "what was broken", "final status", "provider effects", "review")
+    bar = Progress(
+        SpinnerColumn(),
+        TimeElapsedColumn(),
+        BarColumn(bar_width=12),
+        MofNCompleteColumn(),
+        TextColumn(
+            "scenarios · {task.description}",
+            table_column=Column(no_wrap=True, overflow="ellipsis"),
+        ),
+        console=console,
+        transient=True,
+    )
+    task = bar.add_task("starting", total=planned_scenarios())
+
+    def on_phase(text: str, done: int, total: int) -> None:
+        bar.update(task, description=text, completed=done, total=total)
+        if not console.is_terminal:  # no live bar in a log: one line per phase
+            console.print(f"[dim]{time.monotonic() - started:5.1f}s {text}[/dim]")
+
+    def on_row(row: Row) -> None:
+        console.print(f"[dim]... {row.scenario}[/dim]")
+        table.add_row(row.scenario, row.broken, row.outcome, row.effects, row.review)
+
+    with stop_on_signals(), bar:
+        try:
+            summary = run_demo(keep=keep, on_row=on_row, on_phase=on_phase)
+        except Interrupted as stop:
+            bar.stop()
+            console.print(f"[red]{stop}: every process stopped, temporary files removed[/red]")
+            raise typer.Exit(stop.exit_code) from None
+    console.print(table)
+    duplicates = summary["duplicate_effects"]
+    style = "green" if duplicates == 0 and not summary["stuck"] and not summary["lost"] else "red"
+    console.print(
+        f"[{style}]{summary['ops']} operations: {duplicates} duplicate effects, "
+        f"{summary['dispatches_while_in_flight']} sends while a call was in flight, "
+        f"{summary['stuck']} stuck, {summary['lost']} lost; {summary['unknown_in_review']} "
+        f"held for a person to decide.[/{style}]"
+    )
+    for problem in summary["problems"]:
+        console.print(f"[red]{problem}[/red]")
+    if keep:
+        console.print("\n[bold]Still running[/bold] (Flower saw every task above):")
+        for name, url in summary["urls"].items():
+            console.print(f"{name}: {url}", soft_wrap=True)
+    else:
+        console.print(
+            f"[dim]{time.monotonic() - started:.0f} s; every process stopped, every temporary "
+            "file removed.[/dim]"
+        )
+    console.print(
+        "The same story told by an agent: examples/langgraph_onboarding.py runs it as a "
+        "LangGraph graph whose thread is killed, replayed and forked without repeating an "
+        'effect (README, "Agents").'
+    )
+    if as_json:
+        print(json.dumps({k: v for k, v in summary.items() if k != "urls"}))
+    if style == "red":
+        raise typer.Exit(1)
+
+
+@app.command()
+def bench(
+    quick: Annotated[
+        bool, typer.Option("--quick", help="A smaller run (under two minutes).")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    concurrency: Annotated[
+        int | None, typer.Option(help="Worker processes for both runs (default: cores).")
+    ] = None,
+    tasks: Annotated[int | None, typer.Option(help="Tasks per throughput run.")] = None,
+    sizes: Annotated[
+        str | None, typer.Option(help="Ledger sizes for the sweeps, e.g. 10000,1000000.")
+    ] = None,
+    prepares: Annotated[int | None, typer.Option(help="Prepares per rate measure.")] = None,
+    repeats: Annotated[int | None, typer.Option(help="Timed sweeps per size.")] = None,
+    backlog: Annotated[
+        int | None,
+        typer.Option(help="Prepared operations in the backlog drains (0: skip them)."),
+    ] = None,
+    backlog_only: Annotated[
+        bool, typer.Option("--backlog-only", help="Only the backlog drains.")
+    ] = False,
+    concurrencies: Annotated[
+        str | None,
+        typer.Option(help="Concurrencies to measure the ratio at too, e.g. 2,4,8 (0: none)."),
+    ] = None,
+    tenants: Annotated[
+        str | None,
+        typer.Option(
+            help="Tenant counts to spread the ledger's drain over, e.g. 1,10,100 (0: none)."
+        ),
+    ] = None,
+) -> None:
+    """Measure the ledger beside bare Celery (throughput ratio, CPU per operation, round
+    trips, sweep cost), and a backlog behind a slow provider drained with and without
+    relay and sweep."""
+    import dataclasses
+
+    from opledger.dev.bench import QUICK, BenchConfig, run_bench
+    from opledger.dev.chaos.stack import Interrupted, stop_on_signals
+
+    config = QUICK if quick else BenchConfig()
+    changes: dict[str, Any] = {
+        "concurrency": concurrency,
+        "tasks": tasks,
+        "prepares": prepares,
+        "repeats": repeats,
+    }
+    if sizes:
+        two = _counts("--sizes", sizes)
+        if len(two) != 2:
+            raise typer.BadParameter("give two sizes, small and large, e.g. 10000,1000000")
+        changes["sizes"] = (two[0], two[1])
+    if concurrencies is not None:
+        changes["concurrencies"] = tuple(c for c in _counts("--concurrencies", concurrencies) if c)
+    if tenants is not None:
+        changes["tenants"] = tuple(t for t in _counts("--tenants", tenants) if t)
+    config = dataclasses.replace(
+        config, **{k: v for k, v in changes.items() if v is not None and v != 0}
+    )
+    if backlog is not None:
+        config = dataclasses.replace(config, backlog=backlog)
+    config = dataclasses.replace(config, backlog_only=backlog_only)
+    err = Console(stderr=True)
+    with stop_on_signals():
+        try:
+            result = run_bench(config, progress=lambda m: err.print(f"[dim]{m}[/dim]"))
+        except Interrupted as stop:
+            err.print(f"[red]{stop}: every process stopped, temporary files removed[/red]")
+            raise typer.Exit(stop.exit_code) from None
+    if as_json:
+        print(json.dumps(result))
+        return
+    table = Table("measure", "value", "target")
+    targets = {
+        "backlog_ratio": ">= 0.9",
+        "backlog_msgs_per_op_max": "<= 1.5",
+        "backlog_wipe_settled": f"= {config.backlog}",
+        "ratio": ">= 0.8",
+        "round_trips_per_op": "<= 2",
+        "sweep_ms_1m": f"<= 2 x sweep_ms_10k = {2 * result['sweep_ms_10k']:.1f}",
+    }
+    for key, value in result.items():
+        if key in ("by_concurrency", "ledger_ops_s_by_tenants"):
+            continue
+        if key != "sweep_plans":
+            table.add_row(key, str(value), targets.get(key, ""))
+    for c, row in result.get("by_concurrency", {}).items():
+        table.add_row(f"ratio at concurrency {c}", str(row["ratio"]), ">= 0.8")
+    for t, ops in result.get("ledger_ops_s_by_tenants", {}).items():
+        table.add_row(f"ledger_ops_s with {t} tenants", str(ops), "")
+    console.print(table)
+    for size, plans in result.get("sweep_plans", {}).items():
+        for name, plan in plans.items():
+            console.print(f"[dim]{size} {name}: {plan}[/dim]")
+
+
+def _counts(option: str, text: str) -> list[int]:
+    """A comma-separated list of non-negative whole numbers, or a usage error."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{option} takes whole numbers separated by commas") from None
+    if not values or any(v < 0 for v in values):
+        raise typer.BadParameter(f"{option} takes whole numbers separated by commas")
+    return values

@@ -1,0 +1,210 @@
+"""`opledger console` and `opledger operator`: the review console and its accounts."""
+
+from __future__ import annotations
+
+import sys
+from datetime import timedelta
+from typing import Annotated
+
+import typer
+from rich.text import Text
+
+from .app import (
+    ByOption,
+    JsonOption,
+    app,
+    console,
+    emit_json,
+    err_console,
+    open_ledger,
+)
+from .render import _when, records_table
+from .review import publish_retry
+
+operator_app = typer.Typer(help="Operators of the review console: accounts and their tenants.")
+app.add_typer(operator_app, name="operator")
+
+
+CONSOLE_MODULES = ("starlette", "uvicorn", "jinja2", "multipart", "argon2")
+
+
+def require_console_extra(command: str) -> None:
+    """One line naming the extra to install when the console's dependencies are missing."""
+    import importlib.util
+
+    for name in CONSOLE_MODULES:
+        if importlib.util.find_spec(name) is None:
+            err_console.print(
+                f"opledger {command}: the review console needs the console extra ({name} is "
+                "missing): pip install 'opledger[console]'",
+                style="red",
+                markup=False,
+            )
+            raise typer.Exit(4)
+
+
+OPERATOR_HINT = "opledger operator add NAME --tenant TENANT --by YOU"
+
+
+@app.command("console")
+def console_command(
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="HTTP port.")] = 8700,
+    idle_minutes: Annotated[
+        float, typer.Option(help="A session ends after this long without a request.")
+    ] = 30.0,
+    session_hours: Annotated[float, typer.Option(help="Any session ends after this long.")] = 8.0,
+    trusted_header: Annotated[
+        str | None,
+        typer.Option(
+            help="SSO mode: the header a proxy sets to the signed-in operator's name (e.g. "
+            "X-Forwarded-User); password sign-in is then off."
+        ),
+    ] = None,
+    trusted_proxy: Annotated[
+        list[str] | None,
+        typer.Option(help="An address or network the SSO proxy connects from (repeat)."),
+    ] = None,
+    secure_cookies: Annotated[
+        bool, typer.Option("--secure-cookies", help="Cookies only over HTTPS (behind TLS).")
+    ] = False,
+    redact: Annotated[
+        list[str] | None,
+        typer.Option(help="Hide payload fields of an action: 'crm.*=note,customer.email'."),
+    ] = None,
+) -> None:
+    """The review queue in a browser: the same rules and audit trail as `opledger review`.
+
+    Operators sign in with the accounts `opledger operator add` creates (or, with
+    --trusted-header, through an SSO proxy); it refuses to start without one."""
+    require_console_extra("console")
+    import uvicorn
+
+    from opledger.console.accounts import Accounts
+    from opledger.console.app import ConsoleConfig, create_app
+    from opledger.console.redaction import Redaction
+
+    if idle_minutes <= 0 or session_hours <= 0:
+        raise typer.BadParameter("session times must be positive")
+    config = ConsoleConfig(
+        idle_timeout=timedelta(minutes=idle_minutes),
+        session_lifetime=timedelta(hours=session_hours),
+        trusted_header=trusted_header,
+        trusted_proxies=tuple(trusted_proxy or ("127.0.0.1", "::1")),
+        secure_cookies=secure_cookies,
+        redaction=Redaction.parse(redact or ()),
+    )
+    with open_ledger(pool_size=4) as ledger:
+        accounts = Accounts(ledger.engine)
+        if accounts.enabled_count() == 0:
+            err_console.print(
+                f"opledger console: no operator accounts: add one with `{OPERATOR_HINT}`",
+                style="red",
+                markup=False,
+            )
+            raise typer.Exit(4)
+        web = create_app(
+            ledger, accounts, config, publish_retry=lambda op_id: publish_retry(op_id, debug=False)
+        )
+        mode = f"SSO header {trusted_header}" if trusted_header else "operator passwords"
+        err_console.print(f"opledger console on http://{host}:{port} ({mode})", markup=False)
+        uvicorn.run(web, host=host, port=port, log_level="warning", proxy_headers=False)
+
+
+def _read_password(password_stdin: bool) -> str:
+    if password_stdin:
+        line = sys.stdin.readline()
+        return line[:-1] if line.endswith("\n") else line
+    if not sys.stdin.isatty():
+        raise typer.BadParameter(
+            "no terminal to ask for the password: pass it on stdin with --password-stdin, or "
+            "use --sso-only"
+        )
+    password: str = typer.prompt("password", hide_input=True, confirmation_prompt=True)
+    return password
+
+
+@operator_app.command("add")
+def operator_add(
+    name: Annotated[str, typer.Argument(help="The operator's name, as the audit trail shows it.")],
+    by: ByOption,
+    tenant: Annotated[
+        list[str] | None, typer.Option(help="A tenant this operator acts for (repeat).")
+    ] = None,
+    all_tenants: Annotated[
+        bool, typer.Option("--all-tenants", help="Acts for every tenant (an admin).")
+    ] = False,
+    password_stdin: Annotated[
+        bool, typer.Option("--password-stdin", help="Read the password from stdin's first line.")
+    ] = False,
+    sso_only: Annotated[
+        bool,
+        typer.Option("--sso-only", help="No password: signs in only through the SSO proxy."),
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Add an operator of the review console (the password is asked for, hidden, unless
+    --password-stdin or --sso-only); only its argon2 hash is stored."""
+    require_console_extra("operator add")
+    from opledger.console.accounts import Accounts
+
+    if sso_only and password_stdin:
+        raise typer.BadParameter("--sso-only takes no password")
+    password = None if sso_only else _read_password(password_stdin)
+    with open_ledger() as ledger:
+        added = Accounts(ledger.engine).add(
+            name, tenants=tenant or [], all_tenants=all_tenants, password=password, by=by
+        )
+    if as_json:
+        emit_json(added.model_dump(mode="json"))
+        return
+    how = "through the SSO proxy only" if sso_only else "with a password"
+    console.print(Text(f"operator {added.name} added: acts for {added.scope}, signs in {how}"))
+
+
+@operator_app.command("disable")
+def operator_disable(
+    name: Annotated[str, typer.Argument(help="The operator's name.")],
+    by: ByOption,
+    as_json: JsonOption = False,
+) -> None:
+    """Disable an operator: their sessions end at once; the audit trail keeps the name."""
+    require_console_extra("operator disable")
+    from opledger.console.accounts import Accounts
+
+    with open_ledger() as ledger:
+        disabled = Accounts(ledger.engine).disable(name, by=by)
+    if as_json:
+        emit_json(disabled.model_dump(mode="json"))
+        return
+    console.print(Text(f"operator {disabled.name} disabled {_when(disabled.disabled_at)}"))
+
+
+@operator_app.command("list")
+def operator_list(as_json: JsonOption = False) -> None:
+    """Operators of the review console, disabled ones too."""
+    require_console_extra("operator list")
+    from opledger.console.accounts import Accounts
+
+    with open_ledger() as ledger:
+        operators = Accounts(ledger.engine).list()
+    if as_json:
+        emit_json([o.model_dump(mode="json") for o in operators])
+        return
+    console.print(
+        records_table(
+            ("name", "tenants", "sign-in", "added", "by", "disabled"),
+            [
+                (
+                    o.name,
+                    o.scope,
+                    "password" if o.has_password else "SSO only",
+                    _when(o.created_at),
+                    o.created_by,
+                    _when(o.disabled_at),
+                )
+                for o in operators
+            ],
+            keys=("name",),
+        )
+    )
