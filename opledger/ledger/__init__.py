@@ -4,8 +4,9 @@ It imports neither Celery nor any adapter (checked by import-linter). Everything
 an agent or an operator needs from the ledger is re-exported here.
 """
 
-from .api import DEFAULT_LEASE, ActionResolver, Ledger, PrefixResolver
+from .api import ActionResolver, Ledger, PrefixResolver
 from .canonical import DEFAULT_MAX_PAYLOAD_BYTES, CanonicalPayload, canonicalize
+from .claims import DEFAULT_LEASE
 from .errors import (
     AuthorizationError,
     AuthorizationRevoked,

@@ -1,0 +1,127 @@
+"""The ledger's base: its engine, store and limits, and the reads every part of its API uses."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import timedelta
+from typing import Any, Protocol
+
+from sqlalchemy import Engine
+
+from . import queries as q
+from . import store
+from .canonical import DEFAULT_MAX_PAYLOAD_BYTES
+from .errors import (
+    InvalidInput,
+    OperationNotFound,
+)
+from .ids import (
+    check_action,
+    check_operation_id,
+)
+from .models import (
+    History,
+    Operation,
+)
+from .store import Store
+
+#: how long a claim may start its request when no provider-specific window is given
+DEFAULT_SEND_WINDOW = timedelta(seconds=10)
+
+
+class ActionResolver(Protocol):
+    """Says which provider serves an action, or raises `UnknownAction`.
+
+    A resolver may also declare what makes another act of an action, as
+    `intent_fields(action) -> tuple[str, ...]` (the adapter registry does): the payload
+    fields an agent's intent is derived from (`opledger.ledger.intents`). Without it,
+    `Ledger.intent_fields` raises `IntentFieldsUndeclared`."""
+
+    def provider_for(self, action: str) -> str: ...
+
+
+class PrefixResolver:
+    """Accept any well-formed versioned action; its first segment names the provider. It
+    declares no action's intent fields, so an agent's intent cannot be derived through it
+    (`Ledger.intent_fields` raises `IntentFieldsUndeclared`).
+
+    The composition root replaces this with the adapter registry, which refuses actions
+    no adapter serves.
+    """
+
+    def provider_for(self, action: str) -> str:
+        return check_action(action).split(".", 1)[0]
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
+
+
+class LedgerBase:
+    """What every part of the ledger's API shares: the engine and store, the action resolver
+    and the limits; and the reads."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        actions: ActionResolver | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        send_window: timedelta = DEFAULT_SEND_WINDOW,
+    ) -> None:
+        if send_window <= timedelta(0):
+            raise InvalidInput("send_window must be positive", field="send_window")
+        self.engine = engine
+        self._store = Store(engine)
+        self._tx = self._store.transaction
+        self._single = self._store.statement
+        self.actions: ActionResolver = actions or PrefixResolver()
+        self.max_payload_bytes = max_payload_bytes
+        self.send_window = send_window
+
+    # -- reads -------------------------------------------------------------------------
+
+    def get(self, op_id: str) -> Operation:
+        """The operation `op_id`, as it stands now."""
+        check_operation_id(op_id)
+        with self._single() as conn:
+            row = conn.execute(q.SELECT_OPERATION, {"op_id": op_id}).one_or_none()
+        if row is None:
+            raise OperationNotFound(f"no operation {op_id}", op_id=op_id)
+        return store.operation(row)
+
+    def payload(self, op_id: str) -> dict[str, Any] | None:
+        """The frozen payload of `op_id`, or None once it has been purged."""
+        check_operation_id(op_id)
+        with self._single() as conn:
+            text = conn.execute(q.SELECT_PAYLOAD, {"op_id": op_id}).scalar_one_or_none()
+        if text is None:
+            self.get(op_id)
+            return None
+        value: dict[str, Any] = json.loads(text)
+        return value
+
+    def history(self, op_id: str) -> History:
+        """Everything recorded about `op_id`: attempts, evidence, transitions and reviews."""
+        check_operation_id(op_id)
+        with self._store.snapshot() as conn:
+            return self._store.history(conn, op_id)
+
+
+def _payload_limit_from_environment() -> int:
+    """`OPLEDGER_MAX_PAYLOAD_BYTES` as the workers read it; only that variable, so an
+    unrelated setting cannot stop a ledger from opening."""
+    raw = os.environ.get("OPLEDGER_MAX_PAYLOAD_BYTES")
+    if raw is None or not raw.strip():
+        return DEFAULT_MAX_PAYLOAD_BYTES
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = 0
+    if limit <= 0:
+        raise InvalidInput(
+            f"OPLEDGER_MAX_PAYLOAD_BYTES must be a positive whole number of bytes, not {raw!r}",
+            field="OPLEDGER_MAX_PAYLOAD_BYTES",
+        )
+    return limit

@@ -1,0 +1,294 @@
+"""The fenced claim and the outcome it records: the worker's two round trips."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from datetime import timedelta
+from typing import Any, NoReturn
+
+from pydantic import ValidationError
+from sqlalchemy import Connection
+
+from . import queries as q
+from . import store
+from .base import LedgerBase, _json
+from .decide import admit
+from .errors import (
+    AuthorizationRevoked,
+    ForbiddenTransition,
+    ForgedFence,
+    InvalidInput,
+    OperationNotFound,
+    StaleFence,
+)
+from .ids import (
+    check_identifier,
+    check_operation_id,
+)
+from .models import (
+    Ambiguous,
+    Binding,
+    Claim,
+    ClaimTerms,
+    Confirmed,
+    EvidenceSource,
+    Operation,
+    Outcome,
+    Rejected,
+    Status,
+)
+from .window import SendWindow, clock
+
+DEFAULT_LEASE = timedelta(seconds=60)
+
+
+class Claims(LedgerBase):
+    """The worker's path: `claim` (fence + 1, lease, attempt row) and `record_outcome`,
+    each one autocommitted statement."""
+
+    def claim(
+        self,
+        op_id: str,
+        *,
+        owner: str,
+        terms: ClaimTerms | None = None,
+        lease: timedelta | None = None,
+    ) -> Claim | None:
+        """Take a fenced claim on a prepared operation (its first dispatch), or None.
+
+        One statement, committed before returning: the fence grows by one, the lease is
+        set, the attempt row (with its in-flight deadline) is written and the frozen
+        payload comes back. `terms` say how long the lease holds (`lease` overrides it),
+        how long the request may take to start (the provider's send window) and how long
+        it may still execute at the provider (its in-flight time); see `ClaimTerms`.
+
+        The claim is good for *starting* the request only until `claim.send_by`; the
+        attempt's in-flight deadline counts from `send_by`, and `claim.window.check()`
+        refuses once the window has passed on this process's monotonic clock
+        (`opledger.ledger.window`).
+
+        Returns None when the operation is not prepared, or a live lease holds it (claimed
+        by someone else, finished, unknown...). Raises `AuthorizationRevoked` when its
+        grant is no longer active; the prepared operation is cancelled first.
+        """
+        return self._claim(op_id, Status.PREPARED, owner, self._terms(terms, lease), "claim")
+
+    def claim_retry(
+        self,
+        op_id: str,
+        *,
+        owner: str,
+        expected_fence: int,
+        authorized_by: str | None = None,
+        terms: ClaimTerms | None = None,
+        lease: timedelta | None = None,
+    ) -> Claim | None:
+        """Take a fenced claim on an unknown operation whose retry the decision allowed.
+
+        As `claim`, but only if nobody moved the operation since the caller read it at
+        `expected_fence` (the fence the decision saw). `authorized_by` names the operator
+        whose review resolution allowed it, recorded on the attempt. A revoked grant
+        raises `AuthorizationRevoked` and leaves the operation unknown.
+        """
+        reason = "retry" if authorized_by is None else f"retry authorized by {authorized_by}"
+        return self._claim(
+            op_id,
+            Status.UNKNOWN,
+            owner,
+            self._terms(terms, lease),
+            reason,
+            expected_fence=expected_fence,
+            authorized_by=authorized_by,
+        )
+
+    def _terms(self, terms: ClaimTerms | None, lease: timedelta | None) -> ClaimTerms:
+        try:
+            chosen = terms or ClaimTerms()
+            if lease is not None:
+                chosen = ClaimTerms.model_validate(chosen.model_dump() | {"lease": lease})
+        except ValidationError as exc:
+            raise InvalidInput(f"claim terms: {exc.errors()[0]['msg']}", field="terms") from exc
+        return chosen
+
+    def _claim(
+        self,
+        op_id: str,
+        from_status: Status,
+        owner: str,
+        terms: ClaimTerms,
+        reason: str,
+        *,
+        expected_fence: int | None = None,
+        authorized_by: str | None = None,
+    ) -> Claim | None:
+        check_operation_id(op_id)
+        check_identifier("owner", owner)
+        lease = terms.lease
+        token = secrets.token_hex(16)
+        # Read before the statement leaves: the database's now() is later than this moment,
+        # so the window measured from here never ends after send_by.
+        opened = clock()
+        row = self._store.hot(
+            q.CLAIM,
+            {
+                "op_id": op_id,
+                "owner": owner,
+                "token": token,
+                "lease": lease,
+                "in_flight": terms.in_flight or lease,
+                "in_flight_map": terms.in_flight_json,
+                "send_window": terms.send_window or self.send_window,
+                "window_map": terms.send_window_json,
+                "from_status": from_status.value,
+                "expected_fence": expected_fence,
+                "authorized_by": authorized_by,
+                "reason": reason,
+            },
+        )
+        if row is None:
+            with self._single() as conn:
+                self._explain_refused_claim(conn, op_id, from_status, owner)
+            return None
+        n_at, started_at, deadline_at, send_by, db_now, canonical = row[_CLAIM_TAIL:]
+        if canonical is None:  # purged payloads belong to finished operations only
+            raise ForbiddenTransition(f"{op_id} has no frozen payload left", op_id=op_id)
+        operation = store.operation_of(row)
+        return Claim(
+            op_id=op_id,
+            fence=operation.fence,
+            token=token,
+            owner=owner,
+            lease_expires_at=operation.lease_expires_at,
+            attempt_n=n_at,
+            started_at=started_at,
+            deadline_at=deadline_at,
+            db_now=db_now,
+            send_by=send_by,
+            idempotency_key=operation.idempotency_key,
+            payload=json.loads(canonical),
+            payload_canonical=canonical,
+            operation=operation,
+            window=SendWindow(op_id=op_id, send_by=send_by, length=send_by - db_now, opened=opened),
+        )
+
+    def _explain_refused_claim(
+        self, conn: Connection, op_id: str, from_status: Status, owner: str
+    ) -> None:
+        """After a refused claim: raise for a missing operation or a revoked grant."""
+        state = conn.execute(q.CLAIM_REFUSAL, {"op_id": op_id}).one_or_none()
+        if state is None:
+            raise OperationNotFound(f"no operation {op_id}", op_id=op_id)
+        if state.grant_active:
+            return
+        if state.status == Status.PREPARED.value:
+            conn.execute(
+                q.CANCEL,
+                {"op_id": op_id, "actor": owner, "reason": "authorization revoked"},
+            )
+        if state.status in (Status.PREPARED.value, from_status.value):
+            raise AuthorizationRevoked(
+                f"authorization {state.authorization_ref!r} of {op_id} is no longer active",
+                op_id=op_id,
+                ref=state.authorization_ref,
+            )
+
+    def record_outcome(
+        self, claim: Claim, outcome: Outcome, *, recheck: timedelta = timedelta(0)
+    ) -> Operation:
+        """Record what the provider call produced, conditional on the claim's fence.
+
+        One statement: the attempt is closed, the evidence kept and the status moved
+        (confirmed, rejected, or unknown for an ambiguous outcome, due for a check after
+        `recheck`). When a newer claim holds the operation, the evidence and the attempt's
+        outcome are still kept (and the record version bumped: it is a new fact), the
+        status is not moved, and `StaleFence` is raised; its `status` says where the
+        operation stands.
+        """
+        outcome = admit(None, claim, outcome)
+        to_status = _STATUS_OF[outcome.kind]
+        binding = (
+            outcome.binding
+            if isinstance(outcome, Confirmed)
+            else Binding(idempotency_key=claim.idempotency_key)
+        )
+        row = self._store.hot(
+            q.RECORD_OUTCOME,
+            {
+                "op_id": claim.op_id,
+                "fence": claim.fence,
+                "token": claim.token,
+                "kind": outcome.kind,
+                "response": outcome.model_dump_json(),
+                "to_status": to_status.value,
+                "receipt_id": outcome.receipt_id if isinstance(outcome, Confirmed) else None,
+                "recheck": recheck,
+                "source": EvidenceSource.DISPATCH.value,
+                "binding": binding.model_dump_json(exclude_none=True),
+                "detail": _json(_detail_of(outcome)),
+                "actor": claim.owner,
+                "reason": _reason_of(outcome),
+            },
+        )
+        assert row is not None  # the statement always returns its one row
+        if row[1] is not None:
+            return store.operation_of(row[1:])
+        with self._single() as conn:
+            self._raise_fenced(conn, claim, evidence_kept=row[0] is not None)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _raise_fenced(self, conn: Connection, claim: Claim, *, evidence_kept: bool) -> NoReturn:
+        state = conn.execute(
+            q.FENCE_STATE, {"op_id": claim.op_id, "fence": claim.fence}
+        ).one_or_none()
+        if state is None:
+            raise OperationNotFound(f"no operation {claim.op_id}", op_id=claim.op_id)
+        genuine = state.attempt_token is not None and secrets.compare_digest(
+            state.attempt_token, claim.token
+        )
+        if not genuine:
+            raise ForgedFence(
+                f"claim on {claim.op_id} with fence {claim.fence} was not issued by the ledger",
+                op_id=claim.op_id,
+                fence=claim.fence,
+            )
+        raise StaleFence(
+            f"claim on {claim.op_id} with fence {claim.fence} no longer holds it "
+            f"(fence is {state.fence}, status {state.status})"
+            + ("; its outcome was kept as evidence" if evidence_kept else "; already reported"),
+            op_id=claim.op_id,
+            fence=claim.fence,
+            current_fence=state.fence,
+            evidence_kept=evidence_kept,
+            status=state.status,
+        )
+
+
+_STATUS_OF = {
+    "confirmed": Status.CONFIRMED,
+    "rejected": Status.REJECTED,
+    "ambiguous": Status.UNKNOWN,
+}
+
+
+#: where the claim's row continues after the operation's columns (queries.CLAIM)
+_CLAIM_TAIL = len(q.OPERATION_COLUMNS)
+
+
+def _detail_of(outcome: Outcome) -> dict[str, Any]:
+    detail = dict(outcome.detail)
+    if isinstance(outcome, Confirmed):
+        detail.update(receipt_id=outcome.receipt_id, accepted_only=outcome.accepted_only)
+    else:
+        detail.update(code=outcome.code, reason=outcome.reason)
+        if isinstance(outcome, Rejected) and outcome.conflicting_state:
+            detail["conflicting_state"] = True
+        if isinstance(outcome, Ambiguous):
+            detail["replayed"] = outcome.replayed
+    return detail
+
+
+def _reason_of(outcome: Outcome) -> str:
+    if isinstance(outcome, Confirmed):
+        return "accepted by provider" if outcome.accepted_only else "provider receipt"
+    return f"{outcome.kind}: {outcome.code}"

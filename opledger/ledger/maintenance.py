@@ -1,0 +1,204 @@
+"""Maintenance, for beat: expired leases, due checks, the relay and its backlog guard,
+payload purges and review notifications."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Connection
+
+from . import backlog
+from . import queries as q
+from .backlog import RELAY_MAX_DOUBLINGS, Handout
+from .base import LedgerBase
+
+
+class Maintenance(LedgerBase):
+    """What beat's sweep, relay and purge ask of the ledger: batches, `FOR UPDATE SKIP
+    LOCKED`, safe to run twice."""
+
+    def expire_leases(
+        self, *, limit: int = 500, backoff: timedelta = timedelta(0), actor: str = "sweeper"
+    ) -> list[str]:
+        """Fence out claims whose lease expired: dispatching -> unknown, fence + 1.
+
+        The stalled or dead worker can no longer write; the operations are due for
+        reconciliation after `backoff`. Safe to run from two sweepers at once.
+        """
+        with self._single() as conn:
+            rows = conn.execute(
+                q.EXPIRE_LEASES, {"limit": limit, "backoff": backoff, "actor": actor}
+            )
+            return [r.id for r in rows]
+
+    def due_checks(self, *, limit: int = 500, backoff: timedelta) -> list[str]:
+        """Unknown operations whose check is due; each is pushed `backoff` into the future
+        so it is handed out once per backoff, even when its reconcile message is lost."""
+        return [h.op_id for h in self.hand_out_checks(limit=limit, backoff=backoff)]
+
+    def hand_out_checks(
+        self,
+        *,
+        limit: int = 500,
+        backoff: timedelta,
+        depth: int | None = None,
+        interval: timedelta | None = None,
+        queue: str = "reconcile",
+    ) -> list[Handout]:
+        """Due checks to hand to reconcile, each numbered (its `check_gen`).
+
+        With `interval` (the sweep's) the backlog guard applies: `depth` is the reconcile
+        queue's depth now, and checks are handed out only until the queue holds what the
+        workers drain in two intervals, so a check does not wait in the queue long enough
+        to fall due again: at most one outstanding check per operation.
+        """
+        rows: Sequence[Any] = []
+        if interval is None:
+            with self._single() as conn:
+                rows = conn.execute(q.DUE_CHECKS, {"limit": limit, "backoff": backoff}).all()
+            return [Handout(r.id, r.check_gen) for r in rows]
+        with self._tx() as conn:
+            budget = self._guard(conn, queue, depth=depth, interval=interval, limit=limit)
+            if budget.allowed:
+                rows = conn.execute(
+                    q.DUE_CHECKS, {"limit": budget.allowed, "backoff": backoff}
+                ).all()
+            self._save_guard(conn, queue, budget.state, published=len(rows))
+        return [Handout(r.id, r.check_gen) for r in rows]
+
+    def relay(
+        self,
+        *,
+        older_than: timedelta,
+        publish: Callable[[str, int], None],
+        limit: int = 500,
+        before_mark: Callable[[], None] | None = None,
+        depth: int | None = None,
+        interval: timedelta | None = None,
+        queue: str = "dispatch",
+        max_doublings: int = RELAY_MAX_DOUBLINGS,
+    ) -> list[str]:
+        """Publish again the prepared operations whose message is plausibly lost.
+
+        An operation qualifies when nobody claimed it for `older_than` since its last
+        publish; every re-publication doubles that wait (up to 2^`max_doublings`), and
+        `publish(op_id, generation)` gets the new generation to carry in the message.
+
+        With `interval` (the relay's) the backlog guard applies: `depth` is the dispatch
+        queue's depth now; nothing is published while the queue is deeper than the workers
+        drain in two intervals, nor until it has been that shallow for `older_than` (a
+        message queued behind a backlog had that long to arrive), and then only into the
+        headroom. In one transaction: lock a batch (SKIP LOCKED), publish each, then mark
+        them. A crash between publishing and marking only publishes them again later,
+        which the fenced claim makes harmless.
+        """
+        with self._tx() as conn:
+            budget = None
+            allowed = limit
+            if interval is not None:
+                counter = int(conn.execute(q.CLAIM_COUNTER).scalar_one())
+                budget = self._guard(
+                    conn,
+                    queue,
+                    depth=depth,
+                    interval=interval,
+                    limit=limit,
+                    hold_for=older_than,
+                    counter=counter,
+                )
+                allowed = budget.allowed
+            rows: Sequence[Any] = []
+            if allowed:
+                rows = conn.execute(
+                    q.RELAY_CANDIDATES,
+                    {"after": older_than, "limit": allowed, "max_doublings": max_doublings},
+                ).all()
+            for r in rows:
+                publish(r.id, r.relay_gen + 1)
+            if rows and before_mark is not None:
+                before_mark()
+            ids = [r.id for r in rows]
+            if ids:
+                conn.execute(q.MARK_ENQUEUED, {"ids": ids})
+            if budget is not None:
+                self._save_guard(conn, queue, budget.state, published=len(ids))
+        return ids
+
+    def _guard(
+        self,
+        conn: Connection,
+        queue: str,
+        *,
+        depth: int | None,
+        interval: timedelta,
+        limit: int,
+        hold_for: timedelta = timedelta(0),
+        counter: int | None = None,
+    ) -> backlog.Plan:
+        conn.execute(q.ENSURE_QUEUE_GUARD, {"queue": queue})
+        row = conn.execute(q.LOCK_QUEUE_GUARD, {"queue": queue}).one()
+        return backlog.plan(
+            _guard_state(row),
+            depth=depth,
+            now=row.now,
+            counter=counter,
+            interval=interval,
+            limit=limit,
+            hold_for=hold_for,
+        )
+
+    def _save_guard(
+        self, conn: Connection, queue: str, state: backlog.GuardState, *, published: int
+    ) -> None:
+        after = None if state.depth_after is None else state.depth_after + published
+        conn.execute(
+            q.SAVE_QUEUE_GUARD,
+            {
+                "queue": queue,
+                "sampled_at": state.sampled_at,
+                "depth_after": after,
+                "counter": state.counter,
+                "drain_per_s": state.drain_per_s,
+                "shallow_since": state.shallow_since,
+            },
+        )
+
+    def queue_guard(self, queue: str) -> backlog.GuardState | None:
+        """The backlog guard's last sample of `queue` (None before the first guarded run)."""
+        with self._single() as conn:
+            row = conn.execute(q.SELECT_QUEUE_GUARD, {"queue": queue}).one_or_none()
+        return None if row is None else _guard_state(row)
+
+    def purge_payloads(self, *, older_than: timedelta, limit: int = 1000) -> int:
+        """Delete frozen payloads of finished operations older than `older_than`.
+
+        The digest, the attempts and the evidence stay.
+        """
+        with self._single() as conn:
+            return len(
+                conn.execute(q.PURGE_PAYLOADS, {"older_than": older_than, "limit": limit}).all()
+            )
+
+    def due_notifications(self, *, limit: int = 500, backoff: timedelta) -> list[str]:
+        """Operations whose open review has not been notified yet; each is handed out
+        once per `backoff` until `mark_notified`."""
+        with self._single() as conn:
+            rows = conn.execute(q.DUE_NOTIFICATIONS, {"limit": limit, "backoff": backoff})
+            return [r.op_id for r in rows]
+
+    def mark_notified(self, review_id: int) -> None:
+        """Record that the notification of a review is prepared (it is an operation itself)."""
+        with self._single() as conn:
+            conn.execute(q.MARK_NOTIFIED, {"review_id": review_id})
+
+
+def _guard_state(row: Any) -> backlog.GuardState:
+    return backlog.GuardState(
+        sampled_at=row.sampled_at,
+        depth_after=row.depth_after,
+        counter=row.counter,
+        drain_per_s=row.drain_per_s,
+        shallow_since=row.shallow_since,
+    )

@@ -1,0 +1,376 @@
+"""Prepare and ask: an intended effect recorded before anything crosses the boundary,
+idempotent per intent; its dependencies."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.orm import Session
+
+from . import queries as q
+from . import store
+from .base import LedgerBase
+from .canonical import canonicalize
+from .errors import (
+    AuthorizationRevoked,
+    DependencyCycle,
+    IntentConflict,
+    IntentFieldsUndeclared,
+    InvalidInput,
+    UnknownDependency,
+)
+from .grants import _check_grant
+from .ids import (
+    check_action,
+    check_identifier,
+    check_key,
+    check_operation_id,
+    evidence_text,
+    new_operation_id,
+)
+from .intents import check_fields
+from .models import (
+    Ask,
+    Asked,
+    Dependency,
+    Operation,
+    Status,
+)
+
+
+@dataclass(frozen=True)
+class _SameIntent:
+    """What a call asked, to compare with the operation its intent already names."""
+
+    #: the action, target, payload digest and authorization of the call
+    asked: tuple[str, str, str, str]
+    deps: tuple[str, ...]
+    notify: bool
+    #: `ask`'s asker ("asked_by", "actor"); None for `prepare`, which refuses a difference
+    ask: dict[str, str | None] | None
+
+
+class Prepare(LedgerBase):
+    """Recording intents: `prepare`, `ask`, their dependencies and who asked."""
+
+    def prepare(
+        self,
+        *,
+        tenant: str,
+        workflow_id: str,
+        intent_key: str,
+        action: str,
+        target: str,
+        payload: Mapping[str, Any],
+        authorization_ref: str,
+        session: Session | None = None,
+        actor: str = "prepare",
+        after: Sequence[str] = (),
+        notify: bool = False,
+        traceparent: str | None = None,
+    ) -> Operation:
+        """Record an intended effect before anything crosses the boundary.
+
+        Idempotent per (tenant, workflow_id, intent_key): the same call again returns the
+        same operation. The same intent with another action, target, payload,
+        authorization or `after` raises `IntentConflict`. `tenant`, `workflow_id`,
+        `intent_key` and `target` are normalised to Unicode NFC (an NFD spelling names the
+        same operation) and may not contain invisible characters. With `session=`, the
+        insert joins the caller's transaction (outbox): it exists only if the caller commits.
+
+        `after` names operations (of the same tenant) this one runs after: it is claimed
+        only once all of them are confirmed; if one is (or becomes) rejected or cancelled,
+        this one is cancelled with that reason; while one is unknown, it waits
+        (`dependencies()` says on what). An unknown id raises `UnknownDependency`, an
+        `after` that would make an operation wait on itself `DependencyCycle`.
+        `notify=True` makes every status change (and review) of it a `NOTIFY
+        opledger_settle` in the transaction that makes it (what `opledger.agents` waits on).
+        `traceparent` is the caller's trace context (opledger's tracing passes a W3C
+        `traceparent`), kept opaque on the new operation for the workers' spans to link
+        back to; a replayed call keeps the first one.
+        """
+        return self._prepare(
+            tenant=tenant,
+            workflow_id=workflow_id,
+            intent_key=intent_key,
+            action=action,
+            target=target,
+            payload=payload,
+            authorization_ref=authorization_ref,
+            session=session,
+            actor=actor,
+            after=after,
+            notify=notify,
+            traceparent=traceparent,
+            asking=False,
+            asked_by=None,
+        ).operation
+
+    def ask(
+        self,
+        *,
+        tenant: str,
+        workflow_id: str,
+        intent_key: str,
+        action: str,
+        target: str,
+        payload: Mapping[str, Any],
+        authorization_ref: str,
+        asked_by: str | None = None,
+        actor: str = "agent",
+        after: Sequence[str] = (),
+        notify: bool = False,
+        traceparent: str | None = None,
+    ) -> Asked:
+        """`prepare` as an agent asks for an effect: an intent asked again is answered with
+        the operation it recorded, never refused.
+
+        Where `prepare` raises `IntentConflict`, `ask` returns the recorded operation and
+        what this ask asked differently (`Asked.differs`: the action, the target, the
+        payload digest, the authorization, `after`); nothing of the difference is recorded
+        as an effect, so nothing of it is ever sent. An intent already recorded is answered
+        even when the grant this ask names was revoked or has expired (that reads what was
+        done); the grant must still be the tenant's and cover the action. A new intent
+        needs an active grant covering the action, as with `prepare`. Every ask is kept
+        (`asks(op_id)`), with `asked_by` — the asker's own id for the call, a model's
+        tool-call id or an MCP request id — as evidence of which call asked (kept as text,
+        control characters replaced, never refused). That id is never the intent: derive
+        `intent_key` from the act (`opledger.ledger.intents.intent_key`)."""
+        return self._prepare(
+            tenant=tenant,
+            workflow_id=workflow_id,
+            intent_key=intent_key,
+            action=action,
+            target=target,
+            payload=payload,
+            authorization_ref=authorization_ref,
+            session=None,
+            actor=actor,
+            after=after,
+            notify=notify,
+            traceparent=traceparent,
+            asking=True,
+            asked_by=evidence_text(asked_by),
+        )
+
+    def asks(self, op_id: str) -> tuple[Ask, ...]:
+        """Every ask of `op_id`'s intent through `ask`, oldest first (none for what only
+        `prepare` recorded: it keeps no asks)."""
+        check_operation_id(op_id)
+        with self._single() as conn:
+            rows = conn.execute(q.SELECT_ASKS, {"op_id": op_id}).all()
+        if not rows:
+            self.get(op_id)
+        return tuple(store.record(Ask, r) for r in rows)
+
+    def _prepare(
+        self,
+        *,
+        tenant: str,
+        workflow_id: str,
+        intent_key: str,
+        action: str,
+        target: str,
+        payload: Mapping[str, Any],
+        authorization_ref: str,
+        session: Session | None,
+        actor: str,
+        after: Sequence[str],
+        notify: bool,
+        traceparent: str | None,
+        asking: bool,
+        asked_by: str | None,
+    ) -> Asked:
+        tenant = check_key("tenant", tenant)
+        if traceparent is not None:
+            check_identifier("traceparent", traceparent, max_length=TRACEPARENT_MAX)
+        workflow_id = check_key("workflow_id", workflow_id)
+        intent_key = check_key("intent_key", intent_key)
+        target = check_key("target", target)
+        check_identifier("authorization_ref", authorization_ref)
+        check_action(action)
+        deps = _check_after(after)
+        provider = self.actions.provider_for(action)
+        frozen = canonicalize(payload, max_bytes=self.max_payload_bytes)
+        intent = {"tenant": tenant, "workflow_id": workflow_id, "intent_key": intent_key}
+        same = _SameIntent(
+            asked=(action, target, frozen.digest, authorization_ref),
+            deps=deps,
+            notify=notify,
+            ask={"asked_by": asked_by, "actor": actor} if asking else None,
+        )
+        with self._tx(session) as conn:
+            grant = conn.execute(q.SELECT_AUTHORIZATION, {"ref": authorization_ref}).one_or_none()
+            try:
+                _check_grant(grant, tenant=tenant, action=action, ref=authorization_ref)
+            except AuthorizationRevoked:
+                # an ask of an intent already recorded reads what was done: no new write is
+                # made under this grant, the tenant's, covering the action (checked first)
+                if not asking:
+                    raise
+                existing_row = conn.execute(q.SELECT_OPERATION_BY_INTENT, intent).one_or_none()
+                if existing_row is None:
+                    raise
+                return self._same_intent(conn, store.operation(existing_row), same)
+            blocking, doomed = 0, None
+            if deps:
+                existing_row = conn.execute(q.SELECT_OPERATION_BY_INTENT, intent).one_or_none()
+                if existing_row is not None:  # a replayed step: lock nothing, insert nothing
+                    return self._same_intent(conn, store.operation(existing_row), same)
+                blocking, doomed = self._lock_dependencies(conn, tenant, deps)
+            op_id = new_operation_id()
+            row = conn.execute(
+                q.INSERT_OPERATION,
+                {
+                    "id": op_id,
+                    **intent,
+                    "action": action,
+                    "target": target,
+                    "provider": provider,
+                    "payload_digest": frozen.digest,
+                    "payload_size": frozen.size,
+                    "authorization_ref": authorization_ref,
+                    "idempotency_key": op_id,
+                    "canonical": frozen.text,
+                    "actor": actor,
+                    "waiting_on": blocking,
+                    "notify_settle": notify,
+                    "traceparent": traceparent,
+                    "asked_by": asked_by,
+                    "record_ask": asking,
+                },
+            ).one_or_none()
+            if row is None:  # another caller inserted the same intent just now
+                row = conn.execute(q.SELECT_OPERATION_BY_INTENT, intent).one()
+                return self._same_intent(conn, store.operation(row), same)
+            if deps:
+                conn.execute(q.INSERT_DEPENDENCIES, {"op_id": op_id, "after": list(deps)})
+            if doomed is not None:
+                row = conn.execute(
+                    q.CANCEL, {"op_id": op_id, "actor": "dependency", "reason": doomed}
+                ).one()
+        return Asked(operation=store.operation(row), first=True)
+
+    def _lock_dependencies(
+        self, conn: Connection, tenant: str, deps: tuple[str, ...]
+    ) -> tuple[int, str | None]:
+        """Lock and mark the operations `deps` names: how many are not confirmed, and why
+        the new operation is cancelled at once (one of them rejected or cancelled)."""
+        if not deps:
+            return 0, None
+        rows = conn.execute(q.LOCK_DEPENDENCIES, {"after": list(deps), "tenant": tenant}).all()
+        missing = sorted(set(deps) - {r.id for r in rows})
+        if missing:
+            raise UnknownDependency(
+                f"after names no operation {', '.join(missing)} of tenant {tenant!r}",
+                op_ids=tuple(missing),
+            )
+        blocking = sum(1 for r in rows if r.status != Status.CONFIRMED.value)
+        failed = sorted(
+            (r for r in rows if r.status in (Status.REJECTED.value, Status.CANCELLED.value)),
+            key=lambda r: r.id,
+        )
+        doomed = None
+        if failed:
+            first = failed[0]
+            doomed = (
+                f"dependency {first.id} was {first.status} "
+                f"({first.change_reason or 'no reason given'})"
+            )
+        return blocking, doomed
+
+    def _same_intent(self, conn: Connection, existing: Operation, same: _SameIntent) -> Asked:
+        """The operation a replayed prepare (or a repeated ask) names. `prepare` refuses
+        another action, target, payload, authorization or `after` (`IntentConflict`); an
+        ask is answered with the recorded operation and what it asked differently."""
+        names = ("action", "target", "payload_digest", "authorization_ref")
+        differs = [
+            n for n, mine in zip(names, same.asked, strict=True) if getattr(existing, n) != mine
+        ]
+        recorded = set(conn.execute(q.SELECT_DEPENDENCY_IDS, {"op_id": existing.id}).scalars())
+        if recorded != set(same.deps):
+            if (
+                same.ask is None
+                and same.deps
+                and conn.execute(
+                    q.REACHES, {"after": list(same.deps), "op_id": existing.id}
+                ).scalar_one()
+            ):
+                raise DependencyCycle(
+                    f"{existing.id} ({existing.workflow_id} / {existing.intent_key}) cannot "
+                    "run after operations that run after it, or after itself",
+                    op_id=existing.id,
+                )
+            differs.append("after")
+        if differs and same.ask is None:
+            raise IntentConflict(
+                f"intent {existing.intent_key!r} of workflow {existing.workflow_id!r} already "
+                f"names operation {existing.id} with a different {', '.join(differs)}",
+                op_id=existing.id,
+                differs=tuple(differs),
+            )
+        if same.ask is not None:
+            conn.execute(
+                q.INSERT_ASK,
+                {
+                    "op_id": existing.id,
+                    **same.ask,
+                    "payload_digest": same.asked[2],
+                    "authorization_ref": same.asked[3],
+                    "differs": differs,
+                },
+            )
+        if same.notify:
+            conn.execute(q.WATCH, {"op_id": existing.id})
+        return Asked(operation=existing, first=False, differs=tuple(differs))
+
+    def dependencies(self, op_id: str) -> tuple[Dependency, ...]:
+        """The operations `op_id` runs after, as they stand now (with the open review of
+        any that a person holds): what it waits for, if anything."""
+        check_operation_id(op_id)
+        with self._single() as conn:
+            rows = conn.execute(q.SELECT_DEPENDENCIES, {"op_id": op_id}).all()
+        if not rows:
+            self.get(op_id)
+        return tuple(store.record(Dependency, r) for r in rows)
+
+    def watch(self, op_id: str) -> None:
+        """Have every later status change (and review) of `op_id` NOTIFY `opledger_settle`."""
+        check_operation_id(op_id)
+        with self._single() as conn:
+            conn.execute(q.WATCH, {"op_id": op_id})
+
+    def intent_fields(self, action: str) -> tuple[str, ...]:
+        """The payload fields that make another act of `action`, as the action resolver
+        (the adapter registry) declares them. Raises `IntentFieldsUndeclared` when the
+        resolver declares none (the default `PrefixResolver`): every process must derive
+        an act's intent from the same declaration, or one act gets two keys."""
+        declared = getattr(self.actions, "intent_fields", None)  # a resolver of your own
+        if not callable(declared):
+            raise IntentFieldsUndeclared(
+                f"nothing declares the intent fields of {action!r}: build the Ledger with the "
+                "adapter registry (Ledger.from_url(url, actions=load_registry(settings)), as "
+                "opledger.tasks.app.runtime().ledger is), or give intent_fields= (or step=)"
+            )
+        return check_fields(declared(action))
+
+
+#: the longest trace context `prepare` keeps (a W3C traceparent is 55 characters)
+TRACEPARENT_MAX = 256
+
+#: how many operations one operation may run after
+MAX_DEPENDENCIES = 100
+
+
+def _check_after(after: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(after, str):
+        raise InvalidInput("after must be a list of operation ids, not one string", field="after")
+    deps = tuple(sorted({check_operation_id(op_id) for op_id in after}))
+    if len(deps) > MAX_DEPENDENCIES:
+        raise InvalidInput(
+            f"after names {len(deps)} operations; at most {MAX_DEPENDENCIES}", field="after"
+        )
+    return deps
