@@ -49,7 +49,8 @@ from opledger.observability import tracing
 
 log = logging.getLogger("opledger.agents")
 
-#: the channel the ledger NOTIFYs on (migration 0008); the payload is the operation id
+#: the channel the ledger NOTIFYs on (`opledger_notify_settle` in ledger/schema.sql); the
+#: payload is the operation id
 CHANNEL = "opledger_settle"
 #: how often a waiter reads the operation again even without a notification
 DEFAULT_POLL = 5.0
@@ -574,7 +575,7 @@ def _result_of(history: History, deps: Sequence[Dependency]) -> EffectResult:
     if op.status is Status.CANCELLED:
         return EffectCancelled(operation=op, reason=last)
     if op.status is Status.UNKNOWN:
-        review = next((r for r in reversed(history.reviews) if r.resolved_at is None), None)
+        review = history.open_review
         if review is not None:
             waiting = f"a person: review {review.id} ({review.reason})"
         elif op.next_check_at is not None:

@@ -529,7 +529,7 @@ def create_app(
             if payload is not None
             else (None, [])
         )
-        open_review = any(r.resolved_at is None for r in history.reviews)
+        open_review = history.open_review is not None
         return render(
             request,
             "operation.html",

@@ -661,9 +661,8 @@ class Story:
                 status = "confirmed (accepted, not delivered)"
             outcome.append(f"{label}: {status}")
             effects.append(f"{label}: {truth['effects'].get(effect_key(h), 0)}")
-            open_reviews = [r for r in h.reviews if r.resolved_at is None]
-            if open_reviews:
-                reviews.append(f"{label}: {open_reviews[0].reason}")
+            if h.open_review is not None:
+                reviews.append(f"{label}: {h.open_review.reason}")
         return Row(
             scenario, broken, "\n".join(outcome), "\n".join(effects), "\n".join(reviews) or "none"
         )

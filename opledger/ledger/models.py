@@ -334,6 +334,12 @@ class History(Record):
     transitions: tuple[Transition, ...]
     reviews: tuple[Review, ...]
 
+    @property
+    def open_review(self) -> Review | None:
+        """The review a person holds it with, if one is open (at most one is: the
+        database allows one open review per operation)."""
+        return next((r for r in reversed(self.reviews) if r.resolved_at is None), None)
+
 
 class Ask(Record):
     """One ask of an intent (`Ledger.ask`): who asked, and what it asked differently.

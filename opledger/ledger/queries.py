@@ -5,7 +5,8 @@ companion rows (attempt, evidence) are written by data-modifying CTEs of the sam
 statement, so a change and its facts commit together in one round trip. The audit trail
 (`transitions`) is written by the database itself: a trigger records every status or fence
 change from the row's OLD and NEW values, with the `changed_by` and `change_reason` the
-statement sets (migration 0006). No statement here writes a transition row.
+statement sets (`opledger_guard_operation` in schema.sql). No statement here writes a
+transition row.
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ operations = Table(
     Column("check_gen", Integer, nullable=False, server_default=text("0")),
     Column("operator_retry_by", Text),
     # Who made the last status or fence change, and why: the audit trigger copies them
-    # into `transitions` (migration 0006); the guard refuses a change without them.
+    # into `transitions` (schema.sql); the guard refuses a change without them.
     Column("changed_by", Text),
     Column("change_reason", Text),
     Column("record_version", Integer, nullable=False, server_default=text("1")),

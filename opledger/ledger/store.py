@@ -36,7 +36,7 @@ from .models import Attempt, Authorization, Evidence, History, Operation, Review
 
 R = TypeVar("R", bound=BaseModel)
 
-#: the guard trigger's error codes (migrations 0001 and 0006), as ledger errors
+#: the guard trigger's error codes (`opledger_guard_operation` in schema.sql), as ledger errors
 _TRIGGER_ERRORS: dict[str, type[LedgerError]] = {
     "OL001": ForbiddenTransition,  # a status change the state machine does not allow
     "OL002": FenceWentBack,  # a fence that would decrease

@@ -341,7 +341,7 @@ def notify_review(self: OperationTask, op_id: str) -> str:
     check_operation_id(op_id)
     rt = runtime()
     history = rt.ledger.history(op_id)
-    review = next((r for r in reversed(history.reviews) if r.resolved_at is None), None)
+    review = history.open_review
     if review is None:
         return "noop"
     op = history.operation

@@ -274,9 +274,7 @@ def reconcile(
         span.operation(history.operation)
         span.decision(decision, lookups)
     op = history.operation
-    if any(r.resolved_at is None for r in history.reviews) and not isinstance(
-        decision, Confirm | Reject
-    ):
+    if history.open_review is not None and not isinstance(decision, Confirm | Reject):
         # A person has it: only evidence that settles it acts before they do (a fenced-out
         # worker's late receipt, say); anything else waits for their resolution.
         return StepResult(Step.REVIEW, op, decision)
@@ -317,7 +315,7 @@ def _decide(
     try:
         adapter = registry.adapter_for(op.action)
     except UnknownAction as exc:
-        if any(r.resolved_at is None for r in history.reviews):
+        if history.open_review is not None:
             return StepResult(Step.REVIEW, op)  # a person has it already: say nothing
         return _review_without_adapter(ledger, op, exc)
     contract = adapter.contract

@@ -28,9 +28,7 @@ def effect_key(history: History) -> str:
 def settled(history: History) -> bool:
     """Final, or unknown with an open review: nothing automatic will move it any more."""
     status = history.operation.status
-    return status.final or (
-        status is Status.UNKNOWN and any(r.resolved_at is None for r in history.reviews)
-    )
+    return status.final or (status is Status.UNKNOWN and history.open_review is not None)
 
 
 @dataclass
