@@ -35,7 +35,7 @@ settings.load_profile("suite")
 def require_rabbitmq() -> None:
     """Skip the test when the machine's RabbitMQ cannot give it a private virtual host: a
     skip on a laptop, a failure in CI (where `.ci/run` starts RabbitMQ)."""
-    from opledger.dev.chaos.stack import rabbitmq_available
+    from opledger.dev.processes import rabbitmq_available
 
     why = rabbitmq_available()
     if why is not None:
@@ -134,7 +134,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     machine): its URL without a database number."""
     import redis
 
-    from opledger.dev.chaos.stack import PrivateRedis
+    from opledger.dev.processes import PrivateRedis
 
     local = redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=2)
     try:

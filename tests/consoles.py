@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from opledger.dev.chaos.stack import Proc, free_port, wait_until
+from opledger.dev.processes import Proc, free_port, wait_until
 
 
 def opledger(env: dict[str, str], *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:

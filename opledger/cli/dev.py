@@ -71,7 +71,7 @@ def chaos(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from opledger.dev.chaos.run import ChaosConfig, run_chaos
-    from opledger.dev.chaos.stack import Interrupted, stop_on_signals
+    from opledger.dev.processes import Interrupted, stop_on_signals
 
     config = ChaosConfig(
         ops=ops,
@@ -150,8 +150,8 @@ def demo(
     )
     from rich.table import Column
 
-    from opledger.dev.chaos.stack import Interrupted, stop_on_signals
     from opledger.dev.demo import Row, planned_scenarios, run_demo
+    from opledger.dev.processes import Interrupted, stop_on_signals
 
     started = time.monotonic()
     console.print(
@@ -260,7 +260,7 @@ def bench(
     import dataclasses
 
     from opledger.dev.bench import QUICK, BenchConfig, run_bench
-    from opledger.dev.chaos.stack import Interrupted, stop_on_signals
+    from opledger.dev.processes import Interrupted, stop_on_signals
 
     config = QUICK if quick else BenchConfig()
     changes: dict[str, Any] = {

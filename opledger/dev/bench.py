@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 from opledger.adapters.base import Contract, Idempotency, Lookup, LookupResult
 from opledger.adapters.registry import Registry
 from opledger.dev import devstack
-from opledger.dev.chaos.stack import PrivateRedis, Proc, Stack, use_broker, wait_until
+from opledger.dev.processes import PrivateRedis, Proc, Stack, use_broker, wait_until
 from opledger.ledger import Attempt, Binding, Claim, Confirmed, Ledger, Operation, Outcome
 from opledger.settings import Settings
 

@@ -52,8 +52,8 @@ from opledger.adapters.registry import load_registry
 from opledger.dev import devstack
 from opledger.dev.chaos.audit import Audit, audit, effect_key, settled
 from opledger.dev.chaos.run import stack_env
-from opledger.dev.chaos.stack import PrivateRedis, Proc, Stack, free_port, use_broker, wait_until
 from opledger.dev.chaos.variants import KINDS, configure_sandbox
+from opledger.dev.processes import PrivateRedis, Proc, Stack, free_port, use_broker, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import IntentConflict, Ledger, Status
 from opledger.ledger.migrate import upgrade

@@ -15,7 +15,7 @@ import httpx
 import psycopg
 import pytest
 
-from opledger.dev.chaos.stack import free_port
+from opledger.dev.processes import free_port
 from tests.conftest import _libpq
 from tests.consoles import opledger, running_console
 

@@ -175,7 +175,7 @@ def test_a_queue_declared_as_another_type_is_refused_in_one_line(
     channel error forever. Its startup checks declare the queues first and refuse."""
     from kombu.connection import Connection
 
-    from opledger.dev.chaos.stack import PrivateVhost
+    from opledger.dev.processes import PrivateVhost
     from opledger.queues import queues_of
 
     require_rabbitmq()

@@ -22,7 +22,7 @@ import pytest
 from opledger.adapters.registry import load_registry
 from opledger.dev.chaos.audit import settled as is_settled
 from opledger.dev.chaos.run import stack_env
-from opledger.dev.chaos.stack import (
+from opledger.dev.processes import (
     PrivateRedis,
     PrivateVhost,
     Stack,

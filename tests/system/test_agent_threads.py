@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from opledger.dev.chaos.stack import Stack
 from opledger.dev.chaos.variants import KINDS
+from opledger.dev.processes import Stack
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from opledger.dev.chaos.stack import PrivateRedis, PrivateVhost, Stack, wait_until
+from opledger.dev.processes import PrivateRedis, PrivateVhost, Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.tasks.app import dispatch

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from opledger.dev.chaos.stack import Stack
+from opledger.dev.processes import Stack
 
 pytestmark = pytest.mark.system
 

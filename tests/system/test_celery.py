@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from opledger.dev.chaos.audit import in_flight_races
-from opledger.dev.chaos.stack import Proc, Stack, free_port, wait_until
+from opledger.dev.processes import Proc, Stack, free_port, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.tasks.app import dispatch

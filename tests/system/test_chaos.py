@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from opledger.dev.chaos.stack import Stack
+from opledger.dev.processes import Stack
 from tests.conftest import require_rabbitmq
 
 pytestmark = pytest.mark.system

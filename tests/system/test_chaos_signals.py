@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from opledger.dev.chaos.stack import Stack, wait_until
+from opledger.dev.processes import Stack, wait_until
 
 pytestmark = pytest.mark.system
 

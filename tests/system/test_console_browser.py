@@ -20,8 +20,8 @@ import psycopg
 import pytest
 
 from opledger.adapters.registry import load_registry
-from opledger.dev.chaos.stack import Stack, wait_until
 from opledger.dev.chaos.variants import KINDS, configure_sandbox
+from opledger.dev.processes import Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from tests.conftest import TABLES, _libpq

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import pytest
 
 from opledger.dev.chaos.audit import audit
-from opledger.dev.chaos.stack import Stack, wait_until
 from opledger.dev.chaos.variants import KINDS, configure_sandbox
+from opledger.dev.processes import Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import IntentConflict, Ledger, Status
 from opledger.tasks.app import dispatch

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from opledger.dev.chaos.stack import Stack
+from opledger.dev.processes import Stack
 
 pytestmark = pytest.mark.system
 

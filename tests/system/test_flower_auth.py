@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from opledger.dev.chaos.stack import PrivateRedis, Proc, free_port, wait_until
+from opledger.dev.processes import PrivateRedis, Proc, free_port, wait_until
 
 pytestmark = pytest.mark.system
 

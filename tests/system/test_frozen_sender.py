@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from opledger.dev.chaos.audit import audit, effect_key
-from opledger.dev.chaos.stack import Stack, wait_until
 from opledger.dev.chaos.variants import ALL_KINDS, EMAIL_ACCOUNT, configure_sandbox
+from opledger.dev.processes import Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import History, Ledger, Status
 from opledger.tasks.app import dispatch

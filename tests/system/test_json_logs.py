@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from opledger.dev.chaos.stack import Stack, wait_until
 from opledger.dev.chaos.variants import KINDS, configure_sandbox
+from opledger.dev.processes import Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.tasks.app import dispatch

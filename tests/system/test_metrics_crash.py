@@ -14,8 +14,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from opledger.dev.chaos.stack import Proc, Stack, free_port, wait_until
 from opledger.dev.chaos.variants import KINDS, configure_sandbox
+from opledger.dev.processes import Proc, Stack, free_port, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.tasks.app import dispatch

@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from opledger.dev.chaos.stack import PrivateRedis, Stack
+from opledger.dev.processes import PrivateRedis, Stack
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.tasks.outbox import prepare_and_dispatch

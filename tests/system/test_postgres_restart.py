@@ -14,8 +14,8 @@ import pytest
 
 from opledger.adapters.registry import load_registry
 from opledger.dev.chaos.run import stack_env
-from opledger.dev.chaos.stack import PrivateRedis, Proc, Stack, wait_until
 from opledger.dev.devstack import EmbeddedPostgres
+from opledger.dev.processes import PrivateRedis, Proc, Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.ledger.migrate import upgrade

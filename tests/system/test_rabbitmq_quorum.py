@@ -20,7 +20,7 @@ from celery import Celery
 
 from opledger import celeryconfig
 from opledger.dev.chaos.audit import audit
-from opledger.dev.chaos.stack import PrivateVhost, Stack, wait_until
+from opledger.dev.processes import PrivateVhost, Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.queues import QUEUES, queues_of

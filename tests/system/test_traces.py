@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from opledger.dev.chaos.stack import Stack, wait_until
 from opledger.dev.chaos.variants import KINDS, configure_sandbox
+from opledger.dev.processes import Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from tests.otlp import Receiver, Span, otlp_receiver

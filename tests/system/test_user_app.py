@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
-from opledger.dev.chaos.stack import Proc, Stack, wait_until
+from opledger.dev.processes import Proc, Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 

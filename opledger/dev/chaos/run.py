@@ -26,12 +26,12 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from opledger.dev import devstack
+from opledger.dev.processes import Stack, private_broker, use_broker
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import DatabaseUnavailable, Ledger
 from opledger.settings import Settings
 
 from .audit import Audit, audit
-from .stack import Stack, private_broker, use_broker
 from .variants import KINDS, build_registry, configure_sandbox
 
 #: short leases and intervals so recovery happens in seconds

@@ -1,5 +1,6 @@
-"""Real processes for system tests, chaos runs and the demo: a private broker (a Redis
-server of our own, or a RabbitMQ virtual host of our own), Celery workers and one beat.
+"""The general process harness, for system tests, chaos runs, the demo and the bench: real
+processes — a private broker (a Redis server of our own, or a RabbitMQ virtual host of
+our own), Celery workers and one beat.
 
 Every process runs in its own session (process group), so a test can SIGKILL, SIGSTOP or
 SIGCONT a whole worker — the main process and its pool children — like a crashed host.
