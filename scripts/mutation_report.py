@@ -18,7 +18,13 @@ from pathlib import Path
 from mutmut.stats import status_by_exit_code
 
 MUTANTS = Path("mutants")
-MODULES = ("opledger/ledger/decide.py", "opledger/ledger/canonical.py", "opledger/adapters/base.py")
+MODULES = (
+    "opledger/ledger/decide.py",
+    "opledger/ledger/evidence.py",
+    "opledger/ledger/risk.py",
+    "opledger/ledger/canonical.py",
+    "opledger/adapters/base.py",
+)
 #: the part of base.py that maps provider answers and client errors to outcomes
 ERROR_MAPPING = (
     "outcome_for_http_error",

@@ -8,7 +8,7 @@ It never raises a client library's exception upward: every failure becomes an `O
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Protocol, runtime_checkable
@@ -27,7 +27,7 @@ from opledger.ledger import (
     SendWindowPassed,
 )
 from opledger.ledger.contract import Contract, Idempotency, Lookup
-from opledger.ledger.decide import (
+from opledger.ledger.evidence import (
     IDEMPOTENCY_MISMATCH,
     IN_FLIGHT,
     KEY_POISONED,
@@ -52,12 +52,14 @@ __all__ = [
     "REJECTED",
     "SERVER_ERROR",
     "Adapter",
+    "AdapterExtras",
     "Contract",
     "ErrorCodes",
     "Idempotency",
     "Lookup",
     "LookupResult",
     "Verdict",
+    "extra",
     "outcome_for_http_error",
     "outcome_for_http_status",
     "sending",
@@ -97,6 +99,59 @@ class Adapter(Protocol):
     def lookup(self, operation: Operation, attempts: Sequence[Attempt]) -> LookupResult:
         """Ask the provider what became of `operation`. A read; never raises."""
         ...
+
+    # Optional members (intent fields, a search hint, a contract probe, close, where its
+    # requests go): `AdapterExtras` lists them, `extra()` reads them.
+
+
+class AdapterExtras(Protocol):
+    """What an adapter may offer beyond `Adapter`: every member is optional, and opledger
+    reads each only through `extra(adapter, name)`, so this class is the one list of them.
+
+    `Registry` reads `intent_fields` (and calls `close` on shutdown); the review snapshot
+    calls `search_hint`; `opledger contract check` sends `contract_probe`'s requests, and
+    only to an endpoint that is loopback or the declared `test_base_url` (`base_url`, `url`
+    or `host` say where the adapter's requests go); the check's sandbox settings name the
+    `account`.
+    """
+
+    #: action -> the payload fields whose values make another act of it (see
+    #: `opledger.ledger.intents`); an action left out is one act per run and target
+    intent_fields: Mapping[str, Sequence[str]]
+    #: where the adapter's requests go: an HTTP base URL, a URL, or a host (SMTP)
+    base_url: str
+    url: str
+    host: str
+    #: the provider's test endpoint, which `contract check` may probe
+    test_base_url: str | None
+    #: the provider account the adapter acts in
+    account: str
+
+    def search_hint(self, operation: Operation) -> str | None:
+        """What a person can search the provider for to find this operation's effect."""
+        ...
+
+    def contract_probe(self, variant: int) -> tuple[str, str, dict[str, Any]]:
+        """The action, target and payload of `contract check`'s `variant`-th request."""
+        ...
+
+    def close(self) -> None:
+        """Release the adapter's connections."""
+        ...
+
+
+#: the optional members `extra` reads
+EXTRAS = frozenset(
+    {"intent_fields", "base_url", "url", "host", "test_base_url", "account"}
+    | {"search_hint", "contract_probe", "close"}
+)
+
+
+def extra(adapter: object, name: str) -> Any:
+    """The optional member `name` of `adapter` (one of `AdapterExtras`), or None."""
+    if name not in EXTRAS:
+        raise AttributeError(f"{name!r} is not an optional adapter member (AdapterExtras)")
+    return getattr(adapter, name, None)
 
 
 def outcome_for_http_error(exc: Exception) -> Ambiguous:

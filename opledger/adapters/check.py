@@ -28,7 +28,7 @@ from opledger.ledger.contract import Contract
 from opledger.ledger.ids import new_operation_id
 from opledger.ledger.models import Record, Status
 
-from .base import IDEMPOTENCY_MISMATCH, IN_FLIGHT, Adapter
+from .base import IDEMPOTENCY_MISMATCH, IN_FLIGHT, Adapter, extra
 
 Verdict = Literal["agrees", "disagrees", "not observed"]
 
@@ -55,11 +55,11 @@ class UnsafeTarget(Exception):
 
 def endpoint_is_safe(adapter: Adapter) -> bool:
     """Loopback, or the test URL the adapter declares (`test_base_url`)."""
-    base = str(getattr(adapter, "base_url", "") or getattr(adapter, "url", "") or "")
-    test_url = getattr(adapter, "test_base_url", None)
+    base = str(extra(adapter, "base_url") or extra(adapter, "url") or "")
+    test_url = extra(adapter, "test_base_url")
     if test_url and base.rstrip("/") == str(test_url).rstrip("/"):
         return True
-    host = urlsplit(base).hostname or getattr(adapter, "host", "") or ""
+    host = urlsplit(base).hostname or extra(adapter, "host") or ""
     if host == "localhost":
         return True
     try:
@@ -381,7 +381,7 @@ def _fault_facts(s: _Session, contract: Contract, admin_url: str | None) -> list
 
 
 def _account(s: _Session) -> str:
-    return str(getattr(s.adapter, "account", ""))
+    return str(extra(s.adapter, "account") or "")
 
 
 def _provider(s: _Session) -> str:
@@ -397,7 +397,7 @@ def _admin(base: str, path: str, body: dict[str, Any]) -> None:
 
 def probe_for(adapter: Adapter) -> Probe | None:
     """The adapter's own probe (`contract_probe`), if it offers one."""
-    probe = getattr(adapter, "contract_probe", None)
+    probe = extra(adapter, "contract_probe")
     return probe if callable(probe) else None
 
 

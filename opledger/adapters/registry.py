@@ -12,7 +12,7 @@ from opledger.ledger.ids import LONGEST_KEY, check_action
 from opledger.ledger.intents import check_fields
 from opledger.settings import Settings
 
-from .base import Adapter
+from .base import Adapter, extra
 
 
 class Registry:
@@ -39,7 +39,7 @@ class Registry:
                 f"{adapter.contract.provider} accepts keys of at most {limit} characters; "
                 f"opledger's keys take up to {LONGEST_KEY}"
             )
-        declared = dict(getattr(adapter, "intent_fields", None) or {})
+        declared = dict(extra(adapter, "intent_fields") or {})
         unserved = sorted(set(declared) - set(adapter.actions))
         if unserved:
             raise ValueError(
@@ -108,7 +108,7 @@ class Registry:
     def close(self) -> None:
         """Close every adapter that holds connections."""
         for adapter in {id(a): a for a in self._by_action.values()}.values():
-            close = getattr(adapter, "close", None)
+            close = extra(adapter, "close")
             if callable(close):
                 close()
 

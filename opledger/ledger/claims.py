@@ -13,7 +13,6 @@ from sqlalchemy import Connection
 from . import queries as q
 from . import store
 from .base import LedgerBase, _json
-from .decide import admit
 from .errors import (
     AuthorizationRevoked,
     ForbiddenTransition,
@@ -22,6 +21,7 @@ from .errors import (
     OperationNotFound,
     StaleFence,
 )
+from .evidence import admit
 from .ids import (
     check_identifier,
     check_operation_id,

@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from .contract import Contract
-from .decide import human, in_flight_until, same_key_retry_risk, sent_attempts
+from .evidence import sent_attempts
 from .models import Attempt, Evidence, Operation, Record
+from .risk import human, in_flight_until, same_key_retry_risk
 
 
 class Consequences(Record):

@@ -12,34 +12,30 @@ from datetime import datetime, timedelta
 from pydantic import Field
 
 from .contract import Contract
+from .evidence import (
+    DISPATCH,
+    IDEMPOTENCY_MISMATCH,
+    KEY_POISONED,
+    LOOKUP,
+    NOT_SENT,
+    SERVER_ERROR,
+    _code,
+    attempt_codes,
+    binds,
+    binds_key,
+    our_keys,
+    sent_attempts,
+)
 from .models import (
-    Ambiguous,
     Attempt,
     Authorization,
-    Binding,
-    Claim,
-    Confirmed,
     Evidence,
-    EvidenceSource,
     Operation,
-    Outcome,
     Record,
-    Rejected,
     Status,
     Verdict,
 )
-
-# Codes an adapter (or `admit`) uses for outcomes the decision treats specially.
-IDEMPOTENCY_MISMATCH = "idempotency_mismatch"  #: the key was used with another payload
-KEY_POISONED = "key_poisoned"  #: the provider wants a new key after a failed attempt
-SERVER_ERROR = "server_error"  #: a 5xx (or a failure the provider reported) after sending
-IN_FLIGHT = "in_flight"  #: the provider refused this attempt: one with the key is executing
-NOT_SENT = "not_sent"  #: provably nothing reached the provider (refused connection, window)
-STATE_CONFLICT = "state_conflict"  #: a refusal our own earlier attempt may have caused
-BINDING_MISMATCH = "binding_mismatch"  #: a receipt that names another key, target or body
-UNBOUND_RESPONSE = "unbound_response"  #: a success that does not show it answers our request
-
-DISPATCH, LOOKUP = EvidenceSource.DISPATCH, EvidenceSource.LOOKUP
+from .risk import human, in_flight_until, retention_risk, same_key_retry_risk
 
 
 class Dispatch(Record):
@@ -94,248 +90,6 @@ class ReviewPolicy(Record):
     after_attempts: int = Field(default=5, gt=0)
     #: time since the first attempt while it is still waiting or looking
     after: timedelta = timedelta(hours=24)
-
-
-def our_keys(operation: Operation, attempts: Sequence[Attempt]) -> frozenset[str]:
-    """Every idempotency key this operation was, or will be, sent under."""
-    return frozenset({operation.idempotency_key, *(a.idempotency_key for a in attempts)})
-
-
-def human(delta: timedelta) -> str:
-    """A duration as a person reads it: "31 h", "2 min", "45 s"."""
-    seconds = int(delta.total_seconds())
-    if seconds >= 2 * 86400:
-        return f"{seconds // 86400} d"
-    if seconds >= 3600:
-        return f"{seconds // 3600} h"
-    if seconds >= 60:
-        return f"{seconds // 60} min"
-    return f"{seconds} s"
-
-
-def binding_clashes(binding: Binding, operation: Operation, key: str | None) -> list[str]:
-    """What a receipt names that is not ours: another key, target or payload digest."""
-    return [
-        name
-        for name, theirs, ours in (
-            ("key", binding.idempotency_key, key),
-            ("target", binding.target, operation.target),
-            ("payload_digest", binding.payload_digest, operation.payload_digest),
-        )
-        if theirs is not None and ours is not None and theirs != ours
-    ]
-
-
-def _unbound(contract: Contract, binding: Binding, replayed: bool) -> str | None:
-    """Why a success response does not show that it answers our request, or None."""
-    if contract.response_binds in ("key", "key_and_digest") and binding.idempotency_key is None:
-        return "the response does not name our key, although the provider gives it"
-    if contract.response_binds == "key_and_digest" and binding.payload_digest is None:
-        return (
-            "the response does not name the request body it executed, although the provider "
-            "gives it"
-        )
-    if replayed and not contract.idempotency.payload_checked and binding.payload_digest is None:
-        return (
-            "a replayed response under our key from a provider that does not check the payload "
-            "may answer someone else's request"
-        )
-    return None
-
-
-def admit(contract: Contract | None, claim: Claim, outcome: Outcome) -> Outcome:
-    """What an attempt's outcome may count as, before it is recorded (rules 1, 2, 11).
-
-    A confirmation that names another key, target or body, or lacks what the provider's
-    responses bind, confirms nothing: it becomes ambiguous. A refusal saying the target is
-    already in the state we asked for is ambiguous after an earlier attempt that may have
-    applied. Without a contract (the ledger's own API) only the binding is checked. With a
-    keyed contract, the outcome records the scope the attempt was sent into.
-    """
-    if contract is not None and contract.idempotency.kind == "keyed":
-        outcome = outcome.model_copy(
-            update={"detail": {**outcome.detail, "scope": contract.idempotency.scope}}
-        )
-    if isinstance(outcome, Confirmed):
-        b = outcome.binding
-        clashes = binding_clashes(b, claim.operation, claim.idempotency_key)
-        if clashes:
-            return Ambiguous(
-                code=BINDING_MISMATCH,
-                reason=f"the receipt binds another {', '.join(clashes)}",
-                detail={"receipt": outcome.model_dump(mode="json")},
-            )
-        why = (
-            _unbound(contract, b, bool(outcome.detail.get("replayed")))
-            if contract is not None
-            else None
-        )
-        if why is not None:
-            return Ambiguous(
-                code=UNBOUND_RESPONSE,
-                reason=why,
-                detail={"receipt": outcome.model_dump(mode="json")},
-            )
-        return outcome
-    if isinstance(outcome, Rejected) and outcome.conflicting_state and claim.attempt_n > 1:
-        return Ambiguous(
-            code=STATE_CONFLICT,
-            reason=f"{outcome.reason}: after an earlier attempt that may have applied, this "
-            "is as likely our own effect as a refusal",
-            detail={**outcome.detail, "refusal": outcome.code, "conflicting_state": True},
-        )
-    return outcome
-
-
-def binds(
-    evidence: Evidence,
-    operation: Operation,
-    keys: frozenset[str],
-    contract: Contract | None = None,
-) -> bool:
-    """Rule 1: the evidence names this operation (our key or our receipt) and contradicts
-    neither its target nor its payload; a success response from dispatch also carries what
-    the contract says the provider's responses bind."""
-    b = evidence.binding
-    ours = (b.idempotency_key is not None and b.idempotency_key in keys) or (
-        b.receipt_id is not None and b.receipt_id == operation.provider_result_id
-    )
-    if not (
-        ours
-        and (b.target is None or b.target == operation.target)
-        and (b.payload_digest is None or b.payload_digest == operation.payload_digest)
-    ):
-        return False
-    if (
-        contract is not None
-        and evidence.source == DISPATCH
-        and evidence.verdict == Verdict.CONFIRMED
-    ):
-        return _unbound(contract, b, bool(evidence.detail.get("replayed"))) is None
-    if contract is not None and evidence.verdict == Verdict.CONFIRMED:
-        # an answer from what the provider keeps under a key (its key store, or a status
-        # API by our key, deduplicating or not) may be someone else's request under that
-        # key: only the body's digest tells, unless the provider refuses another body under
-        # a used key. A search finds our own marker, not a key anyone could reuse.
-        idem = contract.idempotency
-        by_key = idem.kind == "keyed" or contract.lookup.kind == "status_api"
-        checked = idem.kind == "keyed" and idem.payload_checked
-        return not by_key or checked or b.payload_digest is not None
-    return True
-
-
-def attempt_codes(evidence: Sequence[Evidence]) -> dict[int, str]:
-    """The code each attempt's own outcome carried (from its dispatch evidence)."""
-    return {
-        ev.attempt_n: _code(ev)
-        for ev in evidence
-        if ev.source == DISPATCH and ev.attempt_n is not None
-    }
-
-
-def sent_attempts(
-    contract: Contract, attempts: Sequence[Attempt], evidence: Sequence[Evidence]
-) -> list[Attempt]:
-    """The attempts that may have reached the provider and executed there: not those that
-    provably sent nothing, nor, where the contract says the provider refuses a concurrent
-    request with our key, those it refused because another was executing."""
-    codes = attempt_codes(evidence)
-    skipped = {NOT_SENT, IN_FLIGHT} if contract.idempotency.concurrent == "conflict" else {NOT_SENT}
-    return [a for a in attempts if codes.get(a.n) not in skipped]
-
-
-def in_flight_until(
-    contract: Contract, attempts: Sequence[Attempt], evidence: Sequence[Evidence]
-) -> datetime | None:
-    """Until when an earlier request may still be executing at the provider (rule 3).
-
-    Each attempt that may have been sent counts to its deadline. Where the contract says
-    the provider refuses a concurrent request, its "a request with this key is executing"
-    answer proves one was still running when it came, so nothing is sent before one lookup
-    interval after it; where it says it does not, such an answer is an attempt like any
-    other.
-    """
-    ends = [a.deadline_at for a in sent_attempts(contract, attempts, evidence)]
-    if contract.idempotency.concurrent == "conflict":
-        ends += [
-            ev.recorded_at + max(contract.lookup.interval, timedelta(seconds=1))
-            for ev in evidence
-            if ev.source == DISPATCH and _code(ev) == IN_FLIGHT
-        ]
-    return max(ends, default=None)
-
-
-def _key_first_used(
-    contract: Contract,
-    operation: Operation,
-    attempts: Sequence[Attempt],
-    evidence: Sequence[Evidence],
-) -> datetime | None:
-    uses = [
-        a.started_at
-        for a in sent_attempts(contract, attempts, evidence)
-        if a.idempotency_key == operation.idempotency_key
-    ]
-    return min(uses, default=None)
-
-
-def retention_risk(
-    contract: Contract,
-    operation: Operation,
-    attempts: Sequence[Attempt],
-    evidence: Sequence[Evidence],
-    now: datetime,
-) -> str | None:
-    """Rule 4: why the provider may have forgotten our key by now, or None."""
-    retention = contract.idempotency.retention
-    first_use = _key_first_used(contract, operation, attempts, evidence)
-    if retention is None or first_use is None:
-        return None
-    if now + contract.retention_margin >= first_use + retention:
-        return (
-            f"the key was first used at {first_use.isoformat(timespec='seconds')} and the "
-            f"provider keeps keys {human(retention)}; it may have been forgotten"
-        )
-    return None
-
-
-def same_key_retry_risk(
-    contract: Contract,
-    operation: Operation,
-    attempts: Sequence[Attempt],
-    evidence: Sequence[Evidence],
-    now: datetime,
-) -> str | None:
-    """Why sending again with our key could apply the change a second time, or None when
-    the provider's deduplication covers it (rules 4, 7, 10). The review's consequences
-    are derived from the same answer."""
-    idem = contract.idempotency
-    if idem.kind == "none":
-        return "the provider does not deduplicate: a retry could repeat the effect"
-    if _key_first_used(contract, operation, attempts, evidence) is None:
-        return None  # the provider never saw this key
-    expired = retention_risk(contract, operation, attempts, evidence, now)
-    if expired is not None:
-        return expired
-    scopes = {
-        str(ev.detail["scope"]) for ev in evidence if ev.source == DISPATCH and "scope" in ev.detail
-    }
-    if scopes - {idem.scope}:
-        return (
-            f"earlier attempts went to {', '.join(sorted(scopes))} and this one would go to "
-            f"{idem.scope or 'another scope'}; a key is deduplicated only within one scope"
-        )
-    if not idem.keys_durable:
-        return "the provider's key store does not survive a restart: it may have forgotten the key"
-    if idem.after_error == "key_released" and any(
-        a.outcome not in ("confirmed", "rejected")
-        for a in sent_attempts(contract, attempts, evidence)
-    ):
-        return (
-            "the provider releases a key when a request fails, possibly after applying the "
-            "change, and an earlier attempt's outcome was never read"
-        )
-    return None
 
 
 def decide(
@@ -503,10 +257,6 @@ def _send(contract: Contract, operation: Operation) -> Decision:
     return Dispatch(idempotency_key=key, payload_digest=operation.payload_digest)
 
 
-def binds_key(evidence: Evidence, keys: frozenset[str]) -> bool:
-    return evidence.binding.idempotency_key is not None and evidence.binding.idempotency_key in keys
-
-
 def _retry(
     contract: Contract,
     operation: Operation,
@@ -562,11 +312,6 @@ def _retry(
             reason="the provider stored a server error for this key; retrying replays it"
         )
     return _send(contract, operation)
-
-
-def _code(ev: Evidence) -> str:
-    code = ev.detail.get("code")
-    return code if isinstance(code, str) else ""
 
 
 def _recent_lookup(evidence: Sequence[Evidence], now: datetime, contract: Contract) -> bool:

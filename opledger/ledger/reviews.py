@@ -19,7 +19,6 @@ from . import queries as q
 from . import store
 from .consequences import Consequences, consequences
 from .contract import Contract
-from .decide import binds, our_keys, retention_risk
 from .errors import (
     ContradictsEvidence,
     InvalidInput,
@@ -30,6 +29,7 @@ from .errors import (
     ReviewNotFound,
     StaleView,
 )
+from .evidence import binds, our_keys
 from .ids import check_action, check_identifier, check_key, check_operation_id, check_operator
 from .models import (
     Attempt,
@@ -42,6 +42,7 @@ from .models import (
     Status,
     Verdict,
 )
+from .risk import retention_risk
 from .store import Store
 
 

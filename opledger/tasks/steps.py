@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from opledger.adapters.base import Adapter, sending
+from opledger.adapters.base import Adapter, extra, sending
 from opledger.adapters.registry import Registry
 from opledger.ledger import (
     Ambiguous,
@@ -34,7 +34,6 @@ from opledger.ledger import (
 )
 from opledger.ledger.consequences import consequences
 from opledger.ledger.decide import (
-    NOT_SENT,
     AskProvider,
     Confirm,
     Decision,
@@ -44,9 +43,9 @@ from opledger.ledger.decide import (
     Reject,
     ReviewPolicy,
     Wait,
-    admit,
     decide,
 )
+from opledger.ledger.evidence import NOT_SENT, admit
 from opledger.observability import metrics, tracing
 
 from . import crashpoints
@@ -238,7 +237,7 @@ def snapshot(history: History, adapter: Adapter, reason: str, now: datetime) -> 
     effects = consequences(
         adapter.contract, history.operation, history.attempts, now, history.evidence
     )
-    hint = getattr(adapter, "search_hint", None)
+    hint = extra(adapter, "search_hint")
     return {
         "reason": reason,
         "search_hint": hint(history.operation) if callable(hint) else None,

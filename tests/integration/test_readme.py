@@ -399,8 +399,8 @@ assert "opledger-sweep" in theirs.conf.beat_schedule
 assert current_app._get_current_object() is theirs
 """,
     ),
-    "cefc9d1460": NotCode(
-        "opledger/ledger/     the core:",
+    "71d96cfdc2": NotCode(
+        "opledger/ledger/     the core, one module per part",
         "the directory layout",
     ),
 }

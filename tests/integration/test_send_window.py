@@ -29,7 +29,8 @@ from opledger.ledger import (
     StaleFence,
     Status,
 )
-from opledger.ledger.decide import NOT_SENT, Dispatch
+from opledger.ledger.decide import Dispatch
+from opledger.ledger.evidence import NOT_SENT
 from opledger.tasks import steps
 
 LEASE = timedelta(seconds=30)

@@ -15,18 +15,13 @@ from opledger.adapters.registry import Registry
 from opledger.ledger import Ambiguous, Binding, Confirmed, Rejected, Status
 from opledger.ledger.consequences import consequences
 from opledger.ledger.contract import Contract
-from opledger.ledger.decide import (
+from opledger.ledger.decide import AskProvider, Dispatch, NeedsReview, Reject, Wait, decide
+from opledger.ledger.evidence import (
     BINDING_MISMATCH,
     STATE_CONFLICT,
     UNBOUND_RESPONSE,
-    AskProvider,
-    Dispatch,
-    NeedsReview,
-    Reject,
-    Wait,
     admit,
     binds,
-    decide,
 )
 
 from .histories import DIGEST, OP_ID, T0, attempt, claim, evidence, grant, operation

@@ -20,9 +20,6 @@ from opledger.adapters.smtp import smtp_contract
 from opledger.ledger import Ambiguous, Binding, Confirmed, Rejected, Status
 from opledger.ledger.contract import Contract
 from opledger.ledger.decide import (
-    BINDING_MISMATCH,
-    STATE_CONFLICT,
-    UNBOUND_RESPONSE,
     AskProvider,
     Confirm,
     Dispatch,
@@ -30,15 +27,18 @@ from opledger.ledger.decide import (
     NeedsReview,
     Reject,
     Wait,
+    decide,
+)
+from opledger.ledger.evidence import (
+    BINDING_MISMATCH,
+    STATE_CONFLICT,
+    UNBOUND_RESPONSE,
     admit,
     attempt_codes,
     binding_clashes,
     binds,
-    decide,
-    human,
-    retention_risk,
-    same_key_retry_risk,
 )
+from opledger.ledger.risk import human, retention_risk, same_key_retry_risk
 
 from .histories import DIGEST, OP_ID, T0, attempt, claim, evidence, grant, operation
 

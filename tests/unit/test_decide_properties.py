@@ -14,15 +14,7 @@ from opledger.adapters.presets import PRESETS
 from opledger.adapters.smtp import smtp_contract
 from opledger.ledger import Attempt, Authorization, Evidence, Operation, Status
 from opledger.ledger.contract import Contract
-from opledger.ledger.decide import (
-    Confirm,
-    Decision,
-    Dispatch,
-    HoldUnknown,
-    Reject,
-    Wait,
-    decide,
-)
+from opledger.ledger.decide import Confirm, Decision, Dispatch, HoldUnknown, Reject, Wait, decide
 
 from .histories import DIGEST, OP_ID, T0, attempt, evidence, grant, operation
 

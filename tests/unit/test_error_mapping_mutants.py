@@ -34,14 +34,9 @@ from opledger.adapters.crm import crm_contract
 from opledger.ledger import Ambiguous, Rejected, SendWindow, SendWindowPassed
 from opledger.ledger.contract import Contract, Idempotency
 from opledger.ledger.contract import Lookup as LookupSpec
-from opledger.ledger.decide import (
-    IN_FLIGHT,
-    NOT_SENT,
-    SERVER_ERROR,
-    NeedsReview,
-    decide,
-    same_key_retry_risk,
-)
+from opledger.ledger.decide import NeedsReview, decide
+from opledger.ledger.evidence import IN_FLIGHT, NOT_SENT, SERVER_ERROR
+from opledger.ledger.risk import same_key_retry_risk
 from opledger.ledger.window import clock
 
 from .histories import OP_ID, T0, attempt, evidence, grant, operation

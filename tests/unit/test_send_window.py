@@ -12,7 +12,8 @@ from opledger.adapters.crm import crm_contract
 from opledger.adapters.smtp import smtp_contract
 from opledger.ledger import Evidence, SendWindow, SendWindowPassed
 from opledger.ledger.contract import Contract
-from opledger.ledger.decide import NOT_SENT, Dispatch, Wait, decide
+from opledger.ledger.decide import Dispatch, Wait, decide
+from opledger.ledger.evidence import NOT_SENT
 from opledger.ledger.window import clock
 
 from .histories import OP_ID, T0, attempt, evidence, grant, operation
