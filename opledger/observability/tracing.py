@@ -302,6 +302,9 @@ class _NoopSpan:
     def claim(self, claim: Any) -> None:
         pass
 
+    def sending(self) -> None:
+        pass
+
     def outcome(self, outcome: Any) -> None:
         pass
 
@@ -386,6 +389,9 @@ class _Span:
         before (by another call, in another trace or untraced)."""
         self.operation(op)
         self._span.set_attribute(REPLAYED, op.traceparent != self.traceparent())
+
+    def sending(self) -> None:
+        """The request leaves next (the send-by window held): nothing to record."""
 
     def claim(self, claim: Any) -> None:
         self.operation(claim.operation)

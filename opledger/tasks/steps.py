@@ -2,6 +2,8 @@
 
 The Celery tasks are thin wrappers around these functions, and tests call them directly.
 Every write goes through the ledger under a fence; every retry is the decision's call.
+This is the algorithm alone: traces, metrics and crash points observe its boundaries
+through `hooks` (`tasks.hooks`; `HOOKS` by default).
 """
 
 from __future__ import annotations
@@ -46,9 +48,8 @@ from opledger.ledger.decide import (
     decide,
 )
 from opledger.ledger.evidence import NOT_SENT, admit
-from opledger.observability import metrics, tracing
 
-from . import crashpoints
+from .hooks import HOOKS, Hooks
 
 log = logging.getLogger("opledger.worker")
 
@@ -88,7 +89,11 @@ Settle = Callable[[str], None]
 
 
 def _send(
-    ledger: Ledger, adapter: Adapter, claim: Claim, settle: Settle | None = None
+    ledger: Ledger,
+    adapter: Adapter,
+    claim: Claim,
+    settle: Settle | None = None,
+    hooks: Hooks = HOOKS,
 ) -> StepResult:
     """Cross the boundary under `claim` and record what came back.
 
@@ -98,14 +103,12 @@ def _send(
     adapter made of it: the attempt provably carried no request.
     """
     provider = adapter.contract.provider
-    with tracing.provider_call(claim) as call:
+    with hooks.call(claim) as call:
         try:
             claim.window.check()
-            crashpoints.reached("dispatch.before_call")
-            started = time.perf_counter()
+            call.sending()
             with sending(claim.window):
                 outcome = adapter.dispatch(claim)
-            metrics.PROVIDER_LATENCY.labels(provider).observe(time.perf_counter() - started)
         except SendWindowPassed:
             outcome = _not_sent(claim)
         except Exception as exc:  # an adapter bug must not leave the row dispatching
@@ -115,16 +118,14 @@ def _send(
         if claim.window.refused:  # the check raised inside the adapter: no byte left
             outcome = _not_sent(claim)
         call.outcome(outcome)
-    crashpoints.reached("dispatch.after_call")
     outcome = admit(adapter.contract, claim, outcome)
-    metrics.DISPATCH_OUTCOMES.labels(provider, outcome.kind).inc()
-    with tracing.outcome(claim.op_id, claim.fence, "provider") as recording:
+    with hooks.record(claim.op_id, claim.fence, "provider", provider) as recording:
         recording.outcome(outcome)
         try:
             op = _save(ledger, claim, outcome)
         except StaleFence as exc:
             recording.fenced()
-            metrics.FENCED_OUT.labels("outcome").inc()
+            hooks.fenced_out("outcome")
             log.warning(
                 "fenced out of %s; outcome kept as evidence",
                 claim.op_id,
@@ -138,7 +139,6 @@ def _send(
                 settle(claim.op_id)
             return StepResult(Step.FENCED)
         recording.status(op.status)
-    crashpoints.reached("dispatch.after_save")
     return StepResult(Step.DISPATCHED, op)
 
 
@@ -178,11 +178,12 @@ def dispatch(
     owner: str,
     lease: timedelta,
     settle: Settle | None = None,
+    hooks: Hooks = HOOKS,
 ) -> StepResult:
     """First dispatch of a prepared operation. A no-op for anything else (redelivery).
     `settle(op_id)` is called when this worker was fenced out but its outcome was kept
     on an unknown operation (to reconcile it at once)."""
-    with tracing.claim(op_id) as span:
+    with hooks.claim(op_id) as span:
         try:
             claim = ledger.claim(op_id, owner=owner, terms=registry.claim_terms(lease))
         except AuthorizationRevoked:
@@ -192,12 +193,11 @@ def dispatch(
             log.info("dispatch of %s: not claimable (already claimed, finished or unknown)", op_id)
             return StepResult(Step.NOOP)
         span.claim(claim)
-    crashpoints.reached("dispatch.after_claim")
     try:
         adapter = registry.adapter_for(claim.operation.action)
     except UnknownAction as exc:
         return _no_adapter(ledger, claim, exc)
-    return _send(ledger, adapter, claim, settle)
+    return _send(ledger, adapter, claim, settle, hooks)
 
 
 def _no_adapter(ledger: Ledger, claim: Claim, exc: UnknownAction) -> StepResult:
@@ -260,11 +260,14 @@ def reconcile(
     policy: ReviewPolicy = DEFAULT_POLICY,
     on_review: Callable[[str], None] | None = None,
     settle: Settle | None = None,
+    hooks: Hooks = HOOKS,
 ) -> StepResult:
     """Run the retry decision on an unknown operation and act on it. `on_review(op_id)` is
     called when this step opened a review (to notify someone); `settle` as in `dispatch`."""
-    with tracing.decide(op_id) as span:
-        decided = _decide(ledger, registry, op_id, now=now, max_lookups=max_lookups, policy=policy)
+    with hooks.decide(op_id) as span:
+        decided = _decide(
+            ledger, registry, op_id, now=now, max_lookups=max_lookups, policy=policy, hooks=hooks
+        )
         if isinstance(decided, StepResult):
             if decided.operation is not None:
                 span.operation(decided.operation)
@@ -289,9 +292,10 @@ def reconcile(
             now=now,
             on_review=on_review,
             settle=settle,
+            hooks=hooks,
         )
     except StaleFence:
-        metrics.FENCED_OUT.labels("reconcile").inc()
+        hooks.fenced_out("reconcile")
         return StepResult(Step.FENCED, decision=decision)
 
 
@@ -303,6 +307,7 @@ def _decide(
     now: Callable[[], datetime],
     max_lookups: int,
     policy: ReviewPolicy,
+    hooks: Hooks,
 ) -> StepResult | tuple[History, Adapter, Decision, int]:
     """The decision on `op_id`, after as many lookups as it asks for (at most
     `max_lookups`), with the history and adapter it was taken on and the lookups made; or
@@ -328,11 +333,9 @@ def _decide(
         if not isinstance(decision, AskProvider) or lookups >= max_lookups:
             break
         lookups += 1
-        crashpoints.reached("reconcile.before_lookup")
-        with tracing.lookup(op) as span:
+        with hooks.lookup(op) as span:
             result = adapter.lookup(op, history.attempts)
             span.verdict(result.verdict)
-        crashpoints.reached("reconcile.after_lookup")
         ledger.record_evidence(
             op.id,
             source=EvidenceSource.LOOKUP,
@@ -346,7 +349,6 @@ def _decide(
         if op.status is not Status.UNKNOWN:
             return StepResult(Step.NOOP, op)
     kind = type(decision).__name__
-    metrics.DECISIONS.labels(kind).inc()
     log.info(
         "reconcile of %s: %s",
         op.id,
@@ -375,13 +377,14 @@ def _act(
     now: Callable[[], datetime],
     on_review: Callable[[str], None] | None,
     settle: Settle | None = None,
+    hooks: Hooks = HOOKS,
 ) -> StepResult:
     op = history.operation
     if isinstance(decision, Confirm | Reject):
         evidence = next(e for e in history.evidence if e.id == decision.evidence_id)
         to = Status.CONFIRMED if isinstance(decision, Confirm) else Status.REJECTED
-        with tracing.outcome(op.id, op.fence, "evidence") as recording:
-            recording.set(tracing.OUTCOME, to.value)
+        with hooks.record(op.id, op.fence, "evidence", op.provider) as recording:
+            recording.set("opledger.outcome", to.value)
             try:
                 settled = ledger.settle(
                     op.id,
@@ -418,7 +421,7 @@ def _act(
             on_review(op.id)
         return StepResult(Step.REVIEW, ledger.get(op.id), decision)
     assert isinstance(decision, Dispatch)
-    with tracing.claim(op.id) as span:
+    with hooks.claim(op.id, retry=True) as span:
         try:
             claim = ledger.claim_retry(
                 op.id,
@@ -433,5 +436,5 @@ def _act(
             span.fenced()
             return StepResult(Step.FENCED, decision=decision)
         span.claim(claim)
-    result = _send(ledger, adapter, claim, settle)
+    result = _send(ledger, adapter, claim, settle, hooks)
     return StepResult(result.action, result.operation, decision)
