@@ -8,6 +8,7 @@ its own database, and each test starts from empty tables.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -55,6 +56,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 #: every table of the ledger's schema, emptied before each test that takes `ledger`
 TABLES = ", ".join(table.name for table in reversed(metadata.sorted_tables))
+
+
+def truncate_all(database_url: str, attempts: int = 5) -> None:
+    """Empty every table of the ledger's schema. A system stack's beat may be mid-sweep
+    (its transaction holding a lock TRUNCATE waits for, and waiting for one TRUNCATE took):
+    Postgres then aborts one of the two as a deadlock, and this tries again."""
+    for attempt in range(attempts):
+        try:
+            with psycopg.connect(_libpq(database_url), autocommit=True) as conn:
+                conn.execute(f"TRUNCATE {TABLES}")
+            return
+        except psycopg.errors.DeadlockDetected:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def _libpq(url: str) -> str:
@@ -115,8 +131,7 @@ def session_ledger(database_url: str) -> Iterator[Ledger]:
 
 @pytest.fixture
 def ledger(session_ledger: Ledger, database_url: str) -> Ledger:
-    with psycopg.connect(_libpq(database_url), autocommit=True) as conn:
-        conn.execute(f"TRUNCATE {TABLES}")
+    truncate_all(database_url)
     return session_ledger
 
 

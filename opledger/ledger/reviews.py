@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any, NoReturn
 
 from pydantic import AwareDatetime
+from sqlalchemy import Connection
 
 from . import queries as q
 from . import store
@@ -318,40 +319,9 @@ class Reviews:
             raise InvalidInput("--new-key only goes with a retry")
 
         with self._db.transaction() as conn:
-            row = conn.execute(q.LOCK_OPEN_REVIEW, {"op_id": op_id, "tenant": tenant}).one_or_none()
-            if row is None:
-                self._raise_missing(conn, op_id, tenant)
-            op = store.operation(row)
-            view = conn.execute(
-                q.LAST_VIEW, {"review_id": row.review_id, "operator": operator}
-            ).one_or_none()
-            if view is None:
-                raise StaleView(
-                    f"{operator} has not been shown the review of {op_id}: run `review show` first",
-                    op_id=op_id,
-                )
-            seen = view.record_version
-            if seen_version is not None and seen_version != seen:
-                raise StaleView(
-                    f"{operator} was last shown {op_id} at version {seen}, not "
-                    f"{seen_version}: show it again before deciding",
-                    op_id=op_id,
-                    seen=seen,
-                    current=op.record_version,
-                )
-            shown: dict[str, Any] = dict(view.shown)
-            history = self._db.history(conn, op_id)  # under the lock just taken
-            if seen != op.record_version or op.status is not Status.UNKNOWN:
-                changes = changes_since(shown, history)
-                raise StaleView(
-                    f"{op_id} changed since it was shown (version {seen}, now "
-                    f"{op.record_version}, status {op.status}): show it again before deciding"
-                    f"; what changed: {'; '.join(changes)}",
-                    op_id=op_id,
-                    seen=seen,
-                    current=op.record_version,
-                    changes=changes,
-                )
+            review_id, op, shown, history = self._as_shown(
+                conn, op_id, tenant=tenant, operator=operator, seen_version=seen_version
+            )
             overriding = self._check_evidence(op, history.attempts, history.evidence, chosen)
             if overriding and not override_evidence:
                 raise ContradictsEvidence(
@@ -367,38 +337,8 @@ class Reviews:
                 key, acknowledged = self._check_retry(
                     op, history.attempts, history.evidence, new_key, acknowledge_risk
                 )
-            fence = op.fence
-            reason = f"review {row.review_id} resolved as {chosen.value} by {operator}: {note}"
-            if chosen is Resolution.RETRY:
-                moved = conn.execute(
-                    q.AUTHORIZE_RETRY,
-                    {
-                        "op_id": op_id,
-                        "fence": fence,
-                        "operator": operator,
-                        "new_key": key,
-                        "reason": reason,
-                    },
-                ).one_or_none()
-            else:
-                to = {
-                    Resolution.CONFIRMED: Status.CONFIRMED,
-                    Resolution.REJECTED: Status.REJECTED,
-                    Resolution.CANCEL: Status.CANCELLED,
-                }[chosen]
-                moved = conn.execute(
-                    q.SETTLE_BY_OPERATOR,
-                    {
-                        "op_id": op_id,
-                        "fence": fence,
-                        "to_status": to.value,
-                        "operator": operator,
-                        "reason": reason,
-                    },
-                ).one_or_none()
-            if moved is None:  # the row lock makes this unreachable, but never assume
-                raise StaleView(f"{op_id} moved while resolving", op_id=op_id)
-            after = store.operation(moved)
+            reason = f"review {review_id} resolved as {chosen.value} by {operator}: {note}"
+            after = self._move(conn, op, chosen, operator=operator, key=key, reason=reason)
             if chosen in (Resolution.CONFIRMED, Resolution.REJECTED):
                 conn.execute(
                     q.OPERATOR_EVIDENCE,
@@ -412,7 +352,7 @@ class Reviews:
             conn.execute(
                 q.CLOSE_REVIEW,
                 {
-                    "review_id": row.review_id,
+                    "review_id": review_id,
                     "resolution": chosen.value,
                     "operator": operator,
                     "note": note,
@@ -421,7 +361,7 @@ class Reviews:
             conn.execute(
                 q.INSERT_REVIEW_ACTION,
                 {
-                    "review_id": row.review_id,
+                    "review_id": review_id,
                     "op_id": op_id,
                     "tenant": tenant,
                     "operator": operator,
@@ -436,6 +376,80 @@ class Reviews:
                 },
             )
         return after
+
+    def _as_shown(
+        self,
+        conn: Connection,
+        op_id: str,
+        *,
+        tenant: str,
+        operator: str,
+        seen_version: int | None,
+    ) -> tuple[int, Operation, dict[str, Any], History]:
+        """Lock `op_id`'s open review and check it is as `operator` was last shown it: the
+        review's id, the operation, what was shown, and the history under the lock."""
+        row = conn.execute(q.LOCK_OPEN_REVIEW, {"op_id": op_id, "tenant": tenant}).one_or_none()
+        if row is None:
+            self._raise_missing(conn, op_id, tenant)
+        op = store.operation(row)
+        view = conn.execute(
+            q.LAST_VIEW, {"review_id": row.review_id, "operator": operator}
+        ).one_or_none()
+        if view is None:
+            raise StaleView(
+                f"{operator} has not been shown the review of {op_id}: run `review show` first",
+                op_id=op_id,
+            )
+        seen = view.record_version
+        if seen_version is not None and seen_version != seen:
+            raise StaleView(
+                f"{operator} was last shown {op_id} at version {seen}, not "
+                f"{seen_version}: show it again before deciding",
+                op_id=op_id,
+                seen=seen,
+                current=op.record_version,
+            )
+        shown: dict[str, Any] = dict(view.shown)
+        history = self._db.history(conn, op_id)  # under the lock just taken
+        if seen != op.record_version or op.status is not Status.UNKNOWN:
+            changes = changes_since(shown, history)
+            raise StaleView(
+                f"{op_id} changed since it was shown (version {seen}, now "
+                f"{op.record_version}, status {op.status}): show it again before deciding"
+                f"; what changed: {'; '.join(changes)}",
+                op_id=op_id,
+                seen=seen,
+                current=op.record_version,
+                changes=changes,
+            )
+        return int(row.review_id), op, shown, history
+
+    @staticmethod
+    def _move(
+        conn: Connection,
+        op: Operation,
+        chosen: Resolution,
+        *,
+        operator: str,
+        key: str | None,
+        reason: str,
+    ) -> Operation:
+        """The resolution's one fenced transition: a retry authorized, or the status set."""
+        params = {"op_id": op.id, "fence": op.fence, "operator": operator, "reason": reason}
+        if chosen is Resolution.RETRY:
+            moved = conn.execute(q.AUTHORIZE_RETRY, {**params, "new_key": key}).one_or_none()
+        else:
+            to = {
+                Resolution.CONFIRMED: Status.CONFIRMED,
+                Resolution.REJECTED: Status.REJECTED,
+                Resolution.CANCEL: Status.CANCELLED,
+            }[chosen]
+            moved = conn.execute(
+                q.SETTLE_BY_OPERATOR, {**params, "to_status": to.value}
+            ).one_or_none()
+        if moved is None:  # the row lock makes this unreachable, but never assume
+            raise StaleView(f"{op.id} moved while resolving", op_id=op.id)
+        return store.operation(moved)
 
     def audit(self, op_id: str, *, tenant: str) -> tuple[ReviewAction, ...]:
         """Every resolution of `op_id`'s reviews, oldest first."""

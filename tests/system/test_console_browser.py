@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from opledger.adapters.registry import load_registry
@@ -24,7 +23,7 @@ from opledger.dev.chaos.variants import KINDS, configure_sandbox
 from opledger.dev.processes import Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
-from tests.conftest import TABLES, _libpq
+from tests.conftest import truncate_all
 from tests.consoles import opledger, running_console
 
 from .conftest import settings_of, settled
@@ -60,8 +59,7 @@ class Console:
 def crashed(stack: Stack, session_ledger: Ledger, sandbox_server: Sandbox, database_url: str):
     """Three operations of tenant acme in review, each after a worker was SIGKILLed between
     the provider's answer and saving it."""
-    with psycopg.connect(_libpq(database_url), autocommit=True) as conn:
-        conn.execute(f"TRUNCATE {TABLES}")
+    truncate_all(database_url)
     sandbox_server.reset()
     configure_sandbox(sandbox_server, settings_of(stack.env))
     ledger = Ledger(session_ledger.engine, actions=load_registry(settings_of(stack.env)))

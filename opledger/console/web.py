@@ -1,0 +1,162 @@
+"""The console's pages: the templates and their filters, and the wrappers that make a
+handler a page (authenticated, in the threadpool, refusals rendered, security headers on
+every answer)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from opledger.ledger.errors import InvalidInput, OperationNotFound, ReviewNotFound
+
+from .base import ConsoleConfig, Refusal, secured
+from .sessions import Auth, Sessions
+
+
+def parse_age(text: str) -> timedelta:
+    """'90s', '15m', '2h', '3d' -> timedelta (a typed error otherwise)."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip()
+    try:
+        amount = float(text[:-1])
+        if amount < 0 or amount != amount:
+            raise ValueError(text)
+        return timedelta(seconds=amount * units[text[-1]])
+    except (KeyError, ValueError, IndexError, OverflowError):
+        raise InvalidInput(
+            f"age {text!r}: use a number and s, m, h or d (e.g. 2h)", field="age"
+        ) from None
+
+
+def ago(value: datetime, now: datetime) -> str:
+    seconds = max(0, int((now - value).total_seconds()))
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    if seconds < 172800:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 86400} d"
+
+
+def _when(value: Any) -> str:
+    return "" if value is None else str(value)[:19].replace("T", " ")
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _binds(binding: Any) -> list[str]:
+    names = {
+        "idempotency_key": "key",
+        "receipt_id": "receipt",
+        "target": "target",
+        "payload_digest": "payload digest",
+        "resulting_version": "resulting version",
+    }
+    return [f"{label} {getattr(binding, k)}" for k, label in names.items() if getattr(binding, k)]
+
+
+def environment() -> Environment:
+    """The console's templates, autoescaped, with its filters."""
+    env = Environment(
+        loader=PackageLoader("opledger.console", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["when"] = _when
+    env.filters["pretty"] = _json
+    env.filters["binds"] = _binds
+    env.globals["quote"] = lambda s: quote(str(s), safe="")
+    return env
+
+
+Handler = Callable[[Request, Auth], Response]
+FormHandler = Callable[[Request, Auth, Any], Response]
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+class Pages:
+    """Renders the console's pages and makes handlers of them: `page` for an authenticated
+    GET, `form_page` for a POST whose CSRF token is checked before anything runs."""
+
+    def __init__(self, config: ConsoleConfig, sessions: Sessions) -> None:
+        self.config = config
+        self.sessions = sessions
+        self.env = environment()
+
+    def render(
+        self, request: Request, name: str, status: int = 200, auth: Auth | None = None, **ctx: Any
+    ) -> HTMLResponse:
+        ctx.setdefault("operator", auth.operator if auth else None)
+        ctx.setdefault("csrf", auth.session.csrf_token if auth else "")
+        ctx.setdefault("trusted_header", self.config.trusted_header)
+        html = self.env.get_template(name).render(request=request, **ctx)
+        response = HTMLResponse(html, status_code=status)
+        if auth is not None and auth.new_token:
+            self.sessions.set_session_cookie(request, response, auth.new_token)
+        return response
+
+    def page(self, handler: Handler) -> Endpoint:
+        """An authenticated GET page: runs in the threadpool; refusals become pages."""
+
+        async def endpoint(request: Request) -> Response:
+            def run() -> Response:
+                auth = self.sessions.authenticate(request)
+                if auth is None:
+                    return RedirectResponse(
+                        "/login?" + urlencode({"next": request.url.path}), status_code=303
+                    )
+                return handler(request, auth)
+
+            return await self.guarded(request, run)
+
+        return endpoint
+
+    def form_page(self, handler: FormHandler) -> Endpoint:
+        """An authenticated POST: the CSRF token is checked before anything else runs."""
+
+        async def endpoint(request: Request) -> Response:
+            form = await request.form()
+
+            def run() -> Response:
+                auth = self.sessions.authenticate(request)
+                if auth is None:
+                    raise Refusal(401, "not signed in", "your session ended: sign in again")
+                self.sessions.check_csrf(auth, form)
+                return handler(request, auth, form)
+
+            return await self.guarded(request, run)
+
+        return endpoint
+
+    async def guarded(self, request: Request, run: Callable[[], Response]) -> Response:
+        """`run` in the threadpool; a refusal (or a missing or invalid thing) as a page."""
+        try:
+            response = await run_in_threadpool(run)
+        except Refusal as refusal:
+            response = self.render(
+                request,
+                "refused.html",
+                refusal.status,
+                title=refusal.title,
+                message=refusal.message,
+                **refusal.extra,
+            )
+        except (OperationNotFound, ReviewNotFound):
+            response = self.render(
+                request, "refused.html", 404, title="not found", message="not found"
+            )
+        except InvalidInput as exc:
+            response = self.render(request, "refused.html", 400, title="refused", message=str(exc))
+        return secured(response)
