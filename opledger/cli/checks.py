@@ -56,7 +56,7 @@ def run_checks(
     return list(_checks(env, broker=broker, database=database, declare=declare))
 
 
-def _checks(
+def _checks(  # noqa: C901
     env: Mapping[str, str], *, broker: bool, database: bool, declare: bool = False
 ) -> Iterator[Check]:
     typos = unknown_variables(env)

@@ -222,7 +222,7 @@ def demo(
 
 
 @app.command()
-def bench(
+def bench(  # noqa: C901
     quick: Annotated[
         bool, typer.Option("--quick", help="A smaller run (under two minutes).")
     ] = False,

@@ -585,7 +585,7 @@ def prepare_rates(ledger: Ledger, n: int) -> dict[str, float]:
     return {"prepare_ops_s": alone, "prepare_in_tx_ops_s": in_tx}
 
 
-def backlog_drain(
+def backlog_drain(  # noqa: C901
     cfg: BenchConfig,
     server_url: str,
     work: Path,

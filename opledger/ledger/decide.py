@@ -123,7 +123,7 @@ def decide(
     return decision
 
 
-def _decide(
+def _decide(  # noqa: C901
     contract: Contract,
     operation: Operation,
     attempts: Sequence[Attempt],

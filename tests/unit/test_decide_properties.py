@@ -213,7 +213,7 @@ def _reached(
 
 @settings(max_examples=1500, deadline=None)
 @given(histories())
-def test_the_decision_keeps_every_rule(history: tuple) -> None:  # type: ignore[type-arg]
+def test_the_decision_keeps_every_rule(history: tuple) -> None:  # type: ignore[type-arg]  # noqa: C901
     contract, op, attempts, evidence_items, auth, now = history
     decision: Decision = decide(contract, op, attempts, evidence_items, auth, now)
     event(type(decision).__name__)

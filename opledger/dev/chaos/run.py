@@ -204,7 +204,7 @@ def run_chaos(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _run(
+def _run(  # noqa: C901
     config: ChaosConfig,
     work: Path,
     cleanup: contextlib.ExitStack,

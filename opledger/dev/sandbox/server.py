@@ -166,7 +166,7 @@ class DroppedResponse(Response):
         raise ConnectionAbortedError("sandbox fault: response dropped after commit")
 
 
-async def _keyed_request(
+async def _keyed_request(  # noqa: C901
     request: Request,
     state: State,
     provider: str,
