@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Annotated, Any
 
@@ -164,55 +165,82 @@ def effect_tool(
     if repeatable:
         extra[REPEAT] = (int | None, Field(default=None, ge=1, le=1000, description=REPEAT_HELP))
     injected = create_model(f"{args_schema.__name__}WithToolCallId", __base__=args_schema, **extra)
-
-    def ask(config: RunnableConfig, tool_call_id: str, args: dict[str, Any]) -> dict[str, Any]:
-        """The `effect` arguments of one call (a graph without a thread or a node is
-        misconfigured, not the call: raised)."""
-        repeat = args.pop(REPEAT, None) if repeatable else None
-        the_run, asker = run(config), asker_of(config, tool_call_id)
-        target, payload = effect_of(args)
-        ref = authorization_ref(config) if callable(authorization_ref) else authorization_ref
-        return {
-            "tenant": tenant,
-            "run": the_run,
-            "action": action,
-            "target": target,
-            "payload": payload,
-            "authorization_ref": ref,
-            "purpose": f"repeat {repeat}" if repeat is not None and repeat > 1 else None,
-            "intent_fields": intent_fields,
-            "asked_by": asker,
-            "wait": wait,
-        }
-
-    def call(config: RunnableConfig, tool_call_id: str, **args: Any) -> str:
-        kwargs = ask(config, tool_call_id, args)
-        try:
-            result = effects.effect(**kwargs)
-        except UNFIXABLE:
-            raise
-        except REFUSED as exc:
-            raise ToolException(refusal(exc)) from exc
-        return describe(result, repeatable=repeatable)
-
-    async def acall(config: RunnableConfig, tool_call_id: str, **args: Any) -> str:
-        kwargs = ask(config, tool_call_id, args)
-        try:
-            result = await effects.aeffect(**kwargs)
-        except UNFIXABLE:
-            raise
-        except REFUSED as exc:
-            raise ToolException(refusal(exc)) from exc
-        return describe(result, repeatable=repeatable)
-
+    tool = _EffectTool(
+        effects,
+        tenant=tenant,
+        action=action,
+        authorization_ref=authorization_ref,
+        effect_of=effect_of,
+        wait=wait,
+        intent_fields=intent_fields,
+        repeatable=repeatable,
+        run=run,
+    )
     return StructuredTool.from_function(
-        func=call,
-        coroutine=acall,
+        func=tool.call,
+        coroutine=tool.acall,
         name=name,
         description=description,
         args_schema=injected,
         handle_tool_error=True,  # a ToolException is the answer, with status "error"
     )
+
+
+@dataclass(frozen=True)
+class _EffectTool:
+    """What an `effect_tool` call does, in its synchronous and its asyncio form."""
+
+    effects: Effects
+    tenant: str
+    action: str
+    authorization_ref: str | Callable[[RunnableConfig], str]
+    effect_of: Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]
+    wait: float | timedelta | None
+    intent_fields: Sequence[str] | None
+    repeatable: bool
+    run: Callable[[RunnableConfig], str]
+
+    def ask(
+        self, config: RunnableConfig, tool_call_id: str, args: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The `effect` arguments of one call (a graph without a thread or a node is
+        misconfigured, not the call: raised)."""
+        repeat = args.pop(REPEAT, None) if self.repeatable else None
+        the_run, asker = self.run(config), asker_of(config, tool_call_id)
+        target, payload = self.effect_of(args)
+        ref = self.authorization_ref
+        return {
+            "tenant": self.tenant,
+            "run": the_run,
+            "action": self.action,
+            "target": target,
+            "payload": payload,
+            "authorization_ref": ref(config) if callable(ref) else ref,
+            "purpose": f"repeat {repeat}" if repeat is not None and repeat > 1 else None,
+            "intent_fields": self.intent_fields,
+            "asked_by": asker,
+            "wait": self.wait,
+        }
+
+    def call(self, config: RunnableConfig, tool_call_id: str, **args: Any) -> str:
+        kwargs = self.ask(config, tool_call_id, args)
+        try:
+            result = self.effects.effect(**kwargs)
+        except UNFIXABLE:
+            raise
+        except REFUSED as exc:
+            raise ToolException(refusal(exc)) from exc
+        return describe(result, repeatable=self.repeatable)
+
+    async def acall(self, config: RunnableConfig, tool_call_id: str, **args: Any) -> str:
+        kwargs = self.ask(config, tool_call_id, args)
+        try:
+            result = await self.effects.aeffect(**kwargs)
+        except UNFIXABLE:
+            raise
+        except REFUSED as exc:
+            raise ToolException(refusal(exc)) from exc
+        return describe(result, repeatable=self.repeatable)
 
 
 #: what the ledger refuses because of what a call asked: answered to the model ...
