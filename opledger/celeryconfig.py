@@ -12,10 +12,9 @@ Why each one (the README's "Running with Celery" and docs/architecture.md say mo
 
 from __future__ import annotations
 
-from celery.schedules import schedule
-
 from opledger.queues import queues_of
 from opledger.settings import DEFAULT_BROKER_URL, UNCONFIGURED_BROKER_URL, get_settings
+from opledger.tasks import beat
 
 _settings = get_settings()
 
@@ -71,24 +70,7 @@ task_routes = {
 }
 
 # Celery's persistent scheduler, except that a broker refusing the connection (RabbitMQ
-# while it recovers or re-creates a virtual host) no longer ends the beat process.
-beat_scheduler = "opledger.tasks.scheduler:Scheduler"
-
-_sweep = _settings.sweep_interval_seconds
-beat_schedule = {
-    "sweep": {
-        "task": "opledger.sweep",
-        "schedule": schedule(_sweep),
-        "options": {"expires": _sweep},
-    },
-    "relay": {
-        "task": "opledger.relay",
-        "schedule": schedule(_sweep),
-        "options": {"expires": _sweep},
-    },
-    "purge-payloads": {
-        "task": "opledger.purge_payloads",
-        "schedule": schedule(3600.0),
-        "options": {"expires": 3600.0},
-    },
-}
+# while it recovers or re-creates a virtual host) no longer ends the beat process; and
+# opledger's entries (`opledger.tasks.beat`).
+beat_scheduler = beat.SCHEDULER
+beat_schedule = beat.entries(_settings.sweep_interval_seconds)

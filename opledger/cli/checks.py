@@ -270,7 +270,7 @@ def _actions_served(engine: Any, registry: Any) -> Check:
 def _beat_lock(engine: Any) -> Check:
     from sqlalchemy import text
 
-    from .beatlock import BEAT_LOCK_KEY
+    from opledger.tasks.beat import BEAT_LOCK_KEY
 
     def probe() -> str:
         with engine.connect() as conn:

@@ -84,8 +84,8 @@ def beat(
 ) -> None:
     """Run the beat scheduler (sweep, relay, purge). Refuses to start if one already runs."""
     preflight("beat", declare=True)
-    from opledger.cli.beatlock import BeatLock, BeatLockTaken
     from opledger.tasks.app import app as celery_app
+    from opledger.tasks.beat import BeatLock, BeatLockTaken
 
     path = Path(schedule) if schedule else state_dir() / "celerybeat-schedule"
     try:  # beat keeps its schedule there: find out now, not after it said ready

@@ -45,7 +45,7 @@ OPEN_REVIEWS = text(
 ESTIMATED_ROWS = text(
     "SELECT GREATEST(reltuples, 0)::bigint FROM pg_class WHERE oid = 'operations'::regclass"
 )
-#: `opledger.cli.beatlock.BEAT_LOCK_KEY` (a test keeps the two equal)
+#: `opledger.tasks.beat.BEAT_LOCK_KEY` (a test keeps the two equal)
 BEAT_LOCK_KEY = 0x6F706C6564676572
 BEAT_LOCK_HELD = text(
     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "

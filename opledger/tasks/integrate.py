@@ -29,6 +29,9 @@ from kombu.entity import Exchange, Queue
 from opledger.queues import is_amqp, queues_of
 from opledger.settings import NotConfigured, get_settings
 
+from . import beat
+from .beat import beat_entries
+
 #: kombu's Redis visibility timeout when none is configured
 REDIS_DEFAULT_VISIBILITY_S = 3600
 REDIS_SCHEMES = ("redis", "rediss", "sentinel")
@@ -145,19 +148,12 @@ def _routes(app: Any) -> Any:
     return [ours, existing]  # a single router function
 
 
-def beat_entries() -> dict[str, dict[str, Any]]:
-    """opledger's beat entries (named `opledger-...` so they never clash with yours)."""
-    from opledger import celeryconfig
-
-    return {f"opledger-{name}": dict(entry) for name, entry in celeryconfig.beat_schedule.items()}
-
-
 def register(app: Any) -> Any:
     """Put opledger's queues, routes and beat entries on `app` after checking its settings.
 
     Two of Celery's defaults change unless the app chose a value itself (in any way: an
     attribute, `conf.update`, `config_from_object`): beat gets opledger's scheduler
-    (`opledger.tasks.scheduler:Scheduler`, which waits out a broker refusing its first
+    (`opledger.tasks.beat:Scheduler`, which waits out a broker refusing its first
     connection) and `broker_channel_error_retry` is turned on (a channel error restarts
     the worker's consumer instead of ending the worker).
 
@@ -177,9 +173,7 @@ def register(app: Any) -> Any:
     if not _chosen(app, "beat_scheduler"):
         # Celery's own scheduler exits on the first broker refusal; ours waits it out.
         # A scheduler of your own choosing (django-celery-beat, ...) is left as it is.
-        from opledger import celeryconfig
-
-        app.conf.beat_scheduler = celeryconfig.beat_scheduler
+        app.conf.beat_scheduler = beat.SCHEDULER
     # Importing opledger's module created its own app; yours stays the current one (in
     # this thread, as Celery's current app is per thread), so `dispatch.delay(op_id)`
     # publishes through your app here, and opledger's own publishers (`publish_dispatch`,

@@ -92,9 +92,9 @@ def test_the_status_query_can_be_served_by_the_sweeps_partial_indexes(ledger: Le
 def test_the_beat_lock_gauge_follows_the_beats_advisory_lock(
     ledger: Ledger, database_url: str, endpoint: str
 ) -> None:
-    from opledger.cli.beatlock import BEAT_LOCK_KEY as beat_key
-    from opledger.cli.beatlock import BeatLock
     from opledger.observability.ledger_gauges import BEAT_LOCK_KEY
+    from opledger.tasks.beat import BEAT_LOCK_KEY as beat_key
+    from opledger.tasks.beat import BeatLock
 
     assert beat_key == BEAT_LOCK_KEY
     assert (

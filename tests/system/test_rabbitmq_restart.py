@@ -23,7 +23,7 @@ from opledger.dev.chaos.audit import audit
 from opledger.dev.processes import PrivateVhost, Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
-from opledger.tasks.scheduler import Scheduler
+from opledger.tasks.beat import Scheduler
 from tests.conftest import require_rabbitmq
 
 from .conftest import prepare, settled

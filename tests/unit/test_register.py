@@ -64,7 +64,7 @@ def test_celerys_defaults_for_beat_and_channel_errors_become_ours_and_choices_ar
     theirs: Celery,
 ) -> None:
     opledger.tasks.register(theirs)
-    assert theirs.conf.beat_scheduler == "opledger.tasks.scheduler:Scheduler"
+    assert theirs.conf.beat_scheduler == "opledger.tasks.beat:Scheduler"
     assert theirs.conf.broker_channel_error_retry is True
     chosen = Celery("chosen", set_as_current=False)
     chosen.conf.update(

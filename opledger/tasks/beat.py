@@ -1,0 +1,178 @@
+"""Beat, in one place: its scheduler, the one-beat lock, and its schedule.
+
+- `Scheduler`: Celery's persistent scheduler, whose first broker connection waits out a
+  broker that refuses it (below);
+- `BeatLock`: exactly one beat per ledger, a Postgres advisory lock held for the beat's
+  whole life (`opledger beat` takes it before it starts);
+- `entries(interval)`: the sweep, the relay and the payload purge (`celeryconfig` and
+  `register(app)` use them; `beat_entries()` names them `opledger-...` for your app).
+
+The scheduler. Celery's beat opens its producer's connection at its first tick and retries
+it only on the transport's *recoverable* errors (a refused socket, a forced close), up to
+`broker_connection_max_retries`. A broker that answers but refuses the connection is
+"irrecoverable" to kombu, and one such refusal there ends the beat process:
+
+- RabbitMQ answers `NOT_ALLOWED - vhost ... is down` while it recovers a virtual host
+  after a restart, and `NOT_ALLOWED - vhost ... not found` or `ACCESS_REFUSED` while one
+  is re-created and its permissions restored;
+- after a long outage, `broker_connection_max_retries` ends the recoverable retries too.
+
+A beat started (or restarted by its supervisor) while the broker recovers meets this: its
+startup checks passed a moment before its first tick. A beat that has exited runs no sweep
+and no relay: unknown operations are never checked again and the prepared operations whose
+message the broker lost are never published again, until someone restarts it. So this
+scheduler logs the refusal and tries again, with a capped backoff, for as long as it
+takes. A beat being stopped (SIGTERM, SIGINT) still stops at once: beat's signal handler
+raises `SystemExit`, which nothing here catches.
+
+Once connected, a running beat already rides refusals out: a publish that fails is logged
+by `apply_entry` and the entry runs again at its next interval, on a connection kombu
+re-opens (declaring the queues on it again, so nothing goes to a missing exchange).
+
+The lock lives on one connection. If Postgres restarts, that connection (and the lock) is
+gone, so a guard thread checks it and takes the lock again; if another beat got there
+first, this one exits at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import psycopg
+from celery.beat import PersistentScheduler
+from celery.schedules import schedule
+from kombu.exceptions import OperationalError
+from sqlalchemy.engine import make_url
+
+log = logging.getLogger("opledger.beat")
+
+#: seconds between two connection attempts after a refusal: doubling up to the cap
+FIRST_WAIT_S = 1.0
+MAX_WAIT_S = 30.0
+
+
+class Scheduler(PersistentScheduler):  # type: ignore[misc]
+    """`PersistentScheduler` whose broker connection outlives the broker's refusals."""
+
+    #: time.sleep, replaceable in tests
+    sleep = staticmethod(time.sleep)
+
+    def _ensure_connected(self) -> Any:
+        conn = self.connection
+        refused = (OperationalError, *conn.connection_errors, *conn.channel_errors)
+        wait = FIRST_WAIT_S
+        while True:
+            try:
+                return super()._ensure_connected()
+            except refused as exc:
+                log.error(
+                    "beat: the broker refused the connection (%s: %s); trying again in %.0f s",
+                    type(exc).__name__,
+                    exc,
+                    wait,
+                )
+                self._forget_connection()
+                self.sleep(wait)
+                wait = min(wait * 2, MAX_WAIT_S)
+
+    def _forget_connection(self) -> None:
+        """Drop the half-open connection, so the next attempt starts from a clean one."""
+        conn = self.__dict__.pop("connection", None)
+        if conn is not None:
+            try:
+                conn.collect()
+            except Exception:  # it is being thrown away
+                log.debug("beat: closing a refused connection failed", exc_info=True)
+
+
+# -- exactly one beat ------------------------------------------------------------------
+
+BEAT_LOCK_KEY = 0x6F706C6564676572  # "opledger"
+
+log = logging.getLogger("opledger.beat")
+
+
+class BeatLockTaken(RuntimeError):
+    """Another beat holds the lock."""
+
+
+class BeatLock:
+    def __init__(self, url: str, *, check_every: float = 2.0) -> None:
+        self._libpq = (
+            make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        )
+        self._check_every = check_every
+        self._stop = threading.Event()
+        self._conn = self._take()
+        self._thread = threading.Thread(target=self._guard, name="beat-lock", daemon=True)
+        self._thread.start()
+
+    def _take(self) -> psycopg.Connection:
+        conn = psycopg.connect(self._libpq, autocommit=True, connect_timeout=5)
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", [BEAT_LOCK_KEY]).fetchone()
+        if not row or not row[0]:
+            conn.close()
+            raise BeatLockTaken("another opledger beat is running against this ledger")
+        return conn
+
+    def _guard(self) -> None:
+        while not self._stop.wait(self._check_every):
+            try:
+                self._conn.execute("SELECT 1")
+                continue
+            except psycopg.Error:
+                log.warning("the beat's lock connection is gone: taking the lock again")
+            try:
+                self._conn = self._take()
+            except BeatLockTaken:
+                log.error("another beat took the lock while the database was away: exiting")
+                os._exit(1)
+            except psycopg.Error:
+                time.sleep(self._check_every)  # the database is still away; sweeps wait too
+
+    def release(self) -> None:
+        self._stop.set()
+        self._conn.close()
+
+
+# -- the schedule ---------------------------------------------------------------------
+
+
+def entries(sweep_interval: float) -> dict[str, dict[str, Any]]:
+    """The sweep and the relay every `sweep_interval` seconds, the payload purge hourly;
+    each expires after its interval, so a late run is skipped rather than piled up."""
+    return {
+        "sweep": {
+            "task": "opledger.sweep",
+            "schedule": schedule(sweep_interval),
+            "options": {"expires": sweep_interval},
+        },
+        "relay": {
+            "task": "opledger.relay",
+            "schedule": schedule(sweep_interval),
+            "options": {"expires": sweep_interval},
+        },
+        "purge-payloads": {
+            "task": "opledger.purge_payloads",
+            "schedule": schedule(3600.0),
+            "options": {"expires": 3600.0},
+        },
+    }
+
+
+def beat_entries() -> dict[str, dict[str, Any]]:
+    """opledger's beat entries as configured (named `opledger-...` so they never clash
+    with yours)."""
+    from opledger import celeryconfig
+
+    return {f"opledger-{name}": dict(entry) for name, entry in celeryconfig.beat_schedule.items()}
+
+
+#: what Celery's `beat_scheduler` setting names
+SCHEDULER = "opledger.tasks.beat:Scheduler"
+
+__all__ = ["SCHEDULER", "BeatLock", "BeatLockTaken", "Scheduler", "beat_entries", "entries"]
