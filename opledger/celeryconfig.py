@@ -15,6 +15,7 @@ from __future__ import annotations
 from opledger.queues import queues_of
 from opledger.settings import DEFAULT_BROKER_URL, UNCONFIGURED_BROKER_URL, get_settings
 from opledger.tasks import beat
+from opledger.tasks.integrate import GUARANTEES
 
 _settings = get_settings()
 
@@ -27,20 +28,22 @@ broker_url = _settings.broker_url or (
 )
 broker_connection_retry_on_startup = True
 
-task_serializer = "json"
+# The settings opledger's guarantees rest on (`tasks.integrate.GUARANTEES`, which says why
+# each; `register(app)` refuses an app that differs in one).
+task_serializer = GUARANTEES["task_serializer"].value
 result_serializer = "json"
 accept_content = ["json"]
 event_serializer = "json"
 task_ignore_result = True
 result_backend = None
 
-task_acks_late = True
+task_acks_late = GUARANTEES["task_acks_late"].value
 # A channel error (RabbitMQ closing a channel for consumer_timeout, PRECONDITION_FAILED)
 # restarts the consumer instead of ending the worker with "Unrecoverable error"; the
 # delivery goes back to the queue and the fence refuses its second claim.
 broker_channel_error_retry = True
-task_reject_on_worker_lost = False
-worker_prefetch_multiplier = 1
+task_reject_on_worker_lost = GUARANTEES["task_reject_on_worker_lost"].value
+worker_prefetch_multiplier = GUARANTEES["worker_prefetch_multiplier"].value
 worker_cancel_long_running_tasks_on_connection_loss = True
 task_time_limit = _settings.task_time_limit_seconds
 task_soft_time_limit = max(1, _settings.task_time_limit_seconds - 10)

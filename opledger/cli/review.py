@@ -12,8 +12,9 @@ import typer
 from rich.text import Text
 
 from opledger.cli.failures import debugging
-from opledger.ledger import History, Resolution
+from opledger.ledger import History, Resolution, ids
 from opledger.ledger.consequences import contract_facts
+from opledger.ledger.errors import InvalidInput
 
 from .app import (
     JsonOption,
@@ -32,12 +33,12 @@ app.add_typer(review_app, name="review")
 
 
 def parse_age(text: str) -> timedelta:
-    """'90s', '15m', '2h', '3d' -> timedelta."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    """'90s', '15m', '2h', '3d' -> timedelta (`opledger.ledger.ids.parse_age`); a usage
+    error (exit 2) otherwise."""
     try:
-        return timedelta(seconds=float(text[:-1]) * units[text[-1]])
-    except (KeyError, ValueError, IndexError):
-        raise typer.BadParameter(f"{text!r}: use a number and s, m, h or d (e.g. 2h)") from None
+        return ids.parse_age(text)
+    except InvalidInput as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 @review_app.command("list")

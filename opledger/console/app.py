@@ -22,13 +22,14 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from opledger.ledger import Ledger
+from opledger.ledger.ids import parse_age
 
 from .accounts import Accounts
 from .base import ConsoleConfig
 from .routes import Routes
 from .sessions import Sessions
 from .signin import SignIn
-from .web import Pages, parse_age
+from .web import Pages
 
 
 def create_app(

@@ -23,12 +23,13 @@ from opledger.ledger.errors import (
     ReviewNotFound,
     StaleView,
 )
+from opledger.ledger.ids import parse_age
 from opledger.ledger.models import Operation, Status
 from opledger.ledger.reviews import Reviews
 
 from .base import ConsoleConfig, Refusal, not_found
 from .sessions import Auth
-from .web import Pages, ago, parse_age
+from .web import Pages, ago
 
 
 class Routes:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -19,21 +19,6 @@ from opledger.ledger.errors import InvalidInput, OperationNotFound, ReviewNotFou
 
 from .base import ConsoleConfig, Refusal, secured
 from .sessions import Auth, Sessions
-
-
-def parse_age(text: str) -> timedelta:
-    """'90s', '15m', '2h', '3d' -> timedelta (a typed error otherwise)."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    text = text.strip()
-    try:
-        amount = float(text[:-1])
-        if amount < 0 or amount != amount:
-            raise ValueError(text)
-        return timedelta(seconds=amount * units[text[-1]])
-    except (KeyError, ValueError, IndexError, OverflowError):
-        raise InvalidInput(
-            f"age {text!r}: use a number and s, m, h or d (e.g. 2h)", field="age"
-        ) from None
 
 
 def ago(value: datetime, now: datetime) -> str:

@@ -54,8 +54,7 @@ class PrefixResolver:
         return check_action(action).split(".", 1)[0]
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
+_json = store.to_json
 
 
 class LedgerBase:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from datetime import timedelta
 
 from ulid import ULID
 
-from .errors import InvalidIdentifier, MalformedOperationId, UnknownAction
+from .errors import InvalidIdentifier, InvalidInput, MalformedOperationId, UnknownAction
 
 OP_ID_RE = re.compile(r"^op_[0-9A-HJKMNP-TV-Z]{26}$")
 ACTION_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+\.v[1-9][0-9]*$")
@@ -109,3 +110,19 @@ def check_action(value: object) -> str:
             action=value,
         )
     return value
+
+
+def parse_age(text: str) -> timedelta:
+    """An age as an operator types it — '90s', '15m', '2h', '3d' — or `InvalidInput`
+    (negative, not a number, another unit)."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip()
+    try:
+        amount = float(text[:-1])
+        if amount < 0 or amount != amount:
+            raise ValueError(text)
+        return timedelta(seconds=amount * units[text[-1]])
+    except (KeyError, ValueError, IndexError, OverflowError):
+        raise InvalidInput(
+            f"age {text!r}: use a number and s, m, h or d (e.g. 2h)", field="age"
+        ) from None

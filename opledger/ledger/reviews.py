@@ -107,8 +107,7 @@ class ReviewAction(Record):
     at: AwareDatetime
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), default=str)
+_json = store.to_json
 
 
 class Reviews:

@@ -8,6 +8,7 @@ itself lives in `queries`.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import weakref
 from collections import deque
@@ -51,6 +52,12 @@ _TRANSIENT_STATES = frozenset({"40001", "40P01", "57P01", "57P02", "57P03", "533
 _TRANSIENT_FATAL = ("starting up", "shutting down", "too many", "recovery mode", "terminating")
 #: undefined table, column or function: the schema is not (fully) migrated
 _SCHEMA_STATES = frozenset({"42P01", "42703", "42883", "42704"})
+
+
+def to_json(value: Any) -> str:
+    """A value as the ledger writes it into a jsonb column: compact, keys sorted (so the
+    same facts are the same text), anything else as its string."""
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
 
 
 def transient(exc: DBAPIError) -> bool:

@@ -21,6 +21,7 @@ Nothing here connects to a broker or a database.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -39,6 +40,25 @@ REDIS_SCHEMES = ("redis", "rediss", "sentinel")
 
 class AppMisconfigured(NotConfigured):
     """A Celery app's setting breaks one of opledger's guarantees; the message names it."""
+
+
+@dataclass(frozen=True)
+class Guarantee:
+    """A Celery setting opledger's guarantees rest on: the value it must have, and why."""
+
+    value: Any
+    why: str
+
+
+#: the settings `celeryconfig` sets and `check_app` refuses an app to differ in
+GUARANTEES: dict[str, Guarantee] = {
+    "task_acks_late": Guarantee(True, "a message must be acknowledged only after its task ran"),
+    "worker_prefetch_multiplier": Guarantee(1, "each worker process holds one message at most"),
+    "task_reject_on_worker_lost": Guarantee(
+        False, "a killed worker's operation is the sweeper's, not a redelivery's"
+    ),
+    "task_serializer": Guarantee("json", "a task carries an operation id as JSON, nothing else"),
+}
 
 
 def _conf(app: Any, name: str) -> Any:
@@ -64,26 +84,13 @@ def broker_scheme(url: str | None) -> str:
 
 def check_app(app: Any) -> None:
     """Raise `AppMisconfigured`, naming the first setting of `app` opledger cannot run on."""
-    if _conf(app, "task_acks_late") is not True:
-        raise AppMisconfigured(
-            f"Celery setting task_acks_late must be True for opledger's tasks "
-            f"(got {_conf(app, 'task_acks_late')!r}): a message must be acknowledged only "
-            "after its task ran"
-        )
-    if _conf(app, "worker_prefetch_multiplier") != 1:
-        raise AppMisconfigured(
-            "Celery setting worker_prefetch_multiplier must be 1 for opledger's tasks "
-            f"(got {_conf(app, 'worker_prefetch_multiplier')!r})"
-        )
-    if _conf(app, "task_reject_on_worker_lost"):
-        raise AppMisconfigured(
-            "Celery setting task_reject_on_worker_lost must be False for opledger's tasks: "
-            "a killed worker's operation is the sweeper's, not a redelivery's"
-        )
-    if _conf(app, "task_serializer") != "json":
-        raise AppMisconfigured(
-            f"Celery setting task_serializer must be 'json' (got {_conf(app, 'task_serializer')!r})"
-        )
+    for name, guarantee in GUARANTEES.items():
+        got = _conf(app, name)
+        if got != guarantee.value or type(got) is not type(guarantee.value):
+            raise AppMisconfigured(
+                f"Celery setting {name} must be {guarantee.value!r} for opledger's tasks "
+                f"(got {got!r}): {guarantee.why}"
+            )
     accept = _conf(app, "accept_content")
     if not accept or set(accept) - {"json", "application/json"}:
         raise AppMisconfigured(
@@ -183,4 +190,4 @@ def register(app: Any) -> Any:
     return app
 
 
-__all__ = ["AppMisconfigured", "beat_entries", "check_app", "register"]
+__all__ = ["GUARANTEES", "AppMisconfigured", "Guarantee", "beat_entries", "check_app", "register"]
