@@ -399,7 +399,7 @@ assert "opledger-sweep" in theirs.conf.beat_schedule
 assert current_app._get_current_object() is theirs
 """,
     ),
-    "71d96cfdc2": NotCode(
+    "654e64ac9a": NotCode(
         "opledger/ledger/     the core, one module per part",
         "the directory layout",
     ),
