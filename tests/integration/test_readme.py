@@ -399,7 +399,7 @@ assert "opledger-sweep" in theirs.conf.beat_schedule
 assert current_app._get_current_object() is theirs
 """,
     ),
-    "654e64ac9a": NotCode(
+    "40c093b4b9": NotCode(
         "opledger/ledger/     the core, one module per part",
         "the directory layout",
     ),

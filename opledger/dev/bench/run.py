@@ -1,0 +1,98 @@
+"""`opledger bench`: the ledger's cost measured beside bare Celery, in one run.
+
+1. bare Celery: N no-op tasks carrying an id, drained by a prefork worker;
+2. opledger: N prepared operations dispatched to an instant adapter (no network), drained
+   to confirmed, by the same worker settings;
+3. Postgres transactions per confirmed operation on the worker's path (pg_stat_database);
+4. the sweeps (expired leases, due checks, relay) with 10k and 1M operations in the ledger
+   and the same 100 stale rows each, with their query plans;
+5. prepare throughput from one process, alone and inside a caller's transaction.
+
+Timings are compared side by side (ratios), because a shared machine is noisy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from opledger.dev import devstack
+from opledger.dev.processes import PrivateRedis, Stack
+from opledger.ledger import Ledger
+from opledger.settings import Settings
+
+from .apps import build_registry
+from .backlog import backlog
+from .config import BenchConfig
+from .sweep import make_stale, prepare_rates, sweep_cost
+from .throughput import throughput
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 3)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return value
+
+
+def run_bench(
+    cfg: BenchConfig, *, progress: Callable[[str], None] = lambda _m: None
+) -> dict[str, Any]:
+    """Every measure; every process it starts is stopped and its directory removed."""
+    with contextlib.ExitStack() as cleanup:
+        work = Path(tempfile.mkdtemp(prefix="opledger-bench-"))
+        cleanup.callback(shutil.rmtree, work, ignore_errors=True)
+        server_url = devstack.postgres_url()
+        if cfg.backlog_only:
+            return {
+                k: round(float(v), 3) for k, v in backlog(cfg, server_url, work, progress).items()
+            }
+        url, drop = devstack.scratch_database(server_url, "opledger_bench")
+        cleanup.callback(drop)
+        redis = PrivateRedis(work)
+        cleanup.callback(redis.kill)
+        redis.start()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
+        env.update(
+            OPLEDGER_DATABASE_URL=url,
+            OPLEDGER_BROKER_URL=redis.url,
+            OPLEDGER_ADAPTERS="opledger.dev.bench:build_registry",
+            OPLEDGER_STATE_DIR=str(work),
+            PYTHONUNBUFFERED="1",
+        )
+        stack = Stack(env, work)
+        cleanup.callback(stack.stop_all)
+        ledger = Ledger.from_url(url, actions=build_registry(Settings.from_environ(env)))
+        cleanup.callback(ledger.engine.dispose)
+        result: dict[str, Any] = {"tasks": cfg.tasks, "concurrency": cfg.concurrency}
+        progress(f"throughput: {cfg.tasks} tasks, bare Celery then opledger")
+        result.update(throughput(cfg, stack, ledger, redis))
+        progress(f"prepare: {cfg.prepares} alone and in caller transactions")
+        result.update(prepare_rates(ledger, cfg.prepares))
+        make_stale(ledger, cfg.stale)
+        filled = 0
+        plans: dict[str, dict[str, str]] = {}
+        for label, size in zip(("10k", "1m"), cfg.sizes, strict=True):
+            progress(f"sweeps with {size:,} operations in the ledger")
+            ms, plans[label] = sweep_cost(ledger, size, cfg, filled)
+            filled = size
+            result[f"sweep_ms_{label}"] = ms
+            result[f"sweep_rows_{label}"] = size
+        result["sweep_plans"] = plans
+        result["index_scans"] = all(
+            "Index" in plan and "Seq Scan" not in plan
+            for per_size in plans.values()
+            for plan in per_size.values()
+        )
+        stack.stop_all()
+        if cfg.backlog:
+            result.update(backlog(cfg, server_url, work, progress))
+        rounded: dict[str, Any] = _rounded(result)
+        return rounded
+    raise AssertionError("unreachable")  # pragma: no cover
