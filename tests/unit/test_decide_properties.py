@@ -1,5 +1,6 @@
 """Property tests: over generated histories and every contract, the decision never breaks
-a rule of DESIGN.md section 5."""
+a numbered rule of the retry decision (README.md, "Provider contracts and the retry
+decision")."""
 
 from __future__ import annotations
 

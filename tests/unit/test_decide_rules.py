@@ -1,4 +1,5 @@
-"""One hand-written case per rule of the retry decision (DESIGN.md section 5)."""
+"""One hand-written case per rule of the retry decision (the numbered rules in README.md,
+"Provider contracts and the retry decision")."""
 
 from __future__ import annotations
 
