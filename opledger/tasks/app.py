@@ -267,7 +267,7 @@ def dispatch(self: OperationTask, op_id: str, gen: int = 0) -> str:
         op_id,
         owner=rt.owner,
         lease=rt.lease,
-        settle=_sibling(self, "opledger.reconcile").delay,
+        reconcile_now=_sibling(self, "opledger.reconcile").delay,
     ).action
 
 
@@ -291,7 +291,7 @@ def reconcile(self: OperationTask, op_id: str, gen: int = 0) -> str:
         lease=rt.lease,
         policy=rt.policy,
         on_review=_sibling(self, "opledger.notify_review").delay,
-        settle=_sibling(self, "opledger.reconcile").delay,
+        reconcile_now=_sibling(self, "opledger.reconcile").delay,
     ).action
 
 

@@ -85,14 +85,14 @@ class StepResult:
 
 #: called with an operation id when a fenced-out worker's outcome was kept and the
 #: operation is unknown: reconcile it now rather than at the next scheduled check
-Settle = Callable[[str], None]
+ReconcileNow = Callable[[str], None]
 
 
 def _send(
     ledger: Ledger,
     adapter: Adapter,
     claim: Claim,
-    settle: Settle | None = None,
+    reconcile_now: ReconcileNow | None = None,
     hooks: Hooks = HOOKS,
 ) -> StepResult:
     """Cross the boundary under `claim` and record what came back.
@@ -132,11 +132,11 @@ def _send(
                 extra={"op_id": claim.op_id, "fence": claim.fence, "attempt": claim.attempt_n},
             )
             if (
-                settle is not None
+                reconcile_now is not None
                 and exc.fields.get("evidence_kept")
                 and (exc.fields.get("status") == Status.UNKNOWN.value)
             ):
-                settle(claim.op_id)
+                reconcile_now(claim.op_id)
             return StepResult(Step.FENCED)
         recording.status(op.status)
     return StepResult(Step.DISPATCHED, op)
@@ -177,11 +177,11 @@ def dispatch(
     *,
     owner: str,
     lease: timedelta,
-    settle: Settle | None = None,
+    reconcile_now: ReconcileNow | None = None,
     hooks: Hooks = HOOKS,
 ) -> StepResult:
     """First dispatch of a prepared operation. A no-op for anything else (redelivery).
-    `settle(op_id)` is called when this worker was fenced out but its outcome was kept
+    `reconcile_now(op_id)` is called when this worker was fenced out but its outcome was kept
     on an unknown operation (to reconcile it at once)."""
     with hooks.claim(op_id) as span:
         try:
@@ -197,7 +197,7 @@ def dispatch(
         adapter = registry.adapter_for(claim.operation.action)
     except UnknownAction as exc:
         return _no_adapter(ledger, claim, exc)
-    return _send(ledger, adapter, claim, settle, hooks)
+    return _send(ledger, adapter, claim, reconcile_now, hooks)
 
 
 def _no_adapter(ledger: Ledger, claim: Claim, exc: UnknownAction) -> StepResult:
@@ -259,11 +259,12 @@ def reconcile(
     max_lookups: int = 2,
     policy: ReviewPolicy = DEFAULT_POLICY,
     on_review: Callable[[str], None] | None = None,
-    settle: Settle | None = None,
+    reconcile_now: ReconcileNow | None = None,
     hooks: Hooks = HOOKS,
 ) -> StepResult:
     """Run the retry decision on an unknown operation and act on it. `on_review(op_id)` is
-    called when this step opened a review (to notify someone); `settle` as in `dispatch`."""
+    called when this step opened a review (to notify someone); `reconcile_now` as in
+    `dispatch`."""
     with hooks.decide(op_id) as span:
         decided = _decide(
             ledger, registry, op_id, now=now, max_lookups=max_lookups, policy=policy, hooks=hooks
@@ -291,7 +292,7 @@ def reconcile(
             lease=lease,
             now=now,
             on_review=on_review,
-            settle=settle,
+            reconcile_now=reconcile_now,
             hooks=hooks,
         )
     except StaleFence:
@@ -376,7 +377,7 @@ def _act(
     lease: timedelta,
     now: Callable[[], datetime],
     on_review: Callable[[str], None] | None,
-    settle: Settle | None = None,
+    reconcile_now: ReconcileNow | None = None,
     hooks: Hooks = HOOKS,
 ) -> StepResult:
     op = history.operation
@@ -436,5 +437,5 @@ def _act(
             span.fenced()
             return StepResult(Step.FENCED, decision=decision)
         span.claim(claim)
-    result = _send(ledger, adapter, claim, settle, hooks)
+    result = _send(ledger, adapter, claim, reconcile_now, hooks)
     return StepResult(result.action, result.operation, decision)

@@ -323,7 +323,7 @@ def test_a_fenced_out_workers_kept_outcome_bumps_the_version_and_settles_at_once
     _fence_out(crm.ledger, op_id)  # the call outlived the lease
     before = crm.ledger.get(op_id).record_version
     settled: list[str] = []
-    result = steps._send(crm.ledger, crm.adapter, claim, settle=settled.append)
+    result = steps._send(crm.ledger, crm.adapter, claim, reconcile_now=settled.append)
     assert result.action == "fenced"
     assert settled == [op_id]  # reconcile now, not at the next scheduled check
     after = crm.ledger.get(op_id)
