@@ -305,6 +305,9 @@ class _NoopSpan:
     def sending(self) -> None:
         pass
 
+    def answered(self) -> None:
+        pass
+
     def outcome(self, outcome: Any) -> None:
         pass
 
@@ -392,6 +395,9 @@ class _Span:
 
     def sending(self) -> None:
         """The request leaves next (the send-by window held): nothing to record."""
+
+    def answered(self) -> None:
+        """The adapter returned: its outcome follows (`outcome`)."""
 
     def claim(self, claim: Any) -> None:
         self.operation(claim.operation)

@@ -6,15 +6,16 @@ happened; each observer implements the same boundaries, as dramatiq keeps one mi
 per concern:
 
     claim(op_id, retry)      taking the fenced claim (a dispatch's, or reconcile's retry)
-    call(claim)              the adapter's dispatch; `sending()` right before the request
+    call(claim, provider)    the adapter's dispatch; `sending()` right before the request,
+                             `answered()` when the adapter returned
     record(op_id, fence, source, provider)
                              recording an outcome: a provider's answer, or evidence
     decide(op_id)            reconcile's decision, its lookups included
     lookup(op)               one lookup at the provider
 
 and one event outside them, `fenced_out(where)`: another claim moved the operation first.
-A watch is told `operation`, `claim`, `sending`, `outcome`, `status`, `decision`,
-`verdict`, `fenced`, `error` and `set` — whatever of that its boundary learns.
+A watch is told `operation`, `claim`, `sending`, `answered`, `outcome`, `status`,
+`decision`, `verdict`, `fenced`, `error` and `set` — whatever of that its boundary learns.
 
 `Tracing` opens `observability.tracing`'s spans (which are watches), `Metrics` counts in
 `observability.metrics`, `CrashPoints` kills the process at `tasks.crashpoints`' named
@@ -47,6 +48,9 @@ class Watch:
     def sending(self) -> None:
         """The send-by window held: the request leaves next."""
 
+    def answered(self) -> None:
+        """The adapter's dispatch returned (an outcome, not an exception)."""
+
     def outcome(self, outcome: Any) -> None:
         """What came back (an `Outcome`), or what is being recorded."""
 
@@ -78,7 +82,7 @@ class Hooks:
     def claim(self, op_id: str, *, retry: bool = False) -> AbstractContextManager[Watch]:
         return nullcontext(NOWATCH)
 
-    def call(self, claim: Claim) -> AbstractContextManager[Watch]:
+    def call(self, claim: Claim, provider: str) -> AbstractContextManager[Watch]:
         return nullcontext(NOWATCH)
 
     def record(
@@ -102,7 +106,7 @@ class Tracing(Hooks):
     def claim(self, op_id: str, *, retry: bool = False) -> AbstractContextManager[Watch]:
         return tracing.claim(op_id)  # type: ignore[return-value]
 
-    def call(self, claim: Claim) -> AbstractContextManager[Watch]:
+    def call(self, claim: Claim, provider: str) -> AbstractContextManager[Watch]:
         return tracing.provider_call(claim)  # type: ignore[return-value]
 
     def record(
@@ -125,7 +129,8 @@ class _Latency(Watch):
     def sending(self) -> None:
         self.started = time.perf_counter()
 
-    def outcome(self, outcome: Any) -> None:
+    def answered(self) -> None:
+        """Only a dispatch that returned is timed (not one that raised)."""
         if self.started is not None:
             latency = time.perf_counter() - self.started
             metrics.PROVIDER_LATENCY.labels(self.provider).observe(latency)
@@ -149,8 +154,8 @@ class Metrics(Hooks):
     """Prometheus counters (`observability.metrics`; no-ops without the extra): provider
     latency, dispatch outcomes, decisions, fenced-out writes."""
 
-    def call(self, claim: Claim) -> AbstractContextManager[Watch]:
-        return nullcontext(_Latency(claim.operation.provider))
+    def call(self, claim: Claim, provider: str) -> AbstractContextManager[Watch]:
+        return nullcontext(_Latency(provider))
 
     def record(
         self, op_id: str, fence: int, source: str, provider: str
@@ -195,7 +200,7 @@ class CrashPoints(Hooks):
             crashpoints.reached("dispatch.after_claim")
 
     @contextmanager
-    def call(self, claim: Claim) -> Iterator[Watch]:
+    def call(self, claim: Claim, provider: str) -> Iterator[Watch]:
         seen = _Seen()
         seen.on_sending = "dispatch.before_call"
         yield seen
@@ -232,6 +237,10 @@ class _Each(Watch):
     def sending(self) -> None:
         for w in self.watches:
             w.sending()
+
+    def answered(self) -> None:
+        for w in self.watches:
+            w.answered()
 
     def outcome(self, outcome: Any) -> None:
         for w in self.watches:
@@ -276,8 +285,8 @@ class All(Hooks):
     def claim(self, op_id: str, *, retry: bool = False) -> AbstractContextManager[Watch]:
         return self._each(lambda h: h.claim(op_id, retry=retry))
 
-    def call(self, claim: Claim) -> AbstractContextManager[Watch]:
-        return self._each(lambda h: h.call(claim))
+    def call(self, claim: Claim, provider: str) -> AbstractContextManager[Watch]:
+        return self._each(lambda h: h.call(claim, provider))
 
     def record(
         self, op_id: str, fence: int, source: str, provider: str

@@ -20,8 +20,9 @@ Nothing here connects to a broker or a database.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -44,21 +45,41 @@ class AppMisconfigured(NotConfigured):
 
 @dataclass(frozen=True)
 class Guarantee:
-    """A Celery setting opledger's guarantees rest on: the value it must have, and why."""
+    """A Celery setting opledger's guarantees rest on: the value `celeryconfig` gives it,
+    what an app of yours may have instead (`accepts`), and why it matters."""
 
     value: Any
     why: str
+    accepts: Callable[[Any], bool]
+
+    @property
+    def wanted(self) -> str:
+        return repr(self.value)
 
 
 #: the settings `celeryconfig` sets and `check_app` refuses an app to differ in
-GUARANTEES: dict[str, Guarantee] = {
-    "task_acks_late": Guarantee(True, "a message must be acknowledged only after its task ran"),
-    "worker_prefetch_multiplier": Guarantee(1, "each worker process holds one message at most"),
-    "task_reject_on_worker_lost": Guarantee(
-        False, "a killed worker's operation is the sweeper's, not a redelivery's"
-    ),
-    "task_serializer": Guarantee("json", "a task carries an operation id as JSON, nothing else"),
-}
+GUARANTEES: Mapping[str, Guarantee] = MappingProxyType(
+    {
+        "task_acks_late": Guarantee(
+            True,
+            "a message must be acknowledged only after its task ran",
+            lambda got: got is True,
+        ),
+        "worker_prefetch_multiplier": Guarantee(
+            1, "each worker process holds one message at most", lambda got: got == 1
+        ),
+        "task_reject_on_worker_lost": Guarantee(
+            False,
+            "a killed worker's operation is the sweeper's, not a redelivery's",
+            lambda got: not got,  # off: False, or Celery's default None
+        ),
+        "task_serializer": Guarantee(
+            "json",
+            "a task carries an operation id as JSON, nothing else",
+            lambda got: got == "json",
+        ),
+    }
+)
 
 
 def _conf(app: Any, name: str) -> Any:
@@ -86,9 +107,9 @@ def check_app(app: Any) -> None:
     """Raise `AppMisconfigured`, naming the first setting of `app` opledger cannot run on."""
     for name, guarantee in GUARANTEES.items():
         got = _conf(app, name)
-        if got != guarantee.value or type(got) is not type(guarantee.value):
+        if not guarantee.accepts(got):
             raise AppMisconfigured(
-                f"Celery setting {name} must be {guarantee.value!r} for opledger's tasks "
+                f"Celery setting {name} must be {guarantee.wanted} for opledger's tasks "
                 f"(got {got!r}): {guarantee.why}"
             )
     accept = _conf(app, "accept_content")

@@ -103,12 +103,13 @@ def _send(
     adapter made of it: the attempt provably carried no request.
     """
     provider = adapter.contract.provider
-    with hooks.call(claim) as call:
+    with hooks.call(claim, provider) as call:
         try:
             claim.window.check()
             call.sending()
             with sending(claim.window):
                 outcome = adapter.dispatch(claim)
+            call.answered()
         except SendWindowPassed:
             outcome = _not_sent(claim)
         except Exception as exc:  # an adapter bug must not leave the row dispatching

@@ -49,16 +49,16 @@ def test_the_call_reaches_before_only_when_sending_and_after_only_on_a_normal_en
     reached: Reached,
 ) -> None:
     points = CrashPoints()
-    with points.call(CLAIM):
+    with points.call(CLAIM, "crm"):
         pass  # the send-by window had passed: nothing was sent
     assert reached == ["dispatch.after_call"]
     reached.clear()
-    with points.call(CLAIM) as watch:
+    with points.call(CLAIM, "crm") as watch:
         watch.sending()
         assert reached == ["dispatch.before_call"]
     assert reached == ["dispatch.before_call", "dispatch.after_call"]
     reached.clear()
-    with pytest.raises(RuntimeError), points.call(CLAIM) as watch:
+    with pytest.raises(RuntimeError), points.call(CLAIM, "crm") as watch:
         watch.sending()
         raise RuntimeError("the worker's own bug")
     assert reached == ["dispatch.before_call"]
@@ -124,3 +124,21 @@ def test_all_opens_in_order_closes_in_reverse_and_tells_everyone() -> None:
 def test_the_default_hooks_put_crash_points_outermost() -> None:
     assert isinstance(hooks.HOOKS, All)
     assert [type(h).__name__ for h in hooks.HOOKS.hooks] == ["CrashPoints", "Tracing", "Metrics"]
+
+
+def test_only_a_dispatch_that_returned_is_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    observed: list[tuple[str, float]] = []
+
+    class Histogram:
+        def labels(self, provider: str) -> Any:
+            return type("H", (), {"observe": lambda _, s: observed.append((provider, s))})()
+
+    monkeypatch.setattr(hooks.metrics, "PROVIDER_LATENCY", Histogram())
+    with hooks.Metrics().call(CLAIM, "crm:acme") as watch:
+        watch.sending()  # the adapter raised: no answered(), nothing timed
+        watch.outcome("ambiguous")
+    assert observed == []
+    with hooks.Metrics().call(CLAIM, "crm:acme") as watch:
+        watch.sending()
+        watch.answered()
+    assert [p for p, _ in observed] == ["crm:acme"]

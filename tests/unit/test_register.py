@@ -164,3 +164,10 @@ def test_on_rabbitmq_the_consumer_timeout_must_exceed_the_time_limit(
 
 def test_opledgers_own_app_passes_its_own_checks() -> None:
     check_app(tasks.app)
+
+
+def test_celerys_own_defaults_that_keep_a_guarantee_are_accepted(theirs: Celery) -> None:
+    """`task_reject_on_worker_lost` left at Celery's default (None) is off, as required."""
+    theirs.conf.task_reject_on_worker_lost = None
+    opledger.tasks.register(theirs)
+    assert theirs.conf.task_queues is not None
