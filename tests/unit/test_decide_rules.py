@@ -196,3 +196,30 @@ def test_a_prepared_operation_is_dispatched_and_a_final_one_refused() -> None:
     )
     with pytest.raises(ValueError):
         decide(KEYED_STATUS, operation(Status.CONFIRMED), [attempt()], [], grant(), T0)
+
+
+def test_the_review_policy_hands_it_to_a_person_sooner_than_the_contract() -> None:
+    """`ReviewPolicy`: after `after_attempts` attempts, or while it still waits `after`
+    since its first attempt (unless an operator asked for this retry)."""
+    from opledger.ledger.decide import ReviewPolicy
+
+    op, first = operation(), attempt(in_flight=20 * S)
+    # in flight: it waits; the same wait past the policy's age goes to a person
+    assert isinstance(decide(KEYED_NO_LOOKUP, op, [first], [], grant(), T0 + 10 * S), Wait)
+    policy = ReviewPolicy(after=5 * S)
+    late = decide(KEYED_NO_LOOKUP, op, [first], [], grant(), T0 + 10 * S, policy)
+    assert late == NeedsReview(reason="still unknown 5 s after the first attempt")
+    at_the_age = decide(KEYED_NO_LOOKUP, op, [first], [], grant(), T0 + 5 * S, policy)
+    assert isinstance(at_the_age, Wait)  # the age is the last instant it still waits
+    retry = operation(operator_retry_by="alice")
+    assert isinstance(
+        decide(KEYED_NO_LOOKUP, retry, [first], [], grant(), T0 + 10 * S, policy), Wait
+    )
+    # past its deadline with a same-key retry allowed: sent again, unless the policy
+    # says one attempt is enough
+    after = T0 + 30 * S
+    assert isinstance(decide(KEYED_NO_LOOKUP, op, [first], [], grant(), after), Dispatch)
+    enough = decide(
+        KEYED_NO_LOOKUP, op, [first], [], grant(), after, ReviewPolicy(after_attempts=1)
+    )
+    assert isinstance(enough, NeedsReview) and "1 attempts" in enough.reason
