@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from . import contracts, dev, grants, operators, ops, processes, review  # noqa: F401
 from .app import app
-from .failures import debugging  # noqa: F401 — re-exported for the commands' callers
 
 
 def main() -> None:

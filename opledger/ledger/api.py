@@ -19,7 +19,7 @@ from sqlalchemy import create_engine
 
 from . import queries as q
 from . import store
-from .base import ActionResolver, LedgerBase, PrefixResolver, _json, _payload_limit_from_environment
+from .base import ActionResolver, LedgerBase, PrefixResolver, _payload_limit_from_environment
 from .claims import Claims
 from .errors import (
     ForbiddenTransition,
@@ -121,10 +121,10 @@ class Ledger(Prepare, Claims, Grants, Maintenance, LedgerBase):
                     "fence": fence,
                     "source": source.value,
                     "verdict": verdict.value,
-                    "binding": _json(
+                    "binding": store.to_json(
                         (binding or Binding()).model_dump(mode="json", exclude_none=True)
                     ),
-                    "detail": _json(dict(detail or {})),
+                    "detail": store.to_json(dict(detail or {})),
                 },
             ).one_or_none()
         if row is None:
@@ -196,7 +196,7 @@ class Ledger(Prepare, Claims, Grants, Maintenance, LedgerBase):
                     "op_id": op_id,
                     "fence": fence,
                     "reason": reason,
-                    "snapshot": _json(dict(snapshot or {})),
+                    "snapshot": store.to_json(dict(snapshot or {})),
                 },
             ).one_or_none()
         if row is None:

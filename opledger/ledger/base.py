@@ -54,9 +54,6 @@ class PrefixResolver:
         return check_action(action).split(".", 1)[0]
 
 
-_json = store.to_json
-
-
 class LedgerBase:
     """What every part of the ledger's API shares: the engine and store, the action resolver
     and the limits; and the reads."""

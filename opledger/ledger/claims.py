@@ -12,7 +12,7 @@ from sqlalchemy import Connection
 
 from . import queries as q
 from . import store
-from .base import LedgerBase, _json
+from .base import LedgerBase
 from .errors import (
     AuthorizationRevoked,
     ForbiddenTransition,
@@ -225,7 +225,7 @@ class Claims(LedgerBase):
                 "recheck": recheck,
                 "source": EvidenceSource.DISPATCH.value,
                 "binding": binding.model_dump_json(exclude_none=True),
-                "detail": _json(_detail_of(outcome)),
+                "detail": store.to_json(_detail_of(outcome)),
                 "actor": claim.owner,
                 "reason": _reason_of(outcome),
             },

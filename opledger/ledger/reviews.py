@@ -107,9 +107,6 @@ class ReviewAction(Record):
     at: AwareDatetime
 
 
-_json = store.to_json
-
-
 class Reviews:
     """`ledger.reviews`: the same operations the CLI offers, for a console or a script."""
 
@@ -266,7 +263,7 @@ class Reviews:
                     "review_id": review.id,
                     "operator": operator,
                     "record_version": history.operation.record_version,
-                    "shown": _json(_shown(view)),
+                    "shown": store.to_json(_shown(view)),
                 },
             )
         return view
@@ -345,7 +342,9 @@ class Reviews:
                         "op_id": op_id,
                         "fence": after.fence,
                         "verdict": chosen.value,
-                        "detail": _json({"operator": operator, "note": note, "evidence": evidence}),
+                        "detail": store.to_json(
+                            {"operator": operator, "note": note, "evidence": evidence}
+                        ),
                     },
                 )
             conn.execute(
@@ -369,7 +368,7 @@ class Reviews:
                     "evidence": evidence,
                     "new_key": key,
                     "fence": after.fence,
-                    "shown": _json(shown),
+                    "shown": store.to_json(shown),
                     "override_evidence": bool(overriding),
                     "risk_acknowledged": acknowledged,
                 },

@@ -170,21 +170,21 @@ class Metrics(Hooks):
 
 
 class _Seen(Watch):
-    """Remembers whether a claim was taken, the request sent, or the write refused."""
+    """Remembers whether a claim was taken or the write refused."""
 
     def __init__(self) -> None:
         self.claimed = self.refused = False
-        self.on_sending: str | None = None
 
     def claim(self, claim: Claim) -> None:
         self.claimed = True
 
-    def sending(self) -> None:
-        if self.on_sending is not None:
-            crashpoints.reached(self.on_sending)
-
     def fenced(self) -> None:
         self.refused = True
+
+
+class _BeforeCall(Watch):
+    def sending(self) -> None:
+        crashpoints.reached("dispatch.before_call")
 
 
 class CrashPoints(Hooks):
@@ -201,9 +201,7 @@ class CrashPoints(Hooks):
 
     @contextmanager
     def call(self, claim: Claim, provider: str) -> Iterator[Watch]:
-        seen = _Seen()
-        seen.on_sending = "dispatch.before_call"
-        yield seen
+        yield _BeforeCall()
         crashpoints.reached("dispatch.after_call")
 
     @contextmanager
