@@ -55,6 +55,7 @@ from opledger.ledger import (
 )
 from opledger.ledger import queries as q
 from opledger.ledger import reviews as reviews_module
+from opledger.ledger import store
 
 T = TypeVar("T")
 
@@ -604,13 +605,16 @@ class _TransitionTrigger:
 class _ReadsUnknown:
     """Stands in for the row mapping (`opledger.ledger.store`) inside
     `opledger.ledger.reviews`: `Reviews.resolve` reads every operation as unknown, as if its
-    status check (under the row lock) were not there."""
+    status check (under the row lock) were not there. Everything else is the real mapping."""
 
     @staticmethod
     def operation(row: Any) -> Operation:
         m = row._mapping
         data = {name: m[name] for name in Operation.model_fields}
         return Operation.model_validate({**data, "status": Status.UNKNOWN})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(store, name)
 
 
 class _ReviewStatusCheck:
@@ -622,7 +626,7 @@ class _ReviewStatusCheck:
     @contextmanager
     def removed(self, ledger: Ledger) -> Iterator[None]:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(reviews_module, "store", _ReadsUnknown)
+            mp.setattr(reviews_module, "store", _ReadsUnknown())
             yield
 
 
