@@ -107,15 +107,12 @@ class _Session:
             updated_at=now,
         )
         return Claim(
-            op_id=op.id,
             fence=1,
             token="contract-check",
             owner="contract-check",
-            lease_expires_at=op.lease_expires_at or now,
             attempt_n=1,
             started_at=now,
             deadline_at=now + self.adapter.contract.max_in_flight,
-            idempotency_key=key,
             payload=payload,
             payload_canonical=frozen.text,
             operation=op,

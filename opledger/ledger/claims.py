@@ -155,17 +155,14 @@ class Claims(LedgerBase):
             raise ForbiddenTransition(f"{op_id} has no frozen payload left", op_id=op_id)
         operation = store.operation_of(row)
         return Claim(
-            op_id=op_id,
             fence=operation.fence,
             token=token,
             owner=owner,
-            lease_expires_at=operation.lease_expires_at,
             attempt_n=n_at,
             started_at=started_at,
             deadline_at=deadline_at,
             db_now=db_now,
             send_by=send_by,
-            idempotency_key=operation.idempotency_key,
             payload=json.loads(canonical),
             payload_canonical=canonical,
             operation=operation,

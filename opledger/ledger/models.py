@@ -132,16 +132,16 @@ class Claim(Record):
     Every write made under it is conditional on `fence` and `token`; the attempt row was
     committed before this object was returned, so the provider call may start — but only
     until `send_by`: `window.check()` refuses once the window has passed, measured on this
-    process's monotonic clock (see `opledger.ledger.window`).
+    process's monotonic clock (see `opledger.ledger.window`). The operation's own facts (its
+    id, key, lease) are read from `operation`, as the claim left it, never copied.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
-    op_id: str
+    #: the claim's credentials: every write under it is conditional on both
     fence: int
     token: str
     owner: str
-    lease_expires_at: AwareDatetime
     attempt_n: int
     started_at: AwareDatetime
     deadline_at: AwareDatetime
@@ -149,14 +149,27 @@ class Claim(Record):
     db_now: AwareDatetime | None = None
     #: no request may start under this claim after this instant (database time)
     send_by: AwareDatetime | None = None
-    #: our idempotency key for this attempt (what the provider deduplicates on)
-    idempotency_key: str
+    #: the frozen payload, loaded with the claim (the operation carries only its digest)
     payload: dict[str, Any]
     payload_canonical: str
+    #: the operation as the claim left it (dispatching, leased to `owner`)
     operation: Operation
     #: the send-by window on this process's clock; checked right before bytes leave. A
     #: claim built by hand (a contract probe, not issued by a ledger) has none to enforce.
     window: SendWindow = Field(default_factory=SendWindow.unbounded, exclude=True, repr=False)
+
+    @property
+    def op_id(self) -> str:
+        return self.operation.id
+
+    @property
+    def idempotency_key(self) -> str:
+        """Our idempotency key for this attempt (what the provider deduplicates on)."""
+        return self.operation.idempotency_key
+
+    @property
+    def lease_expires_at(self) -> datetime | None:
+        return self.operation.lease_expires_at
 
 
 class Binding(Record):

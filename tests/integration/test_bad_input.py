@@ -228,7 +228,7 @@ def test_a_claim_for_another_operation_is_forged(ledger: Ledger, grant: str) -> 
     claim_b = ledger.claim(b.id, owner="w")
     assert claim_a is not None and claim_b is not None
     before = snapshot(ledger)
-    crossed = claim_a.model_copy(update={"op_id": b.id})
+    crossed = claim_a.model_copy(update={"operation": claim_b.operation})
     with pytest.raises(ForgedFence):
         ledger.record_outcome(crossed, Ambiguous(code="x", reason="y"))
     assert snapshot(ledger) == before

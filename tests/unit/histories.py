@@ -109,15 +109,12 @@ def grant(revoked: bool = False) -> Authorization:
 def claim(n: int = 1) -> Claim:
     """A claim on `operation()`, attempt `n`, as a worker holds it (not issued by a ledger)."""
     return Claim(
-        op_id=OP_ID,
         fence=n,
         token="t",
         owner="w",
-        lease_expires_at=T0 + timedelta(seconds=60),
         attempt_n=n,
         started_at=T0,
         deadline_at=T0 + timedelta(seconds=20),
-        idempotency_key=OP_ID,
         payload={},
         payload_canonical="{}",
         operation=operation(),
