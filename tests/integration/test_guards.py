@@ -52,10 +52,10 @@ from opledger.ledger import (
     StaleFence,
     StaleView,
     Status,
+    store,
 )
 from opledger.ledger import queries as q
 from opledger.ledger import reviews as reviews_module
-from opledger.ledger import store
 
 T = TypeVar("T")
 
