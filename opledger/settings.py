@@ -11,6 +11,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from opledger.ledger.canonical import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit
+
 #: the broker development mode uses when `OPLEDGER_BROKER_URL` is unset
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
 #: what Celery is given when no broker is configured outside development mode: publishing
@@ -76,7 +78,8 @@ class Settings(BaseSettings):
         description="How long a claim holds an operation before the sweeper may fence it out.",
     )
     max_payload_bytes: int = Field(
-        default=256 * 1024, gt=0, description="Largest canonical payload `prepare` accepts."
+        default=DEFAULT_MAX_PAYLOAD_BYTES,
+        description="Largest canonical payload `prepare` accepts, in bytes.",
     )
     sweep_interval_seconds: float = Field(
         default=15.0, gt=0, description="How often beat runs the sweep."
@@ -178,6 +181,11 @@ class Settings(BaseSettings):
     lookup_interval_seconds: float = Field(
         default=5.0, gt=0, description="Time between two lookups of a still-pending request."
     )
+
+    @field_validator("max_payload_bytes", mode="before")
+    @classmethod
+    def _payload_limit(cls, raw: object) -> int:
+        return payload_limit(raw)  # the ledger's own parser: one rule for both
 
     @field_validator("database_url")
     @classmethod

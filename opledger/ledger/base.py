@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 
 from . import queries as q
 from . import store
-from .canonical import DEFAULT_MAX_PAYLOAD_BYTES
+from .canonical import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit
 from .errors import (
     InvalidInput,
     OperationNotFound,
@@ -108,16 +108,9 @@ class LedgerBase:
 def _payload_limit_from_environment() -> int:
     """`OPLEDGER_MAX_PAYLOAD_BYTES` as the workers read it; only that variable, so an
     unrelated setting cannot stop a ledger from opening."""
-    raw = os.environ.get("OPLEDGER_MAX_PAYLOAD_BYTES")
-    if raw is None or not raw.strip():
-        return DEFAULT_MAX_PAYLOAD_BYTES
     try:
-        limit = int(raw)
-    except ValueError:
-        limit = 0
-    if limit <= 0:
+        return payload_limit(os.environ.get("OPLEDGER_MAX_PAYLOAD_BYTES"))
+    except ValueError as exc:
         raise InvalidInput(
-            f"OPLEDGER_MAX_PAYLOAD_BYTES must be a positive whole number of bytes, not {raw!r}",
-            field="OPLEDGER_MAX_PAYLOAD_BYTES",
-        )
-    return limit
+            f"OPLEDGER_MAX_PAYLOAD_BYTES {exc}", field="OPLEDGER_MAX_PAYLOAD_BYTES"
+        ) from None

@@ -22,6 +22,22 @@ MAX_ITEMS = 10_000
 MAX_NODES = 100_000
 
 
+def payload_limit(raw: object) -> int:
+    """A configured payload limit (`OPLEDGER_MAX_PAYLOAD_BYTES`): a positive whole number
+    of bytes; unset or empty means the default. The one parser, for the ledger and the
+    settings alike. Raises ValueError."""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return DEFAULT_MAX_PAYLOAD_BYTES
+    limit = 0
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        limit = raw
+    elif isinstance(raw, str) and raw.strip().isdigit():
+        limit = int(raw)
+    if limit <= 0:
+        raise ValueError(f"must be a positive whole number of bytes, not {raw!r}")
+    return limit
+
+
 @dataclass(frozen=True, slots=True)
 class CanonicalPayload:
     """The canonical text of a payload, its size in bytes and its sha256 digest (hex)."""
