@@ -26,7 +26,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from opledger.dev import devstack
-from opledger.dev.processes import Stack, private_broker, use_broker
+from opledger.dev.processes import PrivateBroker, Stack, private_broker, use_broker
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import DatabaseUnavailable, Ledger
 from opledger.settings import Settings
@@ -34,9 +34,9 @@ from opledger.settings import Settings
 from .audit import Audit, audit
 from .variants import KINDS, build_registry, configure_sandbox
 
-#: short leases and intervals so recovery happens in seconds
 log = logging.getLogger("opledger.chaos")
 
+#: short leases and intervals so recovery happens in seconds
 FAST_ENV = {
     "OPLEDGER_LEASE_SECONDS": "3",
     "OPLEDGER_PROVIDER_TIMEOUT_SECONDS": "1",
@@ -204,162 +204,268 @@ def run_chaos(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _run(  # noqa: C901
+def _run(
     config: ChaosConfig,
     work: Path,
     cleanup: contextlib.ExitStack,
     progress: Callable[[int, int, dict[str, int]], None] | None,
 ) -> ChaosResult:
+    """Set up, break things for `chaos_seconds`, let it heal, audit.
+
+    The schedule of breakage is drawn from the seed before the first operation goes out,
+    and each draw after it happens in the same order, so one seed breaks the same things."""
     rng = random.Random(config.seed)
-    own_pg = None
-    if config.restart_postgres:
-        own_pg = devstack.EmbeddedPostgres(work / "postgres")
-        cleanup.callback(own_pg.stop)
-    server_url = own_pg.url if own_pg else devstack.postgres_url()
-    database_url, drop_database = devstack.scratch_database(server_url, "opledger_chaos")
-    cleanup.callback(_quietly, drop_database)
-    redis = private_broker(config.broker, work)  # a restart loses every queued message
-    cleanup.callback(redis.kill)
-    redis.start()
-    sandbox = Sandbox()
-    cleanup.callback(sandbox.stop)
-    sandbox.start()
-    env = stack_env(database_url, redis.url, sandbox, work)
-    settings = Settings.from_environ(env)
-    stack = Stack(env, work)
-    cleanup.callback(stack.stop_all)
-    ledger = Ledger.from_url(database_url, actions=build_registry(settings))
-    cleanup.callback(ledger.engine.dispose)
-    counters = {
-        "kills": 0,
-        "armed": 0,
-        "redis": 0,
-        "postgres": 0,
-        "respawns": 0,
-        "unexpected_exits": 0,
-    }
-    started = time.monotonic()
-    op_ids: list[str] = []
+    rig = _Rig.start(config, work, cleanup)
+    started = time.monotonic()  # the workers' start-up is part of the run's time
+    rig.start_processes()
+    publisher = _Publisher(rig, rng)
+    watch = _Watch(rig, progress)
+    breakage = _Breakage(rig, rng, started)
+    _break_things(rig, started, publisher, watch, breakage)
+    _heal(rig, publisher, watch)
+    elapsed = time.monotonic() - started
+    return _result(rig, audit(rig.ledger, rig.sandbox.truth(), publisher.op_ids), watch, elapsed)
 
-    from opledger.tasks.app import app, dispatch
 
-    use_broker(app, redis.url)
-    configure_sandbox(sandbox, settings)
-    ledger.grant(tenant="acme", scope=["*"], granted_by="chaos", ref="auth_chaos")
-    names = [f"chaos{i}" for i in range(config.workers)]
-    for name in names:
-        stack.start_worker(name, concurrency=1)
-    stack.start_beat()
+def _new_counters() -> dict[str, int]:
+    return dict.fromkeys(("kills", "armed", "redis", "postgres", "respawns", "unexpected_exits"), 0)
 
-    def publish_next() -> None:
-        """Prepare the next operation and publish it, as an agent would (outbox-style)."""
-        i = len(op_ids)
-        intent = _intent(rng, i)
-        faulty = rng.random() < config.fault_rate
+
+@dataclass
+class _Rig:
+    """What one run starts (its database, broker, providers, workers and beat, and the
+    ledger it audits), and the tally of what it did to them (`counters`, which `progress`
+    is shown)."""
+
+    config: ChaosConfig
+    broker: PrivateBroker
+    sandbox: Sandbox
+    settings: Settings
+    stack: Stack
+    ledger: Ledger
+    own_pg: devstack.EmbeddedPostgres | None  #: with `restart_postgres`: one it can restart
+    names: list[str]  #: the workers'
+    counters: dict[str, int] = field(default_factory=_new_counters)
+
+    @classmethod
+    def start(cls, config: ChaosConfig, work: Path, cleanup: contextlib.ExitStack) -> _Rig:
+        """Start the services; `cleanup` stops each of them (the last started first)."""
+        own_pg = None
+        if config.restart_postgres:
+            own_pg = devstack.EmbeddedPostgres(work / "postgres")
+            cleanup.callback(own_pg.stop)
+        server_url = own_pg.url if own_pg else devstack.postgres_url()
+        database_url, drop_database = devstack.scratch_database(server_url, "opledger_chaos")
+        cleanup.callback(_quietly, drop_database)
+        broker = private_broker(config.broker, work)  # a restart loses every queued message
+        cleanup.callback(broker.kill)
+        broker.start()
+        sandbox = Sandbox()
+        cleanup.callback(sandbox.stop)
+        sandbox.start()
+        env = stack_env(database_url, broker.url, sandbox, work)
+        settings = Settings.from_environ(env)
+        stack = Stack(env, work)
+        cleanup.callback(stack.stop_all)
+        ledger = Ledger.from_url(database_url, actions=build_registry(settings))
+        cleanup.callback(ledger.engine.dispose)
+        names = [f"chaos{i}" for i in range(config.workers)]
+        return cls(config, broker, sandbox, settings, stack, ledger, own_pg, names)
+
+    @property
+    def workflow_id(self) -> str:
+        return f"chaos-{self.config.seed}"
+
+    def start_processes(self) -> None:
+        """This process publishes to the run's broker; the providers get their variants,
+        the run its authorization; then the workers (each waited for) and the beat."""
+        from opledger.tasks.app import app
+
+        use_broker(app, self.broker.url)
+        configure_sandbox(self.sandbox, self.settings)
+        self.ledger.grant(tenant="acme", scope=["*"], granted_by="chaos", ref="auth_chaos")
+        for name in self.names:
+            self.stack.start_worker(name, concurrency=1)
+        self.stack.start_beat()
+
+
+class _Publisher:
+    """Prepares the run's operations and publishes them, as an agent would (outbox-style).
+
+    Paced over most of the chaos window, so kills and restarts hit work in flight (an
+    operation prepared long before its message would be the relay's)."""
+
+    def __init__(self, rig: _Rig, rng: random.Random) -> None:
+        self.rig = rig
+        self.rng = rng
+        self.op_ids: list[str] = []
+        self.every = 0.7 * rig.config.chaos_seconds / max(1, rig.config.ops)
+        self.next_at = 0.0
+
+    @property
+    def all_out(self) -> bool:
+        return len(self.op_ids) == self.rig.config.ops
+
+    def catch_up(self, elapsed: float) -> None:
+        """Publish each operation due `elapsed` seconds into the run."""
+        while len(self.op_ids) < self.rig.config.ops and elapsed >= self.next_at:
+            self.publish_next()
+            self.next_at += self.every
+
+    def publish_rest(self) -> None:
+        while len(self.op_ids) < self.rig.config.ops:
+            self.publish_next()
+
+    def publish_next(self) -> None:
+        """Prepare the next operation (maybe with a provider fault waiting for it), then
+        publish it."""
+        from opledger.tasks.app import dispatch
+
+        rig, i = self.rig, len(self.op_ids)
+        intent = _intent(self.rng, i)
+        faulty = self.rng.random() < rig.config.fault_rate
         op = _retrying(
-            lambda: ledger.prepare(
+            lambda: rig.ledger.prepare(
                 tenant="acme",
-                workflow_id=f"chaos-{config.seed}",
+                workflow_id=rig.workflow_id,
                 intent_key=f"op-{i}",
                 authorization_ref="auth_chaos",
                 **intent,
             ),
-            ledger,
+            rig.ledger,
         )
-        op_ids.append(op.id)
+        self.op_ids.append(op.id)
         if faulty:
-            _inject_fault(sandbox, rng, op.id, intent["action"])
+            _inject_fault(rig.sandbox, self.rng, op.id, intent["action"])
         with contextlib.suppress(Exception):  # a broker restarting: the relay finds it
             dispatch.delay(op.id)
 
-    # Prepare and publish over most of the chaos window, so kills and restarts hit work
-    # in flight (an operation prepared long before its message would be the relay's).
-    publish_every = 0.7 * config.chaos_seconds / max(1, config.ops)
-    next_publish = 0.0
-    last = [0]
-    polled = [0.0]
-    max_queued = {"dispatch": 0, "reconcile": 0}
 
-    def report(force: bool = False) -> int:
+class _Watch:
+    """How many of the run's operations have settled, and the deepest each queue was;
+    `progress` hears the count and the counters each time it is read."""
+
+    def __init__(
+        self, rig: _Rig, progress: Callable[[int, int, dict[str, int]], None] | None
+    ) -> None:
+        self.rig = rig
+        self.progress = progress
+        self.last = 0
+        self.polled = 0.0
+        self.max_queued = {"dispatch": 0, "reconcile": 0}
+
+    def settled(self, force: bool = False) -> int:
         now = time.monotonic()
-        if not force and now - polled[0] < 1.0:  # the count is a query: once a second
-            return last[0]
-        polled[0] = now
-        for queue in max_queued:  # the broker must never hold a multiple of the backlog
+        if not force and now - self.polled < 1.0:  # the count is a query: once a second
+            return self.last
+        self.polled = now
+        broker, ledger = self.rig.broker, self.rig.ledger
+        for queue in self.max_queued:  # the broker must never hold a multiple of the backlog
             with contextlib.suppress(Exception):
-                max_queued[queue] = max(max_queued[queue], redis.queued(queue))
+                self.max_queued[queue] = max(self.max_queued[queue], broker.queued(queue))
         try:
-            last[0] = _settled_count(ledger, f"chaos-{config.seed}")
+            self.last = _settled_count(ledger, self.rig.workflow_id)
         except (DBAPIError, DatabaseUnavailable):  # Postgres is restarting: keep the count
             ledger.engine.dispose()
-        if progress:
-            progress(last[0], config.ops, counters)
-        return last[0]
+        if self.progress:
+            self.progress(self.last, self.rig.config.ops, self.rig.counters)
+        return self.last
 
-    # Break things for a while.
-    redis_at = sorted(
-        rng.uniform(0.2, 0.8) * config.chaos_seconds for _ in range(config.redis_restarts)
-    )
-    postgres_at = [rng.uniform(0.3, 0.7) * config.chaos_seconds] if own_pg else []
-    next_kill = rng.expovariate(1 / config.kill_every)
-    supervised_at = 0.0
-    while (elapsed := time.monotonic() - started) < config.chaos_seconds:
-        while len(op_ids) < config.ops and elapsed >= next_publish:
-            publish_next()
-            next_publish += publish_every
-        if len(op_ids) == config.ops and report() == config.ops:
+
+class _Breakage:
+    """What breaks when: broker restarts and (with its own Postgres) one Postgres restart
+    at moments drawn up front inside the window, worker kills at exponentially distributed
+    intervals; and, once a second, a supervisor's look at what exited by itself."""
+
+    def __init__(self, rig: _Rig, rng: random.Random, started: float) -> None:
+        window = rig.config.chaos_seconds
+        self.rig = rig
+        self.rng = rng
+        self.started = started
+        self.broker_at = sorted(
+            rng.uniform(0.2, 0.8) * window for _ in range(rig.config.redis_restarts)
+        )
+        self.postgres_at = [rng.uniform(0.3, 0.7) * window] if rig.own_pg else []
+        self.next_kill = rng.expovariate(1 / rig.config.kill_every)
+        self.supervised_at = 0.0
+
+    def step(self, elapsed: float) -> None:
+        """Whatever is due `elapsed` seconds into the run."""
+        rig = self.rig
+        if elapsed >= self.next_kill:
+            self._kill_one()
+            self.next_kill = (
+                time.monotonic() - self.started + self.rng.expovariate(1 / rig.config.kill_every)
+            )
+        if elapsed - self.supervised_at >= 1.0:  # a supervisor's restart delay
+            self.supervised_at = elapsed
+            _supervise(rig.stack, rig.names, rig.counters)
+        if self.broker_at and elapsed >= self.broker_at[0]:
+            self.broker_at.pop(0)
+            rig.broker.restart()
+            rig.counters["redis"] += 1
+        if self.postgres_at and rig.own_pg and elapsed >= self.postgres_at[0]:
+            self.postgres_at.pop(0)
+            rig.own_pg.restart()
+            rig.ledger.engine.dispose()
+            rig.counters["postgres"] += 1
+
+    def _kill_one(self) -> None:
+        """SIGKILL a worker and start it again, more often than not armed with a crash
+        point (so the new one dies at a worker boundary)."""
+        rig, rng = self.rig, self.rng
+        name = rng.choice(rig.names)
+        rig.stack.kill_worker(name)
+        rig.counters["kills"] += 1
+        armed = {}
+        if rng.random() < 0.6:
+            point = f"{rng.choice(CRASH_POINTS)}:{rng.randint(1, 4)}"
+            armed = {"OPLEDGER_CRASHPOINT": point}
+            rig.counters["armed"] += 1
+        # Not waiting for it to be ready: the run goes on breaking things meanwhile.
+        rig.stack.spawn_worker(name, concurrency=1, **armed)
+
+
+def _break_things(
+    rig: _Rig, started: float, publisher: _Publisher, watch: _Watch, breakage: _Breakage
+) -> None:
+    """Publish and break things until the window is over, or every operation settled."""
+    while (elapsed := time.monotonic() - started) < rig.config.chaos_seconds:
+        publisher.catch_up(elapsed)
+        if publisher.all_out and watch.settled() == rig.config.ops:
             break
-        if elapsed >= next_kill:
-            name = rng.choice(names)
-            stack.kill_worker(name)
-            counters["kills"] += 1
-            armed = {}
-            if rng.random() < 0.6:
-                point = f"{rng.choice(CRASH_POINTS)}:{rng.randint(1, 4)}"
-                armed = {"OPLEDGER_CRASHPOINT": point}
-                counters["armed"] += 1
-            # Not waiting for it to be ready: the run goes on breaking things meanwhile.
-            stack.spawn_worker(name, concurrency=1, **armed)
-            next_kill = time.monotonic() - started + rng.expovariate(1 / config.kill_every)
-        if elapsed - supervised_at >= 1.0:  # a supervisor's restart delay
-            supervised_at = elapsed
-            _supervise(stack, names, counters)
-        if redis_at and elapsed >= redis_at[0]:
-            redis_at.pop(0)
-            redis.restart()
-            counters["redis"] += 1
-        if postgres_at and own_pg and elapsed >= postgres_at[0]:
-            postgres_at.pop(0)
-            own_pg.restart()
-            ledger.engine.dispose()
-            counters["postgres"] += 1
+        breakage.step(elapsed)
         time.sleep(0.05)
-        report()
+        watch.settled()
 
-    while len(op_ids) < config.ops:  # a short chaos window: the rest goes out now
-        publish_next()
-    # Then let it heal: clean workers only, bounded in time.
-    for name in names:
-        stack.kill_worker(name)
-        stack.start_worker(name, concurrency=1)
-    deadline = time.monotonic() + config.settle_timeout
-    while report(force=True) < len(op_ids) and time.monotonic() < deadline:
-        _supervise(stack, names, counters)
+
+def _heal(rig: _Rig, publisher: _Publisher, watch: _Watch) -> None:
+    """What a short window left unpublished goes out now; then the run heals on clean
+    workers only, bounded in time."""
+    publisher.publish_rest()
+    for name in rig.names:
+        rig.stack.kill_worker(name)
+        rig.stack.start_worker(name, concurrency=1)
+    deadline = time.monotonic() + rig.config.settle_timeout
+    while watch.settled(force=True) < len(publisher.op_ids) and time.monotonic() < deadline:
+        _supervise(rig.stack, rig.names, rig.counters)
         time.sleep(1.0)
-    elapsed_total = time.monotonic() - started
-    result = audit(ledger, sandbox.truth(), op_ids)
+
+
+def _result(rig: _Rig, found: Audit, watch: _Watch, elapsed: float) -> ChaosResult:
+    counters = rig.counters
     return ChaosResult(
-        audit=result,
-        seed=config.seed,
+        audit=found,
+        seed=rig.config.seed,
         kills=counters["kills"],
         crash_points_armed=counters["armed"],
         redis_restarts=counters["redis"],
         postgres_restarts=counters["postgres"],
         respawns=counters["respawns"],
         unexpected_exits=counters["unexpected_exits"],
-        elapsed_s=elapsed_total,
-        max_queued=max_queued,
-        broker=config.broker,
+        elapsed_s=elapsed,
+        max_queued=watch.max_queued,
+        broker=rig.config.broker,
     )
 
 
