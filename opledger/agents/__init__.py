@@ -17,7 +17,7 @@ from .effects import (
     EffectResult,
     Effects,
     EffectUnknown,
-    settled,
+    at_rest,
 )
 
 __all__ = [
@@ -29,5 +29,5 @@ __all__ = [
     "EffectResult",
     "EffectUnknown",
     "Effects",
-    "settled",
+    "at_rest",
 ]

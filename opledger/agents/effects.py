@@ -44,7 +44,8 @@ from opledger.ledger import (
     Review,
     Status,
 )
-from opledger.ledger.intents import intent_key, payload_differences
+from opledger.ledger.intents import intent_key as derived_intent_key
+from opledger.ledger.intents import payload_differences
 from opledger.observability import tracing
 
 log = logging.getLogger("opledger.agents")
@@ -227,7 +228,7 @@ class Effects:
         authorization_ref: str,
         purpose: str | None = None,
         intent_fields: Sequence[str] | None = None,
-        step: str | None = None,
+        intent_key: str | None = None,
         asked_by: str | None = None,
         after: Sequence[str | _Result] = (),
         wait: float | timedelta | None = None,
@@ -238,24 +239,24 @@ class Effects:
         The intent (the operation's `intent_key`) is derived from the act: the action, the
         target, the values of the action's intent fields (`intent_fields`, else what its
         adapter declares, else none) and `purpose` — say one only to ask deliberately for
-        the same act again (a second reminder). `step` instead names the intent yourself
+        the same act again (a second reminder). `intent_key` instead names the intent yourself
         (a key of your workflow's own, stable across re-runs). `asked_by` is the asker's id
         for this call (a tool-call id, a request id): kept as evidence, never the intent.
 
         Asking again for an act this run already asked for returns its operation as it
         stands (`asked_before`), never a second effect; a payload, authorization or
         `after` that differs is named in `differs` and is not sent (the result's `kind` is
-        the recorded operation's). Only where `step=` names an intent that already names
+        the recorded operation's). Only where `intent_key=` names an intent that already names
         another action or target does it raise `IntentConflict`: one key cannot name two
         acts. `after` (operation ids or earlier results) makes it wait until each of them
         is confirmed. Raises `IntentFieldsUndeclared` when the ledger was built without the
-        adapter registry and neither `intent_fields` nor `step` is given.
+        adapter registry and neither `intent_fields` nor `intent_key` is given.
         """
         timeout = _timeout(wait)
         asked = self._record(
             tenant,
             run,
-            self._intent(action, target, payload, purpose, intent_fields, step),
+            self._intent(action, target, payload, purpose, intent_fields, intent_key),
             action,
             target,
             payload,
@@ -278,14 +279,14 @@ class Effects:
         authorization_ref: str,
         purpose: str | None = None,
         intent_fields: Sequence[str] | None = None,
-        step: str | None = None,
+        intent_key: str | None = None,
         asked_by: str | None = None,
         after: Sequence[str | _Result] = (),
         wait: float | timedelta | None = None,
     ) -> EffectResult:
         """`effect` for asyncio agents: the wait never blocks the event loop."""
         timeout = _timeout(wait)
-        key = self._intent(action, target, payload, purpose, intent_fields, step)
+        key = self._intent(action, target, payload, purpose, intent_fields, intent_key)
         asked = await asyncio.to_thread(
             self._record,
             tenant,
@@ -314,7 +315,7 @@ class Effects:
         purpose: str | None = None,
         intent_fields: Sequence[str] | None = None,
     ) -> str:
-        """The intent key `effect` records this act under (without `step`)."""
+        """The intent key `effect` records this act under (without `intent_key`)."""
         return self._intent(action, target, payload, purpose, intent_fields, None)
 
     def _intent(
@@ -324,17 +325,17 @@ class Effects:
         payload: dict[str, Any],
         purpose: str | None,
         intent_fields: Sequence[str] | None,
-        step: str | None,
+        own_key: str | None,
     ) -> str:
-        if step is not None:
+        if own_key is not None:
             if purpose is not None:
                 raise InvalidInput(
-                    "give either step (your own intent key) or purpose, not both",
+                    "give either intent_key (your own) or purpose, not both",
                     field="purpose",
                 )
-            return step
+            return own_key
         fields = self.ledger.intent_fields(action) if intent_fields is None else intent_fields
-        return intent_key(action, target, payload, fields=fields, purpose=purpose)
+        return derived_intent_key(action, target, payload, fields=fields, purpose=purpose)
 
     def _record(
         self,
@@ -377,12 +378,12 @@ class Effects:
         if asked.first:
             return result
         clash = [part for part in asked.differs if part in ("action", "target")]
-        if clash:  # only an intent key of the caller's own (`step=`) can name two acts
+        if clash:  # only an intent key of the caller's own (`intent_key=`) can name two acts
             op = asked.operation
             raise IntentConflict(
                 f"intent {op.intent_key!r} of workflow {op.workflow_id!r} already names "
                 f"operation {op.id} ({op.action} on {op.target}) with a different "
-                f"{', '.join(clash)}: another act needs another step",
+                f"{', '.join(clash)}: another act needs another intent key",
                 op_id=op.id,
                 differs=tuple(asked.differs),
             )
@@ -437,7 +438,7 @@ class Effects:
             result = self.result(op_id)
             watched = _watched(result)
             published = False
-            while not settled(result):
+            while not at_rest(result):
                 published = self._publish_released(result, published)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -449,7 +450,7 @@ class Effects:
     def _poll(self, op_id: str, deadline: float) -> EffectResult:
         result = self.result(op_id)
         published = False
-        while not settled(result) and time.monotonic() < deadline:
+        while not at_rest(result) and time.monotonic() < deadline:
             published = self._publish_released(result, published)
             time.sleep(max(0.0, min(FALLBACK_POLL, deadline - time.monotonic())))
             result = self.result(op_id)
@@ -468,7 +469,7 @@ class Effects:
             result = await asyncio.to_thread(self.result, op_id)
             watched = _watched(result)
             published = False
-            while not settled(result):
+            while not at_rest(result):
                 published = self._publish_released(result, published)
                 remaining = deadline - loop.time()
                 if remaining <= 0:
@@ -494,7 +495,7 @@ class Effects:
         return published
 
 
-def settled(result: EffectResult) -> bool:
+def at_rest(result: EffectResult) -> bool:
     """Whether waiting longer is pointless: it is final, or a person holds it, or it waits
     on a dependency a person holds (or that can no longer be confirmed)."""
     if result.final:

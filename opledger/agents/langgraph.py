@@ -95,11 +95,11 @@ def node_effect(
     node: str | None = None,
     purpose: str | None = None,
     intent_fields: Sequence[str] | None = None,
-    step: str | None = None,
+    intent_key: str | None = None,
     run: str | None = None,
 ) -> EffectResult:
     """Inside a node: the effect `tool_call` (a dict with its `id`) asks for, in the
-    thread's run, keyed by the act (see the module's docstring; `step` names the intent
+    thread's run, keyed by the act (see the module's docstring; `intent_key` names the intent
     yourself, `run` another run than the thread). The tool call's id is kept as who asked."""
     return effects.effect(
         tenant=tenant,
@@ -110,7 +110,7 @@ def node_effect(
         authorization_ref=authorization_ref,
         purpose=purpose,
         intent_fields=intent_fields,
-        step=step,
+        intent_key=intent_key,
         asked_by=asker_of(config, str(tool_call.get("id") or ""), node=node),
         after=after,
         wait=wait,

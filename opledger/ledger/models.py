@@ -353,6 +353,13 @@ class History(Record):
         database allows one open review per operation)."""
         return next((r for r in reversed(self.reviews) if r.resolved_at is None), None)
 
+    @property
+    def at_rest(self) -> bool:
+        """Nothing automatic will move it any more: final, or unknown with a person
+        holding it (an open review)."""
+        status = self.operation.status
+        return status.final or (status is Status.UNKNOWN and self.open_review is not None)
+
 
 class Ask(Record):
     """One ask of an intent (`Ledger.ask`): who asked, and what it asked differently.

@@ -353,7 +353,7 @@ class Prepare(LedgerBase):
             raise IntentFieldsUndeclared(
                 f"nothing declares the intent fields of {action!r}: build the Ledger with the "
                 "adapter registry (Ledger.from_url(url, actions=load_registry(settings)), as "
-                "opledger.tasks.app.runtime().ledger is), or give intent_fields= (or step=)"
+                "opledger.tasks.app.runtime().ledger is), or give intent_fields= (or intent_key=)"
             )
         return check_fields(declared(action))
 

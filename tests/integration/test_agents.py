@@ -8,6 +8,7 @@ import asyncio
 import threading
 import time
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from pydantic import ValidationError
@@ -17,6 +18,7 @@ from opledger.agents import (
     EffectConfirmed,
     EffectPending,
     EffectRejected,
+    EffectResult,
     Effects,
     EffectUnknown,
 )
@@ -32,6 +34,11 @@ from opledger.ledger import (
     Status,
     UnknownDependency,
 )
+
+if TYPE_CHECKING:  # the LangGraph extra, imported by the tests that use it
+    from langchain_core.messages import ToolMessage
+    from langchain_core.runnables import RunnableConfig
+    from langchain_core.tools import BaseTool
 
 
 class Published(list[str]):
@@ -66,18 +73,18 @@ def agent_effects(ledger: Ledger, grant: str, published: Published) -> Effects:
     return Effects(Ledger(ledger.engine, actions=registry), publish=published, poll=30.0)
 
 
-def _effect(effects: Effects, step: str, **kw: object) -> object:
-    args: dict[str, object] = {
+def _effect(effects: Effects, step: str, **kw: Any) -> EffectResult:
+    args: dict[str, Any] = {
         "tenant": "acme",
         "run": "onboarding-42",
-        "step": step,
+        "intent_key": step,
         "action": "crm.close_case.v1",
         "target": "case-318",
         "payload": {"note": step},
         "authorization_ref": "auth_acme",
     }
     args.update(kw)
-    return effects.effect(**args)  # type: ignore[arg-type]
+    return effects.effect(**args)
 
 
 def _settle(ledger: Ledger, op_id: str, outcome: str = "confirmed") -> None:
@@ -136,7 +143,7 @@ def test_a_dependent_is_not_claimed_until_its_dependency_is_confirmed(
         effects, "email-owner", action="email.send.v1", target="owner@acme.test", after=[close]
     )
     assert isinstance(email, EffectPending)
-    assert [d.op_id for d in email.blocked_by] == [close.op_id]  # type: ignore[attr-defined]
+    assert [d.op_id for d in email.blocked_by] == [close.op_id]
     assert email.op_id not in published  # a waiting operation is not enqueued
     assert ledger.claim(email.op_id, owner="w") is None
     _settle(ledger, close.op_id)
@@ -151,18 +158,19 @@ def test_a_rejected_dependency_cancels_its_dependents_with_its_reason(
 ) -> None:
     close = _effect(effects, "close-case")
     email = _effect(effects, "email-owner", target="case-1", after=[close])
-    follow_up = _effect(effects, "follow-up", target="case-2", after=[email.op_id])  # type: ignore[attr-defined]
-    _settle(ledger, close.op_id, "rejected")  # type: ignore[attr-defined]
+    follow_up = _effect(effects, "follow-up", target="case-2", after=[email.op_id])
+    _settle(ledger, close.op_id, "rejected")
     for dependent in (email, follow_up):
-        result = effects.result(dependent.op_id)  # type: ignore[attr-defined]
+        result = effects.result(dependent.op_id)
         assert isinstance(result, EffectCancelled), result
         assert "rejected" in result.reason
-    assert close.op_id in effects.result(email.op_id).reason  # type: ignore[attr-defined,union-attr]
-    rejected = effects.result(close.op_id)  # type: ignore[attr-defined]
+    cancelled = effects.result(email.op_id)
+    assert isinstance(cancelled, EffectCancelled) and close.op_id in cancelled.reason
+    rejected = effects.result(close.op_id)
     assert isinstance(rejected, EffectRejected) and rejected.code == "case_not_found"
     # a new dependent of a rejected operation is cancelled at once
     late = _effect(effects, "too-late", target="case-3", after=[close])
-    assert isinstance(late, EffectCancelled) and close.op_id in late.reason  # type: ignore[attr-defined]
+    assert isinstance(late, EffectCancelled) and close.op_id in late.reason
 
 
 def test_an_unknown_dependency_keeps_the_dependent_waiting_with_a_visible_reason(
@@ -170,19 +178,19 @@ def test_an_unknown_dependency_keeps_the_dependent_waiting_with_a_visible_reason
 ) -> None:
     close = _effect(effects, "close-case")
     email = _effect(effects, "email-owner", target="case-9", after=[close])
-    _settle(ledger, close.op_id, "unknown")  # type: ignore[attr-defined]
-    op = ledger.get(close.op_id)  # type: ignore[attr-defined]
+    _settle(ledger, close.op_id, "unknown")
+    op = ledger.get(close.op_id)
     review = ledger.open_review(op.id, fence=op.fence, reason="no dedup and no lookup")
     assert review is not None
     started = time.monotonic()
-    waited = effects.wait(email.op_id, timeout=10)  # type: ignore[attr-defined]
+    waited = effects.wait(email.op_id, timeout=10)
     assert time.monotonic() - started < 2  # a person holds the dependency: no point waiting
     assert isinstance(waited, EffectPending)
     (blocker,) = waited.blocked_by
     assert blocker.status is Status.UNKNOWN and blocker.review_id == review.id
     assert f"review {review.id}" in waited.waiting_for
-    assert ledger.claim(email.op_id, owner="w") is None  # type: ignore[attr-defined]
-    held = effects.result(close.op_id)  # type: ignore[attr-defined]
+    assert ledger.claim(email.op_id, owner="w") is None
+    held = effects.result(close.op_id)
     assert isinstance(held, EffectUnknown) and held.review is not None
     assert not held.final
 
@@ -193,10 +201,10 @@ def test_dependencies_are_checked_and_a_cycle_is_refused(ledger: Ledger, effects
     # replaying step "a" as if it ran after b (or itself): answered, nothing written
     for cyclic in ([b], [a]):
         answer = _effect(effects, "a", after=cyclic)
-        assert answer.asked_before and answer.differs == ("after",)  # type: ignore[attr-defined]
-    assert ledger.dependencies(a.op_id) == ()  # type: ignore[attr-defined]
+        assert answer.asked_before and answer.differs == ("after",)
+    assert ledger.dependencies(a.op_id) == ()
     answer = _effect(effects, "b", target="case-1", after=[])  # another dependency set
-    assert answer.differs == ("after",)  # type: ignore[attr-defined]
+    assert answer.differs == ("after",)
     with pytest.raises(DependencyCycle):  # the ledger's prepare refuses a cycle
         ledger.prepare(
             tenant="acme",
@@ -206,7 +214,7 @@ def test_dependencies_are_checked_and_a_cycle_is_refused(ledger: Ledger, effects
             target="case-318",
             payload={"note": "a"},
             authorization_ref="auth_acme",
-            after=[b.op_id],  # type: ignore[attr-defined]
+            after=[b.op_id],
         )
     with pytest.raises(UnknownDependency):
         _effect(effects, "c", after=["op_01J00000000000000000000000"])
@@ -214,7 +222,7 @@ def test_dependencies_are_checked_and_a_cycle_is_refused(ledger: Ledger, effects
     with pytest.raises(UnknownDependency):  # another tenant's operation is not visible
         _effect(effects, "d", tenant="beta", authorization_ref=other.ref, after=[a])
     with pytest.raises(InvalidInput):
-        _effect(effects, "e", after=a.op_id)  # type: ignore[attr-defined]
+        _effect(effects, "e", after=a.op_id)
 
 
 def test_the_relay_holds_waiting_dependents_and_publishes_released_ones_at_once(
@@ -224,11 +232,11 @@ def test_the_relay_holds_waiting_dependents_and_publishes_released_ones_at_once(
     email = _effect(effects, "email-owner", target="case-5", after=[close])
     relayed: list[str] = []
     ledger.relay(older_than=timedelta(0), publish=lambda op_id, gen: relayed.append(op_id))
-    assert close.op_id in relayed and email.op_id not in relayed  # type: ignore[attr-defined]
-    _settle(ledger, close.op_id)  # type: ignore[attr-defined]
+    assert close.op_id in relayed and email.op_id not in relayed
+    _settle(ledger, close.op_id)
     relayed.clear()
     ledger.relay(older_than=timedelta(hours=1), publish=lambda op_id, gen: relayed.append(op_id))
-    assert relayed == [email.op_id]  # type: ignore[attr-defined]
+    assert relayed == [email.op_id]
     relayed.clear()
     ledger.relay(older_than=timedelta(hours=1), publish=lambda op_id, gen: relayed.append(op_id))
     assert relayed == []  # published once on release, then the usual backoff
@@ -243,7 +251,7 @@ def test_a_waiting_effect_returns_within_a_second_of_the_settle(
 
     def settle_later() -> None:
         time.sleep(1.0)
-        _settle(ledger, close.op_id)  # type: ignore[attr-defined]
+        _settle(ledger, close.op_id)
         settled_at.append(time.monotonic())
 
     worker = threading.Thread(target=settle_later)
@@ -260,7 +268,7 @@ def test_the_async_wait_is_woken_by_the_notify_too(ledger: Ledger, effects: Effe
         pending = await effects.aeffect(
             tenant="acme",
             run="onboarding-42",
-            step="close-case",
+            intent_key="close-case",
             action="crm.close_case.v1",
             target="case-318",
             payload={"note": "close-case"},
@@ -280,9 +288,9 @@ def test_the_async_wait_is_woken_by_the_notify_too(ledger: Ledger, effects: Effe
 
 def test_a_wait_that_runs_out_says_what_it_waits_for(ledger: Ledger, effects: Effects) -> None:
     close = _effect(effects, "close-case")
-    _settle(ledger, close.op_id, "unknown")  # type: ignore[attr-defined]
+    _settle(ledger, close.op_id, "unknown")
     started = time.monotonic()
-    result = effects.wait(close.op_id, timeout=0.3)  # type: ignore[attr-defined]
+    result = effects.wait(close.op_id, timeout=0.3)
     assert 0.3 <= time.monotonic() - started < 2
     assert isinstance(result, EffectUnknown) and result.review is None
     assert result.waiting_for.startswith("evidence")
@@ -312,7 +320,10 @@ def test_a_langgraph_tool_call_is_one_effect_per_act_whatever_its_call_id(
         effect_of=lambda args: (args["case_id"], {"note": f"closed ({args['case_id']})"}),
         wait=None,
     )
-    config = {"configurable": {"thread_id": "t-7"}, "metadata": {"langgraph_node": "tools"}}
+    config: RunnableConfig = {
+        "configurable": {"thread_id": "t-7"},
+        "metadata": {"langgraph_node": "tools"},
+    }
 
     def call(call_id: str, case_id: str, **extra: object) -> dict[str, object]:
         message = tool.invoke(
@@ -384,8 +395,13 @@ def test_a_tool_answers_a_refused_call_to_the_model_and_records_nothing(
         wait=None,
         repeatable=False,
     )
-    assert "repeat" not in tool.get_input_schema().model_fields
-    config = {"configurable": {"thread_id": "t-8"}, "metadata": {"langgraph_node": "tools"}}
+    schema = tool.get_input_schema()
+    assert issubclass(schema, BaseModel)  # langchain types it as a pydantic v1 or v2 model
+    assert "repeat" not in schema.model_fields
+    config: RunnableConfig = {
+        "configurable": {"thread_id": "t-8"},
+        "metadata": {"langgraph_node": "tools"},
+    }
 
     def call(call_id: str, to: str) -> tuple[str, dict[str, object]]:
         message = tool.invoke(
@@ -440,7 +456,7 @@ def test_an_intent_needs_a_declaration_and_one_key_names_one_act(
     class Args(BaseModel):
         case_id: str
 
-    def tool_of(effects: Effects) -> object:
+    def tool_of(effects: Effects) -> BaseTool:
         return effect_tool(
             effects,
             name="close_case",
@@ -453,16 +469,19 @@ def test_an_intent_needs_a_declaration_and_one_key_names_one_act(
             wait=5,
         )
 
-    config = {"configurable": {"thread_id": "t-9"}, "metadata": {"langgraph_node": "tools"}}
+    config: RunnableConfig = {
+        "configurable": {"thread_id": "t-9"},
+        "metadata": {"langgraph_node": "tools"},
+    }
     call = {"type": "tool_call", "id": "call\x00", "name": "close_case", "args": {"case_id": "c"}}
     with pytest.raises(IntentFieldsUndeclared):  # a setup error: raised, not answered
-        tool_of(effects).invoke(call, config)  # type: ignore[attr-defined]
+        tool_of(effects).invoke(call, config)
 
     # natively async: the wait is an asyncio wait, the ask kept its odd id as text
-    async def ask() -> object:
-        return await tool_of(agent_effects).ainvoke(call, config)  # type: ignore[attr-defined]
+    async def ask() -> ToolMessage:  # what a tool answers a tool call with
+        return cast("ToolMessage", await tool_of(agent_effects).ainvoke(call, config))
 
-    async def settle_soon() -> object:
+    async def settle_soon() -> ToolMessage:
         answer = asyncio.create_task(ask())
         while not ledger.list(tenant="acme", limit=5) or len(ledger.list(tenant="acme")) < 2:
             await asyncio.sleep(0.05)
@@ -471,7 +490,8 @@ def test_an_intent_needs_a_declaration_and_one_key_names_one_act(
         return await answer
 
     message = asyncio.run(settle_soon())
-    answer = json.loads(message.content)  # type: ignore[attr-defined]
+    assert isinstance(message.content, str)  # the tool's JSON answer
+    answer = json.loads(message.content)
     assert answer["kind"] == "confirmed"
     assert [a.asked_by for a in ledger.asks(answer["op_id"])] == ["tools:call?"]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -44,7 +45,7 @@ assert tracing.configure(service_name="agent")
 settings = get_settings()
 ledger = Ledger.from_url(settings.require_database_url(), actions=load_registry(settings))
 result = Effects(ledger).effect(
-    tenant="acme", run="traces", step=sys.argv[1], action=sys.argv[2], target=sys.argv[3],
+    tenant="acme", run="traces", intent_key=sys.argv[1], action=sys.argv[2], target=sys.argv[3],
     payload={{"note": "{SECRET}"}}, authorization_ref="auth_acme",
 )
 print(result.op_id)
@@ -79,7 +80,8 @@ def test_one_operations_trace_is_whole_and_a_crash_is_reconciled_with_a_lookup(
     running: Stack, sys_ledger: Ledger, sandbox: Sandbox, receiver: Receiver
 ) -> None:
     configure_sandbox(sandbox, settings_of(running.env))
-    otel = {
+    # Any, not str: unpacked into start_worker(), whose concurrency is an int
+    otel: dict[str, Any] = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
         "OTEL_BSP_SCHEDULE_DELAY": "100",  # ms: export before the next kill, not every 5 s
     }

@@ -25,12 +25,6 @@ def effect_key(history: History) -> str:
     return f"crm:{op.idempotency_key}"
 
 
-def settled(history: History) -> bool:
-    """Final, or unknown with an open review: nothing automatic will move it any more."""
-    status = history.operation.status
-    return status.final or (status is Status.UNKNOWN and history.open_review is not None)
-
-
 @dataclass
 class Audit:
     ops: int = 0
@@ -112,7 +106,7 @@ def audit(ledger: Ledger, truth: dict[str, Any], op_ids: Iterable[str]) -> Audit
             result.rejected += 1
         elif status is Status.CANCELLED:
             result.cancelled += 1
-        elif status is Status.UNKNOWN and settled(history):
+        elif status is Status.UNKNOWN and history.at_rest:
             result.unknown_in_review += 1
         elif status is Status.PREPARED and not history.attempts:
             result.lost += 1
@@ -120,7 +114,7 @@ def audit(ledger: Ledger, truth: dict[str, Any], op_ids: Iterable[str]) -> Audit
         else:
             result.stuck += 1
             result.problems.append(f"{op_id}: stuck {status}")
-        result.count_review(history, status is Status.UNKNOWN and settled(history))
+        result.count_review(history, status is Status.UNKNOWN and history.at_rest)
         if status is Status.CONFIRMED and applied == 0:
             result.problems.append(f"{op_id}: confirmed but the provider applied nothing")
     return result

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from opledger.adapters.registry import load_registry
-from opledger.dev.chaos.audit import effect_key, settled
+from opledger.dev.chaos.audit import effect_key
 from opledger.dev.chaos.run import stack_env
 from opledger.dev.chaos.variants import KINDS, configure_sandbox
 from opledger.dev.processes import Proc, Stack, free_port, use_broker, wait_until
@@ -170,7 +170,7 @@ class Story:
         def one(op_id: str) -> bool:
             status = self.ledger.get(op_id).status  # one query; the history only if unknown
             if status is Status.UNKNOWN:
-                return settled(self.ledger.history(op_id))
+                return self.ledger.history(op_id).at_rest
             return status.final
 
         def done() -> bool:
