@@ -98,6 +98,19 @@ def prepare_many(
     return op_ids
 
 
+def prepare_and_publish(
+    ledger: Ledger, n: int, intent: Callable[[int], dict[str, Any]]
+) -> list[str]:
+    """`prepare_many`, then one dispatch message per operation, in order: the full queue a
+    drain starts on. Their ids."""
+    from opledger.tasks.app import dispatch
+
+    op_ids = prepare_many(ledger, n, intent)
+    for op_id in op_ids:
+        dispatch.delay(op_id)
+    return op_ids
+
+
 def ledger_drain(
     stack: Stack,
     ledger: Ledger,
@@ -110,19 +123,9 @@ def ledger_drain(
     """N operations (spread over `tenants`) drained to confirmed by `opledger worker`:
     seconds, round trips per operation, and the CPU spent per operation by the worker
     processes, their Postgres backends and the broker."""
-    from opledger.tasks.app import dispatch
-
     run = f"bench-{label or concurrency}-{tenants}"
-    with ledger.engine.begin() as conn:
-        conn.execute(
-            text(
-                "TRUNCATE operations, operation_payloads, attempts, evidence, transitions,"
-                " reviews, review_views, review_actions CASCADE"
-            )
-        )
-    for t in range(tenants):
-        ledger.grant(tenant=f"t{t}", scope=["bench.*"], granted_by="bench", ref=f"auth_t{t}")
-    op_ids = prepare_many(
+    _empty_ledger(ledger, tenants)
+    prepare_and_publish(
         ledger,
         n,
         lambda i: {
@@ -135,72 +138,105 @@ def ledger_drain(
             "authorization_ref": f"auth_t{i % tenants}",
         },
     )
-    for op_id in op_ids:
-        dispatch.delay(op_id)
     # A backend reports its statistics when it exits (or after idling for a while): close
     # ours now, so the preparation phase cannot leak into the count below.
     ledger.engine.dispose()
     libpq = make_url(ledger.engine.url).set(drivername="postgresql")
-    polls = 0
-    backends: dict[int, float] = {}
-    with psycopg.connect(libpq.render_as_string(hide_password=False), autocommit=True) as poll:
-
-        def transactions() -> int:
-            poll.execute("SELECT pg_stat_clear_snapshot()")
-            row = poll.execute(
-                "SELECT xact_commit + xact_rollback FROM pg_stat_database "
-                "WHERE datname = current_database()"
-            ).fetchone()
-            assert row is not None
-            return int(row[0])
-
-        def finished() -> float | None:
-            # cheap while the drain runs: the first row of a partial index, no count
-            nonlocal polls
-            polls += 1
-            row = poll.execute(
-                "SELECT EXISTS (SELECT 1 FROM operations WHERE status = 'prepared')"
-                " OR EXISTS (SELECT 1 FROM operations WHERE status = 'dispatching')"
-            ).fetchone()
-            if row is None or row[0]:
-                return None
-            polls += 1
-            row = poll.execute(
-                "SELECT count(*), extract(epoch FROM max(updated_at)) FROM operations"
-                " WHERE status = 'confirmed'"
-            ).fetchone()
-            assert row is not None
-            if row[0] != n:
-                raise RuntimeError(f"the drain ended with {row[0]} of {n} operations confirmed")
-            return float(row[1])
-
-        def read_backends() -> None:
-            # the worker's backends, while they still live (they exit with the worker)
-            for (pid,) in poll.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-                " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
-            ).fetchall():
-                cpu = _cpu_s(pid)
-                if cpu is not None:
-                    backends[pid] = cpu
-
-        stats = _enable_statement_stats(poll)
+    with psycopg.connect(libpq.render_as_string(hide_password=False), autocommit=True) as conn:
+        poll = _Poll(conn, n)
+        stats = _enable_statement_stats(conn)
         time.sleep(1.0)  # let earlier statistics settle
-        before = transactions()
+        before = poll.transactions()
         drain = _drain(
             stack,
             f"ledger-{label or concurrency}-{tenants}",
             "opledger.cli",
             _worker_argv(concurrency),
-            finished,
+            poll.finished,
             redis_pid,
-            before_kill=read_backends,
+            before_kill=poll.read_backends,
         )
         time.sleep(1.5)  # the killed workers' backends report their statistics as they exit
         # Our own polls were one autocommitted statement each; so were the two statistics
         # reads and the backends' listing.
-        spent = transactions() - before - polls - 3
-        statements = _statement_stats(poll) if stats else None
+        spent = poll.transactions() - before - poll.polls - 3
+        statements = _statement_stats(conn) if stats else None
+    return _per_operation(n, drain, spent, poll.backends, statements)
+
+
+def _empty_ledger(ledger: Ledger, tenants: int) -> None:
+    """No operation left from an earlier drain; grants for `tenants` tenants (t0, t1...)."""
+    with ledger.engine.begin() as conn:
+        conn.execute(
+            text(
+                "TRUNCATE operations, operation_payloads, attempts, evidence, transitions,"
+                " reviews, review_views, review_actions CASCADE"
+            )
+        )
+    for t in range(tenants):
+        ledger.grant(tenant=f"t{t}", scope=["bench.*"], granted_by="bench", ref=f"auth_t{t}")
+
+
+class _Poll:
+    """A drain watched from an autocommitted connection of its own: when it is over, the
+    database's transaction count, the CPU of the worker's backends. It counts the polls it
+    makes while the drain runs (`polls`): the transaction count includes them."""
+
+    def __init__(self, conn: psycopg.Connection[Any], n: int) -> None:
+        self.conn = conn
+        self.n = n
+        self.polls = 0
+        self.backends: dict[int, float] = {}  #: CPU seconds by backend pid
+
+    def transactions(self) -> int:
+        self.conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = self.conn.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+            "WHERE datname = current_database()"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def finished(self) -> float | None:
+        """None while operations are still prepared or dispatching; then the time the last
+        one was confirmed (raises unless all `n` were)."""
+        # cheap while the drain runs: the first row of a partial index, no count
+        self.polls += 1
+        row = self.conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM operations WHERE status = 'prepared')"
+            " OR EXISTS (SELECT 1 FROM operations WHERE status = 'dispatching')"
+        ).fetchone()
+        if row is None or row[0]:
+            return None
+        self.polls += 1
+        row = self.conn.execute(
+            "SELECT count(*), extract(epoch FROM max(updated_at)) FROM operations"
+            " WHERE status = 'confirmed'"
+        ).fetchone()
+        assert row is not None
+        if row[0] != self.n:
+            raise RuntimeError(f"the drain ended with {row[0]} of {self.n} operations confirmed")
+        return float(row[1])
+
+    def read_backends(self) -> None:
+        """The worker's backends, while they still live (they exit with the worker)."""
+        for (pid,) in self.conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        ).fetchall():
+            cpu = _cpu_s(pid)
+            if cpu is not None:
+                self.backends[pid] = cpu
+
+
+def _per_operation(
+    n: int,
+    drain: Drain,
+    spent: int,
+    backends: dict[int, float],
+    statements: dict[str, float] | None,
+) -> dict[str, Any]:
+    """A ledger drain's measures, per operation."""
     return {
         "seconds": drain.seconds,
         "ops_s": n / drain.seconds,
