@@ -3,11 +3,12 @@ relay and sweep, and once with the broker wiped halfway."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
 
@@ -17,18 +18,14 @@ from opledger.ledger import Ledger
 from opledger.settings import Settings
 
 from .config import BenchConfig
-from .throughput import prepare_many
+from .throughput import prepare_and_publish
 
-BACKLOG_ENV = {
-    "OPLEDGER_ADAPTERS": "opledger.adapters.defaults:build_registry",
-    "OPLEDGER_SWEEP_INTERVAL_SECONDS": "0.5",
-    "OPLEDGER_RELAY_AFTER_SECONDS": "2",
-    "OPLEDGER_CHECK_BACKOFF_SECONDS": "2",
-    "OPLEDGER_LEASE_SECONDS": "3",
-    "OPLEDGER_PROVIDER_TIMEOUT_SECONDS": "1",
-    "OPLEDGER_PROVIDER_IN_FLIGHT_SECONDS": "2",
-    "OPLEDGER_LOOKUP_INTERVAL_SECONDS": "0.5",
-}
+if TYPE_CHECKING:
+    from opledger.dev.sandbox import Sandbox
+
+#: The backlog runs: relay and sweep at the fastest settings the chaos run uses (its
+#: FAST_ENV, which `stack_env` brings), with the default adapters.
+BACKLOG_ENV = {"OPLEDGER_ADAPTERS": "opledger.adapters.defaults:build_registry"}
 PROVIDER_S = 0.1  #: how long the sandbox CRM takes to answer, in the backlog runs
 
 BACKLOG_COUNTS = """
@@ -42,7 +39,7 @@ FROM operations AS o WHERE tenant = 'backlog'
 """
 
 
-def backlog_drain(  # noqa: C901
+def backlog_drain(
     cfg: BenchConfig,
     server_url: str,
     work: Path,
@@ -55,120 +52,157 @@ def backlog_drain(  # noqa: C901
     their fastest), 'off' (no beat at all), 'wipe' (guarded, and the broker's data is
     wiped once when half are settled). Samples the broker's messages per waiting
     operation every 0.5 s, while at least 1% (and 100) of them are still waiting."""
-    from opledger.dev.chaos.run import stack_env
-    from opledger.dev.sandbox import Sandbox
-    from opledger.tasks.app import app, dispatch
-
     n = cfg.backlog
     database_url, drop = devstack.scratch_database(server_url, "opledger_backlog")
     redis.restart()  # empty, with nothing left of an earlier run
-    sandbox = Sandbox()
-    stack: Stack | None = None
-    ledger = None
-    try:
-        sandbox.start()
-        sandbox.configure(processing_s=PROVIDER_S)
-        env = {**stack_env(database_url, redis.url, sandbox, work), **BACKLOG_ENV}
-        stack = Stack(env, work, name=f"backlog-{mode}")
-        from opledger.adapters.registry import load_registry
-
-        ledger = Ledger.from_url(database_url, actions=load_registry(Settings.from_environ(env)))
-        ledger.grant(tenant="backlog", scope=["crm.*"], granted_by="bench", ref="auth_backlog")
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(drop)
+        sandbox, stack, ledger = _backlog_stack(database_url, work, mode, redis, cleanup)
         progress(f"backlog ({mode}): preparing {n} operations")
-        op_ids = prepare_many(
-            ledger,
-            n,
-            lambda i: {
-                "tenant": "backlog",
-                "workflow_id": "backlog",
-                "intent_key": f"op-{i}",
-                "action": "crm.close_case.v1",
-                "target": f"case-{i}",
-                "payload": {"note": f"backlog {i}"},
-                "authorization_ref": "auth_backlog",
-            },
-        )
-        use_broker(app, redis.url)
-        for op_id in op_ids:
-            dispatch.delay(op_id)
-        if redis.queued("dispatch") != n:
-            raise AssertionError(f"backlog ({mode}): {n} published, not in the broker")
-        if mode != "off":
-            stack.start_beat()
-        workers = [
-            Proc(
-                name,
-                [
-                    "worker",
-                    "-c",
-                    str(cfg.backlog_concurrency),
-                    "--loglevel",
-                    "INFO",
-                    "--hostname",
-                    f"{name}@%h",
-                ],
-                env,
-                work / f"backlog-{mode}-{name}.log",
-            )
-            for name in ("b1", "b2")
-        ]
-        for proc in workers:
-            stack.workers[proc.name] = proc
-        for proc in workers:
-            wait_until(partial(_ready, proc), 120, f"{proc.name} to start")
-
-        def counts() -> Any:
-            with ledger.engine.connect() as conn:
-                return conn.execute(text(BACKLOG_COUNTS)).one()
-
+        _publish_backlog(ledger, redis, n, mode)
+        _start_workers(stack, cfg, mode)
         # Timed: from both workers ready until every operation had its call (none left
         # prepared or dispatching), the same end in every mode.
-        start = counts()
+        sampler = _Sampler(ledger, redis, n, mode)
         started = time.perf_counter()
         progress(f"backlog ({mode}): draining")
-        ratio_max = 0.0
-        queued_max = 0
-        wiped = False
         deadline = time.monotonic() + max(600.0, n / 10)
-        now = start
-        while now.pending:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"backlog ({mode}): {now.pending} never dispatched")
-            time.sleep(0.5)
-            try:
-                queued = redis.queued("dispatch") + redis.queued("reconcile")
-            except Exception:  # the broker is being wiped
-                queued = 0
-            now = counts()
-            queued_max = max(queued_max, queued)
-            if now.waiting >= max(100, n // 100):
-                ratio_max = max(ratio_max, queued / now.waiting)
-            if mode == "wipe" and not wiped and now.settled >= n // 2:
-                redis.restart()  # every queued message is gone
-                wiped = True
+        sampler.drain(deadline)
         elapsed = time.perf_counter() - started
-        # Then (untimed) every operation must end settled, where a sweep runs at all.
-        while mode != "off" and now.settled < n:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"backlog ({mode}): {n - now.settled} never settled")
-            time.sleep(0.5)
-            now = counts()
+        sampler.settle(deadline)  # untimed
         effects = sandbox.truth()["effects"]
         return {
-            "ops_s": (start.pending) / elapsed,
-            "msgs_per_op_max": ratio_max,
-            "queued_max": float(queued_max),
-            "settled": float(now.settled),
+            "ops_s": sampler.start.pending / elapsed,
+            "msgs_per_op_max": sampler.ratio_max,
+            "queued_max": float(sampler.queued_max),
+            "settled": float(sampler.now.settled),
             "duplicates": float(sum(max(0, int(c) - 1) for c in effects.values())),
             "elapsed_s": elapsed,
         }
-    finally:
-        if stack is not None:
-            stack.stop_all()
-        if ledger is not None:
-            ledger.engine.dispose()
-        sandbox.stop()
-        drop()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _backlog_stack(
+    database_url: str, work: Path, mode: str, redis: PrivateRedis, cleanup: contextlib.ExitStack
+) -> tuple[Sandbox, Stack, Ledger]:
+    """The slow CRM, a stack for the workers and the ledger, with the backlog's grant;
+    `cleanup` stops each."""
+    from opledger.adapters.registry import load_registry
+    from opledger.dev.chaos.run import stack_env
+    from opledger.dev.sandbox import Sandbox
+
+    sandbox = Sandbox()
+    cleanup.callback(sandbox.stop)
+    sandbox.start()
+    sandbox.configure(processing_s=PROVIDER_S)
+    env = {**stack_env(database_url, redis.url, sandbox, work), **BACKLOG_ENV}
+    stack = Stack(env, work, name=f"backlog-{mode}")
+    ledger = Ledger.from_url(database_url, actions=load_registry(Settings.from_environ(env)))
+    cleanup.callback(ledger.engine.dispose)
+    cleanup.callback(stack.stop_all)
+    ledger.grant(tenant="backlog", scope=["crm.*"], granted_by="bench", ref="auth_backlog")
+    return sandbox, stack, ledger
+
+
+def _publish_backlog(ledger: Ledger, redis: PrivateRedis, n: int, mode: str) -> None:
+    """`n` operations prepared, each published once; all must be in the broker."""
+    from opledger.tasks.app import app
+
+    use_broker(app, redis.url)
+    prepare_and_publish(
+        ledger,
+        n,
+        lambda i: {
+            "tenant": "backlog",
+            "workflow_id": "backlog",
+            "intent_key": f"op-{i}",
+            "action": "crm.close_case.v1",
+            "target": f"case-{i}",
+            "payload": {"note": f"backlog {i}"},
+            "authorization_ref": "auth_backlog",
+        },
+    )
+    if redis.queued("dispatch") != n:
+        raise AssertionError(f"backlog ({mode}): {n} published, not in the broker")
+
+
+def _start_workers(stack: Stack, cfg: BenchConfig, mode: str) -> None:
+    """The beat (unless `mode` is 'off'), then two workers of `cfg.backlog_concurrency`
+    processes each; returns when both are ready."""
+    if mode != "off":
+        stack.start_beat()
+    workers = [
+        Proc(
+            name,
+            [
+                "worker",
+                "-c",
+                str(cfg.backlog_concurrency),
+                "--loglevel",
+                "INFO",
+                "--hostname",
+                f"{name}@%h",
+            ],
+            stack.env,
+            stack.workdir / f"backlog-{mode}-{name}.log",
+        )
+        for name in ("b1", "b2")
+    ]
+    for proc in workers:
+        stack.workers[proc.name] = proc
+    for proc in workers:
+        wait_until(partial(_ready, proc), 120, f"{proc.name} to start")
+
+
+class _Sampler:
+    """The backlog's counts (`now`; `start`: when the drain began) and the broker's depth,
+    sampled every 0.5 s; the deepest queue and the most messages per waiting operation.
+    In 'wipe' mode it wipes the broker once, when half are settled."""
+
+    def __init__(self, ledger: Ledger, redis: PrivateRedis, n: int, mode: str) -> None:
+        self.ledger = ledger
+        self.redis = redis
+        self.n = n
+        self.mode = mode
+        self.ratio_max = 0.0
+        self.queued_max = 0
+        self.wiped = False
+        self.start = self.now = self.counts()
+
+    def counts(self) -> Any:
+        with self.ledger.engine.connect() as conn:
+            return conn.execute(text(BACKLOG_COUNTS)).one()
+
+    def drain(self, deadline: float) -> None:
+        """Until no operation is left prepared or dispatching."""
+        while self.now.pending:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"backlog ({self.mode}): {self.now.pending} never dispatched")
+            time.sleep(0.5)
+            self._sample()
+
+    def _sample(self) -> None:
+        try:
+            queued = self.redis.queued("dispatch") + self.redis.queued("reconcile")
+        except Exception:  # the broker is being wiped
+            queued = 0
+        self.now = self.counts()
+        self.queued_max = max(self.queued_max, queued)
+        if self.now.waiting >= max(100, self.n // 100):
+            self.ratio_max = max(self.ratio_max, queued / self.now.waiting)
+        if self.mode == "wipe" and not self.wiped and self.now.settled >= self.n // 2:
+            self.redis.restart()  # every queued message is gone
+            self.wiped = True
+
+    def settle(self, deadline: float) -> None:
+        """Every operation must end settled, where a sweep runs at all."""
+        while self.mode != "off" and self.now.settled < self.n:
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"backlog ({self.mode}): {self.n - self.now.settled} never settled"
+                )
+            time.sleep(0.5)
+            self.now = self.counts()
 
 
 def _ready(proc: Proc) -> bool:

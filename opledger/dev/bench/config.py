@@ -24,5 +24,3 @@ class BenchConfig:
 
 
 QUICK = BenchConfig(tasks=2_000, sizes=(10_000, 100_000), prepares=500, repeats=3, backlog=3_000)
-
-# The backlog runs: relay and sweep at the fastest settings the chaos run uses.
