@@ -399,7 +399,7 @@ assert "opledger-sweep" in theirs.conf.beat_schedule
 assert current_app._get_current_object() is theirs
 """,
     ),
-    "40c093b4b9": NotCode(
+    "a6a3dd83c7": NotCode(
         "opledger/ledger/     the core, one module per part",
         "the directory layout",
     ),

@@ -1,13 +1,4 @@
-"""Every statement the ledger runs, named, in one place.
-
-Each status change is one conditional UPDATE on (id, fence and expected status); the
-companion rows (attempt, evidence) are written by data-modifying CTEs of the same
-statement, so a change and its facts commit together in one round trip. The audit trail
-(`transitions`) is written by the database itself: a trigger records every status or fence
-change from the row's OLD and NEW values, with the `changed_by` and `change_reason` the
-statement sets (`opledger_guard_operation` in schema.sql). No statement here writes a
-transition row.
-"""
+"""Operations, grants, asks, dependencies, claims, outcomes and settling."""
 
 from __future__ import annotations
 
@@ -15,50 +6,7 @@ from sqlalchemy import TextClause, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import Text
 
-
-def _cols(alias: str) -> str:
-    return ", ".join(f"{alias}.{c}" for c in OPERATION_COLUMNS)
-
-
-OPERATION_COLUMNS = (
-    "id",
-    "tenant",
-    "workflow_id",
-    "intent_key",
-    "action",
-    "target",
-    "provider",
-    "payload_digest",
-    "payload_size",
-    "authorization_ref",
-    "status",
-    "fence",
-    "lease_owner",
-    "lease_expires_at",
-    "idempotency_key",
-    "provider_result_id",
-    "evidence_checked_at",
-    "next_check_at",
-    "operator_retry_by",
-    "traceparent",
-    "waiting_on",
-    "record_version",
-    "created_at",
-    "updated_at",
-)
-
-
-def grant_active(alias: str) -> str:
-    """Whether the grant `alias` is active now: the one SQL spelling of the rule that
-    `Authorization.active_at` states in Python."""
-    a = alias
-    return f"({a}.revoked_at IS NULL AND ({a}.expires_at IS NULL OR {a}.expires_at > now()))"
-
-
-AUTH_COLUMNS = (
-    "a.ref, a.tenant, a.scope, a.granted_by, a.granted_at, a.expires_at, a.revoked_at, "
-    f"a.revoked_by, a.revoke_reason, {grant_active('a')} AS active"
-)
+from .columns import AUTH_COLUMNS, columns_of, grant_active
 
 INSERT_AUTHORIZATION: TextClause = text(
     f"""
@@ -113,7 +61,7 @@ INSERT_OPERATION = text(
         SELECT id, :asked_by, :actor, payload_digest, authorization_ref FROM ins
         WHERE CAST(:record_ask AS boolean)
     )
-    SELECT {_cols("ins")} FROM ins
+    SELECT {columns_of("ins")} FROM ins
     """
 )
 
@@ -133,11 +81,11 @@ SELECT_ASKS = text(
     """
 )
 
-SELECT_OPERATION = text(f"SELECT {_cols('o')} FROM operations AS o WHERE o.id = :op_id")
+SELECT_OPERATION = text(f"SELECT {columns_of('o')} FROM operations AS o WHERE o.id = :op_id")
 
 SELECT_OPERATION_BY_INTENT = text(
     f"""
-    SELECT {_cols("o")} FROM operations AS o
+    SELECT {columns_of("o")} FROM operations AS o
     WHERE o.tenant = :tenant AND o.workflow_id = :workflow_id AND o.intent_key = :intent_key
     """
 )
@@ -194,7 +142,7 @@ SELECT_PAYLOAD = text("SELECT canonical FROM operation_payloads WHERE op_id = :o
 
 LIST_OPERATIONS = text(
     f"""
-    SELECT {_cols("o")} FROM operations AS o
+    SELECT {columns_of("o")} FROM operations AS o
     WHERE (CAST(:statuses AS text[]) IS NULL OR o.status::text = ANY(CAST(:statuses AS text[])))
       AND (CAST(:tenant AS text) IS NULL OR o.tenant = :tenant)
     ORDER BY o.id DESC
@@ -286,7 +234,7 @@ CLAIM = text(
         FROM op CROSS JOIN win
         RETURNING n, started_at, send_by, deadline_at
     )
-    SELECT {_cols("op")}, attempt.n AS attempt_n, attempt.started_at AS attempt_started_at,
+    SELECT {columns_of("op")}, attempt.n AS attempt_n, attempt.started_at AS attempt_started_at,
            attempt.deadline_at AS attempt_deadline_at, attempt.send_by AS attempt_send_by,
            now() AS db_now, p.canonical
     FROM op
@@ -348,7 +296,7 @@ RECORD_OUTCOME = text(
                CAST(:detail AS jsonb), EXISTS (SELECT 1 FROM op)
         FROM attempt
     )
-    SELECT (SELECT n FROM attempt) AS attempt_n, {_cols("op")}
+    SELECT (SELECT n FROM attempt) AS attempt_n, {columns_of("op")}
     FROM (SELECT 1) AS one LEFT JOIN op ON true
     """
 )
@@ -372,7 +320,7 @@ CANCEL = text(
         WHERE o.id = :op_id AND o.status = 'prepared'
         RETURNING o.*
     )
-    SELECT {_cols("op")} FROM op
+    SELECT {columns_of("op")} FROM op
     """
 )
 
@@ -419,7 +367,7 @@ SETTLE_ON_EVIDENCE = text(
                            note = :reason
         WHERE op_id = :op_id AND resolved_at IS NULL AND EXISTS (SELECT 1 FROM op)
     )
-    SELECT {_cols("op")} FROM op
+    SELECT {columns_of("op")} FROM op
     """
 )
 
@@ -428,7 +376,7 @@ SCHEDULE_CHECK = text(
     UPDATE operations AS o
     SET next_check_at = :next_check_at, updated_at = now()
     WHERE o.id = :op_id AND o.fence = :fence AND o.status = 'unknown'
-    RETURNING {", ".join(f"o.{c}" for c in OPERATION_COLUMNS)}
+    RETURNING {columns_of("o")}
     """
 )
 
@@ -447,307 +395,4 @@ OPEN_REVIEW = text(
     RETURNING id, op_id, reason, opened_at, snapshot, resolution, resolved_by, resolved_at, note,
               notified_at
     """
-)
-
-# -- maintenance (beat) ---------------------------------------------------------------------
-
-# Expired leases: the worker may have died or stalled. Fence it out (fence + 1) and make the
-# operation unknown, due for reconciliation now. SKIP LOCKED: overlapping sweeps share out.
-EXPIRE_LEASES = text(
-    """
-    WITH stale AS (
-        SELECT id FROM operations
-        WHERE status = 'dispatching' AND lease_expires_at < now()
-        ORDER BY lease_expires_at
-        LIMIT :limit
-        FOR UPDATE SKIP LOCKED
-    ),
-    op AS (
-        UPDATE operations AS o
-        SET status = 'unknown', fence = o.fence + 1,
-            lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-            next_check_at = now() + :backoff, record_version = o.record_version + 1,
-            changed_by = :actor, change_reason = 'lease expired', updated_at = now()
-        FROM stale WHERE o.id = stale.id
-        RETURNING o.id, o.fence
-    )
-    SELECT id FROM op
-    """
-)
-
-# Unknown operations whose check is due. Pushing next_check_at forward is the sweep's
-# claim on the check: a lost reconcile message makes it due again after `backoff`. Each
-# hand-out is numbered (check_gen), and the number travels in the reconcile message.
-DUE_CHECKS = text(
-    """
-    WITH due AS (
-        SELECT id FROM operations
-        WHERE status = 'unknown' AND next_check_at <= now()
-        ORDER BY next_check_at
-        LIMIT :limit
-        FOR UPDATE SKIP LOCKED
-    )
-    UPDATE operations AS o
-    SET next_check_at = now() + :backoff, check_gen = o.check_gen + 1
-    FROM due WHERE o.id = due.id
-    RETURNING o.id, o.check_gen
-    """
-)
-
-# Prepared operations whose message is plausibly lost: nobody claimed them for `after`
-# since their last publish, and each re-publication doubles that wait (capped), so an
-# operation whose message is merely late is not published again and again. One waiting on
-# a dependency is never published; one whose last dependency was confirmed is published at
-# once (its earlier messages found it waiting and were dropped).
-RELAY_CANDIDATES = text(
-    """
-    SELECT id, relay_gen FROM operations
-    WHERE status = 'prepared' AND waiting_on = 0
-      AND (
-        -- its last dependency was just confirmed: nobody has published it yet
-        released_at IS NOT NULL
-        OR (created_at < now() - :after
-            AND coalesce(enqueued_at, created_at)
-                < now() - :after * power(2, least(relay_gen, :max_doublings)))
-      )
-    ORDER BY created_at
-    LIMIT :limit
-    FOR UPDATE SKIP LOCKED
-    """
-)
-
-MARK_ENQUEUED = text(
-    """
-    UPDATE operations SET enqueued_at = now(), relay_gen = relay_gen + 1, released_at = NULL
-    WHERE id = ANY(:ids) AND status = 'prepared'
-    """
-).bindparams(bindparam("ids", type_=ARRAY(Text)))
-
-# The backlog guard's state for one queue (see ledger/backlog.py), locked for one run.
-ENSURE_QUEUE_GUARD = text(
-    "INSERT INTO queue_guards (queue) VALUES (:queue) ON CONFLICT (queue) DO NOTHING"
-)
-
-LOCK_QUEUE_GUARD = text(
-    """
-    SELECT sampled_at, depth_after, counter, drain_per_s, shallow_since, now() AS now
-    FROM queue_guards WHERE queue = :queue
-    FOR UPDATE
-    """
-)
-
-SELECT_QUEUE_GUARD = text(
-    """
-    SELECT sampled_at, depth_after, counter, drain_per_s, shallow_since
-    FROM queue_guards WHERE queue = :queue
-    """
-)
-
-SAVE_QUEUE_GUARD = text(
-    """
-    UPDATE queue_guards
-    SET sampled_at = :sampled_at, depth_after = :depth_after, counter = :counter,
-        drain_per_s = :drain_per_s, shallow_since = :shallow_since
-    WHERE queue = :queue
-    """
-)
-
-# Claims numbered so far (the attempts' identity): what the workers consumed from dispatch.
-CLAIM_COUNTER = text("SELECT coalesce(max(id), 0) FROM attempts")
-
-PURGE_PAYLOADS = text(
-    """
-    WITH old AS (
-        SELECT p.op_id FROM operation_payloads AS p
-        JOIN operations AS o ON o.id = p.op_id
-        WHERE o.status IN ('confirmed', 'rejected', 'cancelled')
-          AND o.updated_at < now() - :older_than
-        LIMIT :limit
-        FOR UPDATE OF p SKIP LOCKED
-    )
-    DELETE FROM operation_payloads AS p USING old WHERE p.op_id = old.op_id
-    RETURNING p.op_id
-    """
-)
-
-# -- reviews --------------------------------------------------------------------------------
-
-LIST_REVIEWS = text(
-    """
-    SELECT r.id AS review_id, o.id AS op_id, o.tenant, o.action, o.target, r.reason,
-           r.opened_at, o.record_version
-    FROM reviews AS r JOIN operations AS o ON o.id = r.op_id
-    WHERE r.resolved_at IS NULL AND o.tenant = :tenant
-      AND (CAST(:older_than AS interval) IS NULL OR r.opened_at < now() - :older_than)
-      AND (CAST(:action AS text) IS NULL OR o.action LIKE :action)
-      AND (CAST(:reason AS text) IS NULL OR r.reason ILIKE :reason)
-    ORDER BY r.opened_at
-    LIMIT :limit
-    """
-)
-
-# Open reviews of one tenant, counted by action and reason (the console's queue header).
-COUNT_REVIEWS = text(
-    """
-    SELECT o.action, r.reason, count(*) AS n, min(r.opened_at) AS oldest
-    FROM reviews AS r JOIN operations AS o ON o.id = r.op_id
-    WHERE r.resolved_at IS NULL AND o.tenant = :tenant
-    GROUP BY o.action, r.reason
-    ORDER BY min(r.opened_at)
-    """
-)
-
-# Tenants with open reviews (for an operator of every tenant), with how many.
-OPEN_REVIEW_TENANTS = text(
-    """
-    SELECT o.tenant, count(*) AS n
-    FROM reviews AS r JOIN operations AS o ON o.id = r.op_id
-    WHERE r.resolved_at IS NULL
-    GROUP BY o.tenant ORDER BY o.tenant
-    """
-)
-
-# Operations of one tenant by id, workflow or target (exact), newest first.
-SEARCH_OPERATIONS = text(
-    f"""
-    SELECT {_cols("o")} FROM operations AS o
-    WHERE o.tenant = :tenant
-      AND (CAST(:op_id AS text) IS NULL OR o.id = :op_id)
-      AND (CAST(:workflow_id AS text) IS NULL OR o.workflow_id = :workflow_id)
-      AND (CAST(:target AS text) IS NULL OR o.target = :target)
-    ORDER BY o.id DESC
-    LIMIT :limit
-    """
-)
-
-# The operation and its open review, locked for a resolution; tenant-scoped.
-LOCK_OPEN_REVIEW = text(
-    f"""
-    SELECT {_cols("o")}, r.id AS review_id
-    FROM operations AS o JOIN reviews AS r ON r.op_id = o.id AND r.resolved_at IS NULL
-    WHERE o.id = :op_id AND o.tenant = :tenant
-    FOR UPDATE OF o, r
-    """
-)
-
-OPEN_REVIEW_FOR = text(
-    """
-    SELECT r.id, r.op_id, r.reason, r.opened_at, r.snapshot, r.resolution, r.resolved_by,
-           r.resolved_at, r.note, r.notified_at
-    FROM reviews AS r JOIN operations AS o ON o.id = r.op_id
-    WHERE r.op_id = :op_id AND o.tenant = :tenant AND r.resolved_at IS NULL
-    """
-)
-
-LAST_RESOLVED_REVIEW = text(
-    """
-    SELECT r.resolution, r.resolved_by, r.resolved_at
-    FROM reviews AS r JOIN operations AS o ON o.id = r.op_id
-    WHERE r.op_id = :op_id AND o.tenant = :tenant AND r.resolved_at IS NOT NULL
-    ORDER BY r.resolved_at DESC LIMIT 1
-    """
-)
-
-INSERT_VIEW = text(
-    """
-    INSERT INTO review_views (review_id, operator, record_version, shown)
-    VALUES (:review_id, :operator, :record_version, CAST(:shown AS jsonb))
-    RETURNING id
-    """
-)
-
-LAST_VIEW = text(
-    """
-    SELECT record_version, shown, shown_at FROM review_views
-    WHERE review_id = :review_id AND operator = :operator
-    ORDER BY id DESC LIMIT 1
-    """
-)
-
-SETTLE_BY_OPERATOR = text(
-    f"""
-    WITH op AS (
-        UPDATE operations AS o
-        SET status = CAST(:to_status AS op_status), fence = o.fence + 1,
-            lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-            next_check_at = NULL, operator_retry_by = NULL,
-            changed_by = :operator, change_reason = :reason,
-            record_version = o.record_version + 1, updated_at = now()
-        -- deliberately checked twice: Reviews.resolve refuses a status other than unknown
-        -- under the row lock first (test_guards.py, probe_operator_cannot_settle_...)
-        WHERE o.id = :op_id AND o.fence = :fence AND o.status = 'unknown'
-        RETURNING o.*
-    )
-    SELECT {_cols("op")} FROM op
-    """
-)
-
-AUTHORIZE_RETRY = text(
-    f"""
-    WITH op AS (
-        UPDATE operations AS o
-        SET operator_retry_by = :operator,
-            idempotency_key = coalesce(CAST(:new_key AS text), o.idempotency_key),
-            fence = o.fence + 1, next_check_at = now(),
-            changed_by = :operator, change_reason = :reason,
-            record_version = o.record_version + 1, updated_at = now()
-        -- deliberately checked twice: Reviews.resolve refuses a status other than unknown
-        -- under the row lock first (test_guards.py, probe_operator_cannot_authorize_...)
-        WHERE o.id = :op_id AND o.fence = :fence AND o.status = 'unknown'
-        RETURNING o.*
-    )
-    SELECT {_cols("op")} FROM op
-    """
-)
-
-OPERATOR_EVIDENCE = text(
-    """
-    INSERT INTO evidence (op_id, fence, source, verdict, binding, detail, applied)
-    VALUES (:op_id, :fence, 'operator', :verdict, '{}'::jsonb, CAST(:detail AS jsonb), true)
-    """
-)
-
-CLOSE_REVIEW = text(
-    """
-    UPDATE reviews SET resolution = :resolution, resolved_by = :operator, resolved_at = now(),
-                       note = :note
-    WHERE id = :review_id AND resolved_at IS NULL
-    """
-)
-
-INSERT_REVIEW_ACTION = text(
-    """
-    INSERT INTO review_actions (review_id, op_id, tenant, operator, resolution, note, evidence,
-                                new_key, fence, shown, override_evidence, risk_acknowledged)
-    VALUES (:review_id, :op_id, :tenant, :operator, :resolution, :note, :evidence, :new_key,
-            :fence, CAST(:shown AS jsonb), :override_evidence, :risk_acknowledged)
-    """
-)
-
-SELECT_REVIEW_ACTIONS = text(
-    """
-    SELECT id, review_id, op_id, tenant, operator, resolution, note, evidence, new_key, fence,
-           shown, override_evidence, risk_acknowledged, at
-    FROM review_actions WHERE op_id = :op_id AND tenant = :tenant ORDER BY id
-    """
-)
-
-DUE_NOTIFICATIONS = text(
-    """
-    WITH due AS (
-        SELECT id FROM reviews
-        WHERE notified_at IS NULL AND resolved_at IS NULL
-          AND coalesce(notify_due_at, opened_at) <= now()
-        ORDER BY opened_at
-        LIMIT :limit
-        FOR UPDATE SKIP LOCKED
-    )
-    UPDATE reviews AS r SET notify_due_at = now() + :backoff
-    FROM due WHERE r.id = due.id
-    RETURNING r.op_id
-    """
-)
-
-MARK_NOTIFIED = text(
-    "UPDATE reviews SET notified_at = now() WHERE id = :review_id AND notified_at IS NULL"
 )

@@ -1,0 +1,128 @@
+"""Beat's statements: expired leases, due checks, the relay, the backlog guard, purging."""
+
+from __future__ import annotations
+
+from sqlalchemy import bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.types import Text
+
+# -- maintenance (beat) ---------------------------------------------------------------------
+
+# Expired leases: the worker may have died or stalled. Fence it out (fence + 1) and make the
+# operation unknown, due for reconciliation now. SKIP LOCKED: overlapping sweeps share out.
+EXPIRE_LEASES = text(
+    """
+    WITH stale AS (
+        SELECT id FROM operations
+        WHERE status = 'dispatching' AND lease_expires_at < now()
+        ORDER BY lease_expires_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    ),
+    op AS (
+        UPDATE operations AS o
+        SET status = 'unknown', fence = o.fence + 1,
+            lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+            next_check_at = now() + :backoff, record_version = o.record_version + 1,
+            changed_by = :actor, change_reason = 'lease expired', updated_at = now()
+        FROM stale WHERE o.id = stale.id
+        RETURNING o.id, o.fence
+    )
+    SELECT id FROM op
+    """
+)
+
+# Unknown operations whose check is due. Pushing next_check_at forward is the sweep's
+# claim on the check: a lost reconcile message makes it due again after `backoff`. Each
+# hand-out is numbered (check_gen), and the number travels in the reconcile message.
+DUE_CHECKS = text(
+    """
+    WITH due AS (
+        SELECT id FROM operations
+        WHERE status = 'unknown' AND next_check_at <= now()
+        ORDER BY next_check_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE operations AS o
+    SET next_check_at = now() + :backoff, check_gen = o.check_gen + 1
+    FROM due WHERE o.id = due.id
+    RETURNING o.id, o.check_gen
+    """
+)
+
+# Prepared operations whose message is plausibly lost: nobody claimed them for `after`
+# since their last publish, and each re-publication doubles that wait (capped), so an
+# operation whose message is merely late is not published again and again. One waiting on
+# a dependency is never published; one whose last dependency was confirmed is published at
+# once (its earlier messages found it waiting and were dropped).
+RELAY_CANDIDATES = text(
+    """
+    SELECT id, relay_gen FROM operations
+    WHERE status = 'prepared' AND waiting_on = 0
+      AND (
+        -- its last dependency was just confirmed: nobody has published it yet
+        released_at IS NOT NULL
+        OR (created_at < now() - :after
+            AND coalesce(enqueued_at, created_at)
+                < now() - :after * power(2, least(relay_gen, :max_doublings)))
+      )
+    ORDER BY created_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+    """
+)
+
+MARK_ENQUEUED = text(
+    """
+    UPDATE operations SET enqueued_at = now(), relay_gen = relay_gen + 1, released_at = NULL
+    WHERE id = ANY(:ids) AND status = 'prepared'
+    """
+).bindparams(bindparam("ids", type_=ARRAY(Text)))
+
+# The backlog guard's state for one queue (see ledger/backlog.py), locked for one run.
+ENSURE_QUEUE_GUARD = text(
+    "INSERT INTO queue_guards (queue) VALUES (:queue) ON CONFLICT (queue) DO NOTHING"
+)
+
+LOCK_QUEUE_GUARD = text(
+    """
+    SELECT sampled_at, depth_after, counter, drain_per_s, shallow_since, now() AS now
+    FROM queue_guards WHERE queue = :queue
+    FOR UPDATE
+    """
+)
+
+SELECT_QUEUE_GUARD = text(
+    """
+    SELECT sampled_at, depth_after, counter, drain_per_s, shallow_since
+    FROM queue_guards WHERE queue = :queue
+    """
+)
+
+SAVE_QUEUE_GUARD = text(
+    """
+    UPDATE queue_guards
+    SET sampled_at = :sampled_at, depth_after = :depth_after, counter = :counter,
+        drain_per_s = :drain_per_s, shallow_since = :shallow_since
+    WHERE queue = :queue
+    """
+)
+
+# Claims numbered so far (the attempts' identity): what the workers consumed from dispatch.
+CLAIM_COUNTER = text("SELECT coalesce(max(id), 0) FROM attempts")
+
+PURGE_PAYLOADS = text(
+    """
+    WITH old AS (
+        SELECT p.op_id FROM operation_payloads AS p
+        JOIN operations AS o ON o.id = p.op_id
+        WHERE o.status IN ('confirmed', 'rejected', 'cancelled')
+          AND o.updated_at < now() - :older_than
+        LIMIT :limit
+        FOR UPDATE OF p SKIP LOCKED
+    )
+    DELETE FROM operation_payloads AS p USING old WHERE p.op_id = old.op_id
+    RETURNING p.op_id
+    """
+)
