@@ -166,7 +166,7 @@ class DroppedResponse(Response):
         raise ConnectionAbortedError("sandbox fault: response dropped after commit")
 
 
-async def _keyed_request(  # noqa: C901
+async def _keyed_request(
     request: Request,
     state: State,
     provider: str,
@@ -181,82 +181,130 @@ async def _keyed_request(  # noqa: C901
     `state` is the state the request arrived in: a request still executing when the
     sandbox is reset finishes against the old state and leaves the new one alone.
     """
-    cfg = state.config_for(account)
-    body = await request.body()
-    digest = hashlib.sha256(body).hexdigest()
-    key = request.headers.get("idempotency-key")
-    peer = f"{request.client.host}:{request.client.port}" if request.client else None
-    log = {
-        "arrived": time.time(),
-        "completed": None,
-        "status": None,
-        "digest": digest,
-        "peer": peer,
-    }
-    state.requests[f"{provider}:{key}"].append(log)
+    exchange = await _Exchange.arrive(request, state, provider, account)
+    by_key = await exchange.answer_by_key(mismatch, conflict)
+    if by_key is not None:
+        return by_key
+    return await exchange.run(execute)
+
+
+@dataclass
+class _Exchange:
+    """One request through the idempotency layer: what it carried, its line in the
+    request log (the ground truth's `requests`), and the key entry it holds while it
+    executes (None without a key)."""
+
+    state: State
+    provider: str
+    account: str
+    cfg: Config
+    body: bytes
+    digest: str
+    key: str | None
+    log: dict[str, Any]
+    entry: KeyEntry | None = None
+
+    @classmethod
+    async def arrive(cls, request: Request, state: State, provider: str, account: str) -> _Exchange:
+        cfg = state.config_for(account)  # as the request arrived
+        body = await request.body()
+        digest = hashlib.sha256(body).hexdigest()
+        key = request.headers.get("idempotency-key")
+        peer = f"{request.client.host}:{request.client.port}" if request.client else None
+        log = {
+            "arrived": time.time(),
+            "completed": None,
+            "status": None,
+            "digest": digest,
+            "peer": peer,
+        }
+        state.requests[f"{provider}:{key}"].append(log)
+        return cls(state, provider, account, cfg, body, digest, key, log)
 
     def finish(
-        status: int, payload: dict[str, Any], headers: dict[str, str] | None = None
+        self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None
     ) -> Response:
-        log["completed"], log["status"] = time.time(), status
-        if status >= 400 and not cfg.error_codes:
+        self.log["completed"], self.log["status"] = time.time(), status
+        if status >= 400 and not self.cfg.error_codes:
             payload = _without_code(payload)
         return JSONResponse(payload, status_code=status, headers=headers)
 
-    if key is not None and cfg.max_key_length and len(key) > cfg.max_key_length:
-        return finish(*_error(400, "invalid_idempotency_key", "the key is too long"))
-    entry = None
-    if key is not None:
-        entry = state.key_entry(provider, account, key)
+    async def answer_by_key(
+        self, mismatch: tuple[int, str], conflict: tuple[int, str]
+    ) -> Response | None:
+        """The answer when the key decides it: a key refused, a payload that differs from
+        the key's first one, a concurrent request, a replay. Otherwise None, and the key
+        now marks this request as in progress."""
+        key, cfg = self.key, self.cfg
+        if key is None:
+            return None
+        if cfg.max_key_length and len(key) > cfg.max_key_length:
+            return self.finish(*_error(400, "invalid_idempotency_key", "the key is too long"))
+        entry = self.state.key_entry(self.provider, self.account, key)
         if entry is not None and cfg.keys:
-            if entry.digest != digest and cfg.payload_check:
-                return finish(*_error(*mismatch, "this key was used with a different payload"))
+            if entry.digest != self.digest and cfg.payload_check:
+                return self.finish(*_error(*mismatch, "this key was used with a different payload"))
             if entry.state == "in_progress":
                 if cfg.inflight_conflict:
                     if cfg.inflight_wait_s:
                         await asyncio.sleep(cfg.inflight_wait_s)
-                    return finish(*_error(*conflict, "a request with this key is in progress"))
+                    return self.finish(*_error(*conflict, "a request with this key is in progress"))
             else:
-                return finish(entry.status_code, entry.body, {"Idempotent-Replayed": "true"})
-        entry = KeyEntry(digest=digest, created=time.time())
-        state.keys[(provider, account, key)] = entry
+                return self.finish(entry.status_code, entry.body, {"Idempotent-Replayed": "true"})
+        self.entry = KeyEntry(digest=self.digest, created=time.time())
+        self.state.keys[(self.provider, self.account, key)] = self.entry
+        return None
 
-    def store(status: int, payload: dict[str, Any]) -> None:
+    def store(self, status: int, payload: dict[str, Any]) -> None:
+        """What the provider remembers of the outcome: its own record of an applied change,
+        and the key's stored response (a 5xx released instead, without `replay_errors`)."""
+        key, entry = self.key, self.entry
         if key is not None and status < 300:
-            state.applied[(provider, account, key)] = {"status_code": status, "response": payload}
-        if entry is not None and (status < 500 or cfg.replay_errors):
+            self.state.applied[(self.provider, self.account, key)] = {
+                "status_code": status,
+                "response": payload,
+            }
+        if entry is not None and (status < 500 or self.cfg.replay_errors):
             entry.state, entry.status_code, entry.body = "done", status, payload
         elif entry is not None:
-            state.keys.pop((provider, account, key or ""), None)
+            self.state.keys.pop((self.provider, self.account, key or ""), None)
 
-    fault = state.take_fault(provider, key)
-    if fault is not None and fault.mode == "error_before_commit":
-        status, payload = _error(500, "internal_error", "failed before commit")
-        store(status, payload)
-        return finish(status, payload)
-    if cfg.processing_s:
-        await asyncio.sleep(cfg.processing_s)
-    try:
-        payload_in = json.loads(body or b"{}")
-    except ValueError:
-        status, payload = _error(400, "invalid_json")
-        store(status, payload)
-        return finish(status, payload)
-    status, payload = execute(payload_in, key, digest)
-    if not cfg.echo_digest:
-        payload = {
-            k: v for k, v in payload.items() if k not in ("idempotency_key", "request_digest")
-        }
-    if fault is not None and fault.mode == "error_after_commit" and status < 300:
-        store(status, payload)  # applied: the provider's own records say so
-        status, payload = _error(500, "internal_error", "failed after commit")
-    store(status, payload)
-    if fault is not None and fault.mode == "drop_after_commit":
-        log["completed"], log["status"] = time.time(), "dropped"
-        return DroppedResponse()
-    if fault is not None and fault.mode == "delay_after_commit":
-        await asyncio.sleep(fault.delay_s)
-    return finish(status, payload)
+    async def run(self, execute: Any) -> Response:
+        """`execute` the request, unless a fault fails it first."""
+        fault = self.state.take_fault(self.provider, self.key)
+        if fault is not None and fault.mode == "error_before_commit":
+            status, payload = _error(500, "internal_error", "failed before commit")
+            self.store(status, payload)
+            return self.finish(status, payload)
+        if self.cfg.processing_s:
+            await asyncio.sleep(self.cfg.processing_s)
+        try:
+            payload_in = json.loads(self.body or b"{}")
+        except ValueError:
+            status, payload = _error(400, "invalid_json")
+            self.store(status, payload)
+            return self.finish(status, payload)
+        status, payload = execute(payload_in, self.key, self.digest)
+        if not self.cfg.echo_digest:
+            payload = {
+                k: v for k, v in payload.items() if k not in ("idempotency_key", "request_digest")
+            }
+        return await self.after_commit(fault, status, payload)
+
+    async def after_commit(
+        self, fault: Fault | None, status: int, payload: dict[str, Any]
+    ) -> Response:
+        """The answer once `execute` ran, through the faults that strike after the commit."""
+        if fault is not None and fault.mode == "error_after_commit" and status < 300:
+            self.store(status, payload)  # applied: the provider's own records say so
+            status, payload = _error(500, "internal_error", "failed after commit")
+        self.store(status, payload)
+        if fault is not None and fault.mode == "drop_after_commit":
+            self.log["completed"], self.log["status"] = time.time(), "dropped"
+            return DroppedResponse()
+        if fault is not None and fault.mode == "delay_after_commit":
+            await asyncio.sleep(fault.delay_s)
+        return self.finish(status, payload)
 
 
 # -- CRM ------------------------------------------------------------------------------------
