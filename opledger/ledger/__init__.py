@@ -66,7 +66,8 @@ from .models import (
     Transition,
     Verdict,
 )
-from .reviews import Resolution, ReviewView
+from .resolution import Resolution
+from .reviews import ReviewView
 from .window import SendWindow
 
 __all__ = [

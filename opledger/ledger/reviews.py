@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from enum import StrEnum
 from typing import Any, NoReturn
 
 from pydantic import AwareDatetime
@@ -24,34 +24,22 @@ from .errors import (
     ContradictsEvidence,
     InvalidInput,
     OperationNotFound,
-    RetryNeedsAcknowledgement,
-    RetryNeedsNewKey,
     ReviewAlreadyResolved,
     ReviewNotFound,
     StaleView,
 )
-from .evidence import binds, our_keys
 from .ids import check_action, check_identifier, check_key, check_operation_id, check_operator
 from .models import (
     Attempt,
     Evidence,
-    EvidenceSource,
     History,
     Operation,
     Record,
     Review,
     Status,
-    Verdict,
 )
-from .risk import retention_risk
+from .resolution import Resolution, changes_since, contradicted, resolution_of, retry_terms
 from .store import Store
-
-
-class Resolution(StrEnum):
-    CONFIRMED = "confirmed"  #: the effect happened (operator's evidence)
-    REJECTED = "rejected"  #: it did not and will not
-    RETRY = "retry"  #: send again, under the same operation
-    CANCEL = "cancel"  #: stop; whatever happened stays
 
 
 class ReviewSummary(Record):
@@ -305,20 +293,15 @@ class Reviews:
         check_identifier("note", note, max_length=4000)
         if evidence is not None:
             check_identifier("evidence", evidence, max_length=4000)
-        try:
-            chosen = Resolution(resolution)
-        except ValueError as exc:
-            raise InvalidInput(
-                f"resolution must be one of {[r.value for r in Resolution]}"
-            ) from exc
-        if new_key and chosen is not Resolution.RETRY:
-            raise InvalidInput("--new-key only goes with a retry")
+        chosen = resolution_of(resolution, new_key=new_key)
 
         with self._db.transaction() as conn:
             review_id, op, shown, history = self._as_shown(
                 conn, op_id, tenant=tenant, operator=operator, seen_version=seen_version
             )
-            overriding = self._check_evidence(op, history.attempts, history.evidence, chosen)
+            overriding = contradicted(
+                self._contract(op.action), op, history.attempts, history.evidence, chosen
+            )
             if overriding and not override_evidence:
                 raise ContradictsEvidence(
                     f"resolving {op_id} as {chosen.value} contradicts evidence on record "
@@ -327,51 +310,34 @@ class Reviews:
                     op_id=op_id,
                     evidence=overriding,
                 )
-            key = None
+            key: str | None = None
             acknowledged = False
             if chosen is Resolution.RETRY:
-                key, acknowledged = self._check_retry(
-                    op, history.attempts, history.evidence, new_key, acknowledge_risk
+                key, acknowledged = retry_terms(
+                    self._contract(op.action),
+                    op,
+                    history.attempts,
+                    history.evidence,
+                    new_key,
+                    acknowledge_risk,
                 )
             reason = f"review {review_id} resolved as {chosen.value} by {operator}: {note}"
             after = self._move(conn, op, chosen, operator=operator, key=key, reason=reason)
-            if chosen in (Resolution.CONFIRMED, Resolution.REJECTED):
-                conn.execute(
-                    q.OPERATOR_EVIDENCE,
-                    {
-                        "op_id": op_id,
-                        "fence": after.fence,
-                        "verdict": chosen.value,
-                        "detail": store.to_json(
-                            {"operator": operator, "note": note, "evidence": evidence}
-                        ),
-                    },
-                )
-            conn.execute(
-                q.CLOSE_REVIEW,
-                {
-                    "review_id": review_id,
-                    "resolution": chosen.value,
-                    "operator": operator,
-                    "note": note,
-                },
-            )
-            conn.execute(
-                q.INSERT_REVIEW_ACTION,
-                {
-                    "review_id": review_id,
-                    "op_id": op_id,
-                    "tenant": tenant,
-                    "operator": operator,
-                    "resolution": chosen.value,
-                    "note": note,
-                    "evidence": evidence,
-                    "new_key": key,
-                    "fence": after.fence,
-                    "shown": store.to_json(shown),
-                    "override_evidence": bool(overriding),
-                    "risk_acknowledged": acknowledged,
-                },
+            _close(
+                conn,
+                _Resolved(
+                    review_id=review_id,
+                    operation=after,
+                    tenant=tenant,
+                    operator=operator,
+                    resolution=chosen,
+                    note=note,
+                    evidence=evidence,
+                    new_key=key,
+                    shown=shown,
+                    overriding=bool(overriding),
+                    acknowledged=acknowledged,
+                ),
             )
         return after
 
@@ -457,75 +423,6 @@ class Reviews:
             rows = conn.execute(q.SELECT_REVIEW_ACTIONS, {"op_id": op_id, "tenant": tenant})
             return tuple(ReviewAction.model_validate(dict(r._mapping)) for r in rows)
 
-    def _check_evidence(
-        self,
-        op: Operation,
-        attempts: tuple[Attempt, ...],
-        evidence: tuple[Evidence, ...],
-        chosen: Resolution,
-    ) -> str:
-        """Which bound evidence on record this resolution contradicts ('' for none)."""
-        keys = our_keys(op, attempts)
-        contract = self._contract(op.action)
-        against = {
-            Resolution.REJECTED: Verdict.CONFIRMED,
-            Resolution.RETRY: Verdict.CONFIRMED,
-            Resolution.CONFIRMED: Verdict.REJECTED,
-        }.get(chosen)
-        hits = [
-            ev
-            for ev in evidence
-            if against is not None
-            and ev.source is not EvidenceSource.OPERATOR
-            and ev.verdict == against
-            and binds(ev, op, keys, contract)
-        ]
-        return ", ".join(f"{ev.source} evidence {ev.id}: {ev.verdict}" for ev in hits)
-
-    def _check_retry(
-        self,
-        op: Operation,
-        attempts: tuple[Attempt, ...],
-        evidence: tuple[Evidence, ...],
-        new_key: bool,
-        acknowledge: bool,
-    ) -> tuple[str | None, bool]:
-        """The new key, if any, and whether the retry's risk was acknowledged; raises when
-        a retry that could repeat the effect was not acknowledged."""
-        key = f"{op.id}.k{len(attempts) + 1}" if new_key else None
-        contract = self._contract(op.action)
-        if contract is None:
-            if new_key:
-                return key, True
-            raise RetryNeedsNewKey(
-                f"no adapter contract is known for {op.action}: a same-key retry cannot be "
-                "judged safe; use a new key to acknowledge the risk",
-                op_id=op.id,
-            )
-        effects = consequences(contract, op, attempts, datetime.now(UTC), evidence)
-        if contract.idempotency.kind == "none":
-            if not (acknowledge or new_key):
-                raise RetryNeedsAcknowledgement(
-                    f"{effects.retry} Acknowledge the risk to retry (--accept-risk).",
-                    op_id=op.id,
-                )
-            return key, True
-        if new_key:
-            return key, True
-        if effects.same_key_retry_allowed:
-            return None, False
-        now = datetime.now(UTC)
-        if retention_risk(contract, op, attempts, evidence, now) is not None:
-            # the provider may have forgotten the key: the same key is a new request
-            raise RetryNeedsNewKey(effects.retry, op_id=op.id)
-        # the key no longer protects the retry (released on an error, lost on a restart,
-        # another scope), but it may still deduplicate: keep it, once the risk is accepted
-        if not acknowledge:
-            raise RetryNeedsAcknowledgement(
-                f"{effects.retry} Acknowledge the risk to retry (--accept-risk).", op_id=op.id
-            )
-        return None, True
-
     def _raise_missing(self, conn: Any, op_id: str, tenant: str) -> NoReturn:
         done = conn.execute(
             q.LAST_RESOLVED_REVIEW, {"op_id": op_id, "tenant": tenant}
@@ -552,44 +449,62 @@ def _shown(view: ReviewView) -> dict[str, Any]:
     }
 
 
-def _when(value: Any) -> str:
-    return str(value)[:19].replace("T", " ")
+@dataclass(frozen=True)
+class _Resolved:
+    """What a resolution records besides the move itself."""
+
+    review_id: int
+    operation: Operation  # as the move left it
+    tenant: str
+    operator: str
+    resolution: Resolution
+    note: str
+    evidence: str | None
+    new_key: str | None
+    shown: dict[str, Any]
+    overriding: bool
+    acknowledged: bool
 
 
-def changes_since(shown: dict[str, Any], history: History) -> tuple[str, ...]:
-    """What changed between the view an operator was shown (`_shown`) and `history`, one
-    plain sentence per fact: the status, new or finished attempts, new evidence."""
-    op = history.operation
-    changes: list[str] = []
-    if shown.get("status") not in (None, op.status.value):
-        changes.append(f"status {shown['status']} is now {op.status.value}")
-    before_attempts = {a.get("n"): a for a in shown.get("attempts", [])}
-    for attempt in history.attempts:
-        old = before_attempts.get(attempt.n)
-        if old is None:
-            by = f", authorized by {attempt.authorized_by}" if attempt.authorized_by else ""
-            changes.append(
-                f"new attempt {attempt.n} started {_when(attempt.started_at)}{by}"
-                + (f", outcome {attempt.outcome}" if attempt.outcome else ", outcome not known yet")
-            )
-        elif old.get("outcome") != attempt.outcome:
-            changes.append(
-                f"attempt {attempt.n} finished {_when(attempt.finished_at)}: "
-                f"{attempt.outcome or 'no outcome'}"
-            )
-    seen_evidence = {e.get("id") for e in shown.get("evidence", [])}
-    for ev in history.evidence:
-        if ev.id not in seen_evidence:
-            why = ev.detail.get("reason") or ev.detail.get("code") or ev.detail.get("note")
-            changes.append(
-                f"new evidence {ev.id} from {ev.source.value}: {ev.verdict.value}"
-                + (f" ({why})" if why else "")
-                + ("" if ev.applied else ", kept without moving the status")
-            )
-    if op.operator_retry_by:
-        changes.append(f"a retry was authorized by {op.operator_retry_by}")
-    if not changes:
-        changes.append(
-            f"the record moved from version {shown.get('record_version')} to {op.record_version}"
+def _close(conn: Connection, r: _Resolved) -> None:
+    """The operator's evidence (for a confirmed or rejected verdict), the closed review and
+    the audit row with the view the operator was shown, in the resolution's transaction."""
+    op = r.operation
+    if r.resolution in (Resolution.CONFIRMED, Resolution.REJECTED):
+        conn.execute(
+            q.OPERATOR_EVIDENCE,
+            {
+                "op_id": op.id,
+                "fence": op.fence,
+                "verdict": r.resolution.value,
+                "detail": store.to_json(
+                    {"operator": r.operator, "note": r.note, "evidence": r.evidence}
+                ),
+            },
         )
-    return tuple(changes)
+    conn.execute(
+        q.CLOSE_REVIEW,
+        {
+            "review_id": r.review_id,
+            "resolution": r.resolution.value,
+            "operator": r.operator,
+            "note": r.note,
+        },
+    )
+    conn.execute(
+        q.INSERT_REVIEW_ACTION,
+        {
+            "review_id": r.review_id,
+            "op_id": op.id,
+            "tenant": r.tenant,
+            "operator": r.operator,
+            "resolution": r.resolution.value,
+            "note": r.note,
+            "evidence": r.evidence,
+            "new_key": r.new_key,
+            "fence": op.fence,
+            "shown": store.to_json(r.shown),
+            "override_evidence": r.overriding,
+            "risk_acknowledged": r.acknowledged,
+        },
+    )
