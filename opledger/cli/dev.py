@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from typing import Annotated, Any
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -14,6 +17,14 @@ from .app import (
     app,
     console,
 )
+
+if TYPE_CHECKING:
+    from opledger.dev.bench import BenchConfig
+    from opledger.dev.chaos.run import ChaosConfig, ChaosResult
+    from opledger.dev.demo import Row
+
+#: `--json` where the output is one JSON object and nothing else
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 
 @app.command()
@@ -37,6 +48,22 @@ def sandbox(
     serve(host, port, smtp_port)
 
 
+@contextlib.contextmanager
+def _interruptible(out: Console, before: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """SIGTERM and SIGINT unwind the run inside (every process it started is stopped,
+    every temporary file removed); then say so on `out` and exit with 128 + the signal.
+    `before` runs first: a live display to stop, so the message is not drawn under it."""
+    from opledger.dev.processes import Interrupted, stop_on_signals
+
+    with stop_on_signals():
+        try:
+            yield
+        except Interrupted as stop:
+            before()
+            out.print(f"[red]{stop}: every process stopped, temporary files removed[/red]")
+            raise typer.Exit(stop.exit_code) from None
+
+
 @app.command()
 def chaos(
     ops: Annotated[int, typer.Option(help="Operations to drive through the workers.")] = 200,
@@ -56,7 +83,7 @@ def chaos(
     settle_timeout: Annotated[
         float, typer.Option(help="Then how long it may take to settle.")
     ] = 120.0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonFlag = False,
     broker: Annotated[
         str,
         typer.Option(
@@ -67,11 +94,7 @@ def chaos(
 ) -> None:
     """Drive operations through real workers while killing them, injecting provider faults
     and restarting the broker (and Postgres); then audit duplicates, races, stuck and lost."""
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from opledger.dev.chaos.run import ChaosConfig, run_chaos
-    from opledger.dev.processes import Interrupted, stop_on_signals
+    from opledger.dev.chaos.run import ChaosConfig
 
     config = ChaosConfig(
         ops=ops,
@@ -88,6 +111,18 @@ def chaos(
     if broker not in ("redis", "rabbitmq"):
         typer.echo(f"opledger: --broker must be redis or rabbitmq (got {broker!r})", err=True)
         raise typer.Exit(2)
+    result = _run_chaos(config, transient=as_json)
+    _print_chaos(result.summary(), seed, as_json)
+    if not result.clean:
+        raise typer.Exit(1)
+
+
+def _run_chaos(config: ChaosConfig, *, transient: bool) -> ChaosResult:
+    """The run behind a progress bar on stderr: operations settled, kills and restarts."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from opledger.dev.chaos.run import run_chaos
+
     err = Console(stderr=True)
     with Progress(
         TextColumn("[bold]chaos[/bold]"),
@@ -96,9 +131,9 @@ def chaos(
         TextColumn("{task.fields[note]}"),
         TimeElapsedColumn(),
         console=err,
-        transient=as_json,
+        transient=transient,
     ) as bar:
-        task = bar.add_task("settled", total=ops, note="")
+        task = bar.add_task("settled", total=config.ops, note="")
 
         def progress(done: int, total: int, counters: dict[str, int]) -> None:
             note = (
@@ -106,25 +141,23 @@ def chaos(
             )
             bar.update(task, completed=done, total=total, note=note)
 
-        with stop_on_signals():
-            try:
-                result = run_chaos(config, progress=progress)
-            except Interrupted as stop:
-                err.print(f"[red]{stop}: every process stopped, temporary files removed[/red]")
-                raise typer.Exit(stop.exit_code) from None
-    summary = result.summary()
+        with _interruptible(err):
+            result = run_chaos(config, progress=progress)
+    return result
+
+
+def _print_chaos(summary: dict[str, Any], seed: int, as_json: bool) -> None:
+    """One JSON object, or a table of the measures and the problems found, in red."""
     if as_json:
         print(json.dumps(summary))
-    else:
-        table = Table("measure", "value", title=f"chaos run, seed {seed}")
-        for key, value in summary.items():
-            if key != "problems":
-                table.add_row(key, str(value))
-        console.print(table)
-        for problem in summary["problems"]:
-            console.print(f"[red]{problem}[/red]")
-    if not result.clean:
-        raise typer.Exit(1)
+        return
+    table = Table("measure", "value", title=f"chaos run, seed {seed}")
+    for key, value in summary.items():
+        if key != "problems":
+            table.add_row(key, str(value))
+    console.print(table)
+    for problem in summary["problems"]:
+        console.print(f"[red]{problem}[/red]")
 
 
 @app.command()
@@ -138,20 +171,7 @@ def demo(
     as_json: Annotated[bool, typer.Option("--json", help="Also print a JSON summary.")] = False,
 ) -> None:
     """The onboarding story, then the same story broken at every crash window."""
-    import time
-
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-    from rich.table import Column
-
-    from opledger.dev.demo import Row, planned_scenarios, run_demo
-    from opledger.dev.processes import Interrupted, stop_on_signals
+    from opledger.dev.demo import run_demo
 
     started = time.monotonic()
     console.print(
@@ -159,38 +179,65 @@ def demo(
         "account owner — two operations — on real Postgres, Redis, Celery workers and beat, "
         "and sandbox providers. Then the workers are broken at every crash window.\n"
     )
-    table = Table("scenario", "what was broken", "final status", "provider effects", "review")
-    bar = Progress(
-        SpinnerColumn(),
-        TimeElapsedColumn(),
-        BarColumn(bar_width=12),
-        MofNCompleteColumn(),
-        TextColumn(
-            "scenarios · {task.description}",
-            table_column=Column(no_wrap=True, overflow="ellipsis"),
-        ),
-        console=console,
-        transient=True,
-    )
-    task = bar.add_task("starting", total=planned_scenarios())
+    screen = _DemoScreen(started)
+    with screen.bar, _interruptible(console, before=screen.bar.stop):
+        summary = run_demo(keep=keep, on_row=screen.on_row, on_phase=screen.on_phase)
+    console.print(screen.table)
+    clean = _print_demo_summary(summary, keep, started)
+    if as_json:
+        print(json.dumps({k: v for k, v in summary.items() if k != "urls"}))
+    if not clean:
+        raise typer.Exit(1)
 
-    def on_phase(text: str, done: int, total: int) -> None:
-        bar.update(task, description=text, completed=done, total=total)
+
+class _DemoScreen:
+    """What the demo shows while it runs: a progress bar (and, in a log, where no bar is
+    live, one line per phase), and the table of scenarios, a row as each one ends."""
+
+    def __init__(self, started: float) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+        from rich.table import Column
+
+        from opledger.dev.demo import planned_scenarios
+
+        self.started = started
+        self.table = Table(
+            "scenario", "what was broken", "final status", "provider effects", "review"
+        )
+        self.bar = Progress(
+            SpinnerColumn(),
+            TimeElapsedColumn(),
+            BarColumn(bar_width=12),
+            MofNCompleteColumn(),
+            TextColumn(
+                "scenarios · {task.description}",
+                table_column=Column(no_wrap=True, overflow="ellipsis"),
+            ),
+            console=console,
+            transient=True,
+        )
+        self.task = self.bar.add_task("starting", total=planned_scenarios())
+
+    def on_phase(self, text: str, done: int, total: int) -> None:
+        self.bar.update(self.task, description=text, completed=done, total=total)
         if not console.is_terminal:  # no live bar in a log: one line per phase
-            console.print(f"[dim]{time.monotonic() - started:5.1f}s {text}[/dim]")
+            console.print(f"[dim]{time.monotonic() - self.started:5.1f}s {text}[/dim]")
 
-    def on_row(row: Row) -> None:
+    def on_row(self, row: Row) -> None:
         console.print(f"[dim]... {row.scenario}[/dim]")
-        table.add_row(row.scenario, row.broken, row.outcome, row.effects, row.review)
+        self.table.add_row(row.scenario, row.broken, row.outcome, row.effects, row.review)
 
-    with stop_on_signals(), bar:
-        try:
-            summary = run_demo(keep=keep, on_row=on_row, on_phase=on_phase)
-        except Interrupted as stop:
-            bar.stop()
-            console.print(f"[red]{stop}: every process stopped, temporary files removed[/red]")
-            raise typer.Exit(stop.exit_code) from None
-    console.print(table)
+
+def _print_demo_summary(summary: dict[str, Any], keep: bool, started: float) -> bool:
+    """The audit in one line (green when clean), its problems, what still runs (with
+    --keep) and where the same story is told by an agent; whether the run was clean."""
     duplicates = summary["duplicate_effects"]
     style = "green" if duplicates == 0 and not summary["stuck"] and not summary["lost"] else "red"
     console.print(
@@ -215,18 +262,15 @@ def demo(
         "LangGraph graph whose thread is killed, replayed and forked without repeating an "
         'effect (README, "Agents").'
     )
-    if as_json:
-        print(json.dumps({k: v for k, v in summary.items() if k != "urls"}))
-    if style == "red":
-        raise typer.Exit(1)
+    return style == "green"
 
 
 @app.command()
-def bench(  # noqa: C901
+def bench(
     quick: Annotated[
         bool, typer.Option("--quick", help="A smaller run (under two minutes).")
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonFlag = False,
     concurrency: Annotated[
         int | None, typer.Option(help="Worker processes for both runs (default: cores).")
     ] = None,
@@ -257,10 +301,47 @@ def bench(  # noqa: C901
     """Measure the ledger beside bare Celery (throughput ratio, CPU per operation, round
     trips, sweep cost), and a backlog behind a slow provider drained with and without
     relay and sweep."""
+    from opledger.dev.bench import run_bench
+
+    config = _bench_config(
+        quick=quick,
+        concurrency=concurrency,
+        tasks=tasks,
+        sizes=sizes,
+        prepares=prepares,
+        repeats=repeats,
+        backlog=backlog,
+        backlog_only=backlog_only,
+        concurrencies=concurrencies,
+        tenants=tenants,
+    )
+    err = Console(stderr=True)
+    with _interruptible(err):
+        result = run_bench(config, progress=lambda m: err.print(f"[dim]{m}[/dim]"))
+    if as_json:
+        print(json.dumps(result))
+        return
+    _print_bench(result, config)
+
+
+def _bench_config(
+    *,
+    quick: bool,
+    concurrency: int | None,
+    tasks: int | None,
+    sizes: str | None,
+    prepares: int | None,
+    repeats: int | None,
+    backlog: int | None,
+    backlog_only: bool,
+    concurrencies: str | None,
+    tenants: str | None,
+) -> BenchConfig:
+    """The quick or the full run's size, with what the options change: a 0 keeps the
+    default, except for --backlog (0: no backlog drains) and in the lists (0: none)."""
     import dataclasses
 
-    from opledger.dev.bench import QUICK, BenchConfig, run_bench
-    from opledger.dev.processes import Interrupted, stop_on_signals
+    from opledger.dev.bench import QUICK, BenchConfig
 
     config = QUICK if quick else BenchConfig()
     changes: dict[str, Any] = {
@@ -283,17 +364,11 @@ def bench(  # noqa: C901
     )
     if backlog is not None:
         config = dataclasses.replace(config, backlog=backlog)
-    config = dataclasses.replace(config, backlog_only=backlog_only)
-    err = Console(stderr=True)
-    with stop_on_signals():
-        try:
-            result = run_bench(config, progress=lambda m: err.print(f"[dim]{m}[/dim]"))
-        except Interrupted as stop:
-            err.print(f"[red]{stop}: every process stopped, temporary files removed[/red]")
-            raise typer.Exit(stop.exit_code) from None
-    if as_json:
-        print(json.dumps(result))
-        return
+    return dataclasses.replace(config, backlog_only=backlog_only)
+
+
+def _print_bench(result: dict[str, Any], config: BenchConfig) -> None:
+    """A table of the measures beside their targets, then the sweeps' query plans."""
     table = Table("measure", "value", "target")
     targets = {
         "backlog_ratio": ">= 0.9",
