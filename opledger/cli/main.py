@@ -9,6 +9,10 @@ from __future__ import annotations
 from . import contracts, dev, grants, operators, ops, processes, review  # noqa: F401
 from .app import app
 
+# `main` is the console script (pyproject.toml `[project.scripts]`); `app` is the root Typer
+# app with every command group registered, for callers that invoke it (typer's CliRunner).
+__all__ = ["app", "main"]
+
 
 def main() -> None:
     app()
