@@ -55,7 +55,7 @@ def attempt(
         started_at=started,
         deadline_at=started + in_flight,
         finished_at=started + timedelta(seconds=1) if outcome else None,
-        outcome=outcome,  # type: ignore[arg-type]
+        outcome=outcome,
         response=None,
         authorized_by=None,
     )

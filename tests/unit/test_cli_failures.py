@@ -5,6 +5,7 @@ else is a bug and is raised as it is."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TypeVar
 
 import kombu.exceptions
 import pytest
@@ -19,14 +20,23 @@ from opledger.settings import NotConfigured, Settings, get_settings
 OPERATIONAL_LEDGER_ERRORS = (ledger.DatabaseUnavailable, ledger.SchemaMissing)
 
 
-def _subclasses(root: type) -> set[type]:
-    found, todo = set(), [root]
+E = TypeVar("E", bound=Exception)
+
+
+def _subclasses(root: type[E]) -> set[type[E]]:
+    found: set[type[E]] = set()
+    todo = [root]
     while todo:
         for sub in todo.pop().__subclasses__():
             if sub not in found:
                 found.add(sub)
                 todo.append(sub)
     return found
+
+
+LEDGER_ERRORS: list[type[Exception]] = sorted(
+    {ledger.LedgerError} | _subclasses(ledger.LedgerError), key=lambda c: c.__name__
+)
 
 
 @pytest.fixture(autouse=True)
@@ -40,10 +50,7 @@ def configured(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 @pytest.mark.parametrize(
     "kind",
-    sorted(
-        (c for c in {ledger.LedgerError} | _subclasses(ledger.LedgerError)),
-        key=lambda c: c.__name__,
-    ),
+    LEDGER_ERRORS,
     ids=lambda c: c.__name__,
 )
 def test_each_ledger_error_maps_to_refused_or_operational(kind: type[Exception]) -> None:
@@ -61,7 +68,7 @@ def test_each_ledger_error_maps_to_refused_or_operational(kind: type[Exception])
 
 def _settings_error() -> ValidationError:
     with pytest.raises(ValidationError) as caught:
-        Settings(lease_seconds="soon")  # type: ignore[arg-type]
+        Settings(lease_seconds="soon")
     return caught.value
 
 

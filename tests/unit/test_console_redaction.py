@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from opledger.console.redaction import Redaction
@@ -27,7 +29,7 @@ def test_the_bundled_rules_hide_an_emails_content_and_secrets_everywhere() -> No
 
 def test_a_rule_names_an_action_or_a_prefix_and_dotted_paths_through_lists() -> None:
     rules = Redaction.parse(["crm.*=customer.email,lines.price", "crm.update_case.v1=note"])
-    payload = {
+    payload: dict[str, Any] = {
         "note": "n",
         "customer": {"email": "x@y.test", "name": "X"},
         "lines": [{"price": 3, "sku": "a"}, {"price": 4, "sku": "b"}],

@@ -4,7 +4,8 @@ decision")."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,8 @@ from opledger.ledger.decide import Confirm, Decision, Dispatch, HoldUnknown, Rej
 from .histories import DIGEST, OP_ID, T0, attempt, evidence, grant, operation
 
 S = timedelta(seconds=1)
+History = tuple[Contract, Operation, list[Attempt], list[Evidence], Authorization | None, datetime]
+UnreadHistory = tuple[Contract, Operation, list[Attempt], list[Evidence], datetime]
 
 CONTRACTS: list[Contract] = [
     *PRESETS.values(),
@@ -108,7 +111,7 @@ def _evidence(
 @st.composite
 def histories(
     draw: st.DrawFn,
-) -> tuple[Contract, Operation, list[Attempt], list[Evidence], Authorization | None, object]:
+) -> History:
     contract = draw(contracts())
     n = draw(st.integers(0, 6))
     starts = sorted(draw(st.lists(st.integers(0, 3 * 86400), min_size=n, max_size=n)))
@@ -214,7 +217,7 @@ def _reached(
 
 @settings(max_examples=1500, deadline=None)
 @given(histories())
-def test_the_decision_keeps_every_rule(history: tuple) -> None:  # type: ignore[type-arg]  # noqa: C901
+def test_the_decision_keeps_every_rule(history: History) -> None:  # noqa: C901
     contract, op, attempts, evidence_items, auth, now = history
     decision: Decision = decide(contract, op, attempts, evidence_items, auth, now)
     event(type(decision).__name__)
@@ -324,10 +327,15 @@ def test_the_decision_keeps_every_rule(history: tuple) -> None:  # type: ignore[
             )
 
 
+def _scoped(scope: str | None) -> dict[str, Any]:
+    """The evidence's `scope` detail: absent, not None, when the provider named none."""
+    return {"scope": scope} if scope else {}
+
+
 @st.composite
 def unread_histories(
     draw: st.DrawFn,
-) -> tuple[Contract, Operation, list[Attempt], list[Evidence], object]:
+) -> UnreadHistory:
     """Keyed contracts with every combination of facts, after attempts whose outcome was
     never read (timeouts, resets, 5xx), past every deadline: where a same-key retry is
     decided by the key's protection alone."""
@@ -354,11 +362,7 @@ def unread_histories(
             attempt_n=i + 1,
             code=draw(st.sampled_from(["timeout", "connection_lost", "server_error"])),
             replayed=False,
-            **(
-                {"scope": s}
-                if (s := draw(st.sampled_from([None, "account a", "account b"])))
-                else {}
-            ),
+            **_scoped(draw(st.sampled_from([None, "account a", "account b"]))),
         )
         for i in range(n)
     ]
@@ -368,7 +372,7 @@ def unread_histories(
 
 @settings(max_examples=1000, deadline=None)
 @given(unread_histories())
-def test_a_same_key_retry_only_where_the_key_protects_it(history: tuple) -> None:  # type: ignore[type-arg]
+def test_a_same_key_retry_only_where_the_key_protects_it(history: UnreadHistory) -> None:
     contract, op, attempts, evidence_items, now = history
     decision = decide(contract, op, attempts, evidence_items, grant(), now)
     event(type(decision).__name__)

@@ -11,6 +11,7 @@ from opledger.adapters.crm import crm_contract
 from opledger.adapters.email import email_contract
 from opledger.adapters.smtp import smtp_contract
 from opledger.ledger import Status
+from opledger.ledger.contract import Contract
 from opledger.ledger.decide import (
     AskProvider,
     Confirm,
@@ -81,9 +82,9 @@ def test_rule_2_reject_only_on_a_definitive_refusal() -> None:
     [KEYED_STATUS, KEYED_NO_LOOKUP, SEARCH_ONLY, NO_DEDUP],
     ids=["status_api", "keyed", "search", "none"],
 )
-def test_rule_3_nothing_is_sent_while_an_attempt_may_be_in_flight(contract: object) -> None:
+def test_rule_3_nothing_is_sent_while_an_attempt_may_be_in_flight(contract: Contract) -> None:
     op, attempts = operation(), [attempt(in_flight=20 * S)]
-    decision = decide(contract, op, attempts, [], grant(), T0 + 5 * S)  # type: ignore[arg-type]
+    decision = decide(contract, op, attempts, [], grant(), T0 + 5 * S)
     assert isinstance(decision, Wait | AskProvider)
     if isinstance(decision, Wait):
         assert decision.until == T0 + 20 * S

@@ -6,6 +6,7 @@ import inspect
 import smtplib
 import socket
 import ssl
+from typing import TypeVar
 
 import httpx
 import pytest
@@ -14,9 +15,12 @@ from opledger.adapters.base import ErrorCodes, outcome_for_http_error, outcome_f
 from opledger.adapters.smtp import outcome_for_smtp_error
 from opledger.ledger import Ambiguous, Rejected
 
+E = TypeVar("E", bound=Exception)
 
-def _subclasses(root: type) -> set[type]:
-    found, todo = set(), [root]
+
+def _subclasses(root: type[E]) -> set[type[E]]:
+    found: set[type[E]] = set()
+    todo = [root]
     while todo:
         cls = todo.pop()
         for sub in cls.__subclasses__():
@@ -80,7 +84,7 @@ def test_http_codes(exc: Exception, code: str) -> None:
     assert outcome_for_http_error(exc).code == code
 
 
-SMTP_EXCEPTIONS = sorted(
+SMTP_EXCEPTIONS: list[type[Exception]] = sorted(
     {smtplib.SMTPException, *_subclasses(smtplib.SMTPException)}, key=lambda c: c.__name__
 )
 

@@ -256,7 +256,8 @@ def test_a_replayed_error_that_is_no_refusal_is_marked_replayed(status: int) -> 
     the outcome must say it was replayed (the ledger records `Ambiguous.replayed`)."""
     replay = _map(_json(status, {"error": {"code": "card_declined"}}, replayed=True))
     assert isinstance(replay, Ambiguous) and replay.replayed
-    assert not _map(_json(status, {"error": {"code": "card_declined"}})).replayed
+    fresh = _map(_json(status, {"error": {"code": "card_declined"}}))
+    assert isinstance(fresh, Ambiguous) and not fresh.replayed
     # what the decision makes of it, recorded as the ledger records an outcome's detail
     recorded = {**replay.detail, "code": replay.code, "replayed": replay.replayed}
     ev = evidence("ambiguous", source="dispatch", attempt_n=1, **recorded)

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from opledger.tasks import hooks
+from opledger.observability import metrics
+from opledger.tasks import crashpoints, hooks
 from opledger.tasks.hooks import All, CrashPoints, Hooks, Watch
 
 Reached = list[str]
@@ -19,7 +20,7 @@ Reached = list[str]
 @pytest.fixture
 def reached(monkeypatch: pytest.MonkeyPatch) -> Reached:
     names: Reached = []
-    monkeypatch.setattr(hooks.crashpoints, "reached", names.append)
+    monkeypatch.setattr(crashpoints, "reached", names.append)
     return names
 
 
@@ -133,7 +134,7 @@ def test_only_a_dispatch_that_returned_is_timed(monkeypatch: pytest.MonkeyPatch)
         def labels(self, provider: str) -> Any:
             return type("H", (), {"observe": lambda _, s: observed.append((provider, s))})()
 
-    monkeypatch.setattr(hooks.metrics, "PROVIDER_LATENCY", Histogram())
+    monkeypatch.setattr(metrics, "PROVIDER_LATENCY", Histogram())
     with hooks.Metrics().call(CLAIM, "crm:acme") as watch:
         watch.sending()  # the adapter raised: no answered(), nothing timed
         watch.outcome("ambiguous")

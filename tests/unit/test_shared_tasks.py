@@ -6,6 +6,7 @@ import pytest
 from celery import Celery
 
 import opledger.tasks.app as tasks
+from opledger.ledger import DatabaseUnavailable
 from opledger.settings import NotConfigured, get_settings
 
 NAMES = {
@@ -33,7 +34,7 @@ def test_the_tasks_attach_to_another_celery_app() -> None:
 
 def test_only_a_transient_database_error_is_retried() -> None:
     task = tasks.app.tasks["opledger.dispatch"]
-    assert task.autoretry_for == (tasks.DatabaseUnavailable,)
+    assert task.autoretry_for == (DatabaseUnavailable,)
     assert task.retry_backoff and task.max_retries == 8
 
 
