@@ -22,8 +22,9 @@ from opledger.ledger import (
     StaleFence,
     Status,
 )
+from tests.intents import Intent
 
-CLOSE = dict(
+CLOSE = Intent(
     tenant="acme",
     workflow_id="wf-1",
     intent_key="close",
@@ -158,7 +159,7 @@ def test_a_late_outcome_after_being_fenced_out_lands_as_evidence(
         )
     with pytest.raises(StaleFence) as info:
         ledger.record_outcome(stalled, receipt(stalled.idempotency_key))
-    assert info.value.evidence_kept is True
+    assert info.value.fields["evidence_kept"] is True
     after = ledger.get(op.id)
     assert after.status is Status.UNKNOWN and after.fence == 2
     history = ledger.history(op.id)
@@ -181,7 +182,7 @@ def test_a_forged_claim_is_refused_and_writes_nothing(ledger: Ledger, grant: str
 
 
 def test_claims_racing_from_many_threads_have_one_winner(ledger: Ledger, grant: str) -> None:
-    ops = [ledger.prepare(**{**CLOSE, "intent_key": f"k{i}"}) for i in range(5)]
+    ops = [ledger.prepare(**(CLOSE | {"intent_key": f"k{i}"})) for i in range(5)]
     threads = 8
     for op in ops:
         barrier = Barrier(threads)
@@ -237,7 +238,7 @@ def test_an_expired_grant_counts_as_revoked(ledger: Ledger) -> None:
         ref="auth_short",
         expires_at=datetime.now(UTC) + timedelta(seconds=1),
     )
-    op = ledger.prepare(**{**CLOSE, "authorization_ref": "auth_short"})
+    op = ledger.prepare(**(CLOSE | {"authorization_ref": "auth_short"}))
     time.sleep(1.2)
     with pytest.raises(AuthorizationRevoked):
         ledger.claim(op.id, owner="w1")
@@ -249,7 +250,7 @@ def test_cancel_only_a_prepared_operation(ledger: Ledger, grant: str) -> None:
     cancelled = ledger.cancel(a.id, reason="customer withdrew")
     assert cancelled.status is Status.CANCELLED and cancelled.fence == 1
     assert ledger.claim(a.id, owner="w1") is None
-    b = ledger.prepare(**{**CLOSE, "intent_key": "other"})
+    b = ledger.prepare(**(CLOSE | {"intent_key": "other"}))
     assert ledger.claim(b.id, owner="w1") is not None
     with pytest.raises(ForbiddenTransition):
         ledger.cancel(b.id, reason="too late")

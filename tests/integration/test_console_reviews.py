@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from opledger.cli.main import app as cli
+from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, OperationNotFound, StaleView
 from opledger.ledger.errors import InvalidInput
 from opledger.settings import get_settings
@@ -15,7 +16,7 @@ from .test_reviews import Desk
 
 
 @pytest.fixture
-def desk(ledger: Ledger, sandbox) -> Desk:  # type: ignore[no-untyped-def]
+def desk(ledger: Ledger, sandbox: Sandbox) -> Desk:
     from datetime import timedelta
 
     return Desk(ledger, sandbox, retention=timedelta(hours=24))

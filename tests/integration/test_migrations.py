@@ -46,16 +46,12 @@ def test_upgrade_head_matches_the_models_then_down_and_up_again(empty_db: str) -
     downgrade(empty_db, "base")
     assert _tables(empty_db) <= {"alembic_version"}
     with psycopg.connect(_libpq(empty_db)) as conn:
-        assert (
-            conn.execute("SELECT count(*) FROM pg_type WHERE typname = 'op_status'").fetchone()[0]
-            == 0
-        )
-        assert (
-            conn.execute(
-                "SELECT count(*) FROM pg_proc WHERE proname = 'opledger_guard_operation'"
-            ).fetchone()[0]
-            == 0
-        )
+        assert conn.execute(
+            "SELECT count(*) FROM pg_type WHERE typname = 'op_status'"
+        ).fetchone() == (0,)
+        assert conn.execute(
+            "SELECT count(*) FROM pg_proc WHERE proname = 'opledger_guard_operation'"
+        ).fetchone() == (0,)
     upgrade(empty_db)
     assert _diff(empty_db) == []
 

@@ -14,8 +14,9 @@ from opledger.ledger import (
     Status,
     UnknownAuthorization,
 )
+from tests.intents import Change, Intent
 
-CLOSE = dict(
+CLOSE = Intent(
     tenant="acme",
     workflow_id="onboarding-42",
     intent_key="close-case",
@@ -46,7 +47,7 @@ def test_prepare_records_the_operation_before_anything_else(ledger: Ledger, gran
 
 def test_the_same_call_again_returns_the_same_operation(ledger: Ledger, grant: str) -> None:
     first = ledger.prepare(**CLOSE)
-    again = ledger.prepare(**{**CLOSE, "payload": {"note": "done", "status": "closed"}})
+    again = ledger.prepare(**(CLOSE | {"payload": {"note": "done", "status": "closed"}}))
     assert again.id == first.id
     assert count(ledger, "operations") == 1
     assert count(ledger, "transitions") == 1
@@ -62,12 +63,12 @@ def test_the_same_call_again_returns_the_same_operation(ledger: Ledger, grant: s
     ids=["action", "target", "payload"],
 )
 def test_a_changed_intent_under_the_same_key_is_a_conflict(
-    ledger: Ledger, grant: str, change: dict[str, object]
+    ledger: Ledger, grant: str, change: Change
 ) -> None:
     first = ledger.prepare(**CLOSE)
     with pytest.raises(IntentConflict) as info:
-        ledger.prepare(**{**CLOSE, **change})
-    assert info.value.op_id == first.id
+        ledger.prepare(**(CLOSE | change))
+    assert info.value.fields["op_id"] == first.id
     assert count(ledger, "operations") == 1
     assert ledger.get(first.id).payload_digest == first.payload_digest
 
@@ -78,14 +79,14 @@ def test_a_different_authorization_under_the_same_key_is_a_conflict(
     ledger.grant(tenant="acme", scope=["crm.*"], granted_by="test", ref="auth_other")
     ledger.prepare(**CLOSE)
     with pytest.raises(IntentConflict):
-        ledger.prepare(**{**CLOSE, "authorization_ref": "auth_other"})
+        ledger.prepare(**(CLOSE | {"authorization_ref": "auth_other"}))
 
 
 def test_identical_actions_under_two_intents_stay_two_operations(
     ledger: Ledger, grant: str
 ) -> None:
-    a = ledger.prepare(**{**CLOSE, "intent_key": "email-owner-1"})
-    b = ledger.prepare(**{**CLOSE, "intent_key": "email-owner-2"})
+    a = ledger.prepare(**(CLOSE | {"intent_key": "email-owner-1"}))
+    b = ledger.prepare(**(CLOSE | {"intent_key": "email-owner-2"}))
     assert a.id != b.id
     assert a.payload_digest == b.payload_digest
     assert count(ledger, "operations") == 2
@@ -96,8 +97,8 @@ def test_the_same_intent_key_in_another_workflow_or_tenant_is_another_operation(
 ) -> None:
     ledger.grant(tenant="globex", scope=["crm.*"], granted_by="test", ref="auth_globex")
     a = ledger.prepare(**CLOSE)
-    b = ledger.prepare(**{**CLOSE, "workflow_id": "onboarding-43"})
-    c = ledger.prepare(**{**CLOSE, "tenant": "globex", "authorization_ref": "auth_globex"})
+    b = ledger.prepare(**(CLOSE | {"workflow_id": "onboarding-43"}))
+    c = ledger.prepare(**(CLOSE | {"tenant": "globex", "authorization_ref": "auth_globex"}))
     assert len({a.id, b.id, c.id}) == 3
 
 
@@ -129,13 +130,13 @@ def test_prepare_refuses_unknown_foreign_revoked_or_out_of_scope_grants(
     ledger: Ledger, grant: str
 ) -> None:
     with pytest.raises(UnknownAuthorization):
-        ledger.prepare(**{**CLOSE, "authorization_ref": "auth_missing"})
+        ledger.prepare(**(CLOSE | {"authorization_ref": "auth_missing"}))
     ledger.grant(tenant="globex", scope=["crm.*"], granted_by="test", ref="auth_globex")
     with pytest.raises(UnknownAuthorization):
-        ledger.prepare(**{**CLOSE, "authorization_ref": "auth_globex"})
+        ledger.prepare(**(CLOSE | {"authorization_ref": "auth_globex"}))
     ledger.grant(tenant="acme", scope=["email.*"], granted_by="test", ref="auth_mail")
     with pytest.raises(OutOfScope):
-        ledger.prepare(**{**CLOSE, "authorization_ref": "auth_mail"})
+        ledger.prepare(**(CLOSE | {"authorization_ref": "auth_mail"}))
     ledger.revoke("auth_acme", by="test", reason="rotated")
     with pytest.raises(AuthorizationRevoked):
         ledger.prepare(**CLOSE)

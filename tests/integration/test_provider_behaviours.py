@@ -18,6 +18,7 @@ import os
 import time
 from datetime import UTC, datetime, timedelta
 from itertools import count
+from typing import Literal, cast
 
 import httpx
 import pytest
@@ -41,6 +42,7 @@ FAULTS = (
     "error_after_commit",
 )
 _accounts = count(1)
+Lookup = Literal["status_api", "search", "none"]
 
 
 @st.composite
@@ -78,7 +80,7 @@ def _settle(ledger: Ledger, registry: Registry, op_id: str) -> Status:
     raise AssertionError(f"{op_id} neither settled nor went to a person: {ledger.get(op_id)}")
 
 
-BASE = {
+BASE: dict[str, object] = {
     "keys": True,
     "lookup": "none",
     "replay_errors": True,
@@ -94,7 +96,7 @@ BASE = {
     "verb": "update",
 }
 #: the worlds the issue saw go wrong, always run: each one fails if its rule is removed
-KNOWN = {
+KNOWN: dict[str, dict[str, object]] = {
     # a middleware that releases the key on a 5xx after the change was applied
     "5xx_after_commit_key_released": {"replay_errors": False, "fault": "error_after_commit"},
     "5xx_on_a_close_key_released": {
@@ -174,7 +176,7 @@ def _run(ledger: Ledger, sandbox: Sandbox, world: dict[str, object]) -> Status:
     sandbox.configure(account=account, **switches)
     contract = crm_contract(
         keys=bool(world["keys"]),
-        lookup=world["lookup"],  # type: ignore[arg-type]
+        lookup=cast(Lookup, world["lookup"]),  # one of worlds()' lookups
         request_timeout=TIMEOUT,
         max_in_flight=IN_FLIGHT,
         search_lag=timedelta(seconds=0.3),

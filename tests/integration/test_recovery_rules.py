@@ -7,7 +7,7 @@ provider's own ground truth (effects and requests per key) as well as on the led
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,7 +18,7 @@ from opledger.adapters.registry import Registry
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.ledger.contract import Contract
-from opledger.ledger.decide import Dispatch, NeedsReview
+from opledger.ledger.decide import Dispatch, NeedsReview, ReviewPolicy
 from opledger.tasks import steps
 
 TIMEOUT = timedelta(seconds=0.5)
@@ -48,14 +48,14 @@ class Rig:
     def dispatch(self, op_id: str) -> steps.StepResult:
         return steps.dispatch(self.ledger, self.registry, op_id, owner="w1", lease=LEASE)
 
-    def reconcile(self, op_id: str, policy: steps.ReviewPolicy | None = None) -> steps.StepResult:
+    def reconcile(self, op_id: str, policy: ReviewPolicy | None = None) -> steps.StepResult:
         return steps.reconcile(
             self.ledger,
             self.registry,
             op_id,
             owner="w2",
             lease=LEASE,
-            policy=policy or steps.ReviewPolicy(),
+            policy=policy or ReviewPolicy(),
         )
 
     def after_deadline(self, op_id: str, extra: float = 0.05) -> None:
@@ -69,8 +69,12 @@ class Rig:
         return self.sandbox.effects(f"crm:{op_id}")
 
 
+#: the fixture `rig_for`: a rig on a CRM contract built from these keyword arguments
+RigFor = Callable[..., Rig]
+
+
 @pytest.fixture
-def rig_for(ledger: Ledger, sandbox: Sandbox) -> Iterator[Any]:
+def rig_for(ledger: Ledger, sandbox: Sandbox) -> Iterator[RigFor]:
     rigs: list[Rig] = []
 
     def make(**contract: Any) -> Rig:
@@ -92,20 +96,22 @@ def rig_for(ledger: Ledger, sandbox: Sandbox) -> Iterator[Any]:
         rig.adapter.close()
 
 
-def test_happy_path_and_redelivery(rig_for: Any) -> None:
+def test_happy_path_and_redelivery(rig_for: RigFor) -> None:
     rig = rig_for()
     op_id = rig.prepare()
-    assert rig.dispatch(op_id).operation.status is Status.CONFIRMED  # type: ignore[union-attr]
+    dispatched = rig.dispatch(op_id).operation
+    assert dispatched is not None and dispatched.status is Status.CONFIRMED
     for _ in range(3):  # a redelivered message is a no-op
         assert rig.dispatch(op_id).action == "noop"
     assert rig.effects(op_id) == 1 and len(rig.requests(op_id)) == 1
 
 
-def test_response_lost_inside_retention_retries_with_the_same_key(rig_for: Any) -> None:
+def test_response_lost_inside_retention_retries_with_the_same_key(rig_for: RigFor) -> None:
     rig = rig_for(lookup="none", retention=timedelta(seconds=30), retention_margin=timedelta(0))
     rig.sandbox.fault("crm", "drop_after_commit")
     op_id = rig.prepare()
-    assert rig.dispatch(op_id).operation.status is Status.UNKNOWN  # type: ignore[union-attr]
+    dispatched = rig.dispatch(op_id).operation
+    assert dispatched is not None and dispatched.status is Status.UNKNOWN
     assert rig.reconcile(op_id).action == "waiting"  # the first call may still be in flight
     rig.after_deadline(op_id)
     result = rig.reconcile(op_id)
@@ -117,7 +123,7 @@ def test_response_lost_inside_retention_retries_with_the_same_key(rig_for: Any) 
     assert rig.effects(op_id) == 1
 
 
-def test_key_past_retention_goes_to_review(rig_for: Any) -> None:
+def test_key_past_retention_goes_to_review(rig_for: RigFor) -> None:
     rig = rig_for(
         lookup="none", retention=timedelta(seconds=2), retention_margin=timedelta(seconds=0.5)
     )
@@ -134,7 +140,7 @@ def test_key_past_retention_goes_to_review(rig_for: Any) -> None:
     assert rig.effects(op_id) == 1 and len(rig.requests(op_id)) == 1
 
 
-def test_a_replayed_stored_500_is_not_retried_in_a_loop(rig_for: Any) -> None:
+def test_a_replayed_stored_500_is_not_retried_in_a_loop(rig_for: RigFor) -> None:
     # the contract (wrongly) says a failure leaves nothing applied and the key free; the
     # provider replays its stored error anyway
     rig = rig_for(lookup="none")
@@ -159,7 +165,7 @@ def test_a_replayed_stored_500_is_not_retried_in_a_loop(rig_for: Any) -> None:
     assert len(rig.requests(op_id)) == 2 and rig.effects(op_id) == 0
 
 
-def test_a_provider_that_declares_stored_errors_is_not_retried_at_all(rig_for: Any) -> None:
+def test_a_provider_that_declares_stored_errors_is_not_retried_at_all(rig_for: RigFor) -> None:
     rig = rig_for(lookup="none")
     rig.sandbox.fault("crm", "error_before_commit")
     op_id = rig.prepare()
@@ -169,7 +175,7 @@ def test_a_provider_that_declares_stored_errors_is_not_retried_at_all(rig_for: A
     assert len(rig.requests(op_id)) == 1
 
 
-def test_search_lag_keeps_it_unknown_and_a_person_decides(rig_for: Any) -> None:
+def test_search_lag_keeps_it_unknown_and_a_person_decides(rig_for: RigFor) -> None:
     rig = rig_for(keys=False, lookup="search", search_lag=timedelta(seconds=0.5))
     rig.sandbox.configure(keys=False, search_lag_s=30.0)  # slower than the contract says
     rig.sandbox.fault("crm", "drop_after_commit")
@@ -185,7 +191,7 @@ def test_search_lag_keeps_it_unknown_and_a_person_decides(rig_for: Any) -> None:
     assert rig.effects(op_id) == 1 and len(rig.requests(op_id)) == 1
 
 
-def test_status_api_no_such_request_after_the_deadline_allows_a_safe_retry(rig_for: Any) -> None:
+def test_status_api_no_such_request_after_the_deadline_allows_a_safe_retry(rig_for: RigFor) -> None:
     rig = rig_for()
     rig.sandbox.configure(replay_errors=False)  # the failed request leaves no trace of the key
     rig.sandbox.fault("crm", "error_before_commit")
@@ -203,7 +209,7 @@ def test_status_api_no_such_request_after_the_deadline_allows_a_safe_retry(rig_f
     assert rig.effects(op_id) == 1
 
 
-def test_a_case_closed_by_someone_else_is_not_confirmed(rig_for: Any) -> None:
+def test_a_case_closed_by_someone_else_is_not_confirmed(rig_for: RigFor) -> None:
     rig = rig_for(keys=False, lookup="search", search_lag=timedelta(seconds=0.1))
     rig.sandbox.configure(keys=False)
     rig.sandbox.fault("crm", "error_before_commit")
@@ -217,7 +223,7 @@ def test_a_case_closed_by_someone_else_is_not_confirmed(rig_for: Any) -> None:
     assert rig.effects(op_id) == 0
 
 
-def test_an_unknown_action_is_refused_at_prepare(rig_for: Any) -> None:
+def test_an_unknown_action_is_refused_at_prepare(rig_for: RigFor) -> None:
     from opledger.ledger import UnknownAction
 
     rig = rig_for()
@@ -233,18 +239,18 @@ def test_an_unknown_action_is_refused_at_prepare(rig_for: Any) -> None:
         )
 
 
-def test_the_review_policy_caps_attempts_below_the_contract(rig_for: Any) -> None:
+def test_the_review_policy_caps_attempts_below_the_contract(rig_for: RigFor) -> None:
     rig = rig_for(lookup="none")
     rig.sandbox.fault("crm", "drop_after_commit")
     op_id = rig.prepare()
     rig.dispatch(op_id)
     rig.after_deadline(op_id)
-    result = rig.reconcile(op_id, steps.ReviewPolicy(after_attempts=1))
+    result = rig.reconcile(op_id, ReviewPolicy(after_attempts=1))
     assert isinstance(result.decision, NeedsReview) and "1 attempts" in result.decision.reason
     assert len(rig.requests(op_id)) == 1
 
 
-def test_the_review_policy_hands_over_an_operation_unknown_for_too_long(rig_for: Any) -> None:
+def test_the_review_policy_hands_over_an_operation_unknown_for_too_long(rig_for: RigFor) -> None:
     rig = rig_for()
     rig.sandbox.configure(processing_s=3.0)  # the provider keeps saying "in progress"
     op_id = rig.prepare()
@@ -252,7 +258,7 @@ def test_the_review_policy_hands_over_an_operation_unknown_for_too_long(rig_for:
     rig.after_deadline(op_id)
     waiting = rig.reconcile(op_id)
     assert waiting.action == "waiting"
-    result = rig.reconcile(op_id, steps.ReviewPolicy(after=timedelta(seconds=1)))
+    result = rig.reconcile(op_id, ReviewPolicy(after=timedelta(seconds=1)))
     assert isinstance(result.decision, NeedsReview) and "still unknown" in result.decision.reason
     assert len(rig.requests(op_id)) == 1
 
@@ -302,7 +308,7 @@ def test_an_smtp_review_names_the_message_id_and_a_refused_connection_is_resent(
     assert led.history(cut).evidence[0].detail["message_id"] == message_id
 
 
-def test_an_operation_whose_adapter_is_gone_goes_to_review_once(rig_for: Any) -> None:
+def test_an_operation_whose_adapter_is_gone_goes_to_review_once(rig_for: RigFor) -> None:
     """The configuration lost the adapter between prepare and dispatch: nothing is sent, a
     review opens with the reason, and neither the sweep nor a redelivered check loops on it."""
     rig = rig_for()

@@ -31,6 +31,7 @@ from opledger.ledger import (
     StaleView,
     Status,
 )
+from opledger.ledger.decide import ReviewPolicy
 from opledger.tasks import steps
 
 LEASE = timedelta(seconds=5)
@@ -80,7 +81,7 @@ class Desk:
             op_id,
             owner="w2",
             lease=LEASE,
-            policy=steps.ReviewPolicy(after_attempts=1),
+            policy=ReviewPolicy(after_attempts=1),
         )
         assert result.action == "review", result
 

@@ -24,7 +24,7 @@ from opledger.ledger import (
     StaleView,
     Status,
 )
-from opledger.ledger.decide import Dispatch
+from opledger.ledger.decide import Dispatch, ReviewPolicy
 from opledger.tasks import steps
 
 LEASE = timedelta(seconds=5)
@@ -62,7 +62,7 @@ class Desk:
         self.sandbox.fault("crm", "drop_after_commit", key=op_id)
         steps.dispatch(self.ledger, self.registry, op_id, owner="w1", lease=LEASE)
         self.after_deadline(op_id)
-        result = self.reconcile(op_id, policy=steps.ReviewPolicy(after_attempts=1))
+        result = self.reconcile(op_id, policy=ReviewPolicy(after_attempts=1))
         assert result.action == "review", result
         return op_id
 

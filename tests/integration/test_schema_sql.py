@@ -69,7 +69,7 @@ def test_the_schema_file_defines_what_the_migrations_build(
     migrated, loaded = two_databases
     upgrade(migrated)
     with psycopg.connect(_libpq(loaded), autocommit=True) as conn:
-        conn.execute(SCHEMA_SQL.read_text())  # type: ignore[call-overload]
+        conn.execute(SCHEMA_SQL.read_text())
     built, written = _catalog(migrated), _catalog(loaded)
     assert built["columns"], "the migrated database has no tables"
     for part in CATALOG:

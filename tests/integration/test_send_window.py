@@ -7,13 +7,14 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
+from typing import Any, Literal
 
 import pytest
 from sqlalchemy import text
 
-from opledger.adapters.base import sending
+from opledger.adapters.base import LookupResult, sending
 from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.adapters.registry import Registry
 from opledger.adapters.smtp import SmtpAdapter, message_id_for, smtp_contract
@@ -25,27 +26,34 @@ from opledger.ledger import (
     ClaimTerms,
     Confirmed,
     Ledger,
+    Operation,
+    Outcome,
     SendWindowPassed,
     StaleFence,
     Status,
 )
-from opledger.ledger.decide import Dispatch
+from opledger.ledger.decide import Dispatch, ReviewPolicy
 from opledger.ledger.evidence import NOT_SENT
 from opledger.tasks import steps
 
 LEASE = timedelta(seconds=30)
 
 
-def _prepare(ledger: Ledger, key: str, action: str = "crm.close_case.v1", **kw: object) -> str:
-    payload = kw.pop("payload", {"note": "resolved"})
-    target = kw.pop("target", f"case-{key}")
+def _prepare(
+    ledger: Ledger,
+    key: str,
+    action: str = "crm.close_case.v1",
+    *,
+    target: str | None = None,
+    payload: Mapping[str, Any] | None = None,
+) -> str:
     return ledger.prepare(
         tenant="acme",
         workflow_id="wf",
         intent_key=key,
         action=action,
-        target=str(target),
-        payload=payload,  # type: ignore[arg-type]
+        target=f"case-{key}" if target is None else target,
+        payload={"note": "resolved"} if payload is None else payload,
         authorization_ref="auth_acme",
     ).id
 
@@ -74,10 +82,17 @@ def _claim(ledger: Ledger, op_id: str, window: float, *, retry: bool = False) ->
 
 
 class CrmDesk:
-    def __init__(self, ledger: Ledger, url: str, *, keys: bool = True, lookup: str = "none"):
+    def __init__(
+        self,
+        ledger: Ledger,
+        url: str,
+        *,
+        keys: bool = True,
+        lookup: Literal["status_api", "search", "none"] = "none",
+    ) -> None:
         contract = crm_contract(
             keys=keys,
-            lookup=lookup,  # type: ignore[arg-type]
+            lookup=lookup,
             request_timeout=timedelta(seconds=1),
             max_in_flight=timedelta(seconds=1),
         )
@@ -98,6 +113,7 @@ def test_the_claim_returns_database_time_and_send_by_and_the_deadline_covers_bot
 ) -> None:
     op_id = _prepare(ledger, "times")
     claim = _claim(ledger, op_id, 1.5)
+    assert claim.send_by is not None and claim.db_now is not None
     assert claim.send_by - claim.db_now == timedelta(seconds=1.5)
     assert claim.started_at == claim.db_now
     assert claim.deadline_at == claim.send_by + timedelta(seconds=2)
@@ -113,6 +129,7 @@ def test_the_registry_sizes_each_providers_window_from_its_request_timeout(
     op_id = _prepare(crm.ledger, "sized")
     claim = crm.ledger.claim(op_id, owner="w1", terms=crm.registry.claim_terms(LEASE))
     assert claim is not None
+    assert claim.send_by is not None and claim.db_now is not None
     assert claim.send_by - claim.db_now == timedelta(seconds=1)  # the request timeout
     assert claim.deadline_at - claim.send_by == timedelta(seconds=1)  # max in flight
 
@@ -222,16 +239,16 @@ def test_the_wire_check_inside_the_adapter_is_recorded_as_not_sent(
         contract = crm.adapter.contract
         actions = crm.adapter.actions
 
-        def dispatch(self, claim: Claim) -> object:
+        def dispatch(self, claim: Claim) -> Outcome:
             time.sleep(0.25)  # a pause inside the adapter, before the request
             return crm.adapter.dispatch(claim)
 
-        def lookup(self, *a: object) -> object:
+        def lookup(self, operation: Operation, attempts: Sequence[Attempt]) -> LookupResult:
             raise AssertionError
 
     op_id = _prepare(crm.ledger, "inside")
     claim = _claim(crm.ledger, op_id, 0.15)
-    steps._send(crm.ledger, Slow(), claim)  # type: ignore[arg-type]
+    steps._send(crm.ledger, Slow(), claim)
     assert sandbox.truth()["requests"].get(f"crm:{op_id}") is None
     assert not_sent(crm.ledger.history(op_id).attempts[0])
 
@@ -291,7 +308,7 @@ def test_an_attempt_that_sent_nothing_is_not_in_flight_and_is_sent_again_at_once
 
 def test_claims_that_keep_missing_the_window_end_in_review(crm: CrmDesk) -> None:
     op_id = _prepare(crm.ledger, "always-late")
-    policy = steps.ReviewPolicy(after_attempts=2)
+    policy = ReviewPolicy(after_attempts=2)
     claim = _claim(crm.ledger, op_id, 0.05)
     time.sleep(0.1)
     steps._send(crm.ledger, crm.adapter, claim)
@@ -344,4 +361,4 @@ def test_no_settle_when_the_fenced_out_outcome_lands_on_a_newer_claim(
     with pytest.raises(StaleFence) as info:
         crm.ledger.record_outcome(claim, Ambiguous(code=NOT_SENT, reason="test"))
     # kept, but the operation is another worker's now: nothing to settle
-    assert info.value.evidence_kept and info.value.status == "dispatching"
+    assert info.value.fields["evidence_kept"] and info.value.fields["status"] == "dispatching"

@@ -182,10 +182,10 @@ def test_a_queue_declared_as_another_type_is_refused_in_one_line(
     vhost = PrivateVhost()
     vhost.start()
     try:
-        with Connection(vhost.url) as conn:  # type: ignore[no-untyped-call]
+        with Connection(vhost.url) as conn:  # type: ignore[no-untyped-call]  # kombu: untyped
             channel = conn.channel()
             for queue in queues_of("classic", vhost.url):
-                queue(channel).declare()
+                queue(channel).declare()  # type: ignore[no-untyped-call]  # kombu: untyped
         env = {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_BROKER_URL": vhost.url}
         refused(
             run(tmp_path, "worker", **env, OPLEDGER_RABBITMQ_QUEUE_TYPE="quorum"),
