@@ -64,49 +64,8 @@ def consequences(
         else ""
     )
     risk = same_key_retry_risk(contract, operation, attempts, evidence, now)
-
-    if idem.kind == "none":
-        retry = (
-            f"The provider does not deduplicate: if an earlier attempt took effect, retrying "
-            f"sends a second {noun}.{wait}{custody}"
-        )
-    elif risk is not None:
-        retry = (
-            f"Not protected by the key: {risk}. If an earlier attempt took effect, retrying "
-            f"could make a second {noun}; acknowledge that risk to retry.{wait}{custody}"
-        )
-    else:
-        assert idem.retention is not None
-        retry = (
-            (
-                f"Retries with the same key; the provider keeps keys {human(idem.retention)}."
-                if key_age is None
-                else f"Retries with the same key: the provider keeps keys "
-                f"{human(idem.retention)} and this key is {human(key_age)} old, so if an "
-                f"earlier attempt took effect the provider answers from it and no second "
-                f"{noun} is made."
-            )
-            + (
-                " It replays stored errors too, so the same error may come back."
-                if idem.after_error == "replayed"
-                else ""
-            )
-            + wait
-            + custody
-        )
-    if idem.kind == "none":
-        new_key = retry
-    else:
-        new_key = (
-            f"Retrying with a new key may send a second {noun}"
-            + (
-                f": the provider keeps keys {human(idem.retention)} and this key is "
-                f"{human(key_age)} old."
-                if key_age is not None and idem.retention is not None
-                else ": the provider cannot connect it to the earlier attempts."
-            )
-            + wait
-        )
+    retry = _same_key_retry(contract, risk, key_age) + wait + custody
+    new_key = retry if idem.kind == "none" else _new_key_retry(contract, key_age) + wait
     return Consequences(
         confirmed=(
             f"Records the {noun} as done without provider proof that binds this operation; if "
@@ -124,6 +83,44 @@ def consequences(
         ),
         same_key_retry_allowed=risk is None,
         key_age=key_age,
+    )
+
+
+def _same_key_retry(contract: Contract, risk: str | None, key_age: timedelta | None) -> str:
+    """What a retry under the same key could do (`risk`: why the key does not protect it)."""
+    noun = contract.effect
+    idem = contract.idempotency
+    if idem.kind == "none":
+        return (
+            "The provider does not deduplicate: if an earlier attempt took effect, retrying "
+            f"sends a second {noun}."
+        )
+    if risk is not None:
+        return (
+            f"Not protected by the key: {risk}. If an earlier attempt took effect, retrying "
+            f"could make a second {noun}; acknowledge that risk to retry."
+        )
+    assert idem.retention is not None
+    kept = (
+        f"Retries with the same key; the provider keeps keys {human(idem.retention)}."
+        if key_age is None
+        else f"Retries with the same key: the provider keeps keys "
+        f"{human(idem.retention)} and this key is {human(key_age)} old, so if an "
+        f"earlier attempt took effect the provider answers from it and no second "
+        f"{noun} is made."
+    )
+    if idem.after_error == "replayed":
+        kept += " It replays stored errors too, so the same error may come back."
+    return kept
+
+
+def _new_key_retry(contract: Contract, key_age: timedelta | None) -> str:
+    """What a retry under a new key could do (the provider deduplicates on keys)."""
+    retention = contract.idempotency.retention
+    return f"Retrying with a new key may send a second {contract.effect}" + (
+        f": the provider keeps keys {human(retention)} and this key is {human(key_age)} old."
+        if key_age is not None and retention is not None
+        else ": the provider cannot connect it to the earlier attempts."
     )
 
 
