@@ -123,7 +123,7 @@ def decide(
     return decision
 
 
-def _decide(  # noqa: C901
+def _decide(
     contract: Contract,
     operation: Operation,
     attempts: Sequence[Attempt],
@@ -135,33 +135,13 @@ def _decide(  # noqa: C901
     authorized = authorization is not None and authorization.active_at(now)
     sent = sent_attempts(contract, attempts, evidence)
 
-    # Rule 1: confirm only on evidence that binds this operation.
-    for ev in evidence:
-        if ev.verdict == Verdict.CONFIRMED and binds(ev, operation, keys, contract):
-            return Confirm(evidence_id=ev.id)
-    # Rule 2: reject only on a definitive refusal of this very request.
-    for ev in evidence:
-        if ev.verdict == Verdict.REJECTED and _rejects(
-            ev, operation, keys, contract, sent, evidence
-        ):
-            return Reject(evidence_id=ev.id)
+    settled = _on_evidence(contract, operation, keys, sent, evidence)
+    if settled is not None:
+        return settled
 
     busy_until = in_flight_until(contract, attempts, evidence)
     if not sent:
-        # Nothing ever executed at the provider: no attempt yet, or each one provably sent
-        # nothing (a refused connection, a send window that had passed) or was refused
-        # because another request with our key was executing.
-        if not authorized:  # Rule 8
-            return NeedsReview(reason="authorization revoked before anything was sent")
-        if busy_until is not None and now < busy_until:  # Rule 3
-            return Wait(until=busy_until)
-        if operation.status is Status.PREPARED or attempts:
-            by_attempt = attempt_codes(evidence)
-            unsent = sum(1 for a in attempts if by_attempt.get(a.n) == NOT_SENT)
-            if unsent >= contract.max_attempts:
-                return NeedsReview(reason=f"{unsent} attempts, none of which reached the provider")
-            return _send(contract, operation)
-        return NeedsReview(reason=f"{operation.status} with no attempt on record")
+        return _never_sent(contract, operation, attempts, evidence, authorized, busy_until, now)
 
     operator_retry = operation.operator_retry_by is not None
     codes = {_code(ev) for ev in evidence if ev.source == DISPATCH}
@@ -185,22 +165,8 @@ def _decide(  # noqa: C901
 
     after_deadline = [ev for ev in evidence if ev.source == LOOKUP and ev.recorded_at >= busy_until]
     latest = max(after_deadline, key=lambda ev: ev.recorded_at, default=None)
-
     if contract.lookup.kind == "status_api":
-        if latest is None:
-            return AskProvider()
-        if latest.verdict == Verdict.PENDING:
-            # The provider still executes it: a retry now would race it.
-            return _hold_or_lookup(
-                evidence, now, contract, "the provider reports it still in progress"
-            )
-        if latest.verdict == Verdict.ABSENT and binds_key(latest, keys):
-            # Rule 6: an authoritative "no such request" after the deadline proves it never
-            # took effect; a retry is safe if the other rules allow one.
-            return _retry(contract, operation, attempts, evidence, authorized, now, True)
-        # An inconclusive status answer is no proof: ask again later, then a person.
-        return _hold_or_review(contract, sent, now, "the status API gave no binding answer")
-
+        return _on_status(contract, operation, attempts, evidence, latest, authorized, now, sent)
     if contract.lookup.kind == "search":
         # Rule 6: absence in an eventually consistent search proves nothing.
         visible_after = busy_until + contract.lookup.lag
@@ -208,8 +174,78 @@ def _decide(  # noqa: C901
             return HoldUnknown(next_check=visible_after, reason="waiting for search to catch up")
         if latest is None or latest.recorded_at < visible_after:
             return AskProvider()
-
     return _retry(contract, operation, attempts, evidence, authorized, now, False)
+
+
+def _on_evidence(
+    contract: Contract,
+    operation: Operation,
+    keys: frozenset[str],
+    sent: Sequence[Attempt],
+    evidence: Sequence[Evidence],
+) -> Decision | None:
+    """Rules 1 and 2: settle on evidence that binds this operation, if there is any."""
+    # Rule 1: confirm only on evidence that binds this operation.
+    for ev in evidence:
+        if ev.verdict == Verdict.CONFIRMED and binds(ev, operation, keys, contract):
+            return Confirm(evidence_id=ev.id)
+    # Rule 2: reject only on a definitive refusal of this very request.
+    for ev in evidence:
+        if ev.verdict == Verdict.REJECTED and _rejects(
+            ev, operation, keys, contract, sent, evidence
+        ):
+            return Reject(evidence_id=ev.id)
+    return None
+
+
+def _never_sent(
+    contract: Contract,
+    operation: Operation,
+    attempts: Sequence[Attempt],
+    evidence: Sequence[Evidence],
+    authorized: bool,
+    busy_until: datetime | None,
+    now: datetime,
+) -> Decision:
+    """Nothing ever executed at the provider: no attempt yet, or each one provably sent
+    nothing (a refused connection, a send window that had passed) or was refused because
+    another request with our key was executing."""
+    if not authorized:  # Rule 8
+        return NeedsReview(reason="authorization revoked before anything was sent")
+    if busy_until is not None and now < busy_until:  # Rule 3
+        return Wait(until=busy_until)
+    if operation.status is Status.PREPARED or attempts:
+        by_attempt = attempt_codes(evidence)
+        unsent = sum(1 for a in attempts if by_attempt.get(a.n) == NOT_SENT)
+        if unsent >= contract.max_attempts:
+            return NeedsReview(reason=f"{unsent} attempts, none of which reached the provider")
+        return _send(contract, operation)
+    return NeedsReview(reason=f"{operation.status} with no attempt on record")
+
+
+def _on_status(
+    contract: Contract,
+    operation: Operation,
+    attempts: Sequence[Attempt],
+    evidence: Sequence[Evidence],
+    latest: Evidence | None,
+    authorized: bool,
+    now: datetime,
+    sent: Sequence[Attempt],
+) -> Decision:
+    """After the in-flight deadline, on a provider with a status API: what its latest
+    answer (`latest`, None before any) allows."""
+    if latest is None:
+        return AskProvider()
+    if latest.verdict == Verdict.PENDING:
+        # The provider still executes it: a retry now would race it.
+        return _hold_or_lookup(evidence, now, contract, "the provider reports it still in progress")
+    if latest.verdict == Verdict.ABSENT and binds_key(latest, our_keys(operation, attempts)):
+        # Rule 6: an authoritative "no such request" after the deadline proves it never
+        # took effect; a retry is safe if the other rules allow one.
+        return _retry(contract, operation, attempts, evidence, authorized, now, True)
+    # An inconclusive status answer is no proof: ask again later, then a person.
+    return _hold_or_review(contract, sent, now, "the status API gave no binding answer")
 
 
 def _rejects(
