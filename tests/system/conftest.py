@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from opledger.adapters.registry import load_registry
-from opledger.dev.chaos.audit import settled as is_settled
 from opledger.dev.chaos.run import stack_env
 from opledger.dev.processes import (
     PrivateRedis,
@@ -158,13 +157,16 @@ def settled(ledger: Ledger, op_ids: list[str], timeout: float = 30.0) -> dict[st
         result = {}
         for op_id in op_ids:
             history = ledger.history(op_id)
-            if not is_settled(history):
+            if not history.at_rest:
                 return None
             result[op_id] = history.operation.status
         return result
 
     try:
-        return wait_until(done, timeout, f"{len(op_ids)} operations to settle", every=0.2)
+        statuses: dict[str, Status] = wait_until(
+            done, timeout, f"{len(op_ids)} operations to settle", every=0.2
+        )
+        return statuses
     except AssertionError as exc:
         lines = []
         for op_id in op_ids:

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from opledger.dev.chaos.audit import in_flight_races
-from opledger.dev.processes import Proc, Stack, free_port, wait_until
+from opledger.dev.processes import PrivateRedis, Proc, Stack, free_port, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.tasks.app import dispatch
@@ -109,15 +109,15 @@ def test_a_stalled_worker_is_fenced_out_and_its_late_outcome_kept(
 
 
 def test_messages_lost_in_a_redis_restart_are_relayed(
-    running: Stack, sys_ledger: Ledger, sandbox: Sandbox, private_redis: object
+    running: Stack, sys_ledger: Ledger, sandbox: Sandbox, private_redis: PrivateRedis
 ) -> None:
     running.kill_worker("w1")
     op_ids = [prepare(sys_ledger, f"k{i}", target=f"case-{i}") for i in range(6)]
     for op_id in op_ids:
         dispatch.delay(op_id)
-    assert private_redis.queued("dispatch") >= 6  # type: ignore[attr-defined]
-    private_redis.restart()  # type: ignore[attr-defined]
-    assert private_redis.queued("dispatch") == 0  # type: ignore[attr-defined]
+    assert private_redis.queued("dispatch") >= 6
+    private_redis.restart()
+    assert private_redis.queued("dispatch") == 0
     running.start_worker("w1")
     assert set(settled(sys_ledger, op_ids, timeout=45).values()) == {Status.CONFIRMED}
     for op_id in op_ids:
@@ -147,7 +147,7 @@ def test_flower_lists_the_worker_and_the_opledger_tasks(running: Stack, sys_ledg
 
         found = wait_until(workers, 30, "flower to see the worker")
         (info,) = [v for k, v in found.items() if k.startswith("w1@")]
-        registered = set(info["registered"])  # type: ignore[index]
+        registered = set(info["registered"])
         assert {
             "opledger.dispatch",
             "opledger.reconcile",

@@ -15,6 +15,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -27,6 +28,9 @@ from tests.conftest import truncate_all
 from tests.consoles import opledger, running_console
 
 from .conftest import settings_of, settled
+
+if TYPE_CHECKING:  # the browser tests import Selenium only once there is a browser
+    from selenium.webdriver.remote.webdriver import WebDriver
 
 pytestmark = pytest.mark.system
 
@@ -56,7 +60,9 @@ class Console:
 
 
 @pytest.fixture(scope="module")
-def crashed(stack: Stack, session_ledger: Ledger, sandbox_server: Sandbox, database_url: str):
+def crashed(
+    stack: Stack, session_ledger: Ledger, sandbox_server: Sandbox, database_url: str
+) -> Iterator[tuple[Ledger, list[str]]]:
     """Three operations of tenant acme in review, each after a worker was SIGKILLed between
     the provider's answer and saving it."""
     truncate_all(database_url)
@@ -122,7 +128,7 @@ def console(crashed: tuple[Ledger, list[str]], stack: Stack, workdir: Path) -> I
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
     if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
         if os.environ.get("CI"):
             raise AssertionError("chromium and chromium-driver are missing (.ci/run installs them)")
@@ -149,24 +155,24 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def _sign_in(driver: object, console: Console, name: str) -> None:
+def _sign_in(driver: WebDriver, console: Console, name: str) -> None:
     from selenium.webdriver.common.by import By
 
-    d: object = driver
-    d.delete_all_cookies()  # type: ignore[attr-defined]
-    d.get(console.url + "/")  # type: ignore[attr-defined]
-    assert "/login" in d.current_url  # type: ignore[attr-defined]
-    d.find_element(By.ID, "name").send_keys(name)  # type: ignore[attr-defined]
-    d.find_element(By.ID, "password").send_keys(PASSWORDS[name])  # type: ignore[attr-defined]
-    d.find_element(By.ID, "sign-in").click()  # type: ignore[attr-defined]
-    assert d.find_element(By.ID, "operator-name").text == name  # type: ignore[attr-defined]
+    d = driver
+    d.delete_all_cookies()
+    d.get(console.url + "/")
+    assert "/login" in d.current_url
+    d.find_element(By.ID, "name").send_keys(name)
+    d.find_element(By.ID, "password").send_keys(PASSWORDS[name])
+    d.find_element(By.ID, "sign-in").click()
+    assert d.find_element(By.ID, "operator-name").text == name
 
 
-def _open_review(driver, console: Console, op_id: str) -> None:  # type: ignore[no-untyped-def]
+def _open_review(driver: WebDriver, console: Console, op_id: str) -> None:
     driver.get(f"{console.url}/t/acme/ops/{op_id}/review")
 
 
-def _resolve(driver, resolution: str, note: str) -> None:  # type: ignore[no-untyped-def]
+def _resolve(driver: WebDriver, resolution: str, note: str) -> None:
     from selenium.webdriver.common.by import By
 
     driver.find_element(By.CSS_SELECTOR, f"input[name=resolution][value={resolution}]").click()
@@ -175,8 +181,8 @@ def _resolve(driver, resolution: str, note: str) -> None:  # type: ignore[no-unt
 
 
 def test_sign_in_open_the_queue_and_a_crash_review_resolve_it_and_see_the_audit_row(
-    browser, console: Console, tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
+    browser: WebDriver, console: Console, tmp_path: Path
+) -> None:
     from selenium.webdriver.common.by import By
 
     d = browser
@@ -185,7 +191,7 @@ def test_sign_in_open_the_queue_and_a_crash_review_resolve_it_and_see_the_audit_
     rows = d.find_elements(By.CSS_SELECTOR, "tr.review-row")
     # oldest review first: the reviews open in whatever order the reconciles ran
     opened = {op: console.ledger.history(op).reviews[-1].opened_at for op in console.ops}
-    assert [r.get_attribute("data-op") for r in rows] == sorted(console.ops, key=opened.get)
+    assert [r.get_attribute("data-op") for r in rows] == sorted(console.ops, key=opened.__getitem__)
     assert "3 open" in d.find_element(By.ID, "total").text
     d.find_element(By.CSS_SELECTOR, f"tr[data-op='{op_id}'] a.op-link").click()
 
@@ -227,7 +233,8 @@ def test_sign_in_open_the_queue_and_a_crash_review_resolve_it_and_see_the_audit_
     assert row.find_element(By.CSS_SELECTOR, ".resolution").text == "confirmed"
     assert "closed by our call" in row.find_element(By.CSS_SELECTOR, ".note").text
     [action] = console.ledger.reviews.audit(op_id, tenant="acme")
-    assert action.operator == "alice" and action.evidence.startswith("CRM audit log")
+    assert action.operator == "alice" and action.evidence is not None
+    assert action.evidence.startswith("CRM audit log")
     assert console.ledger.get(op_id).status is Status.CONFIRMED
 
     d.switch_to.window(second)
@@ -238,7 +245,7 @@ def test_sign_in_open_the_queue_and_a_crash_review_resolve_it_and_see_the_audit_
     assert len(console.ledger.reviews.audit(op_id, tenant="acme")) == 1
 
 
-def test_a_stale_view_is_refused_with_what_changed(browser, console: Console) -> None:  # type: ignore[no-untyped-def]
+def test_a_stale_view_is_refused_with_what_changed(browser: WebDriver, console: Console) -> None:
     from selenium.webdriver.common.by import By
 
     d = browser
@@ -264,7 +271,7 @@ def test_a_stale_view_is_refused_with_what_changed(browser, console: Console) ->
     assert console.ledger.get(op_id).status is Status.CANCELLED
 
 
-def test_a_form_without_the_csrf_token_is_refused(browser, console: Console) -> None:  # type: ignore[no-untyped-def]
+def test_a_form_without_the_csrf_token_is_refused(browser: WebDriver, console: Console) -> None:
     from selenium.webdriver.common.by import By
 
     d = browser
@@ -284,7 +291,9 @@ def test_a_form_without_the_csrf_token_is_refused(browser, console: Console) -> 
     assert console.ledger.reviews.audit(op_id, tenant="acme") == ()
 
 
-def test_another_tenants_operator_cannot_reach_the_review_by_url(browser, console: Console) -> None:  # type: ignore[no-untyped-def]
+def test_another_tenants_operator_cannot_reach_the_review_by_url(
+    browser: WebDriver, console: Console
+) -> None:
     from selenium.webdriver.common.by import By
 
     d = browser

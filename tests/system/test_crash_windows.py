@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -168,7 +169,11 @@ def test_two_workers_resume_the_same_operation_together(
 def test_a_provider_key_expiring_between_attempts_goes_to_review(
     running: Stack, sys_ledger: Ledger, sandbox: Sandbox
 ) -> None:
-    env = {"OPLEDGER_KEY_RETENTION_SECONDS": "2", "OPLEDGER_PROVIDER_IN_FLIGHT_SECONDS": "2"}
+    # Any, not str: unpacked into start_worker(), whose concurrency is an int
+    env: dict[str, Any] = {
+        "OPLEDGER_KEY_RETENTION_SECONDS": "2",
+        "OPLEDGER_PROVIDER_IN_FLIGHT_SECONDS": "2",
+    }
     settings = settings_of({**running.env, **env})
     configure_sandbox(sandbox, settings)
     running.kill_worker("w1")
@@ -223,7 +228,8 @@ def test_a_worker_killed_mid_call_never_races_the_call_still_in_flight(
 ) -> None:
     """The provider is still executing when the lease expires: the sweeper fences the dead
     worker out at once, but no kind may send again before the in-flight deadline."""
-    env = {
+    # Any, not str: unpacked into start_worker(), whose concurrency is an int
+    env: dict[str, Any] = {
         "OPLEDGER_PROVIDER_TIMEOUT_SECONDS": "5",
         "OPLEDGER_LEASE_SECONDS": "5.5",
         "OPLEDGER_PROVIDER_IN_FLIGHT_SECONDS": "8",

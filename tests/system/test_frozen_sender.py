@@ -35,7 +35,8 @@ pytestmark = pytest.mark.system
 ACTIONS = [kind.action for kind in ALL_KINDS] + ["email.send.v1", "email.smtp_send.v1"]
 #: a request executes for PROCESSING_S at the provider, inside the 3 s timeout and the
 #: 4 s in-flight bound the contracts declare; the lease is shorter than the window
-ENV = {
+# Any, not str: unpacked into start_worker(), whose concurrency is an int
+ENV: dict[str, Any] = {
     "OPLEDGER_PROVIDER_TIMEOUT_SECONDS": "3",
     "OPLEDGER_PROVIDER_IN_FLIGHT_SECONDS": "4",
     "OPLEDGER_LEASE_SECONDS": "2",

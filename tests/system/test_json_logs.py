@@ -30,7 +30,8 @@ def test_one_operations_lines_are_found_by_op_id_across_worker_processes(
 ) -> None:
     configure_sandbox(sandbox, settings_of(running.env))
     running.kill_worker("w1")
-    as_json = {"OPLEDGER_LOG_FORMAT": "json"}
+    # Any, not str: unpacked into start_worker(), whose concurrency is an int
+    as_json: dict[str, Any] = {"OPLEDGER_LOG_FORMAT": "json"}
     running.start_worker(
         "crashy", concurrency=1, OPLEDGER_CRASHPOINT="dispatch.after_call", **as_json
     )

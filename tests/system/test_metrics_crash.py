@@ -9,6 +9,7 @@ import contextlib
 import threading
 import time
 import uuid
+from typing import Any
 
 import httpx
 import pytest
@@ -46,7 +47,8 @@ def test_scrapes_see_unknown_rise_and_fall_and_the_review_gauge_move(
     configure_sandbox(sandbox, settings_of(running.env))
     counters = running.workdir / f"prom-{uuid.uuid4().hex[:8]}"
     counters.mkdir()
-    prom = {"PROMETHEUS_MULTIPROC_DIR": str(counters)}
+    # Any, not str: unpacked into start_worker(), whose concurrency is an int
+    prom: dict[str, Any] = {"PROMETHEUS_MULTIPROC_DIR": str(counters)}
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     server = Proc(

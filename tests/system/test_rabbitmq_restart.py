@@ -14,7 +14,7 @@ import logging
 import signal
 import threading
 import time
-from typing import Any
+from typing import Any, SupportsIndex
 
 import pytest
 from celery import Celery
@@ -95,7 +95,7 @@ def test_the_beat_scheduler_waits_out_a_broker_that_refuses(
     result: dict[str, Any] = {}
     deadline = time.monotonic() + 60
 
-    def bounded_sleep(seconds: float) -> None:  # the real wait, but never past the test
+    def bounded_sleep(seconds: float | SupportsIndex) -> None:  # the real wait, never past the test
         if time.monotonic() > deadline:
             raise TimeoutError("the scheduler was still retrying when the test gave up")
         time.sleep(seconds)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from opledger.dev.chaos.audit import audit
@@ -19,7 +21,8 @@ pytestmark = pytest.mark.system
 def test_a_review_notifies_the_webhook_exactly_once(
     running: Stack, sys_ledger: Ledger, sandbox: Sandbox
 ) -> None:
-    hook = {"OPLEDGER_REVIEW_WEBHOOK_URL": f"{sandbox.http_url}/webhook/reviews"}
+    # Any, not str: unpacked into start_worker(), whose concurrency is an int
+    hook: dict[str, Any] = {"OPLEDGER_REVIEW_WEBHOOK_URL": f"{sandbox.http_url}/webhook/reviews"}
     configure_sandbox(sandbox, settings_of({**running.env, **hook}))
     running.kill_worker("w1")
     running.start_worker("w1", **hook)
