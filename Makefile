@@ -17,7 +17,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check opledger tests
 
 typecheck: $(STAMP)
-	$(BIN)/mypy opledger
+	$(BIN)/mypy opledger tests
 
 contracts: $(STAMP)
 	$(BIN)/lint-imports
