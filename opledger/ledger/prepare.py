@@ -209,49 +209,66 @@ class Prepare(LedgerBase):
             except AuthorizationRevoked:
                 # an ask of an intent already recorded reads what was done: no new write is
                 # made under this grant, the tenant's, covering the action (checked first)
-                if not asking:
+                recorded = self._recorded(conn, intent, same) if asking else None
+                if recorded is None:
                     raise
-                existing_row = conn.execute(q.SELECT_OPERATION_BY_INTENT, intent).one_or_none()
-                if existing_row is None:
-                    raise
-                return self._same_intent(conn, store.operation(existing_row), same)
+                return recorded
             blocking, doomed = 0, None
             if deps:
-                existing_row = conn.execute(q.SELECT_OPERATION_BY_INTENT, intent).one_or_none()
-                if existing_row is not None:  # a replayed step: lock nothing, insert nothing
-                    return self._same_intent(conn, store.operation(existing_row), same)
+                recorded = self._recorded(conn, intent, same)
+                if recorded is not None:  # a replayed ask: lock nothing, insert nothing
+                    return recorded
                 blocking, doomed = self._lock_dependencies(conn, tenant, deps)
             op_id = new_operation_id()
+            values = {
+                "id": op_id,
+                **intent,
+                "action": action,
+                "target": target,
+                "provider": provider,
+                "payload_digest": frozen.digest,
+                "payload_size": frozen.size,
+                "authorization_ref": authorization_ref,
+                "idempotency_key": op_id,
+                "canonical": frozen.text,
+                "actor": actor,
+                "waiting_on": blocking,
+                "notify_settle": notify,
+                "traceparent": traceparent,
+                "asked_by": asked_by,
+                "record_ask": asking,
+            }
+            return self._insert(conn, values, deps, doomed, same)
+
+    def _recorded(
+        self, conn: Connection, intent: dict[str, str], same: _SameIntent
+    ) -> Asked | None:
+        """The intent as already recorded, answered as an ask of it; None if it is new."""
+        row = conn.execute(q.SELECT_OPERATION_BY_INTENT, intent).one_or_none()
+        return None if row is None else self._same_intent(conn, store.operation(row), same)
+
+    def _insert(
+        self,
+        conn: Connection,
+        values: dict[str, Any],
+        deps: tuple[str, ...],
+        doomed: str | None,
+        same: _SameIntent,
+    ) -> Asked:
+        """Insert the new operation with its payload, ask and dependencies; a dependency
+        already rejected or cancelled (`doomed`) cancels it at once."""
+        row = conn.execute(q.INSERT_OPERATION, values).one_or_none()
+        if row is None:  # another caller inserted the same intent just now
+            intent = {k: values[k] for k in ("tenant", "workflow_id", "intent_key")}
+            row = conn.execute(q.SELECT_OPERATION_BY_INTENT, intent).one()
+            return self._same_intent(conn, store.operation(row), same)
+        op_id = values["id"]
+        if deps:
+            conn.execute(q.INSERT_DEPENDENCIES, {"op_id": op_id, "after": list(deps)})
+        if doomed is not None:
             row = conn.execute(
-                q.INSERT_OPERATION,
-                {
-                    "id": op_id,
-                    **intent,
-                    "action": action,
-                    "target": target,
-                    "provider": provider,
-                    "payload_digest": frozen.digest,
-                    "payload_size": frozen.size,
-                    "authorization_ref": authorization_ref,
-                    "idempotency_key": op_id,
-                    "canonical": frozen.text,
-                    "actor": actor,
-                    "waiting_on": blocking,
-                    "notify_settle": notify,
-                    "traceparent": traceparent,
-                    "asked_by": asked_by,
-                    "record_ask": asking,
-                },
-            ).one_or_none()
-            if row is None:  # another caller inserted the same intent just now
-                row = conn.execute(q.SELECT_OPERATION_BY_INTENT, intent).one()
-                return self._same_intent(conn, store.operation(row), same)
-            if deps:
-                conn.execute(q.INSERT_DEPENDENCIES, {"op_id": op_id, "after": list(deps)})
-            if doomed is not None:
-                row = conn.execute(
-                    q.CANCEL, {"op_id": op_id, "actor": "dependency", "reason": doomed}
-                ).one()
+                q.CANCEL, {"op_id": op_id, "actor": "dependency", "reason": doomed}
+            ).one()
         return Asked(operation=store.operation(row), first=True)
 
     def _lock_dependencies(
