@@ -42,91 +42,103 @@ def operations_table(operations: tuple[Operation, ...]) -> Table:
     )
 
 
+#: the operation's fields `ops show` lists, in this order
+SUMMARY_FIELDS = (
+    "status",
+    "tenant",
+    "workflow_id",
+    "intent_key",
+    "action",
+    "target",
+    "provider",
+    "payload_digest",
+    "authorization_ref",
+    "fence",
+    "idempotency_key",
+    "provider_result_id",
+    "lease_owner",
+    "lease_expires_at",
+    "next_check_at",
+    "created_at",
+    "updated_at",
+)
+
+
 def history_tables(history: History) -> list[Table]:
+    """The operation, its attempts, its evidence and its transitions, one table each."""
     op = history.operation
     summary = new_table("field", "value", title=f"operation {op.id}")
-    for name in (
-        "status",
-        "tenant",
-        "workflow_id",
-        "intent_key",
-        "action",
-        "target",
-        "provider",
-        "payload_digest",
-        "authorization_ref",
-        "fence",
-        "idempotency_key",
-        "provider_result_id",
-        "lease_owner",
-        "lease_expires_at",
-        "next_check_at",
-        "created_at",
-        "updated_at",
-    ):
+    for name in SUMMARY_FIELDS:
         summary.add_row(_cell(name), _cell(getattr(op, name)))
-    attempts = records_table(
+    return [
+        summary,
+        _attempts_table(history),
+        _evidence_table(history),
+        _transitions_table(history),
+    ]
+
+
+def _attempts_table(history: History) -> Table:
+    header = (
+        "n",
+        "fence",
+        "owner",
+        "key",
+        "started",
+        "send by",
+        "deadline",
+        "finished",
+        "outcome",
+        "authorized by",
+    )
+    rows = [
         (
-            "n",
-            "fence",
-            "owner",
-            "key",
-            "started",
-            "send by",
-            "deadline",
-            "finished",
-            "outcome",
-            "authorized by",
-        ),
-        [
-            (
-                a.n,
-                a.fence,
-                a.owner,
-                a.idempotency_key,
-                _when(a.started_at),
-                _when(a.send_by),
-                _when(a.deadline_at),
-                _when(a.finished_at),
-                a.outcome,
-                a.authorized_by,
-            )
-            for a in history.attempts
-        ],
-        title="attempts",
-        keys=("key",),
-    )
-    evidence = records_table(
-        ("at", "source", "verdict", "applied", "binding", "detail"),
-        [
-            (
-                _when(e.recorded_at),
-                e.source,
-                e.verdict,
-                "yes" if e.applied else "no (kept)",
-                e.binding.model_dump_json(exclude_none=True),
-                json.dumps(e.detail, ensure_ascii=False, default=str)[:300],
-            )
-            for e in history.evidence
-        ],
-        title="evidence",
-    )
-    transitions = records_table(
-        ("at", "from", "to", "fence", "by", "reason"),
-        [
-            (
-                _when(t.at),
-                t.from_status.value if t.from_status else "",
-                t.to_status.value,
-                t.fence,
-                t.actor,
-                t.reason,
-            )
-            for t in history.transitions
-        ],
-        title="transitions",
-    )
-    return [summary, attempts, evidence, transitions]
+            a.n,
+            a.fence,
+            a.owner,
+            a.idempotency_key,
+            _when(a.started_at),
+            _when(a.send_by),
+            _when(a.deadline_at),
+            _when(a.finished_at),
+            a.outcome,
+            a.authorized_by,
+        )
+        for a in history.attempts
+    ]
+    return records_table(header, rows, title="attempts", keys=("key",))
+
+
+def _evidence_table(history: History) -> Table:
+    rows = [
+        (
+            _when(e.recorded_at),
+            e.source,
+            e.verdict,
+            "yes" if e.applied else "no (kept)",
+            e.binding.model_dump_json(exclude_none=True),
+            json.dumps(e.detail, ensure_ascii=False, default=str)[:300],
+        )
+        for e in history.evidence
+    ]
+    header = ("at", "source", "verdict", "applied", "binding", "detail")
+    return records_table(header, rows, title="evidence")
+
+
+def _transitions_table(history: History) -> Table:
+    rows = [
+        (
+            _when(t.at),
+            t.from_status.value if t.from_status else "",
+            t.to_status.value,
+            t.fence,
+            t.actor,
+            t.reason,
+        )
+        for t in history.transitions
+    ]
+    header = ("at", "from", "to", "fence", "by", "reason")
+    return records_table(header, rows, title="transitions")
 
 
 @ops_app.command("show")

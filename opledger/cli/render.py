@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich import box
 from rich.table import Table
 from rich.text import Text
@@ -51,7 +53,7 @@ def _narrowest(name: str, cells: tuple[Text, ...], key: bool) -> int:
 
 def records_table(
     columns: tuple[str, ...],
-    rows: list[tuple[object, ...]],
+    rows: Sequence[tuple[object, ...]],
     *,
     title: str | None = None,
     keys: tuple[str, ...] = (),
