@@ -164,56 +164,32 @@ def check_contract(
         )
     contract = adapter.contract
     s = _Session(adapter, probe)
-    findings: list[Finding] = []
     idem = contract.idempotency
     keyed = idem.kind == "keyed"
-
-    def add(fact: str, declared: str, observed: str, verdict: Verdict) -> None:
-        findings.append(Finding(fact=fact, declared=declared, observed=observed, verdict=verdict))
 
     # 1. the same key twice, the same body
     key = s.key()
     first = s.send(s.claim(key))
     if not isinstance(first, Confirmed):
-        add("probe", "a success", _seen(first), "not observed")
-        return findings
-    second = s.send(s.claim(key, target=first.binding.target or None))
-    twice = _applied_twice(first, second)
-    declared = "keyed" if keyed else "none"
-    if twice is None:
-        add("idempotency", declared, f"second request: {_seen(second)}", "not observed")
-    else:
-        observed = "applied twice under one key" if twice else "answered from the key"
-        add("idempotency", declared, observed, "agrees" if twice != keyed else "disagrees")
-
+        return [
+            Finding(
+                fact="probe", declared="a success", observed=_seen(first), verdict="not observed"
+            )
+        ]
     # 2. what the response binds
-    b = first.binding
-    gives = (
-        "key_and_digest"
-        if b.idempotency_key and b.payload_digest
-        else "key"
-        if b.idempotency_key
-        else "nothing"
-    )
-    if b.payload_digest is not None and b.payload_digest != s.claim(key).operation.payload_digest:
-        gives = "another body's digest"
-    add(
-        "response_binds",
-        contract.response_binds,
-        gives,
-        "agrees" if gives == contract.response_binds else "disagrees",
-    )
-
+    findings = [_idempotency(s, contract, key, first), _binding(s, contract, key, first)]
     if keyed:
         # 3. the same key with another body
         other = s.send(s.claim(key, variant=1, target=first.binding.target or None))
         refused = isinstance(other, Ambiguous) and other.code == IDEMPOTENCY_MISMATCH
         observed = "refused as another payload" if refused else f"not refused: {_seen(other)}"
-        add(
-            "payload_checked",
-            str(idem.payload_checked).lower(),
-            observed,
-            "agrees" if refused == idem.payload_checked else "disagrees",
+        findings.append(
+            Finding(
+                fact="payload_checked",
+                declared=str(idem.payload_checked).lower(),
+                observed=observed,
+                verdict="agrees" if refused == idem.payload_checked else "disagrees",
+            )
         )
 
         # 4. two requests with one key at once
@@ -225,6 +201,44 @@ def check_contract(
         # 6, 7. what a failure after the change does to the key; a restart
         findings += _fault_facts(s, contract, admin_url)
     return findings
+
+
+def _idempotency(s: _Session, contract: Contract, key: str, first: Confirmed) -> Finding:
+    """Whether the same key and body sent twice is applied twice."""
+    keyed = contract.idempotency.kind == "keyed"
+    second = s.send(s.claim(key, target=first.binding.target or None))
+    twice = _applied_twice(first, second)
+    declared = "keyed" if keyed else "none"
+    if twice is None:
+        return Finding(
+            fact="idempotency",
+            declared=declared,
+            observed=f"second request: {_seen(second)}",
+            verdict="not observed",
+        )
+    observed = "applied twice under one key" if twice else "answered from the key"
+    verdict: Verdict = "agrees" if twice != keyed else "disagrees"
+    return Finding(fact="idempotency", declared=declared, observed=observed, verdict=verdict)
+
+
+def _binding(s: _Session, contract: Contract, key: str, first: Confirmed) -> Finding:
+    """What the provider's success binds: our key, the body's digest, or nothing."""
+    b = first.binding
+    gives = (
+        "key_and_digest"
+        if b.idempotency_key and b.payload_digest
+        else "key"
+        if b.idempotency_key
+        else "nothing"
+    )
+    if b.payload_digest is not None and b.payload_digest != s.claim(key).operation.payload_digest:
+        gives = "another body's digest"
+    return Finding(
+        fact="response_binds",
+        declared=contract.response_binds,
+        observed=gives,
+        verdict="agrees" if gives == contract.response_binds else "disagrees",
+    )
 
 
 def _concurrent(s: _Session, contract: Contract, admin_url: str | None, delay_s: float) -> Finding:
