@@ -34,24 +34,12 @@ from langchain_core.tools import BaseTool, InjectedToolCallId, StructuredTool, T
 from pydantic import BaseModel, Field, create_model
 
 from opledger.ledger import (
-    AuthorizationError,
-    IntentFieldsUndeclared,
     InvalidInput,
-    UnknownAction,
 )
 from opledger.ledger.ids import evidence_text
 
+from .answers import REFUSED, REPEAT, REPEAT_HELP, UNFIXABLE, purpose_of, refused, summary
 from .effects import EffectResult, Effects, _Result
-
-#: the argument a model sets to ask for a deliberately repeated act (see `effect_tool`): a
-#: number, which a model asked again (a replay, a fork) repeats far more faithfully than
-#: any wording it would give the reason
-REPEAT = "repeat"
-REPEAT_HELP = (
-    "Leave this out. Only to do again, on purpose, an act this conversation already did "
-    "(the tool said so): 2 for the second time, 3 for the third. Never set it to retry, "
-    "to correct a call or to get an answer sooner."
-)
 
 
 def run_of(config: RunnableConfig | Mapping[str, Any]) -> str:
@@ -216,7 +204,7 @@ class _EffectTool:
             "target": target,
             "payload": payload,
             "authorization_ref": ref(config) if callable(ref) else ref,
-            "purpose": f"repeat {repeat}" if repeat is not None and repeat > 1 else None,
+            "purpose": purpose_of(repeat),
             "intent_fields": self.intent_fields,
             "asked_by": asker,
             "wait": self.wait,
@@ -243,53 +231,12 @@ class _EffectTool:
         return describe(result, repeatable=self.repeatable)
 
 
-#: what the ledger refuses because of what a call asked: answered to the model ...
-REFUSED = (AuthorizationError, InvalidInput)
-#: ... except what no call can fix: an action no adapter serves, undeclared intent fields
-UNFIXABLE = (UnknownAction, IntentFieldsUndeclared)
-
-
 def refusal(exc: Exception) -> str:
     """A refused call as the JSON a model reads: nothing was recorded or sent."""
-    return json.dumps(
-        {
-            "kind": "refused",
-            "error": type(exc).__name__,
-            "message": f"Not done, nothing was sent: {exc}",
-        },
-        sort_keys=True,
-    )
+    return json.dumps(refused(exc), sort_keys=True)
 
 
 def describe(result: EffectResult, *, repeatable: bool = True) -> str:
     """The result as the JSON a model (or a ToolMessage) reads: what it is, how it stands,
-    and a `message` in words."""
-    op = result.operation
-    summary: dict[str, Any] = {
-        "kind": result.kind,
-        "op_id": result.op_id,
-        "action": op.action,
-        "target": op.target,
-        "asked_before": result.asked_before,
-    }
-    for field in ("receipt_id", "accepted_only", "data", "code", "reason", "waiting_for"):
-        if hasattr(result, field):
-            summary[field] = getattr(result, field)
-    review = getattr(result, "review", None)
-    if review is not None:
-        summary["review_id"] = review.id
-    message = result.message
-    if result.differs:
-        summary["differs"] = list(result.differs)
-    if result.asked_before:
-        if not result.final:  # it may still happen: a repeat now could make it twice
-            message += " Wait for it; never ask for it again another way."
-        elif repeatable:
-            message += (
-                f" Only to do it again as a separate act on purpose, call again with "
-                f"`{REPEAT}` set to 2 (3 for a third time)."
-            )
-        else:
-            message += " It happens at most once in this run."
-    summary["message"] = message
-    return json.dumps(summary, sort_keys=True, default=str)
+    and a `message` in words (`answers.summary`)."""
+    return json.dumps(summary(result, repeatable=repeatable), sort_keys=True, default=str)
