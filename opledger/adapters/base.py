@@ -108,7 +108,8 @@ class AdapterExtras(Protocol):
     """What an adapter may offer beyond `Adapter`: every member is optional, and opledger
     reads each only through `extra(adapter, name)`, so this class is the one list of them.
 
-    `Registry` reads `intent_fields` (and calls `close` on shutdown); the review snapshot
+    `Registry` reads `intent_fields`, `payload_schemas` and `descriptions` (and calls
+    `close` on shutdown); the review snapshot
     calls `search_hint`; `opledger contract check` sends `contract_probe`'s requests, and
     only to an endpoint that is loopback or the declared `test_base_url` (`base_url`, `url`
     or `host` say where the adapter's requests go); the check's sandbox settings name the
@@ -118,6 +119,11 @@ class AdapterExtras(Protocol):
     #: action -> the payload fields whose values make another act of it (see
     #: `opledger.ledger.intents`); an action left out is one act per run and target
     intent_fields: Mapping[str, Sequence[str]]
+    #: action -> the JSON Schema of its payload (what an agent's tool offers, e.g. the MCP
+    #: gateway's input schema); an action left out takes any JSON object
+    payload_schemas: Mapping[str, Mapping[str, Any]]
+    #: action -> what it does, in a sentence an agent's model reads (the target included)
+    descriptions: Mapping[str, str]
     #: where the adapter's requests go: an HTTP base URL, a URL, or a host (SMTP)
     base_url: str
     url: str
@@ -142,7 +148,8 @@ class AdapterExtras(Protocol):
 
 #: the optional members `extra` reads
 EXTRAS = frozenset(
-    {"intent_fields", "base_url", "url", "host", "test_base_url", "account"}
+    {"intent_fields", "payload_schemas", "descriptions"}
+    | {"base_url", "url", "host", "test_base_url", "account"}
     | {"search_hint", "contract_probe", "close"}
 )
 

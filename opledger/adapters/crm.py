@@ -48,6 +48,26 @@ from .base import (
 )
 
 VERBS = {"close_case.v1": "close", "update_case.v1": "update"}
+_NOTE = {"type": "string", "maxLength": 4000, "description": "Why, for the case's history."}
+CLOSE_SCHEMA = {
+    "type": "object",
+    "properties": {"note": _NOTE},
+    "additionalProperties": False,
+}
+UPDATE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "fields": {
+            "type": "object",
+            "description": "The case fields to set, by name.",
+            "additionalProperties": {"type": ["string", "number", "boolean", "null"]},
+            "minProperties": 1,
+        },
+        "note": _NOTE,
+    },
+    "required": ["fields"],
+    "additionalProperties": False,
+}
 CODES = ErrorCodes(
     definitive=frozenset(
         {"case_not_found", "validation_error", "invalid_json", "invalid_idempotency_key"}
@@ -130,6 +150,17 @@ class CrmAdapter:
         # what makes another act on the same case: the fields an update sets (a note is
         # wording); a close of a case is one act whatever its note says
         self.intent_fields = {f"{namespace}.update_case.v1": ("fields",)}
+        self.payload_schemas = {
+            f"{namespace}.close_case.v1": CLOSE_SCHEMA,
+            f"{namespace}.update_case.v1": UPDATE_SCHEMA,
+        }
+        self.descriptions = {
+            f"{namespace}.close_case.v1": "Close a CRM case; the target is the case id.",
+            f"{namespace}.update_case.v1": (
+                "Set fields of a CRM case; the target is the case id. Each set of field "
+                "values is one act: the same values asked again are not applied twice."
+            ),
+        }
         self._client = http_client(
             self.contract.request_timeout.total_seconds(),
             reuse=reuses_connections(self.contract),

@@ -8,8 +8,9 @@ only lookup is a search of sent mail by a deterministic marker, which lags.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
+from typing import Any, ClassVar
 
 import httpx
 
@@ -38,6 +39,17 @@ from .base import (
 )
 
 ACTIONS: tuple[str, ...] = ("email.send.v1",)
+#: the payload of an email: one recipient, a subject, a plain-text body
+EMAIL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "to": {"type": "string", "maxLength": 320, "description": "The recipient's address."},
+        "subject": {"type": "string", "maxLength": 998},
+        "text": {"type": "string", "description": "The plain-text body."},
+    },
+    "required": ["to"],
+    "additionalProperties": False,
+}
 CODES = ErrorCodes(
     definitive=frozenset({"validation_error", "invalid_idempotency_key", "invalid_json"}),
     in_flight=frozenset({"concurrent_idempotent_requests"}),
@@ -92,6 +104,10 @@ def marker_for(operation: Operation) -> str:
 
 class EmailAdapter:
     actions = ACTIONS
+    payload_schemas: ClassVar[Mapping[str, Mapping[str, Any]]] = {ACTIONS[0]: EMAIL_SCHEMA}
+    descriptions: ClassVar[Mapping[str, str]] = {
+        ACTIONS[0]: "Send one email through the mail provider; the target is the recipient."
+    }
 
     def __init__(self, base_url: str, *, account: str, contract: Contract | None = None) -> None:
         self.base_url = base_url.rstrip("/")

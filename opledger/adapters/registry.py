@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
+from typing import Any
 
 from opledger.ledger import ClaimTerms, UnknownAction
 from opledger.ledger.contract import Contract
@@ -13,6 +14,9 @@ from opledger.ledger.intents import check_fields
 from opledger.settings import Settings
 
 from .base import Adapter, extra
+
+#: the payload schema of an action whose adapter declares none
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
 class Registry:
@@ -25,6 +29,8 @@ class Registry:
         self._by_action: dict[str, Adapter] = {}
         self._terms: dict[timedelta, ClaimTerms] = {}
         self._intent_fields: dict[str, tuple[str, ...]] = {}
+        self._schemas: dict[str, dict[str, Any]] = {}
+        self._descriptions: dict[str, str] = {}
         for adapter in adapters:
             self.register(adapter)
 
@@ -40,17 +46,31 @@ class Registry:
                 f"opledger's keys take up to {LONGEST_KEY}"
             )
         declared = dict(extra(adapter, "intent_fields") or {})
-        unserved = sorted(set(declared) - set(adapter.actions))
-        if unserved:
-            raise ValueError(
-                f"intent_fields names actions the adapter does not serve: {', '.join(unserved)}"
-            )
+        schemas = dict(extra(adapter, "payload_schemas") or {})
+        descriptions = dict(extra(adapter, "descriptions") or {})
+        for member, named in (
+            ("intent_fields", declared),
+            ("payload_schemas", schemas),
+            ("descriptions", descriptions),
+        ):
+            unserved = sorted(set(named) - set(adapter.actions))
+            if unserved:
+                raise ValueError(
+                    f"{member} names actions the adapter does not serve: {', '.join(unserved)}"
+                )
+        for action, schema in schemas.items():
+            if not isinstance(schema, Mapping) or schema.get("type") != "object":
+                raise ValueError(f"the payload schema of {action} must be a JSON Schema object")
         for action in adapter.actions:
             check_action(action)
             if action in self._by_action and self._by_action[action] is not adapter:
                 raise ValueError(f"{action} is already served by another adapter")
             self._by_action[action] = adapter
             self._intent_fields[action] = check_fields(declared.get(action, ()))
+            self._schemas[action] = dict(schemas.get(action, ANY_OBJECT))
+            self._descriptions[action] = str(descriptions.get(action, "")) or (
+                f"{action} ({adapter.contract.effect}, at {adapter.contract.provider})"
+            )
         self._terms.clear()
 
     def adapter_for(self, action: str) -> Adapter:
@@ -68,6 +88,17 @@ class Registry:
         `intent_fields`; none declared: the action and the target alone)."""
         self.adapter_for(action)
         return self._intent_fields[action]
+
+    def payload_schema(self, action: str) -> dict[str, Any]:
+        """The JSON Schema of `action`'s payload (its adapter's `payload_schemas`; none
+        declared: any JSON object)."""
+        self.adapter_for(action)
+        return dict(self._schemas[action])
+
+    def description(self, action: str) -> str:
+        """What `action` does, for an agent (its adapter's `descriptions`, or its effect)."""
+        self.adapter_for(action)
+        return self._descriptions[action]
 
     def contract_for(self, action: str) -> Contract:
         return self.adapter_for(action).contract

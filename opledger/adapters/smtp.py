@@ -9,9 +9,10 @@ on it; an ambiguous send therefore goes to review.
 from __future__ import annotations
 
 import smtplib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from email.message import EmailMessage
+from typing import Any, ClassVar
 
 from opledger.ledger import (
     Ambiguous,
@@ -25,6 +26,7 @@ from opledger.ledger import (
 )
 
 from .base import INCONCLUSIVE, NOT_SENT, Contract, Idempotency, Lookup, LookupResult
+from .email import EMAIL_SCHEMA
 
 ACTIONS: tuple[str, ...] = ("email.smtp_send.v1",)
 
@@ -94,6 +96,10 @@ def outcome_for_smtp_error(exc: Exception, *, message_sent: bool = True) -> Outc
 
 class SmtpAdapter:
     actions = ACTIONS
+    payload_schemas: ClassVar[Mapping[str, Mapping[str, Any]]] = {ACTIONS[0]: EMAIL_SCHEMA}
+    descriptions: ClassVar[Mapping[str, str]] = {
+        ACTIONS[0]: "Send one email over SMTP; the target is the recipient."
+    }
 
     def __init__(
         self,
