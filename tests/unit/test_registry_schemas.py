@@ -33,7 +33,7 @@ class _Plain:
 
     def __init__(self, **extras: Any) -> None:
         self.contract = CrmAdapter("http://127.0.0.1:9", account="acme").contract
-        self.actions = ("plain.do.v1",)
+        self.actions: tuple[str, ...] = ("plain.do.v1",)
         for name, value in extras.items():
             setattr(self, name, value)
 
@@ -47,7 +47,7 @@ class _Plain:
 def test_an_action_without_a_schema_takes_any_object_and_is_described_by_its_effect() -> None:
     registry = Registry([_Plain()])
     assert registry.payload_schema("plain.do.v1") == ANY_OBJECT
-    assert registry.description("plain.do.v1") == "plain.do.v1 (case, at crm)"
+    assert registry.description("plain.do.v1") == "plain.do.v1 (change to the case, at crm)"
     with pytest.raises(UnknownAction):
         registry.payload_schema("plain.other.v1")
 
