@@ -64,7 +64,7 @@ def truncate_all(database_url: str, attempts: int = 5) -> None:
     Postgres then aborts one of the two as a deadlock, and this tries again."""
     for attempt in range(attempts):
         try:
-            with psycopg.connect(_libpq(database_url), autocommit=True) as conn:
+            with psycopg.connect(libpq(database_url), autocommit=True) as conn:
                 conn.execute(f"TRUNCATE {TABLES}")
             return
         except psycopg.errors.DeadlockDetected:
@@ -73,7 +73,7 @@ def truncate_all(database_url: str, attempts: int = 5) -> None:
             time.sleep(0.2 * (attempt + 1))
 
 
-def _libpq(url: str) -> str:
+def libpq(url: str) -> str:
     """The URL psycopg connects with (no SQLAlchemy driver suffix)."""
     parsed = make_url(url).set(drivername="postgresql")
     return parsed.render_as_string(hide_password=False)
@@ -91,13 +91,13 @@ class PostgresServer:
 
     def create_database(self, prefix: str = "opledger_test") -> str:
         name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-        with psycopg.connect(_libpq(self.url), autocommit=True) as conn:
+        with psycopg.connect(libpq(self.url), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return _with_database(self.url, name)
 
     def drop_database(self, url: str) -> None:
         name = make_url(url).database
-        with psycopg.connect(_libpq(self.url), autocommit=True) as conn:
+        with psycopg.connect(libpq(self.url), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
@@ -105,7 +105,7 @@ class PostgresServer:
 def pg_server() -> PostgresServer:
     try:
         url = devstack.postgres_url()
-        with psycopg.connect(_libpq(url), connect_timeout=5):
+        with psycopg.connect(libpq(url), connect_timeout=5):
             pass
     except Exception as exc:  # a missing service is a skip on a laptop, a failure in CI
         if os.environ.get("CI"):

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from opledger.dev.processes import free_port
-from tests.conftest import _libpq
+from tests.conftest import libpq
 from tests.consoles import opledger, running_console
 
 PASSWORD = "a long enough password"
@@ -24,7 +24,7 @@ PASSWORD = "a long enough password"
 
 @pytest.fixture
 def env(database_url: str, tmp_path: Path) -> dict[str, str]:
-    with psycopg.connect(_libpq(database_url), autocommit=True) as conn:
+    with psycopg.connect(libpq(database_url), autocommit=True) as conn:
         conn.execute("TRUNCATE operators CASCADE")
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
     return clean | {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_STATE_DIR": str(tmp_path)}
@@ -102,7 +102,7 @@ def test_operator_add_refuses_bad_input_and_keeps_only_a_hash(
     add(env, "alice", "--tenant", "acme", "--tenant", "globex")
     again = opledger(env, "operator", "add", "alice", "--all-tenants", "--by", "t", "--sso-only")
     assert again.returncode == 3 and "exists already" in again.stderr
-    with psycopg.connect(_libpq(database_url)) as conn:
+    with psycopg.connect(libpq(database_url)) as conn:
         stored = conn.execute("SELECT password_hash FROM operators WHERE name = 'alice'").fetchone()
     assert stored is not None and stored[0].startswith("$argon2id$") and PASSWORD not in stored[0]
     listed = opledger(env, "operator", "list", "--json")

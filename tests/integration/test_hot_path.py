@@ -14,7 +14,7 @@ from sqlalchemy import create_engine
 
 from opledger.ledger import Binding, Confirmed, DatabaseUnavailable, Ledger, Status
 from opledger.ledger.migrate import sqlalchemy_url
-from tests.conftest import _libpq
+from tests.conftest import libpq
 
 APP = "opledger-hot-path-test"  #: our own ledger's connections, told apart from the suite's
 
@@ -57,7 +57,7 @@ def _hot_backends(database_url: str, expect: int | None = None) -> list[int]:
     for that many, since a closed connection's backend exits a moment later."""
     deadline = time.monotonic() + 5
     while True:
-        with psycopg.connect(_libpq(database_url), autocommit=True) as conn:
+        with psycopg.connect(libpq(database_url), autocommit=True) as conn:
             rows = conn.execute(
                 "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
                 " AND application_name = %s AND query LIKE '%%WITH attempt AS%%'",
@@ -74,7 +74,7 @@ def test_a_broken_connection_is_unavailable_then_replaced(
     assert _confirm(own_ledger, _prepare(own_ledger, "first")) is Status.CONFIRMED
     pids = _hot_backends(database_url, expect=1)
     assert len(pids) == 1, "one connection ran both statements"
-    with psycopg.connect(_libpq(database_url), autocommit=True) as admin:
+    with psycopg.connect(libpq(database_url), autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
     op_id = _prepare(own_ledger, "second")
     with pytest.raises(DatabaseUnavailable):

@@ -12,7 +12,7 @@ from sqlalchemy import create_engine, inspect
 
 from opledger.ledger.migrate import downgrade, sqlalchemy_url, upgrade
 from opledger.ledger.schema import metadata
-from tests.conftest import PostgresServer, _libpq
+from tests.conftest import PostgresServer, libpq
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_upgrade_head_matches_the_models_then_down_and_up_again(empty_db: str) -
     assert {"operations", "operation_payloads", "attempts", "evidence"} <= _tables(empty_db)
     downgrade(empty_db, "base")
     assert _tables(empty_db) <= {"alembic_version"}
-    with psycopg.connect(_libpq(empty_db)) as conn:
+    with psycopg.connect(libpq(empty_db)) as conn:
         assert conn.execute(
             "SELECT count(*) FROM pg_type WHERE typname = 'op_status'"
         ).fetchone() == (0,)
@@ -88,7 +88,7 @@ WHERE id = 'op_01JAAAAAAAAAAAAAAAAAAAAAAA';
 
 
 def _trail(url: str) -> list[tuple[object, ...]]:
-    with psycopg.connect(_libpq(url)) as conn:
+    with psycopg.connect(libpq(url)) as conn:
         return conn.execute(
             "SELECT from_status::text, to_status::text, fence, actor, reason FROM transitions"
             " ORDER BY id"
@@ -104,7 +104,7 @@ def test_every_revision_with_audit_triggers_writes_the_same_trail(
     upgrade(empty_db)
     if revision != "head":
         downgrade(empty_db, revision)
-    with psycopg.connect(_libpq(empty_db)) as conn:
+    with psycopg.connect(libpq(empty_db)) as conn:
         conn.execute(AUDITED_CHANGE)
         conn.commit()
         with pytest.raises(psycopg.DatabaseError, match="does not say who"):

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from opledger.ledger.migrate import upgrade
-from tests.conftest import PostgresServer, _libpq
+from tests.conftest import PostgresServer, libpq
 
 SCHEMA_SQL = Path(__file__).resolve().parents[2] / "opledger" / "ledger" / "schema.sql"
 
@@ -56,7 +56,7 @@ def two_databases(pg_server: PostgresServer) -> Iterator[tuple[str, str]]:
 
 
 def _catalog(url: str) -> dict[str, list[tuple[str, ...]]]:
-    with psycopg.connect(_libpq(url)) as conn:
+    with psycopg.connect(libpq(url)) as conn:
         return {
             name: [tuple(map(str, row)) for row in conn.execute(sql)]
             for name, sql in CATALOG.items()
@@ -68,7 +68,7 @@ def test_the_schema_file_defines_what_the_migrations_build(
 ) -> None:
     migrated, loaded = two_databases
     upgrade(migrated)
-    with psycopg.connect(_libpq(loaded), autocommit=True) as conn:
+    with psycopg.connect(libpq(loaded), autocommit=True) as conn:
         conn.execute(SCHEMA_SQL.read_text())
     built, written = _catalog(migrated), _catalog(loaded)
     assert built["columns"], "the migrated database has no tables"
