@@ -1,10 +1,29 @@
-"""Shared by the tests that spell an intent once and vary it: `Ledger.prepare`'s keyword
-arguments as typed dicts, so the type checker holds each variant to the signature."""
+"""Shared by every test that prepares an operation: `Ledger.prepare`'s keyword arguments
+as typed dicts (so the type checker holds each variant to the signature), and the one
+factory the modules prepare their operations with.
+
+The suite's usual intent: tenant acme closes case-<key> (payload `{"note": "resolved"}`)
+in workflow wf, under the authorization auth_acme — the `grant` fixture's, or one a
+test's own ledger grants under that ref. A test changes only what it relies on:
+
+    prepare(ledger, "c", action="email.send.v1")
+    prepare(ledger, "smtp", **smtp_mail())
+    prepare(ledger, "kept", traceparent=ORIGIN)
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, TypedDict
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, TypedDict, Unpack
+
+from opledger.ledger import Ledger, Operation
+
+TENANT = "acme"
+#: the `grant` fixture's ref (and the ref the tests' own ledgers grant under)
+AUTHORIZATION = "auth_acme"
+ACTION = "crm.close_case.v1"
 
 
 class Intent(TypedDict):
@@ -29,3 +48,65 @@ class Change(TypedDict, total=False):
     target: str
     payload: Mapping[str, Any]
     authorization_ref: str
+
+
+def intent(key: str, **change: Unpack[Change]) -> Intent:
+    """The usual intent under `key`, with `change` applied."""
+    usual = Intent(
+        tenant=TENANT,
+        workflow_id="wf",
+        intent_key=key,
+        action=ACTION,
+        target=f"case-{key}",
+        payload={"note": "resolved"},
+        authorization_ref=AUTHORIZATION,
+    )
+    return usual | change
+
+
+def prepare_op(
+    ledger: Ledger,
+    key: str,
+    *,
+    after: Sequence[str] = (),
+    traceparent: str | None = None,
+    **change: Unpack[Change],
+) -> Operation:
+    """`ledger.prepare` of the usual intent under `key`, with `change` applied."""
+    return ledger.prepare(**intent(key, **change), after=after, traceparent=traceparent)
+
+
+def prepare(
+    ledger: Ledger,
+    key: str,
+    *,
+    after: Sequence[str] = (),
+    traceparent: str | None = None,
+    **change: Unpack[Change],
+) -> str:
+    """The id of `prepare_op(ledger, key, ...)`: what most tests hold on to."""
+    return prepare_op(ledger, key, after=after, traceparent=traceparent, **change).id
+
+
+def prepare_isolated(ledger: Ledger, key: str, *, expires_at: datetime | None = None) -> str:
+    """The usual intent in a workflow of its own, under a grant of its own (acme's crm.*
+    actions, expiring at `expires_at`): tests that share a database without truncating it
+    never see each other's rows, and a grant can expire or be revoked for one operation."""
+    unique = uuid.uuid4().hex[:12]
+    grant = ledger.grant(
+        tenant=TENANT,
+        scope=["crm.*"],
+        granted_by="test",
+        ref=f"auth_isolated_{unique}",
+        expires_at=expires_at,
+    )
+    return prepare(ledger, key, workflow_id=f"isolated-{unique}", authorization_ref=grant.ref)
+
+
+def smtp_mail(subject: str = "s", text: str = "t") -> Change:
+    """An email to acme's owner over SMTP: the action, target and payload to change."""
+    return Change(
+        action="email.smtp_send.v1",
+        target="owner@acme.test",
+        payload={"to": "owner@acme.test", "subject": subject, "text": text},
+    )

@@ -24,7 +24,6 @@ SQL was rewritten, update the guard text here.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
@@ -56,6 +55,7 @@ from opledger.ledger import (
 )
 from opledger.ledger import queries as q
 from opledger.ledger import reviews as reviews_module
+from tests.intents import prepare, prepare_isolated
 
 T = TypeVar("T")
 
@@ -166,31 +166,9 @@ def _diff(
 # -- scenes (set-up: plain asserts) --------------------------------------------------------
 
 
-def _prepare(ledger: Ledger, key: str, *, expires_at: datetime | None = None) -> str:
-    """A prepared operation of its own workflow, under a grant of its own: probes share the
-    session's database (no truncation between them) and never see each other's rows."""
-    unique = uuid.uuid4().hex[:12]
-    grant = ledger.grant(
-        tenant="acme",
-        scope=["crm.*"],
-        granted_by="test",
-        ref=f"auth_guards_{unique}",
-        expires_at=expires_at,
-    )
-    return ledger.prepare(
-        tenant="acme",
-        workflow_id=f"guards-{unique}",
-        intent_key=key,
-        action="crm.close_case.v1",
-        target=f"case-{key}",
-        payload={"close": key},
-        authorization_ref=grant.ref,
-    ).id
-
-
 def _live_claim(ledger: Ledger, key: str, *, expires_at: datetime | None = None) -> Claim:
     """Dispatching at fence 1, its lease live for minutes."""
-    op_id = _prepare(ledger, key, expires_at=expires_at)
+    op_id = prepare_isolated(ledger, key, expires_at=expires_at)
     claim = ledger.claim(op_id, owner="worker-1", lease=timedelta(minutes=5))
     assert claim is not None
     return claim
@@ -432,7 +410,7 @@ def probe_a_claim_takes_only_the_status_it_names(ledger: Ledger) -> None:
     """A redelivered first dispatch must not claim an unknown operation (a retry is
     reconcile's decision), nor a retry claim a prepared one. Neither holds a lease."""
     unknown = _unknown(ledger, "unknown").op_id
-    prepared = _prepare(ledger, "prepared")
+    prepared = prepare_isolated(ledger, "prepared")
     before = [ledger.history(unknown), ledger.history(prepared)]
     claim_refused(lambda: ledger.claim(unknown, owner="worker-2"))
     claim_refused(
@@ -490,16 +468,13 @@ def probe_a_dependent_waits_for_its_dependency(ledger: Ledger) -> None:
     unknown (ordered effects, migration 0008): its message is a no-op."""
     dependency = _unknown(ledger, "dependency")
     op = ledger.get(dependency.op_id)
-    dependent = ledger.prepare(
-        tenant="acme",
+    dependent = prepare(
+        ledger,
+        "dependent",
         workflow_id=op.workflow_id,
-        intent_key="dependent",
-        action="crm.close_case.v1",
-        target="case-dependent",
-        payload={"close": "dependent"},
         authorization_ref=op.authorization_ref,
         after=[op.id],
-    ).id
+    )
     before = ledger.history(dependent)
     claim_refused(lambda: ledger.claim(dependent, owner="worker-2"))
     unchanged(ledger, before)

@@ -15,20 +15,9 @@ from sqlalchemy import create_engine
 from opledger.ledger import Binding, Confirmed, DatabaseUnavailable, Ledger, Status
 from opledger.ledger.migrate import sqlalchemy_url
 from tests.conftest import libpq
+from tests.intents import prepare
 
 APP = "opledger-hot-path-test"  #: our own ledger's connections, told apart from the suite's
-
-
-def _prepare(ledger: Ledger, key: str) -> str:
-    return ledger.prepare(
-        tenant="acme",
-        workflow_id="wf-hot",
-        intent_key=key,
-        action="crm.close_case.v1",
-        target=f"case-{key}",
-        payload={"status": "closed"},
-        authorization_ref="auth_acme",
-    ).id
 
 
 def _confirm(ledger: Ledger, op_id: str) -> Status:
@@ -71,12 +60,12 @@ def _hot_backends(database_url: str, expect: int | None = None) -> list[int]:
 def test_a_broken_connection_is_unavailable_then_replaced(
     own_ledger: Ledger, database_url: str, grant: str
 ) -> None:
-    assert _confirm(own_ledger, _prepare(own_ledger, "first")) is Status.CONFIRMED
+    assert _confirm(own_ledger, prepare(own_ledger, "first")) is Status.CONFIRMED
     pids = _hot_backends(database_url, expect=1)
     assert len(pids) == 1, "one connection ran both statements"
     with psycopg.connect(libpq(database_url), autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
-    op_id = _prepare(own_ledger, "second")
+    op_id = prepare(own_ledger, "second")
     with pytest.raises(DatabaseUnavailable):
         own_ledger.claim(op_id, owner="w")
     # the broken connection was closed, not given back: the next call opens a new one
@@ -87,8 +76,8 @@ def test_a_broken_connection_is_unavailable_then_replaced(
 def test_a_forked_child_never_uses_its_parents_connection(
     own_ledger: Ledger, database_url: str, grant: str
 ) -> None:
-    assert _confirm(own_ledger, _prepare(own_ledger, "parent")) is Status.CONFIRMED
-    child_op = _prepare(own_ledger, "child")
+    assert _confirm(own_ledger, prepare(own_ledger, "parent")) is Status.CONFIRMED
+    child_op = prepare(own_ledger, "child")
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: as a Celery pool process does (tasks.app._after_fork)
@@ -104,13 +93,13 @@ def test_a_forked_child_never_uses_its_parents_connection(
     assert os.read(read, 1) == b"\x00"
     os.close(read)
     # the parent's own connection still works: the child neither used nor closed it
-    assert _confirm(own_ledger, _prepare(own_ledger, "parent-again")) is Status.CONFIRMED
+    assert _confirm(own_ledger, prepare(own_ledger, "parent-again")) is Status.CONFIRMED
 
 
 def test_disposing_the_engine_closes_them(
     own_ledger: Ledger, database_url: str, grant: str
 ) -> None:
-    assert _confirm(own_ledger, _prepare(own_ledger, "once")) is Status.CONFIRMED
+    assert _confirm(own_ledger, prepare(own_ledger, "once")) is Status.CONFIRMED
     assert len(_hot_backends(database_url, expect=1)) == 1
     own_ledger.engine.dispose()
     assert _hot_backends(database_url, expect=0) == []
@@ -143,7 +132,7 @@ def test_a_ledger_dropped_without_dispose_lets_go_of_its_connections(
             sqlalchemy_url(database_url), pool_size=1, connect_args={"application_name": APP}
         )
         dropped = Ledger(engine)
-        assert _confirm(dropped, _prepare(dropped, f"dropped-{n}")) is Status.CONFIRMED
+        assert _confirm(dropped, prepare(dropped, f"dropped-{n}")) is Status.CONFIRMED
         del dropped, engine
     gc.collect()
     assert _hot_backends(database_url, expect=0) == []

@@ -18,22 +18,11 @@ from opledger.ledger import (
     StaleFence,
     Status,
 )
-
-
-def _prepare(ledger: Ledger, key: str) -> str:
-    return ledger.prepare(
-        tenant="acme",
-        workflow_id="wf",
-        intent_key=key,
-        action="crm.close_case.v1",
-        target="case-1",
-        payload={"k": key},
-        authorization_ref="auth_acme",
-    ).id
+from tests.intents import prepare
 
 
 def _unknown(ledger: Ledger, key: str) -> str:
-    op_id = _prepare(ledger, key)
+    op_id = prepare(ledger, key)
     claim = ledger.claim(op_id, owner="w")
     assert claim is not None
     ledger.record_outcome(claim, Ambiguous(code="timeout", reason="lost"))
@@ -53,10 +42,10 @@ def _age(ledger: Ledger, op_id: str, seconds: float, column: str = "created_at")
 def test_expired_leases_are_fenced_out_once_even_by_overlapping_sweeps(
     ledger: Ledger, grant: str
 ) -> None:
-    stale = [_prepare(ledger, f"s{i}") for i in range(30)]
+    stale = [prepare(ledger, f"s{i}") for i in range(30)]
     for op_id in stale:
         assert ledger.claim(op_id, owner="dead", lease=timedelta(milliseconds=100)) is not None
-    live = _prepare(ledger, "live")
+    live = prepare(ledger, "live")
     assert ledger.claim(live, owner="alive", lease=timedelta(minutes=5)) is not None
     time.sleep(0.2)
     with ThreadPoolExecutor(4) as pool:
@@ -84,10 +73,10 @@ def test_due_checks_are_handed_out_once_per_backoff(ledger: Ledger, grant: str) 
 def test_relay_publishes_unclaimed_prepared_operations_then_marks_them(
     ledger: Ledger, grant: str
 ) -> None:
-    old = _prepare(ledger, "old")
+    old = prepare(ledger, "old")
     _age(ledger, old, 120)
-    fresh = _prepare(ledger, "fresh")
-    claimed = _prepare(ledger, "claimed")
+    fresh = prepare(ledger, "fresh")
+    claimed = prepare(ledger, "claimed")
     _age(ledger, claimed, 120)
     ledger.claim(claimed, owner="w")
     published: list[str] = []
@@ -105,7 +94,7 @@ def test_relay_publishes_unclaimed_prepared_operations_then_marks_them(
 
 
 def test_a_crash_between_publish_and_mark_publishes_again(ledger: Ledger, grant: str) -> None:
-    old = _prepare(ledger, "old")
+    old = prepare(ledger, "old")
     _age(ledger, old, 120)
     published: list[str] = []
 
@@ -125,14 +114,14 @@ def test_a_crash_between_publish_and_mark_publishes_again(ledger: Ledger, grant:
 
 
 def test_purge_deletes_old_finished_payloads_and_keeps_digests(ledger: Ledger, grant: str) -> None:
-    done = _prepare(ledger, "done")
+    done = prepare(ledger, "done")
     claim = ledger.claim(done, owner="w")
     assert claim is not None
     ledger.record_outcome(
         claim, Confirmed(receipt_id="r", binding=Binding(idempotency_key=claim.idempotency_key))
     )
     _age(ledger, done, 3600, column="updated_at")
-    waiting = _prepare(ledger, "waiting")
+    waiting = prepare(ledger, "waiting", payload={"k": "waiting"})
     _age(ledger, waiting, 3600, column="updated_at")
     assert ledger.purge_payloads(older_than=timedelta(minutes=30)) == 1
     assert ledger.payload(done) is None
@@ -216,7 +205,7 @@ def _relay(ledger: Ledger, depth: int | None, after: float = 0.3) -> list[tuple[
 def test_the_relay_holds_while_the_queue_is_deep_and_resumes_once_it_drained(
     ledger: Ledger, grant: str
 ) -> None:
-    waiting = [_prepare(ledger, f"w{i}") for i in range(5)]
+    waiting = [prepare(ledger, f"w{i}") for i in range(5)]
     for op_id in waiting:
         _age(ledger, op_id, 120)
     # Their messages are queued behind 10,000 others: late, not lost.
@@ -233,7 +222,7 @@ def test_the_relay_holds_while_the_queue_is_deep_and_resumes_once_it_drained(
 
 
 def test_each_republication_doubles_the_wait(ledger: Ledger, grant: str) -> None:
-    op_id = _prepare(ledger, "lost-again")
+    op_id = prepare(ledger, "lost-again")
     _age(ledger, op_id, 120)
     published: list[int] = []
     for _ in range(3):

@@ -20,6 +20,7 @@ from opledger.ledger import Ledger
 from opledger.observability.ledger_gauges import BY_STATUS_AND_ACTION
 from opledger.observability.server import make_server
 from opledger.settings import get_settings
+from tests.intents import prepare
 
 AUTH = {"Authorization": "Basic " + base64.b64encode(b"prom:s3cret").decode()}
 
@@ -42,25 +43,13 @@ def endpoint(ledger: Ledger) -> Iterator[str]:
     server.server_close()
 
 
-def _prepare(ledger: Ledger, key: str, action: str = "crm.close_case.v1") -> str:
-    return ledger.prepare(
-        tenant="acme",
-        workflow_id="wf",
-        intent_key=key,
-        action=action,
-        target="case-1",
-        payload={"n": key},
-        authorization_ref="auth_acme",
-    ).id
-
-
 def test_gauges_count_open_operations_by_status_and_action_and_reviews(
     ledger: Ledger, grant: str, endpoint: str
 ) -> None:
-    _prepare(ledger, "a")
-    _prepare(ledger, "b")
-    _prepare(ledger, "c", action="email.send.v1")
-    stuck = _prepare(ledger, "d")
+    prepare(ledger, "a")
+    prepare(ledger, "b")
+    prepare(ledger, "c", action="email.send.v1")
+    stuck = prepare(ledger, "d")
     assert ledger.claim(stuck, owner="t", lease=timedelta(milliseconds=1)) is not None
     time.sleep(0.05)
     assert ledger.expire_leases() == [stuck]

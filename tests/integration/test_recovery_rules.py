@@ -20,6 +20,7 @@ from opledger.ledger import Ledger, Status
 from opledger.ledger.contract import Contract
 from opledger.ledger.decide import Dispatch, NeedsReview, ReviewPolicy
 from opledger.tasks import steps
+from tests.intents import Change, prepare, smtp_mail
 
 TIMEOUT = timedelta(seconds=0.5)
 IN_FLIGHT = timedelta(seconds=1)
@@ -33,17 +34,6 @@ class Rig:
         self.registry = Registry([self.adapter])
         self.ledger = Ledger(ledger.engine, actions=self.registry)
         self.ledger.grant(tenant="acme", scope=["crm.*"], granted_by="t", ref="auth_acme")
-
-    def prepare(self, target: str = "case-318") -> str:
-        return self.ledger.prepare(
-            tenant="acme",
-            workflow_id="onboarding-42",
-            intent_key=f"close-{target}",
-            action="crm.close_case.v1",
-            target=target,
-            payload={"note": "resolved"},
-            authorization_ref="auth_acme",
-        ).id
 
     def dispatch(self, op_id: str) -> steps.StepResult:
         return steps.dispatch(self.ledger, self.registry, op_id, owner="w1", lease=LEASE)
@@ -98,7 +88,7 @@ def rig_for(ledger: Ledger, sandbox: Sandbox) -> Iterator[RigFor]:
 
 def test_happy_path_and_redelivery(rig_for: RigFor) -> None:
     rig = rig_for()
-    op_id = rig.prepare()
+    op_id = prepare(rig.ledger, "close")
     dispatched = rig.dispatch(op_id).operation
     assert dispatched is not None and dispatched.status is Status.CONFIRMED
     for _ in range(3):  # a redelivered message is a no-op
@@ -109,7 +99,7 @@ def test_happy_path_and_redelivery(rig_for: RigFor) -> None:
 def test_response_lost_inside_retention_retries_with_the_same_key(rig_for: RigFor) -> None:
     rig = rig_for(lookup="none", retention=timedelta(seconds=30), retention_margin=timedelta(0))
     rig.sandbox.fault("crm", "drop_after_commit")
-    op_id = rig.prepare()
+    op_id = prepare(rig.ledger, "close")
     dispatched = rig.dispatch(op_id).operation
     assert dispatched is not None and dispatched.status is Status.UNKNOWN
     assert rig.reconcile(op_id).action == "waiting"  # the first call may still be in flight
@@ -129,7 +119,7 @@ def test_key_past_retention_goes_to_review(rig_for: RigFor) -> None:
     )
     rig.sandbox.configure(retention_s=2.0)
     rig.sandbox.fault("crm", "drop_after_commit")
-    op_id = rig.prepare()
+    op_id = prepare(rig.ledger, "close")
     rig.dispatch(op_id)
     time.sleep(2.0)
     result = rig.reconcile(op_id)
@@ -152,7 +142,7 @@ def test_a_replayed_stored_500_is_not_retried_in_a_loop(rig_for: RigFor) -> None
         }
     )
     rig.sandbox.fault("crm", "error_before_commit")
-    op_id = rig.prepare()
+    op_id = prepare(rig.ledger, "close")
     rig.dispatch(op_id)
     rig.after_deadline(op_id)
     assert isinstance(rig.reconcile(op_id).decision, Dispatch)  # one retry with the same key
@@ -168,7 +158,7 @@ def test_a_replayed_stored_500_is_not_retried_in_a_loop(rig_for: RigFor) -> None
 def test_a_provider_that_declares_stored_errors_is_not_retried_at_all(rig_for: RigFor) -> None:
     rig = rig_for(lookup="none")
     rig.sandbox.fault("crm", "error_before_commit")
-    op_id = rig.prepare()
+    op_id = prepare(rig.ledger, "close")
     rig.dispatch(op_id)
     rig.after_deadline(op_id)
     assert isinstance(rig.reconcile(op_id).decision, NeedsReview)
@@ -179,7 +169,7 @@ def test_search_lag_keeps_it_unknown_and_a_person_decides(rig_for: RigFor) -> No
     rig = rig_for(keys=False, lookup="search", search_lag=timedelta(seconds=0.5))
     rig.sandbox.configure(keys=False, search_lag_s=30.0)  # slower than the contract says
     rig.sandbox.fault("crm", "drop_after_commit")
-    op_id = rig.prepare()
+    op_id = prepare(rig.ledger, "close")
     rig.dispatch(op_id)
     assert rig.reconcile(op_id).action == "waiting"
     rig.after_deadline(op_id, extra=0.6)
@@ -195,7 +185,7 @@ def test_status_api_no_such_request_after_the_deadline_allows_a_safe_retry(rig_f
     rig = rig_for()
     rig.sandbox.configure(replay_errors=False)  # the failed request leaves no trace of the key
     rig.sandbox.fault("crm", "error_before_commit")
-    op_id = rig.prepare()
+    op_id = prepare(rig.ledger, "close")
     rig.dispatch(op_id)
     early = rig.reconcile(op_id)  # in flight: looks, learns "absent", but may not retry yet
     assert early.action == "waiting"
@@ -213,7 +203,7 @@ def test_a_case_closed_by_someone_else_is_not_confirmed(rig_for: RigFor) -> None
     rig = rig_for(keys=False, lookup="search", search_lag=timedelta(seconds=0.1))
     rig.sandbox.configure(keys=False)
     rig.sandbox.fault("crm", "error_before_commit")
-    op_id = rig.prepare("case-9")
+    op_id = prepare(rig.ledger, "close", target="case-9")
     rig.dispatch(op_id)
     rig.sandbox.close_by_other("acme", "case-9")
     rig.after_deadline(op_id, extra=0.2)
@@ -228,21 +218,13 @@ def test_an_unknown_action_is_refused_at_prepare(rig_for: RigFor) -> None:
 
     rig = rig_for()
     with pytest.raises(UnknownAction):
-        rig.ledger.prepare(
-            tenant="acme",
-            workflow_id="wf",
-            intent_key="k",
-            action="crm.delete_case.v1",
-            target="case-1",
-            payload={},
-            authorization_ref="auth_acme",
-        )
+        prepare(rig.ledger, "k", action="crm.delete_case.v1")
 
 
 def test_the_review_policy_caps_attempts_below_the_contract(rig_for: RigFor) -> None:
     rig = rig_for(lookup="none")
     rig.sandbox.fault("crm", "drop_after_commit")
-    op_id = rig.prepare()
+    op_id = prepare(rig.ledger, "close")
     rig.dispatch(op_id)
     rig.after_deadline(op_id)
     result = rig.reconcile(op_id, ReviewPolicy(after_attempts=1))
@@ -253,7 +235,7 @@ def test_the_review_policy_caps_attempts_below_the_contract(rig_for: RigFor) -> 
 def test_the_review_policy_hands_over_an_operation_unknown_for_too_long(rig_for: RigFor) -> None:
     rig = rig_for()
     rig.sandbox.configure(processing_s=3.0)  # the provider keeps saying "in progress"
-    op_id = rig.prepare()
+    op_id = prepare(rig.ledger, "close")
     rig.dispatch(op_id)  # times out after 0.5 s: unknown
     rig.after_deadline(op_id)
     waiting = rig.reconcile(op_id)
@@ -274,19 +256,10 @@ def test_an_smtp_review_names_the_message_id_and_a_refused_connection_is_resent(
     led = Ledger(ledger.engine, actions=Registry([up]))
     led.grant(tenant="acme", scope=["email.*"], granted_by="t", ref="auth_mail")
 
-    def prepare(intent: str) -> str:
-        return led.prepare(
-            tenant="acme",
-            workflow_id="wf",
-            intent_key=intent,
-            action="email.smtp_send.v1",
-            target="owner@acme.test",
-            payload={"to": "owner@acme.test", "subject": "welcome", "text": "hi"},
-            authorization_ref="auth_mail",
-        ).id
+    welcome = smtp_mail("welcome", "hi") | Change(authorization_ref="auth_mail")
 
     # refused before anything was sent: no review, the next reconcile sends it
-    refused = prepare("refused")
+    refused = prepare(led, "refused", **welcome)
     steps.dispatch(led, Registry([down]), refused, owner="w1", lease=LEASE)
     assert led.history(refused).evidence[-1].detail["code"] == "not_sent"
     result = steps.reconcile(led, Registry([up]), refused, owner="w2", lease=LEASE)
@@ -295,7 +268,7 @@ def test_an_smtp_review_names_the_message_id_and_a_refused_connection_is_resent(
     assert sandbox.effects(f"smtp:{message_id_for(led.get(refused))}") == 1
 
     # cut after DATA: a person decides, told which Message-ID to search for
-    cut = prepare("cut")
+    cut = prepare(led, "cut", **welcome)
     sandbox.fault("smtp", "drop_after_data")
     steps.dispatch(led, Registry([up]), cut, owner="w1", lease=LEASE)
     deadline = max(a.deadline_at for a in led.history(cut).attempts)
@@ -312,7 +285,7 @@ def test_an_operation_whose_adapter_is_gone_goes_to_review_once(rig_for: RigFor)
     """The configuration lost the adapter between prepare and dispatch: nothing is sent, a
     review opens with the reason, and neither the sweep nor a redelivered check loops on it."""
     rig = rig_for()
-    op_id = rig.prepare()
+    op_id = prepare(rig.ledger, "close")
     bare = Registry()  # a worker configured without the CRM adapter
     result = steps.dispatch(rig.ledger, bare, op_id, owner="w1", lease=LEASE)
     assert result.action == "review"

@@ -33,6 +33,7 @@ from opledger.ledger import (
 )
 from opledger.ledger.decide import ReviewPolicy
 from opledger.tasks import steps
+from tests.intents import prepare, prepare_op, smtp_mail
 
 LEASE = timedelta(seconds=5)
 
@@ -58,17 +59,6 @@ class Desk:
         self.ledger = Ledger(ledger.engine, actions=self.registry)
         self.ledger.grant(tenant="acme", scope=["crm.*"], granted_by="t", ref="auth_acme")
 
-    def prepare(self, key: str) -> str:
-        return self.ledger.prepare(
-            tenant="acme",
-            workflow_id="wf",
-            intent_key=key,
-            action="crm.close_case.v1",
-            target=f"case-{key}",
-            payload={"note": "resolved"},
-            authorization_ref="auth_acme",
-        ).id
-
     def wait_deadline(self, op_id: str) -> None:
         deadline = max(a.deadline_at for a in self.ledger.history(op_id).attempts)
         time.sleep(max(0.0, deadline.timestamp() - time.time()) + 0.05)
@@ -87,7 +77,7 @@ class Desk:
 
     def lost_response(self, key: str) -> str:
         """An operation whose response was lost, in review."""
-        op_id = self.prepare(key)
+        op_id = prepare(self.ledger, key)
         self.sandbox.fault("crm", "drop_after_commit", key=op_id)
         steps.dispatch(self.ledger, self.registry, op_id, owner="w1", lease=LEASE)
         self.review(op_id)
@@ -118,7 +108,7 @@ def keyless(ledger: Ledger, sandbox: Sandbox) -> Iterator[Desk]:
 def _stalled_in_review(desk: Desk) -> tuple[str, Any]:
     """A worker claimed, froze before its outcome and was fenced out; the operation went
     to review. Returns the operation and the stalled worker's claim."""
-    op_id = desk.prepare("stalled")
+    op_id = prepare(desk.ledger, "stalled")
     terms = ClaimTerms(
         lease=timedelta(milliseconds=50),
         in_flight=timedelta(milliseconds=100),
@@ -217,7 +207,7 @@ def test_the_python_api_cannot_skip_show(desk: Desk) -> None:
 
 
 def test_a_no_dedup_retry_needs_the_risk_acknowledged(keyless: Desk) -> None:
-    op_id = keyless.prepare("keyless")
+    op_id = prepare(keyless.ledger, "keyless")
     keyless.sandbox.fault("crm", "drop_after_commit", key=op_id)
     steps.dispatch(keyless.ledger, keyless.registry, op_id, owner="w1", lease=LEASE)
     keyless.review(op_id)  # rule 7: no dedup, no lookup
@@ -298,15 +288,7 @@ def test_the_cli_refuses_an_unacknowledged_smtp_retry(
     registry = Registry([adapter])
     mail = Ledger(ledger.engine, actions=registry)
     mail.grant(tenant="acme", scope=["email.*"], granted_by="t", ref="auth_acme")
-    op = mail.prepare(
-        tenant="acme",
-        workflow_id="wf",
-        intent_key="mail",
-        action="email.smtp_send.v1",
-        target="owner@acme.test",
-        payload={"to": "owner@acme.test", "subject": "Case closed", "text": "done"},
-        authorization_ref="auth_acme",
-    )
+    op = prepare_op(mail, "mail", **smtp_mail("Case closed", "done"))
     sandbox.fault("smtp", "drop_after_data", key=message_id_for(op))
     steps.dispatch(mail, registry, op.id, owner="w1", lease=LEASE)
     deadline = mail.history(op.id).attempts[0].deadline_at

@@ -15,6 +15,7 @@ from psycopg import pq
 from sqlalchemy import event
 
 from opledger.ledger import Ambiguous, Binding, Confirmed, Ledger
+from tests.intents import prepare
 
 
 class WireCounter:
@@ -49,28 +50,16 @@ def traced(database_url: str, ledger: Ledger) -> Iterator[tuple[Ledger, WireCoun
     counter.file.close()
 
 
-def _prepare(ledger: Ledger, key: str) -> str:
-    return ledger.prepare(
-        tenant="acme",
-        workflow_id="wf",
-        intent_key=key,
-        action="crm.close_case.v1",
-        target="case-1",
-        payload={"status": "closed"},
-        authorization_ref="auth_acme",
-    ).id
-
-
 def test_claim_and_outcome_are_two_round_trips(
     traced: tuple[Ledger, WireCounter], grant: str
 ) -> None:
     ledger, counter = traced
-    warm = _prepare(ledger, "warm-up")  # first connect and dialect checks happen here
+    warm = prepare(ledger, "warm-up")  # first connect and dialect checks happen here
     claim = ledger.claim(warm, owner="w")
     assert claim is not None
     ledger.record_outcome(claim, Ambiguous(code="t", reason="warm-up"))
 
-    op_id = _prepare(ledger, "measured")
+    op_id = prepare(ledger, "measured")
     counter.start()
     claim = ledger.claim(op_id, owner="w")
     assert claim is not None
@@ -84,7 +73,7 @@ def test_the_counter_sees_every_round_trip(traced: tuple[Ledger, WireCounter], g
     """The instrument itself: prepare runs in a transaction (BEGIN, grant check, insert,
     COMMIT), so the counter must see four."""
     ledger, counter = traced
-    _prepare(ledger, "warm-up")
+    prepare(ledger, "warm-up")
     counter.start()
-    _prepare(ledger, "counted")
+    prepare(ledger, "counted")
     assert counter.round_trips() == 4, "\n".join(counter.messages())

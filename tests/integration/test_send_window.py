@@ -7,9 +7,9 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Literal
 
 import pytest
 from sqlalchemy import text
@@ -35,27 +35,9 @@ from opledger.ledger import (
 from opledger.ledger.decide import Dispatch, ReviewPolicy
 from opledger.ledger.evidence import NOT_SENT
 from opledger.tasks import steps
+from tests.intents import prepare, smtp_mail
 
 LEASE = timedelta(seconds=30)
-
-
-def _prepare(
-    ledger: Ledger,
-    key: str,
-    action: str = "crm.close_case.v1",
-    *,
-    target: str | None = None,
-    payload: Mapping[str, Any] | None = None,
-) -> str:
-    return ledger.prepare(
-        tenant="acme",
-        workflow_id="wf",
-        intent_key=key,
-        action=action,
-        target=f"case-{key}" if target is None else target,
-        payload={"note": "resolved"} if payload is None else payload,
-        authorization_ref="auth_acme",
-    ).id
 
 
 def not_sent(attempt: Attempt) -> bool:
@@ -111,7 +93,7 @@ def crm(ledger: Ledger, grant: str, sandbox: Sandbox) -> Iterator[CrmDesk]:
 def test_the_claim_returns_database_time_and_send_by_and_the_deadline_covers_both(
     ledger: Ledger, grant: str
 ) -> None:
-    op_id = _prepare(ledger, "times")
+    op_id = prepare(ledger, "times")
     claim = _claim(ledger, op_id, 1.5)
     assert claim.send_by is not None and claim.db_now is not None
     assert claim.send_by - claim.db_now == timedelta(seconds=1.5)
@@ -126,7 +108,7 @@ def test_the_claim_returns_database_time_and_send_by_and_the_deadline_covers_bot
 def test_the_registry_sizes_each_providers_window_from_its_request_timeout(
     crm: CrmDesk,
 ) -> None:
-    op_id = _prepare(crm.ledger, "sized")
+    op_id = prepare(crm.ledger, "sized")
     claim = crm.ledger.claim(op_id, owner="w1", terms=crm.registry.claim_terms(LEASE))
     assert claim is not None
     assert claim.send_by is not None and claim.db_now is not None
@@ -135,7 +117,7 @@ def test_the_registry_sizes_each_providers_window_from_its_request_timeout(
 
 
 def test_a_check_after_the_window_refuses_and_remembers(ledger: Ledger, grant: str) -> None:
-    op_id = _prepare(ledger, "refuse")
+    op_id = prepare(ledger, "refuse")
     claim = _claim(ledger, op_id, 0.2)
     claim.window.check()  # in time
     assert not claim.window.refused
@@ -189,7 +171,7 @@ def test_the_http_check_runs_after_the_connection_is_set_up_and_before_any_byte(
     server = SilentServer()
     desk = CrmDesk(ledger, server.url)
     try:
-        op_id = _prepare(desk.ledger, "wire")
+        op_id = prepare(desk.ledger, "wire")
         claim = _claim(desk.ledger, op_id, 0.05)
         time.sleep(0.1)
         with sending(claim.window):
@@ -205,7 +187,7 @@ def test_the_http_check_runs_after_the_connection_is_set_up_and_before_any_byte(
 
 
 def test_outside_a_claim_the_shared_client_does_not_check(crm: CrmDesk, sandbox: Sandbox) -> None:
-    op_id = _prepare(crm.ledger, "lookup")
+    op_id = prepare(crm.ledger, "lookup")
     # a lookup is a read: no window armed, so no check
     assert crm.adapter.lookup(crm.ledger.get(op_id), ()).verdict == "inconclusive"
 
@@ -213,7 +195,7 @@ def test_outside_a_claim_the_shared_client_does_not_check(crm: CrmDesk, sandbox:
 def test_a_late_worker_records_not_sent_and_the_provider_sees_nothing(
     crm: CrmDesk, sandbox: Sandbox
 ) -> None:
-    op_id = _prepare(crm.ledger, "late")
+    op_id = prepare(crm.ledger, "late")
     claim = _claim(crm.ledger, op_id, 0.1)
     time.sleep(0.2)  # frozen between the claim and the send
     result = steps._send(crm.ledger, crm.adapter, claim)
@@ -246,7 +228,7 @@ def test_the_wire_check_inside_the_adapter_is_recorded_as_not_sent(
         def lookup(self, operation: Operation, attempts: Sequence[Attempt]) -> LookupResult:
             raise AssertionError
 
-    op_id = _prepare(crm.ledger, "inside")
+    op_id = prepare(crm.ledger, "inside")
     claim = _claim(crm.ledger, op_id, 0.15)
     steps._send(crm.ledger, Slow(), claim)
     assert sandbox.truth()["requests"].get(f"crm:{op_id}") is None
@@ -257,29 +239,13 @@ def test_smtp_checks_after_the_greeting_and_sends_nothing_late(
     ledger: Ledger, grant: str, sandbox: Sandbox
 ) -> None:
     adapter = SmtpAdapter(sandbox.smtp_host, sandbox.smtp_port, contract=smtp_contract())
-    op_id = _prepare(
-        ledger,
-        "smtp",
-        action="email.smtp_send.v1",
-        target="owner@acme.test",
-        payload={"to": "owner@acme.test", "subject": "s", "text": "t"},
-    )
+    op_id = prepare(ledger, "smtp", **smtp_mail())
     claim = _claim(ledger, op_id, 0.1)
     time.sleep(0.2)
     adapter.dispatch(claim)
     assert claim.window.refused
     assert sandbox.effects(f"smtp:{message_id_for(claim.operation)}") == 0
-    in_time = _claim(
-        ledger,
-        _prepare(
-            ledger,
-            "smtp2",
-            action="email.smtp_send.v1",
-            target="owner@acme.test",
-            payload={"to": "owner@acme.test", "subject": "s", "text": "t"},
-        ),
-        5,
-    )
+    in_time = _claim(ledger, prepare(ledger, "smtp2", **smtp_mail()), 5)
     assert isinstance(adapter.dispatch(in_time), Confirmed)
     assert sandbox.effects(f"smtp:{message_id_for(in_time.operation)}") == 1
 
@@ -291,7 +257,7 @@ def test_an_attempt_that_sent_nothing_is_not_in_flight_and_is_sent_again_at_once
     desk = CrmDesk(ledger, sandbox.http_url, keys=keys)
     sandbox.configure(keys=keys)
     try:
-        op_id = _prepare(desk.ledger, "again")
+        op_id = prepare(desk.ledger, "again")
         claim = _claim(desk.ledger, op_id, 0.1)
         time.sleep(0.2)
         steps._send(desk.ledger, desk.adapter, claim)
@@ -307,7 +273,7 @@ def test_an_attempt_that_sent_nothing_is_not_in_flight_and_is_sent_again_at_once
 
 
 def test_claims_that_keep_missing_the_window_end_in_review(crm: CrmDesk) -> None:
-    op_id = _prepare(crm.ledger, "always-late")
+    op_id = prepare(crm.ledger, "always-late")
     policy = ReviewPolicy(after_attempts=2)
     claim = _claim(crm.ledger, op_id, 0.05)
     time.sleep(0.1)
@@ -335,7 +301,7 @@ def _fence_out(ledger: Ledger, op_id: str) -> None:
 def test_a_fenced_out_workers_kept_outcome_bumps_the_version_and_settles_at_once(
     crm: CrmDesk, sandbox: Sandbox
 ) -> None:
-    op_id = _prepare(crm.ledger, "slow-call")
+    op_id = prepare(crm.ledger, "slow-call")
     claim = _claim(crm.ledger, op_id, 5)
     _fence_out(crm.ledger, op_id)  # the call outlived the lease
     before = crm.ledger.get(op_id).record_version
@@ -354,7 +320,7 @@ def test_a_fenced_out_workers_kept_outcome_bumps_the_version_and_settles_at_once
 def test_no_settle_when_the_fenced_out_outcome_lands_on_a_newer_claim(
     crm: CrmDesk, sandbox: Sandbox
 ) -> None:
-    op_id = _prepare(crm.ledger, "newer")
+    op_id = prepare(crm.ledger, "newer")
     claim = _claim(crm.ledger, op_id, 5)
     _fence_out(crm.ledger, op_id)
     assert _claim(crm.ledger, op_id, 5, retry=True) is not None  # another worker holds it

@@ -16,13 +16,16 @@ from opentelemetry.trace import StatusCode
 from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.adapters.registry import Registry
 from opledger.dev.sandbox import Sandbox
-from opledger.ledger import Claim, InvalidInput, Ledger, Operation, Outcome, Status
+from opledger.ledger import Claim, InvalidInput, Ledger, Outcome, Status
 from opledger.observability import tracing
 from opledger.tasks import steps
+from tests.intents import Change, prepare, prepare_op
 
 LEASE = timedelta(seconds=5)
 #: an agent's prepare span, as the ledger keeps it
 ORIGIN = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+#: what no span may carry: the payload (and the target, case-<key>)
+SECRET = Change(payload={"note": "secret note"})
 
 
 @pytest.fixture
@@ -57,23 +60,6 @@ def _ledger(ledger: Ledger, adapter: CrmAdapter) -> tuple[Ledger, Registry]:
     return mine, registry
 
 
-def _prepare_op(ledger: Ledger, key: str, traceparent: str = ORIGIN) -> Operation:
-    return ledger.prepare(
-        tenant="acme",
-        workflow_id="traces",
-        intent_key=key,
-        action="crm.close_case.v1",
-        target=f"case-{key}",
-        payload={"note": "secret note"},
-        authorization_ref="auth_acme",
-        traceparent=traceparent,
-    )
-
-
-def _prepare(ledger: Ledger, key: str) -> str:
-    return _prepare_op(ledger, key).id
-
-
 def _named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
     return [s for s in exporter.get_finished_spans() if s.name == name]
 
@@ -83,7 +69,7 @@ def test_an_unknown_outcome_is_marked_as_such_not_as_an_error_and_reconcile_is_t
 ) -> None:
     ledger, registry = _ledger(ledger, crm)
     sandbox.fault("crm", "drop_after_commit")  # applied, the response lost
-    op_id = _prepare(ledger, "dropped")
+    op_id = prepare(ledger, "dropped", traceparent=ORIGIN, **SECRET)
     result = steps.dispatch(ledger, registry, op_id, owner="w1", lease=LEASE)
     assert result.operation is not None and result.operation.status is Status.UNKNOWN
 
@@ -132,7 +118,7 @@ def test_an_adapter_that_raises_is_an_error_on_the_call_and_the_outcome_is_unkno
     adapter = Broken(sandbox.http_url, account="acme", contract=crm_contract())
     try:
         ledger, registry = _ledger(ledger, adapter)
-        op_id = _prepare(ledger, "broken")
+        op_id = prepare(ledger, "broken", traceparent=ORIGIN, **SECRET)
         steps.dispatch(ledger, registry, op_id, owner="w1", lease=LEASE)
     finally:
         adapter.close()
@@ -149,9 +135,10 @@ def test_prepare_keeps_the_first_trace_context_and_refuses_a_malformed_one(
     ledger: Ledger, crm: CrmAdapter
 ) -> None:
     ledger, _ = _ledger(ledger, crm)
-    op_id = _prepare(ledger, "kept")
+    op_id = prepare(ledger, "kept", traceparent=ORIGIN, **SECRET)
     # a replay from another trace
-    again = _prepare_op(ledger, "kept", traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01")
+    other = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+    again = prepare_op(ledger, "kept", traceparent=other, **SECRET)
     assert again.id == op_id and again.traceparent == ORIGIN
     with pytest.raises(InvalidInput):
-        _prepare_op(ledger, "too-long", traceparent="0" * 300)
+        prepare(ledger, "too-long", traceparent="0" * 300, **SECRET)
