@@ -30,6 +30,7 @@ TOOLING_VARIABLES = frozenset(
         "OPLEDGER_CRASHPOINT",
         "OPLEDGER_CRASHPOINT_SIGNAL",
         "OPLEDGER_BEHAVIOUR_EXAMPLES",
+        "OPLEDGER_MCP_TOKEN",  # the caller of `opledger mcp serve --transport stdio`
     }
 )
 
@@ -166,6 +167,11 @@ class Settings(BaseSettings):
     )
     search_lag_seconds: float = Field(
         default=30.0, ge=0, description="How far behind the email API's search may be."
+    )
+    mcp_clients: str | None = Field(
+        default=None,
+        description="The MCP gateway's clients file (JSON): each agent's token sha256, "
+        "tenant and grant (`opledger mcp token` adds one).",
     )
     review_webhook_url: str | None = Field(
         default=None,

@@ -76,6 +76,8 @@ def _checks(  # noqa: C901
     quorum = _quorum(settings)
     if quorum is not None:
         yield quorum
+    if settings.mcp_clients:
+        yield _mcp_clients(settings.mcp_clients, registry)
     if database:
         if not settings.database_url and not settings.dev:
             yield Check("postgres", False, "OPLEDGER_DATABASE_URL is not set")
@@ -123,6 +125,20 @@ def _registry(settings: Settings) -> tuple[Check, Any]:
         return Check("adapters", False, f"{settings.adapters}: {detail}"), None
     actions = ", ".join(sorted(registry.actions))
     return Check("adapters", True, f"{len(registry.actions)} actions ({actions})"), registry
+
+
+def _mcp_clients(path: str, registry: Any) -> Check:
+    """The MCP gateway's clients file: readable, well-formed, one token per agent."""
+    from opledger.mcp.clients import Clients, ClientsInvalid
+
+    try:
+        callers = Clients(path).current()
+    except ClientsInvalid as exc:
+        return Check("mcp clients", False, str(exc))
+    tenants = sorted({c.tenant for c in callers.values()})
+    tools = f", {len(registry.actions)} tools" if registry is not None else ""
+    detail = f"{len(callers)} agents ({', '.join(tenants) or 'no tenants'}){tools}"
+    return Check("mcp clients", True, detail)
 
 
 def _lease(settings: Settings, registry: Any) -> Check | None:

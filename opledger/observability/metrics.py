@@ -49,7 +49,7 @@ def _build() -> dict[str, Any]:
     if not enabled():
         noop = _Noop()
         return dict.fromkeys(
-            ("decisions", "outcomes", "fenced", "relayed", "sweep", "latency"), noop
+            ("decisions", "outcomes", "fenced", "relayed", "sweep", "latency", "mcp"), noop
         )
     from prometheus_client import Counter, Histogram
 
@@ -85,6 +85,12 @@ def _build() -> dict[str, Any]:
             ["provider"],
             buckets=LATENCY_BUCKETS,
         ),
+        "mcp": Counter(
+            "opledger_mcp_calls",
+            "MCP gateway tool calls answered, by tool and kind (confirmed, rejected, "
+            "cancelled, unknown, pending, refused).",
+            ["tool", "kind"],
+        ),
     }
 
 
@@ -95,3 +101,4 @@ FENCED_OUT = _metrics["fenced"]
 RELAY_REPUBLISHED = _metrics["relayed"]
 SWEEP_DURATION = _metrics["sweep"]
 PROVIDER_LATENCY = _metrics["latency"]
+MCP_CALLS = _metrics["mcp"]

@@ -1,0 +1,134 @@
+"""`opledger mcp`: the MCP gateway (`serve`) and the tokens of the agents that call it."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Annotated
+
+import typer
+
+from opledger.adapters.registry import Registry
+from opledger.mcp.clients import Caller, Clients, add_client
+from opledger.settings import NotConfigured, get_settings
+
+from .app import app, err_console, open_ledger
+
+mcp_app = typer.Typer(help="The MCP gateway: the adapters' actions as MCP tools, each call once.")
+app.add_typer(mcp_app, name="mcp")
+
+#: the stdio transport's caller: the token of one client of the clients file
+TOKEN_ENV = "OPLEDGER_MCP_TOKEN"
+
+
+def _clients() -> Clients:
+    path = get_settings().mcp_clients
+    if not path:
+        raise NotConfigured(
+            "OPLEDGER_MCP_CLIENTS is not set: name the clients file (`opledger mcp token` "
+            "makes one)"
+        )
+    return Clients(path)
+
+
+def _require_extra() -> None:
+    for name in ("mcp", "uvicorn", "jsonschema"):
+        if importlib.util.find_spec(name) is None:
+            err_console.print(
+                f"opledger mcp serve: the MCP gateway needs the mcp extra ({name} is "
+                "missing): pip install 'opledger[mcp]'",
+                style="red",
+                markup=False,
+            )
+            raise typer.Exit(4)
+
+
+@mcp_app.command("serve")
+def serve(
+    transport: Annotated[
+        str, typer.Option(help="http (streamable HTTP) or stdio (one caller: OPLEDGER_MCP_TOKEN).")
+    ] = "http",
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="HTTP port.")] = 8765,
+    path: Annotated[str, typer.Option(help="The endpoint's path.")] = "/mcp",
+    public_url: Annotated[
+        str | None,
+        typer.Option(help="The gateway's URL as clients reach it (default: from host and port)."),
+    ] = None,
+    wait: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a call waits for its effect to settle before it answers pending "
+            "(the agent then asks opledger.status)."
+        ),
+    ] = 20.0,
+) -> None:
+    """Serve the configured adapters' actions as MCP tools; every call is an effect of the
+    caller's run, caused once (asked again, it answers how the first call's act stands).
+
+    Each caller is an entry of the clients file (OPLEDGER_MCP_CLIENTS): its bearer token
+    decides the tenant and the grant. Calls are published to the workers like any effect."""
+    if transport not in ("http", "stdio"):
+        raise typer.BadParameter("--transport is http or stdio")
+    if wait < 0:
+        raise typer.BadParameter("--wait cannot be negative")
+    _require_extra()
+    clients = _clients()
+    token = os.environ.get(TOKEN_ENV, "")
+    if transport == "stdio" and clients.caller_for(token) is None:
+        raise NotConfigured(f"stdio serves one caller: set {TOKEN_ENV} to a client's token")
+    _serve(clients, transport, host, port, path, public_url or f"http://{host}:{port}", wait, token)
+
+
+def _serve(
+    clients: Clients,
+    transport: str,
+    host: str,
+    port: int,
+    path: str,
+    public_url: str,
+    wait: float,
+    token: str,
+) -> None:
+    import anyio
+    import uvicorn
+
+    from opledger.agents.effects import Effects
+    from opledger.mcp.server import Gateway, http_app, identify_as, identify_by_token, serve_stdio
+    from opledger.observability import tracing
+
+    if tracing.wanted():
+        tracing.configure(service_name="opledger-mcp")
+    with open_ledger(pool_size=8) as ledger:
+        registry = ledger.actions
+        assert isinstance(registry, Registry)  # open_ledger wires the adapter registry
+        effects = Effects(ledger)
+        if transport == "stdio":
+            gateway = Gateway(effects, registry, identify_as(clients, token), wait=wait)
+            anyio.run(serve_stdio, gateway)
+            return
+        gateway = Gateway(effects, registry, identify_by_token, wait=wait)
+        web = http_app(gateway, clients, host=host, path=path, public_url=public_url)
+        err_console.print(f"opledger mcp on http://{host}:{port}{path}", markup=False)
+        uvicorn.run(web, host=host, port=port, log_level="warning", proxy_headers=False)
+
+
+@mcp_app.command("token")
+def token_command(
+    agent: Annotated[str, typer.Option(help="The agent this token is for (one token each).")],
+    tenant: Annotated[str, typer.Option(help="The tenant its effects are for.")],
+    grant: Annotated[str, typer.Option(help="The grant its effects are written under.")],
+    clients_file: Annotated[
+        str | None,
+        typer.Option("--file", help="The clients file (default: OPLEDGER_MCP_CLIENTS)."),
+    ] = None,
+) -> None:
+    """Make a bearer token for an agent and add it to the clients file; the token is
+    printed once (the file keeps its sha256 only)."""
+    target = clients_file or get_settings().mcp_clients
+    if not target:
+        raise typer.BadParameter("name the clients file: --file or OPLEDGER_MCP_CLIENTS")
+    caller = Caller(agent=agent, tenant=tenant, grant=grant)
+    made = add_client(target, caller)
+    err_console.print(f"added {agent} ({tenant}, grant {grant}) to {target}", markup=False)
+    typer.echo(made)

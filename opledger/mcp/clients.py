@@ -1,0 +1,159 @@
+"""Who may call the MCP gateway: one bearer token per agent, tied to a tenant and a grant.
+
+The clients file (`OPLEDGER_MCP_CLIENTS`, JSON) keeps each token's sha256, never the
+token: `opledger mcp token` makes a token, prints it once and adds its entry. The tenant
+and the grant of every call come from here, never from the call's arguments. The file is
+read again when it changes, so removing an entry refuses that token at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from opledger.ledger import InvalidInput
+from opledger.ledger.ids import check_identifier, check_key
+
+#: what a token starts with (a reader of a log line or a leaked file can tell what it is)
+TOKEN_PREFIX = "opl_mcp_"
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a call comes from: an agent, the tenant it acts for, the grant its effects use."""
+
+    agent: str
+    tenant: str
+    grant: str
+
+    def workflow_id(self, run: str) -> str:
+        """The ledger's run of this caller's `run` (another agent's run of the same name is
+        another run)."""
+        return f"mcp:{self.agent}:{run}"
+
+
+def new_token() -> tuple[str, str]:
+    """A new bearer token and its sha256 (what the clients file keeps)."""
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    return token, digest(token)
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class ClientsInvalid(InvalidInput):
+    """The clients file cannot be read or is not what the gateway needs."""
+
+
+def parse(text: str, source: str = "the clients file") -> dict[str, Caller]:
+    """token sha256 -> caller, from the file's JSON: `{"clients": [{"agent", "tenant",
+    "grant", "token_sha256"}, ...]}`. Raises `ClientsInvalid` naming what is wrong."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ClientsInvalid(f"{source} is not JSON: {exc}") from None
+    entries = data.get("clients") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ClientsInvalid(f'{source} needs a "clients" list')
+    callers: dict[str, Caller] = {}
+    agents: set[str] = set()
+    for n, entry in enumerate(entries, 1):
+        caller, hashed = _entry(entry, f"{source}, client {n}")
+        if caller.agent in agents:
+            raise ClientsInvalid(f"{source}: agent {caller.agent!r} is listed twice")
+        if hashed in callers:
+            raise ClientsInvalid(f"{source}: two clients share one token")
+        agents.add(caller.agent)
+        callers[hashed] = caller
+    return callers
+
+
+def _entry(entry: Any, where: str) -> tuple[Caller, str]:
+    if not isinstance(entry, dict):
+        raise ClientsInvalid(f"{where} is not an object")
+    missing = [k for k in ("agent", "tenant", "grant", "token_sha256") if k not in entry]
+    if missing:
+        raise ClientsInvalid(f"{where} lacks {', '.join(missing)}")
+    hashed = str(entry["token_sha256"]).lower()
+    if not _HEX64.fullmatch(hashed):
+        raise ClientsInvalid(f"{where}: token_sha256 must be 64 hex digits (a sha256)")
+    try:
+        caller = Caller(
+            agent=check_key("agent", str(entry["agent"])),
+            tenant=check_key("tenant", str(entry["tenant"])),
+            grant=check_identifier("grant", str(entry["grant"])),
+        )
+    except InvalidInput as exc:
+        raise ClientsInvalid(f"{where}: {exc}") from None
+    return caller, hashed
+
+
+class Clients:
+    """The clients file, read again whenever it changes (its size or modification time)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int] | None = None
+        self._callers: dict[str, Caller] = {}
+        self.current()  # a file that cannot be read stops the gateway at start
+
+    def current(self) -> dict[str, Caller]:
+        try:
+            stat = self.path.stat()
+        except OSError as exc:
+            raise ClientsInvalid(f"cannot read the clients file {self.path}: {exc}") from None
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        with self._lock:
+            if stamp != self._stamp:
+                self._callers = parse(self.path.read_text(), f"the clients file {self.path}")
+                self._stamp = stamp
+            return self._callers
+
+    def caller_for(self, token: str) -> Caller | None:
+        """The caller a bearer token stands for, or None. Every entry is compared, in
+        constant time, so the answer's timing tells nothing about near misses."""
+        hashed = digest(token)
+        found: Caller | None = None
+        for known, caller in self.current().items():
+            if hmac.compare_digest(known, hashed):
+                found = caller
+        return found
+
+
+def add_client(path: str | os.PathLike[str], caller: Caller) -> str:
+    """Make a token for `caller`, add its entry to the clients file (created if missing)
+    and return the token (shown once: only its sha256 is kept)."""
+    target = Path(path)
+    entries: list[dict[str, str]] = []
+    if target.exists():
+        parse(target.read_text(), f"the clients file {target}")
+        entries = json.loads(target.read_text())["clients"]
+    if any(e.get("agent") == caller.agent for e in entries):
+        raise ClientsInvalid(f"agent {caller.agent!r} already has a token in {target}")
+    token, hashed = new_token()
+    entries.append(
+        {
+            "agent": caller.agent,
+            "tenant": caller.tenant,
+            "grant": caller.grant,
+            "token_sha256": hashed,
+        }
+    )
+    tmp = target.with_name(target.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump({"clients": entries}, out, indent=2)
+        out.write("\n")
+    os.replace(tmp, target)
+    return token

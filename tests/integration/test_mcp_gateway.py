@@ -1,0 +1,241 @@
+"""The MCP gateway over real streamable HTTP (uvicorn on loopback, the MCP SDK's client),
+on the real ledger: the caller's token decides the tenant and the grant; a call is an act
+of the caller's run; a call asked again under a new request id is answered with the same
+operation; a call that cannot be an effect is refused and writes nothing.
+
+No worker runs here (publishing is recorded, not sent): what a worker does with the
+operation, and a gateway killed mid-call, are tests/system/test_mcp_gateway.py's.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import anyio
+import httpx2
+import pytest
+import uvicorn
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import RequestParamsMeta
+from mcp_types.jsonrpc import INVALID_PARAMS
+
+from opledger.adapters.crm import CrmAdapter
+from opledger.adapters.email import EmailAdapter
+from opledger.adapters.registry import Registry
+from opledger.agents.effects import Effects
+from opledger.ledger import Ledger
+from opledger.mcp.clients import Caller, Clients, add_client
+from opledger.mcp.server import Gateway, http_app, identify_by_token
+from opledger.mcp.tools import RUN_META, STATUS_TOOL
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@dataclass
+class Gw:
+    url: str
+    tokens: dict[str, str]
+    published: list[str]
+    ledger: Ledger
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def gw(ledger: Ledger, grant: str, tmp_path: Path) -> Iterator[Gw]:
+    ledger.grant(tenant="globex", scope=["crm.*"], granted_by="test", ref="auth_globex")
+    ledger.grant(tenant="acme", scope=["crm.*"], granted_by="test", ref="auth_revoked")
+    ledger.revoke("auth_revoked", by="security", reason="the agent misbehaved")
+    registry = Registry(
+        [
+            CrmAdapter("http://127.0.0.1:9", account="acme"),
+            EmailAdapter("http://127.0.0.1:9", account="acme"),
+        ]
+    )
+    path = tmp_path / "clients.json"
+    tokens = {
+        "bot": add_client(path, Caller("bot", "acme", grant)),
+        "other": add_client(path, Caller("other", "globex", "auth_globex")),
+        "revoked": add_client(path, Caller("revoked", "acme", "auth_revoked")),
+    }
+    published: list[str] = []
+    effects = Effects(Ledger(ledger.engine, actions=registry), publish=published.append)
+    gateway = Gateway(effects, registry, identify_by_token, wait=0.2)
+    port = _free_port()
+    app = http_app(
+        gateway, Clients(path), host="127.0.0.1", path="/mcp", public_url=f"http://127.0.0.1:{port}"
+    )
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "the gateway did not start"
+        time.sleep(0.02)
+    try:
+        yield Gw(f"http://127.0.0.1:{port}/mcp", tokens, published, ledger)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@asynccontextmanager
+async def client(gw: Gw, token: str | None) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=30) as http,
+        Client(streamable_http_client(gw.url, http_client=http)) as c,
+    ):
+        yield c
+
+
+def call(
+    gw: Gw, name: str, args: dict[str, Any], *, run: str | None = "run-1", token: str = "bot"
+) -> Any:
+    async def go() -> Any:
+        async with client(gw, gw.tokens[token]) as c:
+            meta = cast(RequestParamsMeta, {RUN_META: run}) if run is not None else None
+            try:
+                return await c.call_tool(name, args, meta=meta)
+            except MCPError as exc:  # returned, not raised through the client's task group
+                return exc
+
+    return anyio.run(go)
+
+
+CLOSE = {"target": "case-318", "payload": {"note": "resolved by the agent"}}
+
+
+def test_the_tools_are_the_actions_with_their_schemas_and_the_status_tool(gw: Gw) -> None:
+    async def go() -> Any:
+        async with client(gw, gw.tokens["bot"]) as c:
+            return await c.list_tools()
+
+    tools = {t.name: t for t in anyio.run(go).tools}
+    assert set(tools) == {
+        "crm.close_case.v1",
+        "crm.update_case.v1",
+        "email.send.v1",
+        STATUS_TOOL,
+    }
+    update = tools["crm.update_case.v1"]
+    assert update.input_schema["required"] == ["target", "payload"]
+    assert update.input_schema["properties"]["payload"]["required"] == ["fields"]
+    assert "payload's fields" in (update.description or "")
+    assert update.annotations is not None and update.annotations.idempotent_hint
+
+
+def test_a_call_is_an_effect_and_the_same_call_under_a_new_request_id_is_answered_with_it(
+    gw: Gw,
+) -> None:
+    first = call(gw, "crm.close_case.v1", CLOSE)
+    assert not first.is_error
+    answer = first.structured_content
+    assert answer["kind"] == "pending" and answer["asked_before"] is False
+    op = gw.ledger.get(answer["op_id"])
+    assert (op.tenant, op.workflow_id, op.authorization_ref) == (
+        "acme",
+        "mcp:bot:run-1",
+        "auth_acme",
+    )
+    # the client lost the answer and re-issues the call: a new connection, a new request id,
+    # reworded: the same act, the same operation, nothing new published
+    again = call(gw, "crm.close_case.v1", {**CLOSE, "payload": {"note": "closing it now"}})
+    assert again.structured_content["op_id"] == op.id
+    assert again.structured_content["asked_before"] is True
+    assert again.structured_content["differs"] == ["payload.note"]
+    assert set(gw.published) == {op.id}  # (a waiting call may publish it again: one message)
+    asks = gw.ledger.asks(op.id)  # each ask kept, with the caller and its request id
+    assert len(asks) == 2 and all(str(a.asked_by).startswith("mcp:bot:") for a in asks)
+    # another run of the same agent, or a deliberate repeat, is another act
+    other = call(gw, "crm.close_case.v1", CLOSE, run="run-2")
+    repeat = call(gw, "crm.close_case.v1", {**CLOSE, "repeat": 2})
+    ids = {other.structured_content["op_id"], repeat.structured_content["op_id"], op.id}
+    assert len(ids) == 3
+
+
+def test_the_status_tool_answers_for_the_callers_own_operations_only(gw: Gw) -> None:
+    op_id = call(gw, "crm.close_case.v1", CLOSE).structured_content["op_id"]
+    mine = call(gw, STATUS_TOOL, {"op_id": op_id})
+    assert not mine.is_error and mine.structured_content["op_id"] == op_id
+    theirs = call(gw, STATUS_TOOL, {"op_id": op_id}, token="other")
+    assert theirs.is_error and "no operation" in theirs.structured_content["message"]
+    # and another tenant's call of the same act in a run of the same name is its own act
+    globex = call(gw, "crm.close_case.v1", CLOSE, token="other")
+    assert globex.structured_content["op_id"] != op_id
+    assert gw.ledger.get(globex.structured_content["op_id"]).tenant == "globex"
+
+
+def _count(ledger: Ledger) -> int:
+    return len(ledger.list(limit=1000))
+
+
+@pytest.mark.parametrize(
+    ("args", "run", "token", "error"),
+    [
+        ({"target": "case-1"}, "run-1", "bot", "InvalidArguments"),  # no payload
+        ({"target": "case-1", "payload": {"note": 5}}, "run-1", "bot", "InvalidArguments"),
+        ({"target": "", "payload": {}}, "run-1", "bot", "InvalidArguments"),
+        (
+            {"target": "case-1", "payload": {}, "tenant": "globex"},
+            "run-1",
+            "bot",
+            "InvalidArguments",
+        ),
+        ({"target": "case-1", "payload": {}}, None, "bot", "MissingRun"),
+        ({"target": "case-1", "payload": {}}, "run\x00", "bot", "InvalidIdentifier"),
+        ({"target": "case-1", "payload": {}}, "run-1", "revoked", "AuthorizationRevoked"),
+    ],
+    ids=[
+        "no-payload",
+        "schema",
+        "empty-target",
+        "tenant-argument",
+        "no-run",
+        "bad-run",
+        "revoked-grant",
+    ],
+)
+def test_a_call_that_cannot_be_an_effect_is_refused_and_writes_nothing(
+    gw: Gw, args: dict[str, Any], run: str | None, token: str, error: str
+) -> None:
+    before = _count(gw.ledger)
+    result = call(gw, "crm.close_case.v1", args, run=run, token=token)
+    assert result.is_error, result
+    assert result.structured_content["kind"] == "refused"
+    assert result.structured_content["error"] == error, result.structured_content
+    assert "nothing was sent" in result.structured_content["message"]
+    assert _count(gw.ledger) == before and gw.published == []
+
+
+def test_an_unknown_tool_is_a_protocol_error(gw: Gw) -> None:
+    error = call(gw, "crm.delete_everything.v1", CLOSE)
+    assert isinstance(error, MCPError)
+    assert error.code == INVALID_PARAMS and "no tool" in error.message
+    assert _count(gw.ledger) == 0
+
+
+def test_without_a_valid_token_nothing_is_served(gw: Gw) -> None:
+    for token in (None, "opl_mcp_not-a-token"):
+        response = httpx2.post(
+            gw.url,
+            headers={"Accept": "application/json, text/event-stream"}
+            | ({"Authorization": f"Bearer {token}"} if token else {}),
+            json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+        )
+        assert response.status_code == 401
+        assert response.headers["www-authenticate"].startswith("Bearer")
+    assert _count(gw.ledger) == 0
