@@ -7,7 +7,11 @@ first one recorded."""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -172,3 +176,25 @@ def test_two_clients_asking_for_one_act_at_once_update_the_case_once(
     assert sorted(a["asked_before"] for a in answers) == [False, True]
     assert {a["kind"] for a in answers} == {"confirmed"}
     assert updates(sandbox, "case-mcp-3") == 1
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mcp_onboarding.py"
+
+
+def test_the_example_agent_closes_and_emails_once_however_often_it_runs(
+    gateway: Gateway, sandbox: Sandbox
+) -> None:
+    env = {**os.environ, "OPLEDGER_MCP_TOKEN": gateway.token}
+    argv = [sys.executable, str(EXAMPLE), "--url", gateway.url, "--run", "onboarding-7"]
+    argv += ["--case", "case-mcp-4", "--owner", "owner4@acme.test"]
+    runs = [subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)]
+    runs.append(subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120))
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+    first, second = ([json.loads(line) for line in r.stdout.splitlines()] for r in runs)
+    assert [a["tool"] for a in first] == ["crm.close_case.v1", "email.send.v1"]
+    assert all(a["asked_before"] for a in second)  # the second run sent nothing
+    assert [a["op_id"] for a in first] == [a["op_id"] for a in second]
+    acts = sandbox.by_act()
+    assert sum(n for k, n in acts.items() if k.endswith(":close:case-mcp-4")) == 1
+    assert sum(n for k, n in acts.items() if k.endswith(":owner4@acme.test")) == 1
