@@ -294,6 +294,17 @@ assert "case-319" in rows, rows
             )
         },
     ),
+    "174658330b": Shell(
+        "opledger mcp token --agent onboarding --tenant acme --grant auth_acme --file mcp-clients.json",
+        # the gateway serves until stopped: its system tests start it as written (a clients
+        # file, `mcp serve --port`) and call it over streamable HTTP
+        covered={
+            "OPLEDGER_MCP_CLIENTS=mcp-clients.json opledger mcp serve --port 8765": (
+                "tests/system/test_mcp_gateway.py::test_a_call_whose_answer_was_lost_is_reissued_and_the_case_is_updated_once",
+                "tests/system/test_mcp_gateway.py::test_the_example_agent_closes_and_emails_once_however_often_it_runs",
+            )
+        },
+    ),
     "bdef7a5f1c": Shell(
         "opledger review list --tenant acme --older-than 2h --action 'email.*'",
         substitute=(("op_01J...", "{op}"),),
@@ -399,7 +410,7 @@ assert "opledger-sweep" in theirs.conf.beat_schedule
 assert current_app._get_current_object() is theirs
 """,
     ),
-    "a6a3dd83c7": NotCode(
+    "29c07d0ad4": NotCode(
         "opledger/ledger/     the core, one module per part",
         "the directory layout",
     ),
