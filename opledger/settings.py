@@ -173,6 +173,11 @@ class Settings(BaseSettings):
         description="The MCP gateway's clients file (JSON): each agent's token sha256, "
         "tenant and grant (`opledger mcp token` adds one).",
     )
+    mcp_upstream: str | None = Field(
+        default=None,
+        description="`opledger mcp proxy`'s upstream file (JSON): the MCP server behind it, "
+        "its tools with effects and those passed through.",
+    )
     review_webhook_url: str | None = Field(
         default=None,
         description="POSTed to (as an operation of its own) when a review opens; unset: no "

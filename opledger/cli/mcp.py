@@ -10,6 +10,7 @@ import typer
 
 from opledger.adapters.registry import Registry
 from opledger.mcp.clients import Caller, Clients, add_client
+from opledger.mcp.upstream import Upstream, load_upstream
 from opledger.settings import NotConfigured, get_settings
 
 from .app import app, err_console, open_ledger
@@ -77,7 +78,8 @@ def serve(
     token = os.environ.get(TOKEN_ENV, "")
     if transport == "stdio" and clients.caller_for(token) is None:
         raise NotConfigured(f"stdio serves one caller: set {TOKEN_ENV} to a client's token")
-    _serve(clients, transport, host, port, path, public_url or f"http://{host}:{port}", wait, token)
+    url = public_url or f"http://{host}:{port}"
+    _serve(clients, transport, host, port, path, url, wait, token)
 
 
 def _serve(
@@ -89,6 +91,7 @@ def _serve(
     public_url: str,
     wait: float,
     token: str,
+    upstream: Upstream | None = None,
 ) -> None:
     import anyio
     import uvicorn
@@ -103,14 +106,60 @@ def _serve(
         registry = ledger.actions
         assert isinstance(registry, Registry)  # open_ledger wires the adapter registry
         effects = Effects(ledger)
+        identify = identify_as(clients, token) if transport == "stdio" else identify_by_token
+        gateway: Gateway
+        if upstream is None:
+            gateway = Gateway(effects, registry, identify, wait=wait)
+        else:
+            from opledger.mcp.proxy import Proxy, upstream_tools
+
+            tools = anyio.run(upstream_tools, upstream)
+            gateway = Proxy(effects, registry, identify, wait=wait, upstream=upstream, tools=tools)
         if transport == "stdio":
-            gateway = Gateway(effects, registry, identify_as(clients, token), wait=wait)
             anyio.run(serve_stdio, gateway)
             return
-        gateway = Gateway(effects, registry, identify_by_token, wait=wait)
         web = http_app(gateway, clients, host=host, path=path, public_url=public_url)
-        err_console.print(f"opledger mcp on http://{host}:{port}{path}", markup=False)
+        what = "mcp proxy" if upstream is not None else "mcp"
+        err_console.print(f"opledger {what} on http://{host}:{port}{path}", markup=False)
         uvicorn.run(web, host=host, port=port, log_level="warning", proxy_headers=False)
+
+
+@mcp_app.command("proxy")
+def proxy(
+    transport: Annotated[
+        str, typer.Option(help="http (streamable HTTP) or stdio (one caller: OPLEDGER_MCP_TOKEN).")
+    ] = "http",
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="HTTP port.")] = 8766,
+    path: Annotated[str, typer.Option(help="The endpoint's path.")] = "/mcp",
+    public_url: Annotated[
+        str | None,
+        typer.Option(help="The proxy's URL as clients reach it (default: from host and port)."),
+    ] = None,
+    wait: Annotated[
+        float, typer.Option(help="Seconds a call waits for its effect before it answers pending.")
+    ] = 20.0,
+) -> None:
+    """In front of an existing MCP server (OPLEDGER_MCP_UPSTREAM): its read-only tools
+    passed through, each tool the file marks as having effects caused once through the
+    ledger (the workers call the upstream; an answer never read is unknown and goes to a
+    person). Run the proxy and the workers with
+    OPLEDGER_ADAPTERS=opledger.mcp.upstream:build_registry."""
+    if transport not in ("http", "stdio"):
+        raise typer.BadParameter("--transport is http or stdio")
+    if wait < 0:
+        raise typer.BadParameter("--wait cannot be negative")
+    _require_extra()
+    clients = _clients()
+    source = get_settings().mcp_upstream
+    if not source:
+        raise NotConfigured("OPLEDGER_MCP_UPSTREAM is not set: name the upstream file")
+    upstream = load_upstream(source)
+    token = os.environ.get(TOKEN_ENV, "")
+    if transport == "stdio" and clients.caller_for(token) is None:
+        raise NotConfigured(f"stdio serves one caller: set {TOKEN_ENV} to a client's token")
+    url = public_url or f"http://{host}:{port}"
+    _serve(clients, transport, host, port, path, url, wait, token, upstream)
 
 
 @mcp_app.command("token")

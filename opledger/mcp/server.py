@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import mcp_types as types
@@ -64,12 +64,22 @@ Identify = Callable[[], Caller]
 class Gateway:
     """The tools of `registry`'s actions (and the status tool), each call an effect."""
 
-    def __init__(self, effects: Effects, registry: Registry, identify: Identify, *, wait: float):
+    def __init__(
+        self,
+        effects: Effects,
+        registry: Registry,
+        identify: Identify,
+        *,
+        wait: float,
+        actions: Sequence[str] | None = None,
+    ) -> None:
+        """`actions`: the actions offered as tools (default: every one `registry` serves)."""
         self.effects = effects
         self.registry = registry
         self.identify = identify
         self.wait = wait
-        self._schemas = {a: input_schema(registry, a) for a in registry.actions}
+        offered = registry.actions if actions is None else tuple(actions)
+        self._schemas = {a: input_schema(registry, a) for a in offered}
         self._validators = {a: Draft202012Validator(s) for a, s in self._schemas.items()}
         self._status_validator = Draft202012Validator(STATUS_SCHEMA)
         annotations = types.ToolAnnotations(
@@ -82,7 +92,7 @@ class Gateway:
                 input_schema=self._schemas[a],
                 annotations=annotations,
             )
-            for a in registry.actions
+            for a in offered
         ] + [
             types.Tool(
                 name=STATUS_TOOL,
@@ -111,12 +121,28 @@ class Gateway:
         validator = self._validators.get(name)
         if validator is None:
             raise MCPError(INVALID_PARAMS, f"no tool {name!r}: tools/list names them")
-        problems = _problems(validator, args)
-        if problems:
-            return _refusal(name, "InvalidArguments", f"the arguments do not fit: {problems}")
+        wrong = problems(validator, args)
+        if wrong:
+            return refusal(name, "InvalidArguments", f"the arguments do not fit: {wrong}")
+        return await self.effect(
+            ctx, params, caller, name, args["target"], args["payload"], args.get(REPEAT)
+        )
+
+    async def effect(
+        self,
+        ctx: ServerRequestContext[Any],
+        params: types.CallToolRequestParams,
+        caller: Caller,
+        action: str,
+        target: str,
+        payload: dict[str, Any],
+        repeat: int | None,
+    ) -> types.CallToolResult:
+        """A call as an effect of the caller's run (the call's arguments already checked)."""
+        name = params.name
         run = (params.meta or {}).get(RUN_META)
         if not isinstance(run, str) or not run.strip():
-            return _refusal(
+            return refusal(
                 name,
                 "MissingRun",
                 f"the call names no run: set _meta['{RUN_META}'] to your run's id, the same "
@@ -126,11 +152,11 @@ class Gateway:
             result = await self.effects.aeffect(
                 tenant=caller.tenant,
                 run=caller.workflow_id(run),
-                action=name,
-                target=args["target"],
-                payload=args["payload"],
+                action=action,
+                target=target,
+                payload=payload,
                 authorization_ref=caller.grant,
-                purpose=purpose_of(args.get(REPEAT)),
+                purpose=purpose_of(repeat),
                 asked_by=f"mcp:{caller.agent}:{ctx.request_id}",
                 wait=self.wait,
             )
@@ -138,32 +164,30 @@ class Gateway:
             log.error("%s cannot be served: %s", name, exc)
             raise MCPError(INTERNAL_ERROR, f"{name} cannot be served: {exc}") from None
         except REFUSED as exc:
-            return _refused(name, exc)
-        return _answer(name, result)
+            return refused_answer(name, exc)
+        return answer(name, result)
 
     async def _status(self, caller: Caller, args: dict[str, Any]) -> types.CallToolResult:
-        problems = _problems(self._status_validator, args)
-        if problems:
-            return _refusal(
-                STATUS_TOOL, "InvalidArguments", f"the arguments do not fit: {problems}"
-            )
+        wrong = problems(self._status_validator, args)
+        if wrong:
+            return refusal(STATUS_TOOL, "InvalidArguments", f"the arguments do not fit: {wrong}")
         op_id = args["op_id"]
         try:
             check_operation_id(op_id)
             result = await asyncio.to_thread(self.effects.result, op_id)
         except (InvalidInput, OperationNotFound) as exc:
-            return _refused(STATUS_TOOL, exc)
+            return refused_answer(STATUS_TOOL, exc)
         op = result.operation
         if op.tenant != caller.tenant or not op.workflow_id.startswith(caller.workflow_id("")):
             # another caller's operation reads as no operation: no oracle for its ids
-            return _refused(STATUS_TOOL, OperationNotFound(f"no operation {op_id}"))
+            return refused_answer(STATUS_TOOL, OperationNotFound(f"no operation {op_id}"))
         wait = float(args.get("wait", 0))
         if wait > 0 and not at_rest(result):
             result = await self.effects.await_result(op_id, wait)
-        return _answer(STATUS_TOOL, result)
+        return answer(STATUS_TOOL, result)
 
 
-def _problems(validator: Draft202012Validator, args: dict[str, Any]) -> str:
+def problems(validator: Draft202012Validator, args: dict[str, Any]) -> str:
     errors: list[ValidationError] = sorted(
         validator.iter_errors(args), key=lambda e: [str(p) for p in e.absolute_path]
     )
@@ -182,17 +206,17 @@ def _content(data: dict[str, Any], *, error: bool) -> types.CallToolResult:
     )
 
 
-def _answer(tool: str, result: EffectResult) -> types.CallToolResult:
+def answer(tool: str, result: EffectResult) -> types.CallToolResult:
     metrics.MCP_CALLS.labels(tool, result.kind).inc()
     return _content(summary(result), error=False)
 
 
-def _refused(tool: str, exc: Exception) -> types.CallToolResult:
+def refused_answer(tool: str, exc: Exception) -> types.CallToolResult:
     metrics.MCP_CALLS.labels(tool, "refused").inc()
     return _content(refused(exc), error=True)
 
 
-def _refusal(tool: str, error: str, message: str) -> types.CallToolResult:
+def refusal(tool: str, error: str, message: str) -> types.CallToolResult:
     metrics.MCP_CALLS.labels(tool, "refused").inc()
     return _content(
         {"kind": "refused", "error": error, "message": f"Not done, nothing was sent: {message}"},

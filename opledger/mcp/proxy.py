@@ -1,0 +1,154 @@
+"""`opledger mcp proxy`: an existing MCP server's tools, its effects caused once.
+
+In front of the upstream (`OPLEDGER_MCP_UPSTREAM`, see `upstream`), the proxy offers the
+tools its file names, with the upstream's own names, descriptions and input schemas:
+a passthrough (read-only) tool is forwarded as it is; a call of an effectful tool becomes
+an effect of the caller's run — its arguments are the frozen payload, its target the
+argument the file names — dispatched to the upstream by the workers (`McpToolAdapter`),
+so asked again, it answers with the operation it recorded. Callers, runs and answers are
+the gateway's (`server.Gateway`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import httpx2
+import mcp_types as types
+from jsonschema import Draft202012Validator
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp_types.jsonrpc import INTERNAL_ERROR
+
+from opledger.adapters.registry import Registry
+from opledger.agents.answers import REPEAT, REPEAT_HELP
+from opledger.agents.effects import Effects
+
+from .server import Gateway, Identify, problems, refusal
+from .upstream import Upstream, UpstreamInvalid, UpstreamTool
+
+
+async def upstream_tools(upstream: Upstream) -> list[types.Tool]:
+    """The upstream's tools, as its `tools/list` gives them."""
+    async with (
+        httpx2.AsyncClient(headers=upstream.headers(), timeout=upstream.timeout_seconds) as http,
+        Client(streamable_http_client(upstream.url, http_client=http)) as client,
+    ):
+        listed = await client.list_tools()
+    return list(listed.tools)
+
+
+class Proxy(Gateway):
+    """The upstream's named tools: effects through the ledger, the rest forwarded."""
+
+    def __init__(
+        self,
+        effects: Effects,
+        registry: Registry,
+        identify: Identify,
+        *,
+        wait: float,
+        upstream: Upstream,
+        tools: list[types.Tool],
+    ) -> None:
+        super().__init__(effects, registry, identify, wait=wait, actions=())
+        self.upstream = upstream
+        by_name = {t.name: t for t in tools}
+        missing = sorted({*upstream.effects, *upstream.passthrough} - set(by_name))
+        if missing:
+            raise UpstreamInvalid(f"the upstream offers no tool {', '.join(missing)}")
+        unserved = sorted(
+            t.action for t in upstream.effects.values() if t.action not in registry.actions
+        )
+        if unserved:
+            raise UpstreamInvalid(
+                f"no adapter serves {', '.join(unserved)}: run the proxy and the workers with "
+                "OPLEDGER_ADAPTERS=opledger.mcp.upstream:build_registry"
+            )
+        self._effectful: dict[str, UpstreamTool] = dict(upstream.effects)
+        self._proxy_schemas: dict[str, Mapping[str, Any]] = {}
+        for name, spec in upstream.effects.items():
+            schema = _with_repeat(name, by_name[name].input_schema)
+            self._proxy_schemas[name] = schema
+            self.tools.insert(0, _effect_tool(by_name[name], schema, spec))
+        self._proxy_validators = {
+            n: Draft202012Validator(s) for n, s in self._proxy_schemas.items()
+        }
+        self._passthrough = set(upstream.passthrough)
+        self.tools[:0] = [by_name[n] for n in sorted(self._passthrough)]
+
+    def input_schema(self, name: str) -> Mapping[str, Any] | None:
+        return self._proxy_schemas.get(name) or super().input_schema(name)
+
+    async def call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        name, args = params.name, dict(params.arguments or {})
+        if name in self._passthrough:
+            self.identify()
+            return await self._forward(name, args)
+        spec = self._effectful.get(name)
+        if spec is None:  # the status tool, or no such tool
+            return await super().call_tool(ctx, params)
+        caller = self.identify()
+        wrong = problems(self._proxy_validators[name], args)
+        if wrong:
+            return refusal(name, "InvalidArguments", f"the arguments do not fit: {wrong}")
+        repeat = args.pop(REPEAT, None)
+        target = name if spec.target is None else args.get(spec.target)
+        if not isinstance(target, str | int) or isinstance(target, bool) or target == "":
+            return refusal(
+                name, "InvalidArguments", f"{spec.target} (what the act is done to) is missing"
+            )
+        return await self.effect(ctx, params, caller, spec.action, str(target), args, repeat)
+
+    async def _forward(self, name: str, args: dict[str, Any]) -> types.CallToolResult:
+        try:
+            async with (
+                httpx2.AsyncClient(
+                    headers=self.upstream.headers(), timeout=self.upstream.timeout_seconds
+                ) as http,
+                Client(streamable_http_client(self.upstream.url, http_client=http)) as client,
+            ):
+                return await client.call_tool(name, args)
+        except MCPError:
+            raise
+        except Exception as exc:
+            raise MCPError(INTERNAL_ERROR, f"the upstream did not answer: {exc}"[:500]) from None
+
+
+def _with_repeat(name: str, schema: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(schema))
+    props = out.setdefault("properties", {})
+    if REPEAT in props:
+        raise UpstreamInvalid(
+            f"the upstream tool {name} has an argument named {REPEAT!r}, the argument the "
+            "proxy adds for deliberate repeats"
+        )
+    props[REPEAT] = {"type": "integer", "minimum": 1, "maximum": 1000, "description": REPEAT_HELP}
+    return out
+
+
+def _effect_tool(tool: types.Tool, schema: dict[str, Any], spec: UpstreamTool) -> types.Tool:
+    act = (
+        f"the {spec.target} and the arguments {', '.join(spec.intent_fields)}"
+        if spec.intent_fields
+        else f"the {spec.target or 'tool'} alone"
+    )
+    note = (
+        f" (Through opledger: done at most once per act in your run — an act is {act}; "
+        "asked again it answers how the first call's act stands. Set _meta['opledger/run'].)"
+    )
+    return types.Tool(
+        name=tool.name,
+        title=tool.title,
+        description=(tool.description or "") + note,
+        input_schema=schema,
+        annotations=types.ToolAnnotations(
+            read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=True
+        ),
+    )

@@ -1,0 +1,164 @@
+"""`opledger mcp proxy` in front of an MCP server this project did not write (an MCP SDK
+server with one effectful and one read-only tool), with real workers calling it: the
+effectful tool's answer is lost → unknown → a review, after exactly one upstream call; the
+read-only tool is passed through; asked again, a confirmed call is answered, not repeated."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import RequestParamsMeta
+
+from opledger.dev.processes import Proc, Stack, free_port, wait_until
+from opledger.ledger import Ledger, Status
+from opledger.mcp.clients import Caller, add_client
+from opledger.mcp.tools import RUN_META
+from tests.conftest import truncate_all
+from tests.system.conftest import worker_with
+
+pytestmark = pytest.mark.timeout(240)
+
+UPSTREAM = Path(__file__).with_name("upstream_mcp.py")
+ACTION = "tickets.create_ticket.v1"
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@dataclass
+class Rig:
+    url: str
+    token: str
+    state: Path
+
+    def upstream_calls(self) -> int:
+        return len(json.loads(self.state.read_text())) if self.state.exists() else 0
+
+
+@pytest.fixture
+def rig(running: Stack, sys_ledger: Ledger, database_url: str, tmp_path: Path) -> Iterator[Rig]:
+    state = tmp_path / "tickets.json"
+    up_port, port = free_port(), free_port()
+    upstream = subprocess.Popen(
+        [sys.executable, str(UPSTREAM), "--port", str(up_port), "--state", str(state)]
+    )
+    config = tmp_path / "upstream.json"
+    config.write_text(
+        json.dumps(
+            {
+                "url": f"http://127.0.0.1:{up_port}/mcp",
+                "provider": "tickets",
+                "timeout_seconds": 1.5,
+                "effects": {
+                    "create_ticket": {
+                        "action": ACTION,
+                        "target": "project",
+                        "intent_fields": ["title"],
+                        "effect": "ticket",
+                    }
+                },
+                "passthrough": ["count_tickets"],
+            }
+        )
+    )
+    clients = tmp_path / "clients.json"
+    token = add_client(clients, Caller("bot", "acme", "auth_acme"))
+    env = {
+        "OPLEDGER_ADAPTERS": "opledger.mcp.upstream:build_registry",
+        "OPLEDGER_MCP_UPSTREAM": str(config),
+        "OPLEDGER_MCP_CLIENTS": str(clients),
+    }
+    proxy: Proc | None = None
+    try:
+        wait_until(lambda: _listening(up_port), 30, "the upstream MCP server")
+        with worker_with(running, "w1", 2, **env):
+            argv = ["mcp", "proxy", "--port", str(port), "--wait", "10"]
+            proxy = Proc("mcp-proxy", argv, {**running.env, **env}, tmp_path / "proxy.log")
+            wait_until(lambda: _listening(port) or proxy.proc.poll() is not None, 60, "proxy")
+            assert proxy.proc.poll() is None, proxy.output()
+            try:
+                yield Rig(f"http://127.0.0.1:{port}/mcp", token, state)
+            finally:
+                # the plain worker put back next serves no tickets action: an open
+                # operation of one would stop it from starting (its startup check)
+                truncate_all(database_url)
+    finally:
+        if proxy is not None and proxy.proc.poll() is None:
+            proxy.kill()
+        upstream.kill()
+        upstream.wait()
+
+
+def call(rig: Rig, tool: str, args: dict[str, Any], run: str = "run-1") -> Any:
+    async def go() -> Any:
+        headers = {"Authorization": f"Bearer {rig.token}"}
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=60) as http,
+            Client(streamable_http_client(rig.url, http_client=http)) as client,
+        ):
+            return await client.call_tool(tool, args, meta=cast(RequestParamsMeta, {RUN_META: run}))
+
+    return anyio.run(go)
+
+
+def test_the_proxy_offers_the_named_tools_only_under_their_own_names(rig: Rig) -> None:
+    async def go() -> Any:
+        headers = {"Authorization": f"Bearer {rig.token}"}
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=60) as http,
+            Client(streamable_http_client(rig.url, http_client=http)) as client,
+        ):
+            return await client.list_tools()
+
+    tools = {t.name: t for t in anyio.run(go).tools}
+    assert set(tools) == {"create_ticket", "count_tickets", "opledger.status"}
+    assert set(tools["create_ticket"].input_schema["properties"]) >= {"project", "title"}
+
+
+def test_a_lost_answer_of_the_upstream_is_unknown_and_goes_to_a_person_after_one_call(
+    rig: Rig, sys_ledger: Ledger
+) -> None:
+    (rig.state.parent / "slow").touch()  # the upstream answers after the workers gave up
+    answer = call(rig, "create_ticket", {"project": "ops", "title": "Printer on fire"})
+    assert not answer.is_error, answer
+    op_id = answer.structured_content["op_id"]
+
+    def reviewed() -> bool:
+        history = sys_ledger.history(op_id)
+        return history.operation.status is Status.UNKNOWN and history.open_review is not None
+
+    wait_until(reviewed, 60, "the lost call to reach review")
+    assert rig.upstream_calls() == 1  # never called again blindly
+    counted = call(rig, "count_tickets", {"project": "ops"})  # read-only: passed through
+    assert not counted.is_error and counted.structured_content == {"count": 1}
+    again = call(rig, "create_ticket", {"project": "ops", "title": "Printer on fire"})
+    assert again.structured_content["op_id"] == op_id
+    assert again.structured_content["kind"] == "unknown"
+    assert "review_id" in again.structured_content
+    assert rig.upstream_calls() == 1
+
+
+def test_a_confirmed_call_asked_again_is_answered_and_not_repeated(rig: Rig) -> None:
+    first = call(rig, "create_ticket", {"project": "web", "title": "Logo is blurry"})
+    assert first.structured_content["kind"] == "confirmed", first.structured_content
+    assert first.structured_content["data"] == {"ticket": "T-1", "project": "web"}
+    again = call(rig, "create_ticket", {"project": "web", "title": "Logo is blurry"})
+    assert again.structured_content["asked_before"] is True
+    assert again.structured_content["op_id"] == first.structured_content["op_id"]
+    other = call(rig, "create_ticket", {"project": "web", "title": "Footer overlaps"})
+    assert other.structured_content["op_id"] != first.structured_content["op_id"]
+    assert rig.upstream_calls() == 2
