@@ -78,6 +78,8 @@ def _checks(  # noqa: C901
         yield quorum
     if settings.mcp_clients:
         yield _mcp_clients(settings.mcp_clients, registry)
+    if settings.mcp_upstream:
+        yield _mcp_upstream(settings.mcp_upstream, registry)
     if database:
         if not settings.database_url and not settings.dev:
             yield Check("postgres", False, "OPLEDGER_DATABASE_URL is not set")
@@ -139,6 +141,27 @@ def _mcp_clients(path: str, registry: Any) -> Check:
     tools = f", {len(registry.actions)} tools" if registry is not None else ""
     detail = f"{len(callers)} agents ({', '.join(tenants) or 'no tenants'}){tools}"
     return Check("mcp clients", True, detail)
+
+
+def _mcp_upstream(path: str, registry: Any) -> Check:
+    """`opledger mcp proxy`'s upstream file, and an adapter for each of its effects."""
+    from opledger.mcp.upstream import UpstreamInvalid, load_upstream
+
+    try:
+        upstream = load_upstream(path)
+    except UpstreamInvalid as exc:
+        return Check("mcp upstream", False, str(exc))
+    actions = sorted(t.action for t in upstream.effects.values())
+    unserved = [a for a in actions if registry is not None and a not in registry.actions]
+    if unserved:
+        return Check(
+            "mcp upstream",
+            False,
+            f"no adapter serves {', '.join(unserved)}: "
+            "OPLEDGER_ADAPTERS=opledger.mcp.upstream:build_registry",
+        )
+    detail = f"{upstream.url}: {len(actions)} effects, {len(upstream.passthrough)} passed through"
+    return Check("mcp upstream", True, detail)
 
 
 def _lease(settings: Settings, registry: Any) -> Check | None:
