@@ -3,7 +3,9 @@
 A private Redis, the sandbox providers, one `opledger worker` (prefork, two processes)
 and one `opledger beat`, all against the session's test database, with short leases and
 sweep intervals so recovery happens in seconds. Tests that kill or stop the worker get a
-fresh one afterwards.
+fresh one afterwards; a test that needs a worker of another environment (a crash point, a
+shorter lease, JSON logs) takes it with `worker_with`, which puts the plain `w1` back
+however the test ends.
 
 A test that parametrizes `broker` with "rabbitmq" gets the same stack on RabbitMQ instead:
 a virtual host of the session's own on the machine's server (`rabbitmqctl`), deleted at the
@@ -13,9 +15,10 @@ runs at a time (both share the database): switching stops the other's processes.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,6 +27,7 @@ from opledger.dev.chaos.run import stack_env
 from opledger.dev.processes import (
     PrivateRedis,
     PrivateVhost,
+    Proc,
     Stack,
     use_broker,
     wait_until,
@@ -131,23 +135,31 @@ def sys_ledger(ledger: Ledger, stack: Stack) -> Ledger:
     return system
 
 
-def prepare(
-    ledger: Ledger,
-    key: str,
-    *,
-    action: str = "crm.close_case.v1",
-    target: str = "case-318",
-    payload: dict[str, Any] | None = None,
-) -> str:
-    return ledger.prepare(
-        tenant="acme",
-        workflow_id="onboarding-42",
-        intent_key=key,
-        action=action,
-        target=target,
-        payload=payload if payload is not None else {"note": "resolved"},
-        authorization_ref="auth_acme",
-    ).id
+@contextmanager
+def worker_with(stack: Stack, name: str = "w1", concurrency: int = 2, **env: str) -> Iterator[Proc]:
+    """The shared worker `w1` replaced, for the block, by a worker `name` started with
+    `env` (yielded). Leaving the block, passed or failed, stops every worker started since
+    (that one, and any the block started, such as a `w1` of its own environment) and starts
+    the plain `w1` again: the next test never finds the stack without its worker, nor a
+    worker of another test's environment."""
+    if "w1" in stack.workers:
+        stack.kill_worker("w1")
+    before = set(stack.workers) - {name}
+    try:
+        yield stack.start_worker(name, concurrency, **env)
+    finally:
+        for started in set(stack.workers) - before:
+            stack.kill_worker(started)
+        stack.start_worker("w1")
+
+
+#: what a worker logs when one of its pool processes is SIGKILLed (a crash point fired)
+KILLED = re.compile(r"exited with 'signal 9 \(SIGKILL\)'")
+
+
+def crashes(worker: Proc) -> int:
+    """How many of the worker's pool processes were SIGKILLed so far."""
+    return len(KILLED.findall(worker.output()))
 
 
 def settled(ledger: Ledger, op_ids: list[str], timeout: float = 30.0) -> dict[str, Status]:

@@ -11,8 +11,9 @@ from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.tasks.app import dispatch
 from opledger.tasks.backlog import SENT_HEADER, Generations, queue_depth
+from tests.intents import prepare
 
-from .conftest import prepare, settled
+from .conftest import settled
 
 pytestmark = pytest.mark.system
 

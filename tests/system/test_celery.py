@@ -12,8 +12,9 @@ from opledger.dev.processes import PrivateRedis, Proc, Stack, free_port, wait_un
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.tasks.app import dispatch
+from tests.intents import prepare
 
-from .conftest import prepare, settled
+from .conftest import settled
 
 pytestmark = pytest.mark.system
 

@@ -10,7 +10,6 @@ one browser session for the whole module.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from opledger.ledger import Ledger, Status
 from tests.conftest import truncate_all
 from tests.consoles import opledger, running_console
 
-from .conftest import settings_of, settled
+from .conftest import crashes, settings_of, settled, worker_with
 
 if TYPE_CHECKING:  # the browser tests import Selenium only once there is a browser
     from selenium.webdriver.remote.webdriver import WebDriver
@@ -47,7 +46,6 @@ FLAGS = (
     "--disable-sync",
     "--window-size=1280,1600",
 )
-KILLED = re.compile(r"exited with 'signal 9 \(SIGKILL\)'")
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "console-review.png"
 PASSWORDS = {"alice": "alice-reviews-acme", "bob": "bob-reviews-globex"}
 
@@ -73,31 +71,27 @@ def crashed(
         ledger.grant(tenant=tenant, scope=["*"], granted_by="test", ref=f"auth_{tenant}")
     if stack.beat is None or stack.beat.proc.poll() is not None:
         stack.start_beat()
-    if "w1" in stack.workers:
-        stack.kill_worker("w1")
-    crashy = stack.start_worker(
-        "console-crashy", concurrency=1, OPLEDGER_CRASHPOINT="dispatch.after_call"
-    )
-    no_dedup = next(k for k in KINDS if k.name == "no-dedup")
-    ops = [
-        ledger.prepare(
-            tenant="acme",
-            workflow_id="onboarding-42",
-            intent_key=f"close-{i}",
-            action=no_dedup.action,
-            target=f"case-31{i}",
-            payload={"note": f"closed by the agent ({i})", "customer": {"token": "tok_secret"}},
-            authorization_ref="auth_acme",
-        ).id
-        for i in range(3)
-    ]
-    from opledger.tasks.app import dispatch
+    with worker_with(
+        stack, "console-crashy", concurrency=1, OPLEDGER_CRASHPOINT="dispatch.after_call"
+    ) as crashy:
+        no_dedup = next(k for k in KINDS if k.name == "no-dedup")
+        ops = [
+            ledger.prepare(
+                tenant="acme",
+                workflow_id="onboarding-42",
+                intent_key=f"close-{i}",
+                action=no_dedup.action,
+                target=f"case-31{i}",
+                payload={"note": f"closed by the agent ({i})", "customer": {"token": "tok_secret"}},
+                authorization_ref="auth_acme",
+            ).id
+            for i in range(3)
+        ]
+        from opledger.tasks.app import dispatch
 
-    for op_id in ops:
-        dispatch.delay(op_id)
-    wait_until(lambda: len(KILLED.findall(crashy.output())) >= len(ops), 60, "3 crashes")
-    stack.kill_worker("console-crashy")
-    stack.start_worker("w1")
+        for op_id in ops:
+            dispatch.delay(op_id)
+        wait_until(lambda: crashes(crashy) >= len(ops), 60, "3 crashes")
     assert set(settled(ledger, ops, timeout=60).values()) == {Status.UNKNOWN}
     truth = sandbox_server.truth()["effects"]
     assert all(n == 1 for n in truth.values())  # each change applied once, then the crash

@@ -17,7 +17,6 @@ was saved — and the whole file with OPLEDGER_TEST_RABBITMQ=all (or select them
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,13 +28,13 @@ from opledger.dev.processes import Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import IntentConflict, Ledger, Status
 from opledger.tasks.app import dispatch
+from tests.intents import prepare
 
-from .conftest import prepare, settings_of, settled
+from .conftest import crashes, settings_of, settled, worker_with
 
 pytestmark = pytest.mark.system
 
 ACTIONS = [kind.action for kind in KINDS] + ["email.send.v1", "email.smtp_send.v1"]
-KILLED = re.compile(r"exited with 'signal 9 \(SIGKILL\)'")
 
 
 @dataclass
@@ -68,10 +67,6 @@ def _ops(ledger: Ledger, tag: str) -> list[str]:
             target = "owner@acme.test"
         ids.append(prepare(ledger, f"{tag}-{i}", action=action, target=target, payload=payload))
     return ids
-
-
-def _crashes(stack: Stack, name: str) -> int:
-    return len(KILLED.findall(stack.workers[name].output()))
 
 
 def _fault_first_requests(sandbox: Sandbox, ledger: Ledger, op_ids: list[str], mode: str) -> None:
@@ -116,23 +111,20 @@ def test_crash_point(
     assert url.startswith("amqp://" if broker == "rabbitmq" else "redis://")
     assert dispatch.app.conf.broker_url == url  # this process publishes there too
     configure_sandbox(sandbox, settings_of(running.env))
-    running.kill_worker("w1")
-    running.start_worker("crashy", concurrency=1, OPLEDGER_CRASHPOINT=window.point)
-    op_ids = _ops(sys_ledger, window.point)
-    if window.fault:
-        _fault_first_requests(sandbox, sys_ledger, op_ids, window.fault)
-    if window.publish:
-        for op_id in op_ids:
-            dispatch.delay(op_id)
-    wait_until(
-        lambda: _crashes(running, "crashy") >= window.crashes,
-        75,  # up to six pool restarts: slow while the suite's other process is busy
-        f"{window.crashes} crashes at {window.point}",
-    )
-    assert f"Connected to {url.split('://')[0]}://" in running.workers["crashy"].output()
-    running.kill_worker("crashy")
-    running.start_worker("w1")
-    settled(sys_ledger, op_ids, timeout=60)
+    with worker_with(running, "crashy", concurrency=1, OPLEDGER_CRASHPOINT=window.point) as crashy:
+        op_ids = _ops(sys_ledger, window.point)
+        if window.fault:
+            _fault_first_requests(sandbox, sys_ledger, op_ids, window.fault)
+        if window.publish:
+            for op_id in op_ids:
+                dispatch.delay(op_id)
+        wait_until(
+            lambda: crashes(crashy) >= window.crashes,
+            75,  # up to six pool restarts: slow while the suite's other process is busy
+            f"{window.crashes} crashes at {window.point}",
+        )
+        assert f"Connected to {url.split('://')[0]}://" in crashy.output()
+    settled(sys_ledger, op_ids, timeout=60)  # by the plain w1, started again
     result = audit(sys_ledger, sandbox.truth(), op_ids)
     assert result.clean, result.problems
     assert result.ops == len(ACTIONS)
@@ -176,19 +168,17 @@ def test_a_provider_key_expiring_between_attempts_goes_to_review(
     }
     settings = settings_of({**running.env, **env})
     configure_sandbox(sandbox, settings)
-    running.kill_worker("w1")
-    running.start_worker("w1", **env)
-    keyed = next(k for k in KINDS if k.name == "keyed")
-    op_id = prepare(sys_ledger, "expiring", action=keyed.action)
-    sandbox.fault("crm", "drop_after_commit", key=op_id)
-    dispatch.delay(op_id)
-    settled(sys_ledger, [op_id], timeout=30)
-    history = sys_ledger.history(op_id)
-    assert history.operation.status is Status.UNKNOWN
-    assert "keeps keys" in history.reviews[0].reason
-    assert audit(sys_ledger, sandbox.truth(), [op_id]).clean
-    assert len(sandbox.truth()["requests"][f"crm:{op_id}"]) == 1
-    running.kill_worker("w1")  # back to the standard settings for the next test
+    with worker_with(running, **env):
+        keyed = next(k for k in KINDS if k.name == "keyed")
+        op_id = prepare(sys_ledger, "expiring", action=keyed.action)
+        sandbox.fault("crm", "drop_after_commit", key=op_id)
+        dispatch.delay(op_id)
+        settled(sys_ledger, [op_id], timeout=30)
+        history = sys_ledger.history(op_id)
+        assert history.operation.status is Status.UNKNOWN
+        assert "keeps keys" in history.reviews[0].reason
+        assert audit(sys_ledger, sandbox.truth(), [op_id]).clean
+        assert len(sandbox.truth()["requests"][f"crm:{op_id}"]) == 1
 
 
 @pytest.mark.parametrize("broker", BROKERS)
@@ -238,25 +228,23 @@ def test_a_worker_killed_mid_call_never_races_the_call_still_in_flight(
     configure_sandbox(sandbox, settings)
     for kind in KINDS:
         sandbox.configure(account=kind.account, processing_s=6.5)  # longer than the lease
-    running.kill_worker("w1")
-    running.start_worker("w1", concurrency=len(KINDS), **env)  # every call at once
-    op_ids = [
-        prepare(sys_ledger, f"slow-{kind.name}", action=kind.action, target=f"case-{i}")
-        for i, kind in enumerate(KINDS)
-    ]
-    for op_id in op_ids:
-        dispatch.delay(op_id)
-    wait_until(
-        lambda: all(sandbox.truth()["requests"].get(f"crm:{o}") for o in op_ids),
-        20,
-        "every call to reach the provider",
-    )
-    running.kill_worker("w1")
-    running.start_worker("w1", **env)
-    settled(sys_ledger, op_ids, timeout=60)
-    result = audit(sys_ledger, sandbox.truth(), op_ids)
-    assert result.clean, result.problems
-    for op_id in op_ids:
-        reasons = [t.reason for t in sys_ledger.history(op_id).transitions]
-        assert "lease expired" in reasons
-    running.kill_worker("w1")  # back to the standard settings for the next test
+    with worker_with(running, concurrency=len(KINDS), **env):  # every call at once
+        op_ids = [
+            prepare(sys_ledger, f"slow-{kind.name}", action=kind.action, target=f"case-{i}")
+            for i, kind in enumerate(KINDS)
+        ]
+        for op_id in op_ids:
+            dispatch.delay(op_id)
+        wait_until(
+            lambda: all(sandbox.truth()["requests"].get(f"crm:{o}") for o in op_ids),
+            20,
+            "every call to reach the provider",
+        )
+        running.kill_worker("w1")  # SIGKILL mid-call
+        running.start_worker("w1", **env)
+        settled(sys_ledger, op_ids, timeout=60)
+        result = audit(sys_ledger, sandbox.truth(), op_ids)
+        assert result.clean, result.problems
+        for op_id in op_ids:
+            reasons = [t.reason for t in sys_ledger.history(op_id).transitions]
+            assert "lease expired" in reasons

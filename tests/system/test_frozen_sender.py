@@ -27,8 +27,9 @@ from opledger.dev.processes import Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import History, Ledger, Status
 from opledger.tasks.app import dispatch
+from tests.intents import prepare
 
-from .conftest import prepare, settings_of, settled
+from .conftest import settings_of, settled, worker_with
 
 pytestmark = pytest.mark.system
 
@@ -83,17 +84,16 @@ def test_a_worker_frozen_between_claim_and_send_never_sends_after_its_window(
     configure_sandbox(sandbox, settings_of({**running.env, **ENV}))
     for account in [kind.account for kind in ALL_KINDS] + [EMAIL_ACCOUNT]:
         sandbox.configure(account=account, processing_s=PROCESSING_S)
-    running.kill_worker("w1")
-    running.start_worker(
+    with worker_with(
+        running,
         "frozen",
         concurrency=2 * len(ACTIONS),
         OPLEDGER_CRASHPOINT="dispatch.before_call",
         OPLEDGER_CRASHPOINT_SIGNAL="SIGSTOP",
         **ENV,
-    )
-    during, after = _ops(sys_ledger, "during"), _ops(sys_ledger, "after")
-    everything = during + after
-    try:
+    ):
+        during, after = _ops(sys_ledger, "during"), _ops(sys_ledger, "after")
+        everything = during + after
         for op_id in everything:
             dispatch.delay(op_id)
         wait_until(
@@ -137,10 +137,6 @@ def test_a_worker_frozen_between_claim_and_send_never_sends_after_its_window(
             "the resumed processes to record their attempts",
         )
         settled(sys_ledger, everything, timeout=60)
-    finally:
-        for name in ("frozen", "w1"):  # w1 back to the standard settings for the next test
-            if name in running.workers:
-                running.kill_worker(name)
 
     result = audit(sys_ledger, sandbox.truth(), everything)
     assert result.clean, result.problems
@@ -178,9 +174,7 @@ def test_a_call_that_outlives_its_lease_settles_as_soon_as_it_answers(
     slow = [kind for kind in ALL_KINDS if kind.name in ("keyed+status", "no-dedup")]
     for kind in slow:
         sandbox.configure(account=kind.account, processing_s=3.5)
-    running.kill_worker("w1")
-    running.start_worker("w1", concurrency=len(slow) + 2, **env)  # room for sweeps
-    try:
+    with worker_with(running, concurrency=len(slow) + 2, **env):  # room for sweeps
         op_ids = [
             prepare(sys_ledger, f"slow-{i}", action=kind.action, target=f"case-slow-{i}")
             for i, kind in enumerate(slow)
@@ -188,8 +182,6 @@ def test_a_call_that_outlives_its_lease_settles_as_soon_as_it_answers(
         for op_id in op_ids:
             dispatch.delay(op_id)
         settled(sys_ledger, op_ids, timeout=30)
-    finally:
-        running.kill_worker("w1")  # back to the standard settings for the next test
     for op_id in op_ids:
         history = sys_ledger.history(op_id)
         assert history.operation.status is Status.CONFIRMED

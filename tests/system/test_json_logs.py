@@ -14,9 +14,9 @@ from opledger.dev.processes import Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.tasks.app import dispatch
+from tests.intents import prepare
 
-from .conftest import prepare, settings_of, settled
-from .test_crash_windows import _crashes
+from .conftest import crashes, settings_of, settled, worker_with
 
 pytestmark = pytest.mark.system
 
@@ -29,19 +29,17 @@ def test_one_operations_lines_are_found_by_op_id_across_worker_processes(
     running: Stack, sys_ledger: Ledger, sandbox: Sandbox
 ) -> None:
     configure_sandbox(sandbox, settings_of(running.env))
-    running.kill_worker("w1")
     # Any, not str: unpacked into start_worker(), whose concurrency is an int
     as_json: dict[str, Any] = {"OPLEDGER_LOG_FORMAT": "json"}
-    running.start_worker(
-        "crashy", concurrency=1, OPLEDGER_CRASHPOINT="dispatch.after_call", **as_json
-    )
-    op_id = prepare(sys_ledger, "logs", action=KINDS[0].action)  # keyed, with a status API
-    dispatch.delay(op_id)
-    wait_until(lambda: _crashes(running, "crashy") >= 1, 30, "the crash after the call")
-    crashy = running.workers["crashy"].output()
-    running.kill_worker("crashy")
-    running.start_worker("w1", **as_json)
-    try:
+    with worker_with(
+        running, "crashy", concurrency=1, OPLEDGER_CRASHPOINT="dispatch.after_call", **as_json
+    ) as crashy:  # then the plain w1, logging text again
+        op_id = prepare(sys_ledger, "logs", action=KINDS[0].action)  # keyed, with a status API
+        dispatch.delay(op_id)
+        wait_until(lambda: crashes(crashy) >= 1, 30, "the crash after the call")
+        crashy_log = crashy.output()
+        running.kill_worker("crashy")
+        running.start_worker("w1", **as_json)
         assert settled(sys_ledger, [op_id]) == {op_id: Status.CONFIRMED}
         wait_until(
             lambda: any(
@@ -51,9 +49,7 @@ def test_one_operations_lines_are_found_by_op_id_across_worker_processes(
             10,
             "the reconcile's success line",
         )
-        lines = json_lines(crashy) + json_lines(running.workers["w1"].output())
-    finally:
-        running.kill_worker("w1")  # the next test's worker logs text again
+        lines = json_lines(crashy_log) + json_lines(running.workers["w1"].output())
     assert lines and all({"ts", "level", "logger", "message", "pid"} <= set(x) for x in lines)
     mine = [line for line in lines if line.get("op_id") == op_id]
     assert len({line["pid"] for line in mine}) >= 2, mine  # the killed worker and the other

@@ -20,9 +20,9 @@ from opledger.dev.processes import Proc, Stack, free_port, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.tasks.app import dispatch
+from tests.intents import prepare
 
-from .conftest import prepare, settings_of, settled
-from .test_crash_windows import _crashes
+from .conftest import crashes, settings_of, settled, worker_with
 
 pytestmark = pytest.mark.system
 
@@ -70,42 +70,41 @@ def test_scrapes_see_unknown_rise_and_fall_and_the_review_gauge_move(
     try:
         wait_until(lambda: "opledger metrics on" in server.output(), 30, "opledger metrics")
         assert scrape(url)["opledger_ledger_up"] == 1
-        running.kill_worker("w1")
-        running.start_worker(
-            "crashy", concurrency=1, OPLEDGER_CRASHPOINT="dispatch.after_call", **prom
-        )
-        op_ids = [
-            prepare(sys_ledger, f"metrics-{kind.name}", action=kind.action, target=f"case-{i}")
-            # in this order: the one left for review is fenced out first, so the unknown
-            # count goes 0 -> 1 -> 2, and back to 1 once the keyed one is confirmed
-            for i, kind in enumerate((NO_DEDUP, KEYED))
-        ]
-        sampler.start()
-        for op_id in op_ids:
-            dispatch.delay(op_id)
-        wait_until(lambda: _crashes(running, "crashy") >= 2, 45, "2 crashes after the call")
-        running.kill_worker("crashy")
-        # a worker on the maintenance queue only: the sweep fences both claims out, and
-        # nothing reconciles them until w1 starts
-        sweeper = Proc(
-            "sweeper",
-            ["worker", "-Q", "maintenance", "-c", "1", "--hostname", "sweeper@%h"],
-            {**running.env, **prom},
-            running.workdir / "sweeper.log",
-        )
-        try:
-            wait_until(lambda: scrape(url)["ops:unknown"] == 2, 30, "both operations unknown")
-        finally:
-            sweeper.kill()
-        running.start_worker("w1", **prom)
-        final = settled(sys_ledger, op_ids, timeout=60)
-        assert final == {op_ids[0]: Status.UNKNOWN, op_ids[1]: Status.CONFIRMED}
-        wait_until(lambda: scrape(url)["ops:unknown"] == 1, 10, "the last scrape")
-        # the sampler may have last looked just before the drop that wait_until saw: stop
-        # it, then take the final sample here, so the series ends after the fall
-        stop.set()
-        sampler.join(timeout=5)
-        seen.append(scrape(url))
+        with worker_with(
+            running, "crashy", concurrency=1, OPLEDGER_CRASHPOINT="dispatch.after_call", **prom
+        ) as crashy:
+            op_ids = [
+                prepare(sys_ledger, f"metrics-{kind.name}", action=kind.action, target=f"case-{i}")
+                # in this order: the one left for review is fenced out first, so the unknown
+                # count goes 0 -> 1 -> 2, and back to 1 once the keyed one is confirmed
+                for i, kind in enumerate((NO_DEDUP, KEYED))
+            ]
+            sampler.start()
+            for op_id in op_ids:
+                dispatch.delay(op_id)
+            wait_until(lambda: crashes(crashy) >= 2, 45, "2 crashes after the call")
+            running.kill_worker("crashy")
+            # a worker on the maintenance queue only: the sweep fences both claims out, and
+            # nothing reconciles them until w1 starts
+            sweeper = Proc(
+                "sweeper",
+                ["worker", "-Q", "maintenance", "-c", "1", "--hostname", "sweeper@%h"],
+                {**running.env, **prom},
+                running.workdir / "sweeper.log",
+            )
+            try:
+                wait_until(lambda: scrape(url)["ops:unknown"] == 2, 30, "both operations unknown")
+            finally:
+                sweeper.kill()
+            running.start_worker("w1", **prom)
+            final = settled(sys_ledger, op_ids, timeout=60)
+            assert final == {op_ids[0]: Status.UNKNOWN, op_ids[1]: Status.CONFIRMED}
+            wait_until(lambda: scrape(url)["ops:unknown"] == 1, 10, "the last scrape")
+            # the sampler may have last looked just before the drop that wait_until saw: stop
+            # it, then take the final sample here, so the series ends after the fall
+            stop.set()
+            sampler.join(timeout=5)
+            seen.append(scrape(url))
     finally:
         stop.set()
         if sampler.is_alive():

@@ -19,8 +19,9 @@ from opledger.dev.processes import PrivateRedis, Proc, Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.ledger.migrate import upgrade
+from tests.intents import prepare
 
-from .conftest import prepare, settings_of, settled
+from .conftest import settings_of, settled
 
 pytestmark = pytest.mark.system
 

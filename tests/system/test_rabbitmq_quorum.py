@@ -10,7 +10,6 @@ change once declared), a worker killed after the provider answered, and a countd
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,12 +24,11 @@ from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.queues import QUEUES, queues_of
 from tests.conftest import require_rabbitmq
+from tests.intents import prepare
 
-from .conftest import prepare, settled
+from .conftest import crashes, settled
 
 pytestmark = [pytest.mark.system, pytest.mark.rabbitmq]
-
-KILLED = re.compile(r"exited with 'signal 9 \(SIGKILL\)'")
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +72,7 @@ def test_a_crash_window_and_a_countdown_on_quorum_queues(
     # Published by the relay (from the worker, on its quorum configuration); the worker's
     # pool process is killed after the provider applied it, before the outcome is saved.
     relayed = prepare(sys_ledger, "quorum-relayed")
-    wait_until(lambda: KILLED.search(crashy.output()), 30, "the crash after the call")
+    wait_until(lambda: crashes(crashy) >= 1, 30, "the crash after the call")
 
     # Published with a countdown by a publisher of its own (the test process's app keeps
     # classic queues): it must come through native delayed delivery, not at once.

@@ -25,8 +25,9 @@ from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.tasks.beat import Scheduler
 from tests.conftest import require_rabbitmq
+from tests.intents import prepare
 
-from .conftest import prepare, settled
+from .conftest import settled
 
 pytestmark = [pytest.mark.system, pytest.mark.rabbitmq]
 

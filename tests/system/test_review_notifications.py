@@ -12,8 +12,9 @@ from opledger.dev.processes import Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.tasks.app import dispatch, notify_review
+from tests.intents import prepare
 
-from .conftest import prepare, settings_of, settled
+from .conftest import settings_of, settled, worker_with
 
 pytestmark = pytest.mark.system
 
@@ -24,30 +25,37 @@ def test_a_review_notifies_the_webhook_exactly_once(
     # Any, not str: unpacked into start_worker(), whose concurrency is an int
     hook: dict[str, Any] = {"OPLEDGER_REVIEW_WEBHOOK_URL": f"{sandbox.http_url}/webhook/reviews"}
     configure_sandbox(sandbox, settings_of({**running.env, **hook}))
-    running.kill_worker("w1")
-    running.start_worker("w1", **hook)
-    no_dedup = next(k for k in KINDS if k.name == "no-dedup")
-    op_id = prepare(sys_ledger, "notify-me", action=no_dedup.action)
-    sandbox.fault("crm", "drop_after_commit", key=op_id)
-    dispatch.delay(op_id)
-    settled(sys_ledger, [op_id], timeout=30)
-    review = sys_ledger.history(op_id).reviews[0]
+    with worker_with(running, **hook):
+        no_dedup = next(k for k in KINDS if k.name == "no-dedup")
+        op_id = prepare(sys_ledger, "notify-me", action=no_dedup.action)
+        sandbox.fault("crm", "drop_after_commit", key=op_id)
+        dispatch.delay(op_id)
+        settled(sys_ledger, [op_id], timeout=30)
+        review = sys_ledger.history(op_id).reviews[0]
 
-    def deliveries() -> list[dict[str, object]]:
-        effects = sandbox.truth()["effects"]
-        return [{"key": k, "n": n} for k, n in effects.items() if k.startswith("webhook:")]
+        def deliveries() -> list[dict[str, object]]:
+            effects = sandbox.truth()["effects"]
+            return [{"key": k, "n": n} for k, n in effects.items() if k.startswith("webhook:")]
 
-    wait_until(deliveries, 30, "the webhook delivery")
-    for _ in range(3):  # a crash and redelivery of the notify task changes nothing
-        notify_review.delay(op_id)
-    wait_until(lambda: sys_ledger.history(op_id).reviews[0].notified_at, 10, "notified_at")
-    notes = [o for o in sys_ledger.list(tenant="acme", limit=1000) if o.action == "webhook.post.v1"]
-    assert len(notes) == 1
-    note = notes[0]
-    assert note.workflow_id == f"review:{op_id}" and note.intent_key == f"review-opened:{review.id}"
-    assert settled(sys_ledger, [note.id]) == {note.id: Status.CONFIRMED}
-    assert deliveries() == [{"key": f"webhook:{note.id}", "n": 1}]
-    payload = sys_ledger.payload(note.id)
-    assert payload is not None and payload["op_id"] == op_id and payload["event"] == "review.opened"
-    assert audit(sys_ledger, sandbox.truth(), [op_id]).clean
-    running.kill_worker("w1")  # back to the standard settings for the next test
+        wait_until(deliveries, 30, "the webhook delivery")
+        for _ in range(3):  # a crash and redelivery of the notify task changes nothing
+            notify_review.delay(op_id)
+        wait_until(lambda: sys_ledger.history(op_id).reviews[0].notified_at, 10, "notified_at")
+        notes = [
+            o for o in sys_ledger.list(tenant="acme", limit=1000) if o.action == "webhook.post.v1"
+        ]
+        assert len(notes) == 1
+        note = notes[0]
+        assert (
+            note.workflow_id == f"review:{op_id}"
+            and note.intent_key == f"review-opened:{review.id}"
+        )
+        assert settled(sys_ledger, [note.id]) == {note.id: Status.CONFIRMED}
+        assert deliveries() == [{"key": f"webhook:{note.id}", "n": 1}]
+        payload = sys_ledger.payload(note.id)
+        assert (
+            payload is not None
+            and payload["op_id"] == op_id
+            and payload["event"] == "review.opened"
+        )
+        assert audit(sys_ledger, sandbox.truth(), [op_id]).clean

@@ -22,8 +22,7 @@ from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from tests.otlp import Receiver, Span, otlp_receiver
 
-from .conftest import settings_of, settled
-from .test_crash_windows import _crashes
+from .conftest import crashes, settings_of, settled, worker_with
 
 pytestmark = pytest.mark.system
 
@@ -86,11 +85,12 @@ def test_one_operations_trace_is_whole_and_a_crash_is_reconciled_with_a_lookup(
         "OTEL_BSP_SCHEDULE_DELAY": "100",  # ms: export before the next kill, not every 5 s
     }
     agent_env = {**running.env, **otel}
-    running.kill_worker("w1")
-    running.start_worker("crashy", concurrency=1, OPLEDGER_CRASHPOINT="dispatch.after_call", **otel)
-    try:
+    # after the block, the plain w1 again: no crash point, exporting nothing
+    with worker_with(
+        running, "crashy", concurrency=1, OPLEDGER_CRASHPOINT="dispatch.after_call", **otel
+    ) as crashy:
         crashed = agent(agent_env, "crash", KEYED.action, f"{TARGET}1")
-        wait_until(lambda: _crashes(running, "crashy") >= 1, 30, "the crash after the call")
+        wait_until(lambda: crashes(crashy) >= 1, 30, "the crash after the call")
         running.kill_worker("crashy")
         running.start_worker("w1", **otel)
         whole = agent(agent_env, "whole", KEYED.action, f"{TARGET}2")
@@ -107,10 +107,6 @@ def test_one_operations_trace_is_whole_and_a_crash_is_reconciled_with_a_lookup(
             15,
             "both outcomes' spans",
         )
-    finally:  # the next test gets a plain w1 again: no crash point, exporting nothing
-        for name in ("crashy", "w1"):
-            if name in running.workers:
-                running.kill_worker(name)
 
     # -- the whole trace of one operation: prepare -> publish -> run -> claim, call, outcome
     op = {"opledger.operation.id": whole}
