@@ -295,7 +295,7 @@ assert "case-319" in rows, rows
         },
     ),
     "174658330b": Shell(
-        "opledger mcp token --agent onboarding --tenant acme --grant auth_acme --file mcp-clients.json",
+        "opledger mcp token --agent onboarding --tenant acme",
         # the gateway serves until stopped: its system tests start it as written (a clients
         # file, `mcp serve --port`) and call it over streamable HTTP
         covered={
