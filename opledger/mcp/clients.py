@@ -87,6 +87,8 @@ def _entry(entry: Any, where: str) -> tuple[Caller, str]:
     hashed = str(entry["token_sha256"]).lower()
     if not _HEX64.fullmatch(hashed):
         raise ClientsInvalid(f"{where}: token_sha256 must be 64 hex digits (a sha256)")
+    if ":" in str(entry["agent"]):  # the agent prefixes its runs: mcp:<agent>:<run>
+        raise ClientsInvalid(f"{where}: an agent's name cannot contain ':'")
     try:
         caller = Caller(
             agent=check_key("agent", str(entry["agent"])),
@@ -142,14 +144,14 @@ def add_client(path: str | os.PathLike[str], caller: Caller) -> str:
     if any(e.get("agent") == caller.agent for e in entries):
         raise ClientsInvalid(f"agent {caller.agent!r} already has a token in {target}")
     token, hashed = new_token()
-    entries.append(
-        {
-            "agent": caller.agent,
-            "tenant": caller.tenant,
-            "grant": caller.grant,
-            "token_sha256": hashed,
-        }
-    )
+    entry = {
+        "agent": caller.agent,
+        "tenant": caller.tenant,
+        "grant": caller.grant,
+        "token_sha256": hashed,
+    }
+    _entry(entry, f"the new client {caller.agent!r}")  # the rules the gateway reads it by
+    entries.append(entry)
     tmp = target.with_name(target.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:

@@ -192,7 +192,7 @@ def problems(validator: Draft202012Validator, args: dict[str, Any]) -> str:
         validator.iter_errors(args), key=lambda e: [str(p) for p in e.absolute_path]
     )
     return "; ".join(
-        f"{'.'.join(str(p) for p in e.absolute_path) or 'arguments'}: {e.message}"
+        f"{'.'.join(str(p) for p in e.absolute_path) or 'arguments'}: {e.message[:300]}"
         for e in errors[:5]
     )
 

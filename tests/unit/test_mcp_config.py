@@ -51,11 +51,14 @@ def test_an_entry_removed_from_the_file_refuses_its_token_at_once(tmp_path: Path
     assert clients.caller_for(other) == Caller("other", "globex", "auth_globex")
 
 
-def test_one_agent_gets_one_token(tmp_path: Path) -> None:
+def test_one_agent_gets_one_token_and_a_bad_name_none(tmp_path: Path) -> None:
     path = tmp_path / "clients.json"
     add_client(path, Caller("bot", "acme", "auth_acme"))
     with pytest.raises(ClientsInvalid, match="already has a token"):
         add_client(path, Caller("bot", "globex", "auth_globex"))
+    with pytest.raises(ClientsInvalid, match="cannot contain"):
+        add_client(path, Caller("bot:two", "acme", "auth_acme"))
+    assert len(json.loads(path.read_text())["clients"]) == 1
 
 
 @pytest.mark.parametrize(
@@ -67,6 +70,7 @@ def test_one_agent_gets_one_token(tmp_path: Path) -> None:
         (json.dumps({"clients": [{"agent": "bot"}]}), "lacks tenant, grant, token_sha256"),
         (json.dumps({"clients": [{**ENTRY, "token_sha256": "xyz"}]}), "64 hex digits"),
         (json.dumps({"clients": [{**ENTRY, "tenant": ""}]}), "tenant"),
+        (json.dumps({"clients": [{**ENTRY, "agent": "bot:x"}]}), "cannot contain ':'"),
         (json.dumps({"clients": [ENTRY, ENTRY]}), "listed twice"),
         (json.dumps({"clients": [ENTRY, {**ENTRY, "agent": "b2"}]}), "share one token"),
     ],
