@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import TextClause, text
 from sqlalchemy.exc import DBAPIError
 
 from opledger.ledger import ALLOWED_TRANSITIONS, Ambiguous, Ledger, Status
@@ -103,10 +103,11 @@ def test_an_unknown_status_string_is_refused_by_the_enum(ledger: Ledger, grant: 
 
 
 def test_no_statement_writes_the_audit_trail_by_hand() -> None:
-    """The database writes `transitions` (migration 0006); the ledger's SQL never does."""
+    """The database writes `transitions` (the guard trigger, schema.sql); the ledger's SQL never
+    does."""
     from opledger.ledger import queries
 
-    statements = [v.text for v in vars(queries).values() if hasattr(v, "text")]
+    statements = [v.text for v in vars(queries).values() if isinstance(v, TextClause)]
     assert statements and not any("INSERT INTO transitions" in sql for sql in statements)
 
 

@@ -44,8 +44,10 @@ def build_registry(settings: Settings) -> Registry:
     return Registry([InstantAdapter()])
 
 
-# A bare Celery app with opledger's worker settings and one no-op task carrying an id.
-bare = Celery("opledger-bench")
+# A bare Celery app with opledger's worker settings and one no-op task carrying an id. Not
+# made the current app: importing the bench (its CLI, a test) must not rebind opledger's
+# shared tasks to it (`celery -A ...:bare worker` makes it current in its own process).
+bare = Celery("opledger-bench", set_as_current=False)
 bare.config_from_object("opledger.celeryconfig")
 bare.conf.beat_schedule = {}
 
