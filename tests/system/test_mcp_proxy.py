@@ -82,6 +82,8 @@ def rig(running: Stack, sys_ledger: Ledger, database_url: str, tmp_path: Path) -
         "OPLEDGER_MCP_UPSTREAM": str(config),
         "OPLEDGER_MCP_CLIENTS": str(clients),
     }
+    for name in [n for n in running.workers if n != "w1"]:  # only this test's worker may
+        running.kill_worker(name)  # take the tickets action's messages
     proxy: Proc | None = None
     try:
         wait_until(lambda: _listening(up_port), 30, "the upstream MCP server")

@@ -1,0 +1,71 @@
+"""`opledger mcp serve --transport stdio`, launched as an MCP host launches a server (the
+SDK's stdio client): it serves the one caller its OPLEDGER_MCP_TOKEN names, and refuses to
+start without one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, cast
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp_types import RequestParamsMeta
+
+from opledger.ledger import Ledger
+from opledger.mcp.clients import Caller, add_client
+from opledger.mcp.tools import RUN_META
+
+pytestmark = pytest.mark.timeout(120)
+
+SERVE = ["-m", "opledger.cli", "mcp", "serve", "--transport", "stdio", "--wait", "0"]
+
+
+def _env(database_url: str, redis_server: str, clients: Path, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "OPLEDGER_DATABASE_URL": database_url,
+        "OPLEDGER_BROKER_URL": f"{redis_server}/14",  # no worker reads it here
+        "OPLEDGER_MCP_CLIENTS": str(clients),
+        **extra,
+    }
+
+
+def test_stdio_serves_the_caller_its_token_names(
+    ledger: Ledger, grant: str, database_url: str, redis_server: str, tmp_path: Path
+) -> None:
+    clients = tmp_path / "clients.json"
+    token = add_client(clients, Caller("bot", "acme", grant))
+    env = _env(database_url, redis_server, clients, OPLEDGER_MCP_TOKEN=token)
+
+    async def go() -> tuple[Any, Any]:
+        params = StdioServerParameters(command=sys.executable, args=SERVE, env=env)
+        async with Client(params) as client:
+            tools = await client.list_tools()
+            meta = cast(RequestParamsMeta, {RUN_META: "run-1"})
+            args = {"target": "case-318", "payload": {"note": "done"}}
+            return tools, await client.call_tool("crm.close_case.v1", args, meta=meta)
+
+    tools, result = anyio.run(go)
+    assert "crm.close_case.v1" in {t.name for t in tools.tools}
+    assert not result.is_error and result.structured_content["kind"] == "pending"
+    op = ledger.get(result.structured_content["op_id"])
+    assert (op.tenant, op.workflow_id) == ("acme", "mcp:bot:run-1")
+
+
+def test_stdio_refuses_to_start_without_a_clients_token(
+    ledger: Ledger, database_url: str, redis_server: str, tmp_path: Path
+) -> None:
+    clients = tmp_path / "clients.json"
+    add_client(clients, Caller("bot", "acme", "auth_acme"))
+    for token in ("", "opl_mcp_not-the-token"):
+        env = _env(database_url, redis_server, clients, OPLEDGER_MCP_TOKEN=token)
+        done = subprocess.run(
+            [sys.executable, *SERVE], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 4, done.stderr
+        assert "set OPLEDGER_MCP_TOKEN to a client's token" in done.stderr
+        assert not token or token not in done.stderr  # a token is never echoed
