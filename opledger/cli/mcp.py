@@ -44,31 +44,26 @@ def _require_extra() -> None:
             raise typer.Exit(4)
 
 
-@mcp_app.command("serve")
-def serve(
-    transport: Annotated[
-        str, typer.Option(help="http (streamable HTTP) or stdio (one caller: OPLEDGER_MCP_TOKEN).")
-    ] = "http",
-    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="HTTP port.")] = 8765,
-    path: Annotated[str, typer.Option(help="The endpoint's path.")] = "/mcp",
-    public_url: Annotated[
-        str | None,
-        typer.Option(help="The gateway's URL as clients reach it (default: from host and port)."),
-    ] = None,
-    wait: Annotated[
-        float,
-        typer.Option(
-            help="Seconds a call waits for its effect to settle before it answers pending "
-            "(the agent then asks opledger.status)."
-        ),
-    ] = 20.0,
-) -> None:
-    """Serve the configured adapters' actions as MCP tools; every call is an effect of the
-    caller's run, caused once (asked again, it answers how the first call's act stands).
+TransportOption = Annotated[
+    str, typer.Option(help="http (streamable HTTP) or stdio (one caller: OPLEDGER_MCP_TOKEN).")
+]
+HostOption = Annotated[str, typer.Option(help="Address to bind (loopback by default).")]
+PortOption = Annotated[int, typer.Option(help="HTTP port.")]
+PathOption = Annotated[str, typer.Option(help="The endpoint's path.")]
+PublicUrlOption = Annotated[
+    str | None, typer.Option(help="The URL clients reach it at (default: from host and port).")
+]
+WaitOption = Annotated[
+    float,
+    typer.Option(
+        help="Seconds a call waits for its effect to settle before it answers pending "
+        "(the agent then asks opledger.status)."
+    ),
+]
 
-    Each caller is an entry of the clients file (OPLEDGER_MCP_CLIENTS): its bearer token
-    decides the tenant and the grant. Calls are published to the workers like any effect."""
+
+def _caller_setup(transport: str, wait: float) -> tuple[Clients, str]:
+    """The clients file and, for stdio, the one caller's token (refused when it names none)."""
     if transport not in ("http", "stdio"):
         raise typer.BadParameter("--transport is http or stdio")
     if wait < 0:
@@ -78,6 +73,24 @@ def serve(
     token = os.environ.get(TOKEN_ENV, "")
     if transport == "stdio" and clients.caller_for(token) is None:
         raise NotConfigured(f"stdio serves one caller: set {TOKEN_ENV} to a client's token")
+    return clients, token
+
+
+@mcp_app.command("serve")
+def serve(
+    transport: TransportOption = "http",
+    host: HostOption = "127.0.0.1",
+    port: PortOption = 8765,
+    path: PathOption = "/mcp",
+    public_url: PublicUrlOption = None,
+    wait: WaitOption = 20.0,
+) -> None:
+    """Serve the configured adapters' actions as MCP tools; every call is an effect of the
+    caller's run, caused once (asked again, it answers how the first call's act stands).
+
+    Each caller is an entry of the clients file (OPLEDGER_MCP_CLIENTS): its bearer token
+    decides the tenant and the grant. Calls are published to the workers like any effect."""
+    clients, token = _caller_setup(transport, wait)
     url = public_url or f"http://{host}:{port}"
     _serve(clients, transport, host, port, path, url, wait, token)
 
@@ -126,38 +139,23 @@ def _serve(
 
 @mcp_app.command("proxy")
 def proxy(
-    transport: Annotated[
-        str, typer.Option(help="http (streamable HTTP) or stdio (one caller: OPLEDGER_MCP_TOKEN).")
-    ] = "http",
-    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="HTTP port.")] = 8766,
-    path: Annotated[str, typer.Option(help="The endpoint's path.")] = "/mcp",
-    public_url: Annotated[
-        str | None,
-        typer.Option(help="The proxy's URL as clients reach it (default: from host and port)."),
-    ] = None,
-    wait: Annotated[
-        float, typer.Option(help="Seconds a call waits for its effect before it answers pending.")
-    ] = 20.0,
+    transport: TransportOption = "http",
+    host: HostOption = "127.0.0.1",
+    port: PortOption = 8766,
+    path: PathOption = "/mcp",
+    public_url: PublicUrlOption = None,
+    wait: WaitOption = 20.0,
 ) -> None:
     """In front of an existing MCP server (OPLEDGER_MCP_UPSTREAM): its read-only tools
     passed through, each tool the file marks as having effects caused once through the
     ledger (the workers call the upstream; an answer never read is unknown and goes to a
     person). Run the proxy and the workers with
     OPLEDGER_ADAPTERS=opledger.mcp.upstream:build_registry."""
-    if transport not in ("http", "stdio"):
-        raise typer.BadParameter("--transport is http or stdio")
-    if wait < 0:
-        raise typer.BadParameter("--wait cannot be negative")
-    _require_extra()
-    clients = _clients()
+    clients, token = _caller_setup(transport, wait)
     source = get_settings().mcp_upstream
     if not source:
         raise NotConfigured("OPLEDGER_MCP_UPSTREAM is not set: name the upstream file")
     upstream = load_upstream(source)
-    token = os.environ.get(TOKEN_ENV, "")
-    if transport == "stdio" and clients.caller_for(token) is None:
-        raise NotConfigured(f"stdio serves one caller: set {TOKEN_ENV} to a client's token")
     url = public_url or f"http://{host}:{port}"
     _serve(clients, transport, host, port, path, url, wait, token, upstream)
 
