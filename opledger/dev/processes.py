@@ -84,6 +84,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def listening(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts connections on `port`."""
+    with socket.socket() as s:
+        return s.connect_ex((host, port)) == 0
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout
     while True:

@@ -11,7 +11,8 @@ refusal of the request itself (no such tool, invalid arguments) is a rejection.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -47,6 +48,17 @@ from .upstream import Upstream
 NO_ANSWER = "upstream_no_answer"
 #: the outcome code of a tool's own error (`isError`)
 TOOL_ERROR = "upstream_tool_error"
+
+
+@asynccontextmanager
+async def connect(upstream: Upstream) -> AsyncIterator[Client]:
+    """An MCP session with the upstream (connected and initialized), with its bearer token."""
+    timeout = upstream.timeout_seconds
+    async with (
+        httpx2.AsyncClient(headers=upstream.headers(), timeout=timeout) as http,
+        Client(streamable_http_client(upstream.url, http_client=http)) as client,
+    ):
+        yield client
 
 
 def upstream_contract(upstream: Upstream) -> Contract:
@@ -87,11 +99,7 @@ class McpToolAdapter:
 
     async def _call(self, claim: Claim, sent: list[bool]) -> Outcome:
         name = self.upstream.tool_of(claim.operation.action)
-        timeout = self.upstream.timeout_seconds
-        async with (
-            httpx2.AsyncClient(headers=self.upstream.headers(), timeout=timeout) as http,
-            Client(streamable_http_client(self.upstream.url, http_client=http)) as client,
-        ):
+        async with connect(self.upstream) as client:
             claim.window.check()  # the last moment before the effect's request leaves
             sent[0] = True
             try:

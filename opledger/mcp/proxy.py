@@ -15,11 +15,8 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-import httpx2
 import mcp_types as types
 from jsonschema import Draft202012Validator
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import INTERNAL_ERROR
@@ -28,16 +25,14 @@ from opledger.adapters.registry import Registry
 from opledger.agents.answers import REPEAT, REPEAT_HELP
 from opledger.agents.effects import Effects
 
+from .adapter import connect
 from .server import Gateway, Identify, problems, refusal
 from .upstream import Upstream, UpstreamInvalid, UpstreamTool
 
 
 async def upstream_tools(upstream: Upstream) -> list[types.Tool]:
     """The upstream's tools, as its `tools/list` gives them."""
-    async with (
-        httpx2.AsyncClient(headers=upstream.headers(), timeout=upstream.timeout_seconds) as http,
-        Client(streamable_http_client(upstream.url, http_client=http)) as client,
-    ):
+    async with connect(upstream) as client:
         listed = await client.list_tools()
     return list(listed.tools)
 
@@ -108,12 +103,7 @@ class Proxy(Gateway):
 
     async def _forward(self, name: str, args: dict[str, Any]) -> types.CallToolResult:
         try:
-            async with (
-                httpx2.AsyncClient(
-                    headers=self.upstream.headers(), timeout=self.upstream.timeout_seconds
-                ) as http,
-                Client(streamable_http_client(self.upstream.url, http_client=http)) as client,
-            ):
+            async with connect(self.upstream) as client:
                 return await client.call_tool(name, args)
         except MCPError:
             raise

@@ -9,7 +9,6 @@ operation, and a gateway killed mid-call, are tests/system/test_mcp_gateway.py's
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -32,6 +31,7 @@ from opledger.adapters.crm import CrmAdapter
 from opledger.adapters.email import EmailAdapter
 from opledger.adapters.registry import Registry
 from opledger.agents.effects import Effects
+from opledger.dev.processes import free_port
 from opledger.ledger import Ledger
 from opledger.mcp.clients import Caller, Clients, add_client
 from opledger.mcp.server import Gateway, http_app, identify_by_token
@@ -46,12 +46,6 @@ class Gw:
     tokens: dict[str, str]
     published: list[str]
     ledger: Ledger
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -74,7 +68,7 @@ def gw(ledger: Ledger, grant: str, tmp_path: Path) -> Iterator[Gw]:
     published: list[str] = []
     effects = Effects(Ledger(ledger.engine, actions=registry), publish=published.append)
     gateway = Gateway(effects, registry, identify_by_token, wait=0.2)
-    port = _free_port()
+    port = free_port()
     app = http_app(
         gateway, Clients(path), host="127.0.0.1", path="/mcp", public_url=f"http://127.0.0.1:{port}"
     )

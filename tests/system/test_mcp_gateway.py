@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -26,7 +25,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import RequestParamsMeta
 
-from opledger.dev.processes import Proc, Stack, free_port, wait_until
+from opledger.dev.processes import Proc, Stack, free_port, listening, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger
 from opledger.mcp.clients import Caller, add_client
@@ -56,17 +55,12 @@ class Gateway:
         log = self.stack.workdir / f"{self.stack.name}-mcp.log"
         argv = ["mcp", "serve", "--port", str(self.port), "--wait", "15"]
         self.proc = proc = Proc("mcp", argv, env, log)
-        wait_until(lambda: _listening(self.port) or proc.proc.poll() is not None, 60, "mcp")
+        wait_until(lambda: listening(self.port) or proc.proc.poll() is not None, 60, "mcp")
         assert proc.proc.poll() is None, proc.output()
 
     def kill(self) -> None:
         assert self.proc is not None
         self.proc.kill()  # SIGKILL, the whole process group
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ read-only tool is passed through; asked again, a confirmed call is answered, not
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import RequestParamsMeta
 
-from opledger.dev.processes import Proc, Stack, free_port, wait_until
+from opledger.dev.processes import Proc, Stack, free_port, listening, wait_until
 from opledger.ledger import Ledger, Status
 from opledger.mcp.clients import Caller, add_client
 from opledger.mcp.tools import RUN_META
@@ -32,11 +31,6 @@ pytestmark = pytest.mark.timeout(240)
 
 UPSTREAM = Path(__file__).with_name("upstream_mcp.py")
 ACTION = "tickets.create_ticket.v1"
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 @dataclass
@@ -86,11 +80,11 @@ def rig(running: Stack, sys_ledger: Ledger, database_url: str, tmp_path: Path) -
         running.kill_worker(name)  # take the tickets action's messages
     proxy: Proc | None = None
     try:
-        wait_until(lambda: _listening(up_port), 30, "the upstream MCP server")
+        wait_until(lambda: listening(up_port), 30, "the upstream MCP server")
         with worker_with(running, "w1", 2, **env):
             argv = ["mcp", "proxy", "--port", str(port), "--wait", "10"]
             proxy = Proc("mcp-proxy", argv, {**running.env, **env}, tmp_path / "proxy.log")
-            wait_until(lambda: _listening(port) or proxy.proc.poll() is not None, 60, "proxy")
+            wait_until(lambda: listening(port) or proxy.proc.poll() is not None, 60, "proxy")
             assert proxy.proc.poll() is None, proxy.output()
             try:
                 yield Rig(f"http://127.0.0.1:{port}/mcp", token, state)
