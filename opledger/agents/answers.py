@@ -71,8 +71,9 @@ def summary(result: EffectResult, *, repeatable: bool = True) -> dict[str, Any]:
 
 def refused(exc: Exception) -> dict[str, Any]:
     """A refused call as a model reads it: nothing was recorded or sent."""
-    return {
-        "kind": "refused",
-        "error": type(exc).__name__,
-        "message": f"Not done, nothing was sent: {exc}",
-    }
+    return refusal(type(exc).__name__, str(exc))
+
+
+def refusal(error: str, why: str) -> dict[str, Any]:
+    """A call refused for `why` (`error` names the kind of refusal)."""
+    return {"kind": "refused", "error": error, "message": f"Not done, nothing was sent: {why}"}

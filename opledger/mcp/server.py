@@ -33,6 +33,7 @@ from starlette.applications import Starlette
 
 from opledger import __version__
 from opledger.adapters.registry import Registry
+from opledger.agents import answers
 from opledger.agents.answers import REFUSED, REPEAT, UNFIXABLE, purpose_of, refused, summary
 from opledger.agents.effects import EffectResult, Effects, at_rest
 from opledger.ledger import InvalidInput, OperationNotFound
@@ -218,10 +219,7 @@ def refused_answer(tool: str, exc: Exception) -> types.CallToolResult:
 
 def refusal(tool: str, error: str, message: str) -> types.CallToolResult:
     metrics.MCP_CALLS.labels(tool, "refused").inc()
-    return _content(
-        {"kind": "refused", "error": error, "message": f"Not done, nothing was sent: {message}"},
-        error=True,
-    )
+    return _content(answers.refusal(error, message), error=True)
 
 
 def build_server(gateway: Gateway) -> Server[Any]:
