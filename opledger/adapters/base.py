@@ -33,6 +33,7 @@ from opledger.ledger.evidence import (
     KEY_POISONED,
     NOT_SENT,
     SERVER_ERROR,
+    UNCODED_REFUSAL,
 )
 from opledger.ledger.models import Record, Rejected, Verdict
 
@@ -51,6 +52,7 @@ __all__ = [
     "PENDING",
     "REJECTED",
     "SERVER_ERROR",
+    "UNCODED_REFUSAL",
     "Adapter",
     "AdapterExtras",
     "Contract",
@@ -303,14 +305,18 @@ _REFUSALS = frozenset({400, 403, 404, 405, 409, 410, 413, 414, 415, 422})
 
 
 def outcome_for_http_status(
-    response: httpx.Response, codes: ErrorCodes, *, provider: str
+    response: httpx.Response, codes: ErrorCodes, *, provider: str, keyed: bool | None = None
 ) -> Ambiguous | Rejected:
     """Map a non-success HTTP response to an outcome, by the provider's error code first.
 
     The same status means different things at different providers (a 409 may be "in
     progress" or "another payload"), so codes decide; a 4xx without a code we know is a
     refusal on a first attempt and ambiguous after one that may have applied; a 5xx and
-    anything else is ambiguous.
+    anything else is ambiguous. `keyed`: the request carried our idempotency key (by
+    default: it had an `Idempotency-Key` header). Then a 409 or a 422 without a code we know
+    is no refusal: an idempotency layer (the IETF Idempotency-Key draft, the middlewares
+    that follow it) answers 409 while a request with the key still executes and 422 when
+    the key carries another body, so the first is ambiguous and the second goes to a person.
     """
     status, code = response.status_code, error_code(response)
     replayed = response.headers.get("idempotent-replayed") == "true"
@@ -325,6 +331,11 @@ def outcome_for_http_status(
         )
     if code and code in codes.poisoned:
         return Ambiguous(code=KEY_POISONED, reason="the key wants replacing", detail=detail)
+    known = code in codes.definitive | codes.conflicting_state
+    if (keyed if keyed is not None else _sent_with_key(response)) and not known:
+        uncoded = _uncoded_key_answer(response, status, code, replayed, detail)
+        if uncoded is not None:
+            return uncoded
     if 400 <= status < 500:
         if code and code in codes.definitive:
             return Rejected(code=code, reason=f"{provider} refused: {code}", detail=detail)
@@ -346,6 +357,46 @@ def outcome_for_http_status(
     )
 
 
+def _sent_with_key(response: httpx.Response) -> bool:
+    try:
+        request = response.request
+    except RuntimeError:  # a response built by hand has no request
+        return False
+    return "idempotency-key" in request.headers
+
+
+def _uncoded_key_answer(
+    response: httpx.Response, status: int, code: str, replayed: bool, detail: dict[str, object]
+) -> Ambiguous | None:
+    """A 409 or 422 to a keyed request, without a code we know (see `outcome_for_http_status`)."""
+    said = _message(response)[:200]
+    if said:
+        detail = {**detail, "message": said}
+    why = (
+        f"HTTP {status}"
+        + (f" {code!r}" if code else " without an error code")
+        + (f" ({said})" if said else "")
+    )
+    if status == 409:
+        return Ambiguous(
+            code=f"http_{status}",
+            reason=f"{why} to our keyed request: an idempotency layer answers so while a "
+            "request with the key still executes; no refusal of this request",
+            replayed=replayed,
+            detail=detail,
+        )
+    if status == 422:
+        return Ambiguous(
+            code=UNCODED_REFUSAL,
+            reason=f"{why} to our keyed request: a refusal of the request, or our key "
+            "already used with another body (an idempotency layer answers so); nothing "
+            "tells which",
+            replayed=replayed,
+            detail=detail,
+        )
+    return None
+
+
 def _message(response: httpx.Response) -> str:
     try:
         body = response.json()
@@ -355,7 +406,7 @@ def _message(response: httpx.Response) -> str:
         error = body.get("error")
         if isinstance(error, dict):
             return str(error.get("message", ""))
-        return str(body.get("message", ""))
+        return str(body.get("message") or body.get("detail") or "")
     return ""
 
 

@@ -241,7 +241,7 @@ class CrmAdapter:
                 binding=_binding(body).model_copy(
                     update={
                         "receipt_id": f"{body['case_id']}@v{body['version']}",
-                        "key": body.get("idempotency_key") or key,
+                        "idempotency_key": body.get("idempotency_key") or key,
                     }
                 ),
                 detail={"source": "status_api", "stored_status": code, "result": _result(body)},

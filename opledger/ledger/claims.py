@@ -21,7 +21,7 @@ from .errors import (
     OperationNotFound,
     StaleFence,
 )
-from .evidence import admit
+from .evidence import admit, replayed_answer
 from .ids import (
     check_identifier,
     check_operation_id,
@@ -281,7 +281,7 @@ def _detail_of(outcome: Outcome) -> dict[str, Any]:
         if isinstance(outcome, Rejected) and outcome.conflicting_state:
             detail["conflicting_state"] = True
         if isinstance(outcome, Ambiguous):
-            detail["replayed"] = outcome.replayed
+            detail["replayed"] = replayed_answer(outcome)
     return detail
 
 

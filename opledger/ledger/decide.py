@@ -13,12 +13,14 @@ from pydantic import Field
 
 from .contract import Contract
 from .evidence import (
+    BINDING_MISMATCH,
     DISPATCH,
     IDEMPOTENCY_MISMATCH,
     KEY_POISONED,
     LOOKUP,
     NOT_SENT,
     SERVER_ERROR,
+    UNCODED_REFUSAL,
     _code,
     attempt_codes,
     binds,
@@ -144,9 +146,10 @@ def _decide(
         return _never_sent(contract, operation, attempts, evidence, authorized, busy_until, now)
 
     operator_retry = operation.operator_retry_by is not None
-    codes = {_code(ev) for ev in evidence if ev.source == DISPATCH}
-    if IDEMPOTENCY_MISMATCH in codes and not operator_retry:
-        return NeedsReview(reason="the provider says this key was used with a different payload")
+    if not operator_retry:
+        taken = _key_taken(evidence)
+        if taken is not None:
+            return taken
 
     assert busy_until is not None
 
@@ -175,6 +178,24 @@ def _decide(
         if latest is None or latest.recorded_at < visible_after:
             return AskProvider()
     return _retry(contract, operation, attempts, evidence, authorized, now, False)
+
+
+def _key_taken(evidence: Sequence[Evidence]) -> NeedsReview | None:
+    """Rule 12: the provider answered our key with another request's answer (or may have):
+    the key no longer protects this operation, and a retry under it gets that answer again
+    while a new key could repeat the effect. A person decides at once."""
+    for ev in evidence:
+        if ev.source != DISPATCH:
+            continue
+        code = _code(ev)
+        if code == IDEMPOTENCY_MISMATCH:
+            return NeedsReview(
+                reason="the provider says this key was used with a different payload"
+            )
+        if code in (BINDING_MISMATCH, UNCODED_REFUSAL):
+            reason = ev.detail.get("reason")
+            return NeedsReview(reason=str(reason) if reason else code)
+    return None
 
 
 def _on_evidence(
@@ -339,8 +360,14 @@ def _retry(
         )
     # Rule 5: a replayed stored error is not new information, and a provider that stores
     # errors will replay the one it has: retrying the same key cannot learn more.
-    if any(ev.detail.get("replayed") for ev in dispatch_evidence):
-        return NeedsReview(reason="the provider replays a stored error for this key")
+    replays = [ev for ev in dispatch_evidence if ev.detail.get("replayed")]
+    if replays:
+        what = replays[-1].detail.get("reason")
+        return NeedsReview(
+            reason="the provider replays what it stored for this key"
+            + (f" ({what})" if what else "")
+            + "; retrying the same key cannot learn more"
+        )
     if idem.after_error == "replayed" and any(
         _code(ev) == SERVER_ERROR for ev in dispatch_evidence
     ):

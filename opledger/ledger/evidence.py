@@ -33,6 +33,9 @@ NOT_SENT = "not_sent"  #: provably nothing reached the provider (refused connect
 STATE_CONFLICT = "state_conflict"  #: a refusal our own earlier attempt may have caused
 BINDING_MISMATCH = "binding_mismatch"  #: a receipt that names another key, target or body
 UNBOUND_RESPONSE = "unbound_response"  #: a success that does not show it answers our request
+#: a keyed request refused with a status an idempotency layer also uses for our key (422:
+#: the key carries another body) and no error code that tells which
+UNCODED_REFUSAL = "uncoded_refusal"
 
 DISPATCH, LOOKUP = EvidenceSource.DISPATCH, EvidenceSource.LOOKUP
 
@@ -85,24 +88,25 @@ def admit(contract: Contract | None, claim: Claim, outcome: Outcome) -> Outcome:
         outcome = outcome.model_copy(
             update={"detail": {**outcome.detail, "scope": contract.idempotency.scope}}
         )
+    # a replayed answer stays marked as one whatever it is turned into (rule 5 reads it)
+    replayed = replayed_answer(outcome)
     if isinstance(outcome, Confirmed):
         b = outcome.binding
         clashes = binding_clashes(b, claim.operation, claim.idempotency_key)
         if clashes:
             return Ambiguous(
                 code=BINDING_MISMATCH,
-                reason=f"the receipt binds another {', '.join(clashes)}",
-                detail={"receipt": outcome.model_dump(mode="json")},
+                reason=f"the provider answered our request with a receipt for another one (it "
+                f"binds another {', '.join(clashes)})",
+                replayed=replayed,
+                detail={"receipt": outcome.model_dump(mode="json"), "clashes": clashes},
             )
-        why = (
-            _unbound(contract, b, bool(outcome.detail.get("replayed")))
-            if contract is not None
-            else None
-        )
+        why = _unbound(contract, b, replayed) if contract is not None else None
         if why is not None:
             return Ambiguous(
                 code=UNBOUND_RESPONSE,
                 reason=why,
+                replayed=replayed,
                 detail={"receipt": outcome.model_dump(mode="json")},
             )
         return outcome
@@ -111,9 +115,16 @@ def admit(contract: Contract | None, claim: Claim, outcome: Outcome) -> Outcome:
             code=STATE_CONFLICT,
             reason=f"{outcome.reason}: after an earlier attempt that may have applied, this "
             "is as likely our own effect as a refusal",
+            replayed=replayed,
             detail={**outcome.detail, "refusal": outcome.code, "conflicting_state": True},
         )
     return outcome
+
+
+def replayed_answer(outcome: Outcome) -> bool:
+    """Whether the provider answered from what it stored under our key (a replay)."""
+    flagged = isinstance(outcome, Ambiguous) and outcome.replayed
+    return flagged or bool(outcome.detail.get("replayed"))
 
 
 def binds(

@@ -179,6 +179,20 @@ def test_crm_status_api_and_search(ledger: Ledger, sandbox: Sandbox, closing: An
     assert status.lookup(claim.operation, []).verdict == "inconclusive"
 
 
+def test_crm_status_api_binds_our_key_when_the_body_does_not_repeat_it(
+    ledger: Ledger, sandbox: Sandbox, crm: CrmAdapter
+) -> None:
+    sandbox.configure(echo_digest=False)  # success bodies name neither our key nor the body
+    claim = claim_for(ledger, "crm.update_case.v1", "case-6", {"fields": {"tier": "gold"}})
+    sent = crm.dispatch(claim)
+    assert isinstance(sent, Confirmed) and sent.binding.idempotency_key is None
+    found = crm.lookup(claim.operation, [])
+    assert found.verdict == "confirmed"
+    # asked by our key, the answer is about our key
+    assert found.binding.idempotency_key == claim.idempotency_key
+    assert found.binding.receipt_id == sent.receipt_id and found.binding.target == "case-6"
+
+
 def test_a_refused_connection_sent_nothing(ledger: Ledger, closing: Any) -> None:
     claim = claim_for(ledger, "crm.close_case.v1", "case-1", CLOSE)
     adapter = closing(

@@ -122,7 +122,7 @@ def test_a_receipt_for_another_key_never_confirms_and_keeps_the_receipt_as_json(
     for contract in (keyed(), None):  # the ledger's own API checks the binding too
         outcome = admit(contract, claim(), foreign)
         assert isinstance(outcome, Ambiguous) and outcome.code == BINDING_MISMATCH
-        assert outcome.reason.endswith("another key")
+        assert outcome.reason.endswith("binds another key)")
         receipt = outcome.detail["receipt"]  # stored as JSON with the evidence
         assert json.loads(json.dumps(receipt)) == receipt
         assert (
@@ -523,4 +523,4 @@ def test_a_replayed_or_stored_error_is_named_in_the_review() -> None:
     atomic = keyed(after_error="nothing_applied")
     decision = decide(atomic, operation(), [attempt()], [replayed], grant(), AFTER)
     assert isinstance(decision, NeedsReview)
-    assert "the provider replays a stored error for this key" in decision.reason
+    assert "the provider replays what it stored for this key" in decision.reason

@@ -14,11 +14,24 @@ from opledger.adapters.crm import crm_contract
 from opledger.adapters.email import email_contract
 from opledger.adapters.presets import PRESETS
 from opledger.adapters.smtp import smtp_contract
-from opledger.ledger import Attempt, Authorization, Evidence, Operation, Status
+from opledger.ledger import (
+    Ambiguous,
+    Attempt,
+    Authorization,
+    Binding,
+    Claim,
+    Confirmed,
+    Evidence,
+    Operation,
+    Outcome,
+    Rejected,
+    Status,
+)
 from opledger.ledger.contract import Contract
 from opledger.ledger.decide import Confirm, Decision, Dispatch, HoldUnknown, Reject, Wait, decide
+from opledger.ledger.evidence import admit, replayed_answer
 
-from .histories import DIGEST, OP_ID, T0, attempt, evidence, grant, operation
+from .histories import DIGEST, OP_ID, T0, attempt, claim, evidence, grant, operation
 
 S = timedelta(seconds=1)
 History = tuple[Contract, Operation, list[Attempt], list[Evidence], Authorization | None, datetime]
@@ -73,6 +86,8 @@ CODES = [
     "http_503",
     "not_sent",
     "state_conflict",
+    "binding_mismatch",
+    "uncoded_refusal",
 ]
 
 
@@ -290,7 +305,11 @@ def test_the_decision_keeps_every_rule(history: History) -> None:  # noqa: C901
             ev.detail.get("replayed") for ev in evidence_items if ev.source == "dispatch"
         )
         assert not replayed or proven_absent
+        # rule 12: a key answered with another request's answer (or a 422 that may say
+        # so) protects nothing: never sent again without a person
         assert "idempotency_mismatch" not in dispatch_codes
+        assert "binding_mismatch" not in dispatch_codes
+        assert "uncoded_refusal" not in dispatch_codes
         assert len(reached) < contract.max_attempts
         idem = contract.idempotency
         if idem.kind == "keyed":
@@ -387,3 +406,54 @@ def test_a_same_key_retry_only_where_the_key_protects_it(history: UnreadHistory)
     # rule 5: a provider that stores its 5xx replays it
     if idem.after_error == "replayed":
         assert all(ev.detail["code"] != "server_error" for ev in evidence_items)
+
+
+@st.composite
+def answers(draw: st.DrawFn) -> tuple[Contract, Claim, Outcome]:
+    """What a provider may answer an attempt with, replayed or not: a receipt for our
+    request or for another one, a refusal (of a state our earlier attempt may have caused,
+    or of this request), or an error."""
+    contract = draw(contracts())
+    n = draw(st.integers(1, 4))
+    replayed = draw(st.booleans())
+    kind = draw(st.sampled_from(["receipt", "foreign", "conflict", "refusal", "error"]))
+    detail: dict[str, object] = {"replayed": replayed}
+    outcome: Outcome
+    if kind in ("receipt", "foreign"):
+        outcome = Confirmed(
+            receipt_id="rcpt-1",
+            binding=Binding(
+                idempotency_key=OP_ID,
+                target="case-318" if kind == "receipt" else draw(st.sampled_from([None, "c-9"])),
+                payload_digest=DIGEST if kind == "receipt" else "b" * 64,
+            ),
+            detail=detail,
+        )
+    elif kind in ("conflict", "refusal"):
+        outcome = Rejected(
+            code="case_already_closed",
+            reason="closed",
+            conflicting_state=kind == "conflict",
+            detail=detail,
+        )
+    else:
+        outcome = Ambiguous(code="server_error", reason="HTTP 500", replayed=replayed)
+    return contract, claim(n), outcome
+
+
+@settings(max_examples=500, deadline=None)
+@given(answers())
+def test_a_replayed_answer_stays_marked_whatever_it_is_admitted_as(
+    answer: tuple[Contract, Claim, Outcome],
+) -> None:
+    """The replayed-refusal and foreign-receipt worlds: `admit` may turn a replayed answer
+    into an ambiguous one (a state conflict, another request's receipt), and the evidence
+    then still says it was replayed, so rule 5 and rule 12 can fire."""
+    contract, the_claim, outcome = answer
+    admitted = admit(contract, the_claim, outcome)
+    event(f"{outcome.kind} -> {admitted.kind}")
+    assert replayed_answer(admitted) is replayed_answer(outcome)
+    if isinstance(admitted, Ambiguous):  # the flag the recorded evidence is written from
+        assert admitted.replayed is replayed_answer(outcome)
+    if isinstance(admitted, Ambiguous) and admitted.code == "binding_mismatch":
+        assert "another one" in admitted.reason

@@ -198,3 +198,47 @@ def test_a_replayed_error_is_marked() -> None:
     response = _response(500, {"message": "oops"}, **{"Idempotent-Replayed": "true"})
     outcome = outcome_for_http_status(response, CODES, provider="p")
     assert isinstance(outcome, Ambiguous) and outcome.replayed
+
+
+def _keyed_response(status: int, body: object) -> httpx.Response:
+    request = httpx.Request("POST", "http://127.0.0.1/x", headers={"Idempotency-Key": "k"})
+    return httpx.Response(status, json=body, request=request)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "code"),
+    [
+        # an idempotency middleware's "still processing": a detail message, no code
+        (409, {"detail": "A request with this key is still being processed"}, "http_409"),
+        (409, {"error": {"code": "something_else"}}, "http_409"),
+        # the IETF draft's "key reused with another body", or a validation error: unknown
+        (422, {"detail": "Idempotency key reused"}, "uncoded_refusal"),
+        (422, {"message": "case is closed"}, "uncoded_refusal"),
+    ],
+)
+def test_an_uncoded_409_or_422_to_a_keyed_request_is_no_refusal(
+    status: int, body: object, code: str
+) -> None:
+    outcome = outcome_for_http_status(_keyed_response(status, body), CODES, provider="p")
+    assert isinstance(outcome, Ambiguous) and outcome.code == code
+    assert "keyed request" in outcome.reason
+    # the same answers without a key are refusals (nothing to collide with), as before
+    unkeyed = outcome_for_http_status(_response(status, body), CODES, provider="p")
+    assert isinstance(unkeyed, Rejected) and unkeyed.conflicting_state
+    # and so are they where the adapter says the request carried no key
+    told = outcome_for_http_status(_keyed_response(status, body), CODES, provider="p", keyed=False)
+    assert isinstance(told, Rejected)
+
+
+def test_coded_refusals_to_a_keyed_request_keep_their_meaning() -> None:
+    closed = {"error": {"code": "case_already_closed"}}
+    outcome = outcome_for_http_status(_keyed_response(409, closed), CODES, provider="p")
+    assert isinstance(outcome, Rejected) and outcome.conflicting_state
+    gone = outcome_for_http_status(
+        _keyed_response(422, {"error": {"code": "case_not_found"}}), CODES, provider="p"
+    )
+    assert isinstance(gone, Rejected) and gone.code == "case_not_found"
+    in_use = outcome_for_http_status(
+        _keyed_response(409, {"error": {"code": "key_in_use"}}), CODES, provider="p"
+    )
+    assert isinstance(in_use, Ambiguous) and in_use.code == "in_flight"
