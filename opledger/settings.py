@@ -8,7 +8,7 @@ from functools import lru_cache
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from opledger.ledger.canonical import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit
@@ -154,6 +154,42 @@ class Settings(BaseSettings):
     email_account: str = Field(default="acme", description="Email API account.")
     smtp_host: str = Field(default="127.0.0.1", description="SMTP relay host.")
     smtp_port: int = Field(default=8026, description="SMTP relay port.")
+    smtp_sent_imap_host: str | None = Field(
+        default=None,
+        description="IMAP host of the mailbox the SMTP adapter sends as, whose provider files "
+        "a copy of each submitted message in a Sent folder; set, an ambiguous SMTP send is "
+        "looked up there by its Message-ID. Unset: SMTP has no lookup.",
+    )
+    smtp_sent_imap_port: int | None = Field(
+        default=None, description="IMAP port; unset: 993 for imaps, 143 otherwise."
+    )
+    smtp_sent_imap_tls: Literal["imaps", "starttls", "none"] = Field(
+        default="imaps",
+        description="IMAP connection security: imaps (implicit TLS), starttls, or none "
+        "(loopback hosts only).",
+    )
+    smtp_sent_imap_user: str | None = Field(
+        default=None, description="IMAP login of the Sent folder's mailbox."
+    )
+    smtp_sent_imap_password: SecretStr | None = Field(
+        default=None, description="IMAP password (an app password); never logged or shown."
+    )
+    smtp_sent_imap_cafile: str | None = Field(
+        default=None,
+        description="CA bundle the IMAP server's certificate is verified with; unset: the "
+        "system's.",
+    )
+    smtp_sent_folder: str = Field(
+        default="Sent",
+        description='The Sent folder\'s name as the IMAP server lists it (e.g. "Sent Items", '
+        '"[Gmail]/Sent Mail").',
+    )
+    smtp_sent_search_lag_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description="How long after a send's in-flight deadline its Sent copy may still be "
+        "missing; not found after this, a person decides.",
+    )
     provider_timeout_seconds: float = Field(
         default=10.0, gt=0, description="Request timeout of the bundled adapters."
     )
@@ -222,6 +258,38 @@ class Settings(BaseSettings):
                 f" not {scheme + '://' if scheme else 'this'}"
             )
         return url
+
+    @model_validator(mode="after")
+    def _sent_folder(self) -> Settings:
+        """The SMTP adapter's Sent-folder search: all of it, or nothing."""
+        from opledger.adapters.imap import folder_problem, is_loopback
+
+        host = (self.smtp_sent_imap_host or "").strip()
+        if not host:
+            self.smtp_sent_imap_host = None
+            return self
+        password = self.smtp_sent_imap_password
+        missing = [
+            f"OPLEDGER_SMTP_SENT_IMAP_{name.upper()}"
+            for name, given in (
+                ("user", bool(self.smtp_sent_imap_user)),
+                ("password", password is not None and bool(password.get_secret_value())),
+            )
+            if not given
+        ]
+        if missing:
+            raise ValueError(
+                f"OPLEDGER_SMTP_SENT_IMAP_HOST is set, so {' and '.join(missing)} must be too"
+            )
+        if self.smtp_sent_imap_tls == "none" and not is_loopback(host):
+            raise ValueError(
+                f"OPLEDGER_SMTP_SENT_IMAP_TLS=none sends the IMAP password in the clear: only "
+                f"to a loopback host, not {host!r} (use imaps or starttls)"
+            )
+        why = folder_problem(self.smtp_sent_folder)
+        if why is not None:
+            raise ValueError(f"OPLEDGER_SMTP_SENT_FOLDER: {why}")
+        return self
 
     def require_database_url(self) -> str:
         """The ledger's URL; a runtime process never falls back to a database of its own."""

@@ -13,6 +13,7 @@ from opledger.settings import Settings
 
 from .crm import CrmAdapter, crm_contract
 from .email import EmailAdapter, email_contract
+from .imap import SentFolder
 from .registry import Registry
 from .smtp import SmtpAdapter, smtp_contract
 from .webhook import WebhookAdapter, webhook_contract
@@ -67,14 +68,41 @@ def build_registry(settings: Settings) -> Registry:
             account=settings.email_account,
             contract=email_contract(**t.keyed(), search_lag=t.lag),
         ),
-        SmtpAdapter(
-            settings.smtp_host,
-            settings.smtp_port,
-            contract=smtp_contract(request_timeout=t.timeout, max_in_flight=t.in_flight),
-        ),
+        smtp_adapter(settings, t),
     ]
     add_webhook(adapters, settings)
     return Registry(adapters)
+
+
+def smtp_adapter(settings: Settings, t: Timings) -> SmtpAdapter:
+    """The SMTP adapter; with `OPLEDGER_SMTP_SENT_IMAP_HOST`, it looks an ambiguous send up
+    in the mailbox's Sent folder (a search, with the declared lag)."""
+    sent = None
+    if settings.smtp_sent_imap_host:
+        assert settings.smtp_sent_imap_user and settings.smtp_sent_imap_password  # validated
+        sent = SentFolder(
+            host=settings.smtp_sent_imap_host,
+            port=settings.smtp_sent_imap_port,
+            user=settings.smtp_sent_imap_user,
+            password=settings.smtp_sent_imap_password,
+            folder=settings.smtp_sent_folder,
+            tls=settings.smtp_sent_imap_tls,
+            cafile=settings.smtp_sent_imap_cafile,
+            timeout=t.timeout.total_seconds(),
+        )
+    return SmtpAdapter(
+        settings.smtp_host,
+        settings.smtp_port,
+        contract=smtp_contract(
+            request_timeout=t.timeout,
+            max_in_flight=t.in_flight,
+            sent_search_lag=timedelta(seconds=settings.smtp_sent_search_lag_seconds)
+            if sent is not None
+            else None,
+            lookup_interval=t.interval,
+        ),
+        sent=sent,
+    )
 
 
 def add_webhook(adapters: list[Any], settings: Settings) -> None:

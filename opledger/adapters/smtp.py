@@ -1,16 +1,23 @@
 """The SMTP adapter: `email.smtp_send.v1` with smtplib.
 
-SMTP has no deduplication and no lookup: a 250 after DATA is custody (accepted), and a
-connection lost after DATA leaves the send ambiguous. The Message-ID is deterministic
-(derived from the operation id) so a person can search for it, but no server must dedupe
-on it; an ambiguous send therefore goes to review.
+SMTP has no deduplication: a 250 after DATA is custody (accepted), and a connection lost
+after DATA leaves the send ambiguous. The Message-ID is deterministic (derived from the
+operation id) and the message carries the digest of its frozen payload
+(`X-Opledger-Payload-Digest`), but no server dedupes on either.
+
+Where the mailbox provider files a copy of what was submitted in a Sent folder (most
+hosted mailboxes do), the adapter can be given that folder (`SentFolder`, over IMAP): its
+lookup then searches it for our Message-ID, and a copy found is evidence the message was
+accepted (custody, never delivery). Absence proves nothing (the copy lags, or the
+provider files none), so an ambiguous send that no copy explains still goes to review,
+after the declared search lag. Without a Sent folder there is no lookup at all.
 """
 
 from __future__ import annotations
 
 import smtplib
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
 from typing import Any, ClassVar
 
@@ -25,8 +32,17 @@ from opledger.ledger import (
     Rejected,
 )
 
-from .base import INCONCLUSIVE, NOT_SENT, Contract, Idempotency, Lookup, LookupResult
+from .base import (
+    CONFIRMED,
+    INCONCLUSIVE,
+    NOT_SENT,
+    Contract,
+    Idempotency,
+    Lookup,
+    LookupResult,
+)
 from .email import EMAIL_SCHEMA
+from .imap import DIGEST_HEADER, SentFolder
 
 ACTIONS: tuple[str, ...] = ("email.smtp_send.v1",)
 
@@ -35,18 +51,29 @@ def smtp_contract(
     *,
     request_timeout: timedelta = timedelta(seconds=30),
     max_in_flight: timedelta | None = None,
+    sent_search_lag: timedelta | None = None,
+    lookup_interval: timedelta = timedelta(seconds=5),
 ) -> Contract:
     """SMTP's contract. The in-flight bound defaults to RFC 5321's 10-minute wait for the
-    reply to DATA; a relay you run yourself may promise less."""
+    reply to DATA; a relay you run yourself may promise less.
+
+    `sent_search_lag`: the adapter searches a Sent folder (`SentFolder`), whose copy of a
+    message may appear this long after the send's in-flight deadline; the lookup is then a
+    search (eventually consistent: absence proves nothing). None: no lookup."""
+    source = "RFC 5321 §4.1.1.4, §4.5.3.2.6 (250 after DATA is custody; 10-minute DATA timeout)"
+    lookup = Lookup(kind="none")
+    if sent_search_lag is not None:
+        lookup = Lookup(kind="search", lag=sent_search_lag, interval=lookup_interval)
+        source += "; the mailbox provider's Sent copy, searched over IMAP (RFC 3501 SEARCH HEADER)"
     return Contract(
         provider="smtp",
         effect="email",
         idempotency=Idempotency(kind="none"),
-        lookup=Lookup(kind="none"),
+        lookup=lookup,
         success_proves="accepted",
         request_timeout=request_timeout,
         max_in_flight=max_in_flight or max(request_timeout, timedelta(minutes=10)),
-        source="RFC 5321 §4.1.1.4, §4.5.3.2.6 (250 after DATA is custody; 10-minute DATA timeout)",
+        source=source,
     )
 
 
@@ -108,9 +135,20 @@ class SmtpAdapter:
         *,
         sender: str = "opledger@localhost",
         contract: Contract | None = None,
+        sent: SentFolder | None = None,
     ) -> None:
+        """`sent`: the Sent folder of the mailbox `sender` submits as, where the provider
+        files a copy of each message; the contract must then declare a search lookup
+        (`smtp_contract(sent_search_lag=...)`), and without one, no lookup."""
         self.host, self.port, self.sender = host, port, sender
         self.contract = contract or smtp_contract()
+        self.sent = sent
+        searches = self.contract.lookup.kind == "search"
+        if searches != (sent is not None):
+            raise ValueError(
+                "an SMTP contract declares a search lookup exactly when a Sent folder is "
+                "given: smtp_contract(sent_search_lag=...) with sent=SentFolder(...)"
+            )
 
     def dispatch(self, claim: Claim) -> Outcome:
         payload = claim.payload
@@ -119,6 +157,8 @@ class SmtpAdapter:
         message["To"] = str(payload.get("to", ""))
         message["Subject"] = str(payload.get("subject", ""))
         message["Message-ID"] = message_id_for(claim.operation)
+        # a copy found later binds this body, not only this id
+        message[DIGEST_HEADER] = claim.operation.payload_digest
         message.set_content(str(payload.get("text", "")))
         ids = {"message_id": message_id_for(claim.operation)}
         outcome = self._send(claim, message)
@@ -168,11 +208,83 @@ class SmtpAdapter:
         )
 
     def lookup(self, operation: Operation, attempts: Sequence[Attempt]) -> LookupResult:
-        return LookupResult(verdict=INCONCLUSIVE, detail={"reason": "SMTP offers no lookup"})
+        """Search the Sent folder for our Message-ID (a read; never raises). Without a Sent
+        folder there is nothing to ask."""
+        if self.sent is None:
+            return LookupResult(verdict=INCONCLUSIVE, detail={"reason": "SMTP offers no lookup"})
+        sent, message_id = self.sent, message_id_for(operation)
+        searched = {
+            "source": "imap_sent_search",
+            "server": sent.server,
+            "tls": sent.tls,
+            "user": sent.user,
+            "folder": sent.folder,
+            "message_id": message_id,
+            "searched_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        where = f"{sent.describe()} for Message-ID {message_id}"
+        what = f"searched {where}"
+        try:
+            copies = sent.search(message_id)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"[:500]
+            return LookupResult(
+                verdict=INCONCLUSIVE,
+                # the summary first: `opledger review show` cuts a long detail short
+                detail={
+                    "summary": f"could not search {where} at {searched['searched_at']}: {error}",
+                    **searched,
+                    "error": error,
+                },
+            )
+        ours = [c for c in copies if c.digest in (None, operation.payload_digest)]
+        found = {
+            "hits": len(copies),
+            "copies": [
+                {"uid": c.uid, "date": c.date, "to": c.to, "payload_digest": c.digest}
+                for c in copies
+            ],
+        }
+        if not ours:
+            summary = (
+                f"{what} at {searched['searched_at']}: not found (a copy may lag, or the "
+                "provider files none: absence proves nothing)"
+                if not copies
+                else f"{what} at {searched['searched_at']}: {len(copies)} copies, none with "
+                "this operation's payload digest"
+            )
+            return LookupResult(
+                verdict=INCONCLUSIVE, detail={"summary": summary, **searched, **found}
+            )
+        digested = any(c.digest is not None for c in ours)
+        return LookupResult(
+            verdict=CONFIRMED,
+            binding=Binding(
+                idempotency_key=operation.idempotency_key,
+                receipt_id=message_id,
+                target=operation.target,
+                payload_digest=operation.payload_digest if digested else None,
+            ),
+            detail={
+                "summary": f"{what} at {searched['searched_at']}: found {len(ours)} (the "
+                "provider accepted it: custody, not delivery)",
+                **searched,
+                **found,
+                "accepted_only": True,
+                "receipt_id": message_id,
+            },
+        )
 
     def search_hint(self, operation: Operation) -> str:
         """What a person can search for to learn whether the message went out."""
-        return (
+        by_hand = (
             f"Search the receiving mail server's log, or the recipient's mailbox, for "
             f"Message-ID {message_id_for(operation)}"
+        )
+        if self.sent is None:
+            return by_hand
+        return (
+            f"opledger searched {self.sent.describe()} for Message-ID "
+            f"{message_id_for(operation)} (the evidence says when, and what it found); a "
+            f"copy may appear late, or not at all for a provider that files none. {by_hand}"
         )
