@@ -3,11 +3,14 @@
 A wrong contract is how a duplicate gets through, so before trusting one, exercise what
 can be observed in seconds against the provider's test endpoint: the same key replayed;
 the same key with another payload; two concurrent requests with one key; whether the
-response names our key and the body it executed; the longest key accepted; and, where the
-endpoint can inject a failure and a restart (the sandbox's admin API), what a failure
-after the change does to the key and whether keys survive a restart. Every probe is a
-real request with a fresh target and a fresh key, so it runs only against loopback or the
-test URL the adapter declares, unless the caller explicitly accepts the risk.
+response names our key and the body it executed; the longest key accepted; what the
+lookup answers for a request it made (found, and what that binds) and for one it never
+made (absent); and, where the endpoint can inject a failure and a restart (the sandbox's
+admin API), what a failure after the change does to the key and whether keys survive a
+restart. A fact the endpoint gives no way to test is "not observable", never a traceback:
+what was found before is still reported. Every probe is a real request with a fresh
+target and a fresh key, so it runs only against loopback or the test URL the adapter
+declares, unless the caller explicitly accepts the risk.
 """
 
 from __future__ import annotations
@@ -16,21 +19,29 @@ import ipaddress
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
 
 import httpx
 
-from opledger.ledger import Ambiguous, Claim, Confirmed, Operation, Outcome
+from opledger.ledger import Ambiguous, Attempt, Claim, Confirmed, Evidence, Operation, Outcome
 from opledger.ledger.canonical import canonicalize
 from opledger.ledger.contract import Contract
+from opledger.ledger.evidence import LOOKUP, binding_clashes, binds
 from opledger.ledger.ids import new_operation_id
 from opledger.ledger.models import Record, Status
+from opledger.ledger.models import Verdict as Says
 
-from .base import IDEMPOTENCY_MISMATCH, IN_FLIGHT, Adapter, extra
+from .base import IDEMPOTENCY_MISMATCH, IN_FLIGHT, Adapter, LookupResult, extra
 
-Verdict = Literal["agrees", "disagrees", "not observed"]
+#: "not observed": probed, but what came back could not tell; "not observable": this
+#: endpoint gives no way to probe it (no fault routes, no lookup declared)
+Verdict = Literal["agrees", "disagrees", "not observed", "not observable"]
+
+#: how long a lookup probe waits for a lagging search to show our request
+LOOKUP_WAIT_CAP = timedelta(seconds=15)
 
 
 class Finding(Record):
@@ -127,6 +138,28 @@ class _Session:
     def send(self, claim: Claim) -> Outcome:
         return self.adapter.dispatch(claim)
 
+    def lookup(self, claim: Claim, *, sent: bool) -> LookupResult:
+        """The adapter's lookup for `claim`'s operation, as the reconciler asks it: with
+        the attempt that was sent (none when the request never was)."""
+        attempts = [_attempt_of(claim)] if sent else []
+        return self.adapter.lookup(claim.operation, attempts)
+
+
+def _attempt_of(claim: Claim) -> Attempt:
+    return Attempt(
+        op_id=claim.op_id,
+        n=claim.attempt_n,
+        fence=claim.fence,
+        owner=claim.owner,
+        idempotency_key=claim.idempotency_key,
+        started_at=claim.started_at,
+        deadline_at=claim.deadline_at,
+        finished_at=datetime.now(UTC),
+        outcome="confirmed",
+        response=None,
+        authorized_by="contract-check",
+    )
+
 
 def _seen(outcome: Outcome) -> str:
     if isinstance(outcome, Confirmed):
@@ -176,31 +209,161 @@ def check_contract(
                 fact="probe", declared="a success", observed=_seen(first), verdict="not observed"
             )
         ]
-    # 2. what the response binds
-    findings = [_idempotency(s, contract, key, first), _binding(s, contract, key, first)]
-    if keyed:
-        # 3. the same key with another body
-        other = s.send(s.claim(key, variant=1, target=first.binding.target or None))
-        refused = isinstance(other, Ambiguous) and other.code == IDEMPOTENCY_MISMATCH
-        observed = "refused as another payload" if refused else f"not refused: {_seen(other)}"
-        findings.append(
-            Finding(
-                fact="payload_checked",
-                declared=str(idem.payload_checked).lower(),
-                observed=observed,
-                verdict="agrees" if refused == idem.payload_checked else "disagrees",
+    findings: list[Finding] = []
+
+    def observe(fact: str, declared: str, probe: Callable[[], Finding | list[Finding]]) -> None:
+        """Run one probe; whatever goes wrong in it, the findings so far are kept."""
+        try:
+            found = probe()
+        except Exception as exc:  # an endpoint without what the probe needs
+            why = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            found = Finding(
+                fact=fact,
+                declared=declared,
+                observed=f"could not be probed here ({why})",
+                verdict="not observable",
             )
+        findings.extend(found if isinstance(found, list) else [found])
+
+    # 2. what the response binds
+    observe("idempotency", idem.kind, lambda: _idempotency(s, contract, key, first))
+    observe("response_binds", contract.response_binds, lambda: _binding(s, contract, key, first))
+    # 3. what the lookup finds for a request we made, and for one we never made
+    observe("lookup", contract.lookup.kind, lambda: _lookups(s, contract, key))
+    if keyed:
+        # 4. the same key with another body
+        observe(
+            "payload_checked",
+            str(idem.payload_checked).lower(),
+            lambda: _payload_checked(s, contract, key, first),
         )
-
-        # 4. two requests with one key at once
-        findings.append(_concurrent(s, contract, admin_url, concurrency_delay_s))
-
-        # 5. the longest key
-        findings.append(_key_length(s, contract))
-
-        # 6, 7. what a failure after the change does to the key; a restart
+        # 5. two requests with one key at once
+        observe(
+            "concurrent",
+            idem.concurrent,
+            lambda: _concurrent(s, contract, admin_url, concurrency_delay_s),
+        )
+        # 6. the longest key
+        observe("max_key_length", str(idem.max_key_length), lambda: _key_length(s, contract))
+        # 7, 8. what a failure after the change does to the key; a restart
         findings += _fault_facts(s, contract, admin_url)
     return findings
+
+
+def _payload_checked(s: _Session, contract: Contract, key: str, first: Confirmed) -> Finding:
+    idem = contract.idempotency
+    other = s.send(s.claim(key, variant=1, target=first.binding.target or None))
+    refused = isinstance(other, Ambiguous) and other.code == IDEMPOTENCY_MISMATCH
+    observed = "refused as another payload" if refused else f"not refused: {_seen(other)}"
+    return Finding(
+        fact="payload_checked",
+        declared=str(idem.payload_checked).lower(),
+        observed=observed,
+        verdict="agrees" if refused == idem.payload_checked else "disagrees",
+    )
+
+
+def _lookups(s: _Session, contract: Contract, key: str) -> list[Finding]:
+    """The lookup asked about the request just made (found? binding this operation?) and
+    about one never made (absent, or at least not found)."""
+    kind = contract.lookup.kind
+    if kind == "none":
+        return [
+            Finding(
+                fact="lookup",
+                declared="none",
+                observed="the contract declares no lookup",
+                verdict="not observable",
+            )
+        ]
+    declared = kind + (
+        f", {contract.lookup.lag.total_seconds():g} s behind" if kind == "search" else ""
+    )
+    sent = s.claim(key)
+    wait = min(contract.lookup.lag + timedelta(seconds=2), LOOKUP_WAIT_CAP).total_seconds()
+    deadline = time.monotonic() + wait
+    found = s.lookup(sent, sent=True)
+    while found.verdict != Says.CONFIRMED and time.monotonic() < deadline:
+        time.sleep(min(0.5, max(wait / 10, 0.05)))
+        found = s.lookup(sent, sent=True)
+    findings = [_found(contract, found, declared, wait)]
+    if found.verdict == Says.CONFIRMED:
+        findings.append(_lookup_binds(contract, sent, found))
+    never = s.claim(s.key())  # a fresh operation and key, never sent
+    absent = s.lookup(never, sent=False)
+    says = absent.verdict.value
+    if absent.verdict == Says.CONFIRMED:
+        verdict: Verdict = "disagrees"  # it would confirm what never happened
+        observed = "confirmed a request never made"
+    elif kind == "status_api":  # authoritative: "no such request", or it is no status API
+        verdict = "agrees" if absent.verdict == Says.ABSENT else "disagrees"
+        observed = f"{says} for a request never made"
+    else:  # a search that finds nothing proves nothing, and may say so
+        verdict = "agrees"
+        observed = f"{says} for a request never made"
+    findings.append(
+        Finding(
+            fact="lookup_absent",
+            declared="absent" if kind == "status_api" else "not found",
+            observed=observed,
+            verdict=verdict,
+        )
+    )
+    return findings
+
+
+def _found(contract: Contract, found: LookupResult, declared: str, waited: float) -> Finding:
+    says = found.verdict.value
+    if found.verdict == Says.CONFIRMED:
+        observed, verdict = "found the request just made", "agrees"
+    elif contract.lookup.kind == "status_api":
+        # an authoritative "no such request" for one that was applied would let a retry
+        # repeat it; any other answer means the declared status API does not answer
+        observed, verdict = f"{says} for the request just made", "disagrees"
+    else:
+        reason = found.detail.get("error") or found.detail.get("reason") or ""
+        observed = f"{says} within {waited:g} s" + (f" ({reason})" if reason else "")
+        verdict = "not observed"
+    return Finding(fact="lookup", declared=declared, observed=observed, verdict=verdict)
+
+
+def _lookup_binds(contract: Contract, sent: Claim, found: LookupResult) -> Finding:
+    """Whether what the lookup found binds this operation, as the decision reads it."""
+    op = sent.operation
+    b = found.binding
+    named = [
+        name
+        for name, value in (
+            ("key", b.idempotency_key),
+            ("receipt", b.receipt_id),
+            ("target", b.target),
+            ("digest", b.payload_digest),
+        )
+        if value is not None
+    ]
+    evidence = Evidence(
+        id=0,
+        op_id=op.id,
+        attempt_n=None,
+        fence=None,
+        source=LOOKUP,
+        verdict=found.verdict,
+        binding=b,
+        detail=dict(found.detail),
+        applied=False,
+        recorded_at=datetime.now(UTC),
+    )
+    ours = binds(evidence, op, frozenset({op.idempotency_key}), contract)
+    clashes = binding_clashes(b, op, op.idempotency_key)
+    observed = ", ".join(named) or "nothing"
+    if clashes:
+        observed += f"; contradicts our {', '.join(clashes)}"
+    return Finding(
+        fact="lookup_binds",
+        declared="this operation",
+        observed=observed if ours else f"{observed}: not enough to confirm it",
+        verdict="agrees" if ours else "disagrees",
+    )
 
 
 def _idempotency(s: _Session, contract: Contract, key: str, first: Confirmed) -> Finding:
@@ -264,7 +427,11 @@ def _concurrent(s: _Session, contract: Contract, admin_url: str | None, delay_s:
         if admin_url is not None and delay_s:
             _admin(admin_url, "/_admin/config", {"account": _account(s), "processing_s": 0.0})
     (a, _), (b, waited) = results
-    conflict = any(isinstance(o, Ambiguous) and o.code == IN_FLIGHT for o in (a, b))
+    # refused as in progress: by the provider's code, or a 409 without one (an
+    # idempotency layer's "still processing")
+    conflict = any(
+        isinstance(o, Ambiguous) and (o.code == IN_FLIGHT or o.code == "http_409") for o in (a, b)
+    )
     both = isinstance(a, Confirmed) and isinstance(b, Confirmed)
     if conflict:
         wait = f" after {waited:.1f} s" if waited >= 1 else ""
@@ -319,19 +486,27 @@ def _key_length(s: _Session, contract: Contract) -> Finding:
 
 def _fault_facts(s: _Session, contract: Contract, admin_url: str | None) -> list[Finding]:
     idem = contract.idempotency
-    if admin_url is None:
-        return [
-            Finding(
-                fact=fact,
-                declared=declared,
-                observed="needs an endpoint that can inject a failure and a restart",
-                verdict="not observed",
-            )
-            for fact, declared in (
-                ("after_error", idem.after_error),
-                ("keys_durable", str(idem.keys_durable).lower()),
-            )
-        ]
+    facts = (("after_error", idem.after_error), ("keys_durable", str(idem.keys_durable).lower()))
+    why = "needs an endpoint that can inject a failure and a restart (--admin-url)"
+    if admin_url is not None:
+        try:
+            return _faults(s, contract, admin_url)
+        except httpx.HTTPError as exc:
+            why = f"{admin_url} cannot inject them ({_admin_error(exc)})"
+    return [
+        Finding(fact=fact, declared=declared, observed=why, verdict="not observable")
+        for fact, declared in facts
+    ]
+
+
+def _admin_error(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code} from {exc.request.url.path}"
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+
+
+def _faults(s: _Session, contract: Contract, admin_url: str) -> list[Finding]:
+    idem = contract.idempotency
     found = []
     key = s.key()
     _admin(

@@ -67,7 +67,12 @@ def contract_check(
         raise typer.Exit(REFUSED) from exc
     finally:
         registry.close()
-    colour = {"agrees": "green", "disagrees": "red", "not observed": "yellow"}
+    colour = {
+        "agrees": "green",
+        "disagrees": "red",
+        "not observed": "yellow",
+        "not observable": "dim",
+    }
     table = records_table(
         ("fact", "declared", "observed", "verdict"),
         [

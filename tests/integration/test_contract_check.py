@@ -4,6 +4,7 @@ for each way a real provider differs, the fact it gets wrong."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -41,6 +42,9 @@ def test_a_right_contract_shows_no_disagreement(sandbox: Sandbox, crm: CrmAdapte
         "payload_checked",
         "concurrent",
         "max_key_length",
+        "lookup",
+        "lookup_binds",
+        "lookup_absent",
         "after_error",
         "keys_durable",
     }
@@ -58,6 +62,8 @@ def test_a_right_contract_shows_no_disagreement(sandbox: Sandbox, crm: CrmAdapte
         ({"keys_durable": False}, "keys_durable"),
         ({"echo_digest": False}, "response_binds"),
         ({"max_key_length": 100}, "max_key_length"),
+        # a status API that does not answer (off): the lookup found nothing it can use
+        ({"status_api": False}, "lookup"),
     ],
     ids=lambda v: next(iter(v)) if isinstance(v, dict) else v,
 )
@@ -132,3 +138,65 @@ def test_the_email_adapter_checks_clean_against_the_sandbox(sandbox: Sandbox) ->
     verdicts = {f.fact: f.verdict for f in findings}
     assert "disagrees" not in verdicts.values(), findings
     assert verdicts["idempotency"] == verdicts["payload_checked"] == "agrees"
+
+
+def test_the_lookup_is_probed_found_binding_and_absent(sandbox: Sandbox) -> None:
+    sandbox.configure(account="looked", search_lag_s=0.5)
+    search = CrmAdapter(
+        sandbox.http_url,
+        account="looked",
+        contract=crm_contract(lookup="search", search_lag=timedelta(seconds=1)),
+    )
+    try:
+        findings = {f.fact: f for f in check_contract(search, search.contract_probe)}
+    finally:
+        search.close()
+    # a lagging search finds the request once it caught up, bound by our key and body
+    assert findings["lookup"].verdict == "agrees", findings
+    assert findings["lookup_binds"].verdict == "agrees", findings
+    assert "key" in findings["lookup_binds"].observed
+    assert findings["lookup_absent"].verdict == "agrees"
+
+
+def test_a_lookup_that_cannot_bind_our_body_disagrees(sandbox: Sandbox) -> None:
+    """A status API by key at a provider that neither checks nor names the body: what it
+    finds may be someone else's request under our key, so it can never confirm ours."""
+    sandbox.configure(account="unbound", payload_check=False, echo_digest=False)
+    contract = crm_contract(payload_checked=False, response_binds="nothing")
+    adapter = CrmAdapter(sandbox.http_url, account="unbound", contract=contract)
+    try:
+        findings = {f.fact: f for f in check_contract(adapter, adapter.contract_probe)}
+    finally:
+        adapter.close()
+    assert findings["lookup"].verdict == "agrees"
+    assert findings["lookup_binds"].verdict == "disagrees", findings
+    assert "not enough to confirm" in findings["lookup_binds"].observed
+
+
+@pytest.mark.parametrize("admin", ["no_routes", "closed_port"])
+def test_an_admin_url_without_fault_routes_is_not_observable_and_no_traceback(
+    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch, admin: str
+) -> None:
+    from opledger.dev.processes import free_port
+
+    url = (
+        f"{sandbox.http_url}/not-an-admin"
+        if admin == "no_routes"
+        else (f"http://127.0.0.1:{free_port()}")
+    )
+    monkeypatch.setenv("OPLEDGER_CRM_URL", sandbox.http_url)
+    monkeypatch.setenv("OPLEDGER_CRM_ACCOUNT", f"no-admin-{admin}")
+    get_settings.cache_clear()
+    try:
+        done = CliRunner().invoke(
+            cli, ["contract", "check", "crm.update_case.v1", "--admin-url", url]
+        )
+    finally:
+        get_settings.cache_clear()
+    assert done.exception is None or isinstance(done.exception, SystemExit), done.output
+    assert done.exit_code == 0, done.output
+    assert "Traceback" not in done.output
+    # what it could probe is printed, what it could not is said so
+    for fact in ("idempotency", "payload_checked", "lookup_absent", "after_error"):
+        assert fact in done.output, done.output
+    assert "not observable" in done.output
