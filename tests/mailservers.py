@@ -44,7 +44,8 @@ MAIL_USER = "dovecot"  #: the system user dovecot's processes and mail files run
 
 def mailservers_available() -> str | None:
     """Why postfix and dovecot cannot be started here (None: they can)."""
-    for binary in ("/usr/sbin/postfix", "/usr/sbin/dovecot", "/usr/lib/dovecot/lmtp"):
+    binaries = ("/usr/sbin/postfix", "/usr/sbin/dovecot", "/usr/lib/dovecot/lmtp")
+    for binary in (*binaries, "/usr/lib/dovecot/imap"):
         if not os.path.exists(binary):
             return f"{binary} is missing (apt-get install postfix dovecot-imapd dovecot-lmtpd)"
     if os.geteuid() != 0:
