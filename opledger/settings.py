@@ -190,6 +190,15 @@ class Settings(BaseSettings):
         description="How long after a send's in-flight deadline its Sent copy may still be "
         "missing; not found after this, a person decides.",
     )
+    stripe_url: str = Field(
+        default="https://api.stripe.com",
+        description="Base URL of the Stripe API (v1) the Stripe adapter calls.",
+    )
+    stripe_api_key: SecretStr | None = Field(
+        default=None,
+        description="Stripe secret key (sk_test_... or sk_live_...); the Stripe adapter is "
+        "registered only when it is set. Never logged or shown.",
+    )
     provider_timeout_seconds: float = Field(
         default=10.0, gt=0, description="Request timeout of the bundled adapters."
     )

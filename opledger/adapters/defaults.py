@@ -1,4 +1,5 @@
-"""The default adapter registry: the bundled CRM, email and SMTP adapters, from settings.
+"""The default adapter registry: the bundled CRM, email and SMTP adapters, and Stripe when
+a secret key is configured, from settings.
 
 Point `OPLEDGER_ADAPTERS` at your own 'module:function' to register your providers.
 """
@@ -16,6 +17,7 @@ from .email import EmailAdapter, email_contract
 from .imap import SentFolder
 from .registry import Registry
 from .smtp import SmtpAdapter, smtp_contract
+from .stripe import StripeAdapter, stripe_contract
 from .webhook import WebhookAdapter, webhook_contract
 
 
@@ -70,6 +72,7 @@ def build_registry(settings: Settings) -> Registry:
         ),
         smtp_adapter(settings, t),
     ]
+    add_stripe(adapters, settings)
     add_webhook(adapters, settings)
     return Registry(adapters)
 
@@ -119,3 +122,26 @@ def add_webhook(adapters: list[Any], settings: Settings) -> None:
                 ),
             )
         )
+
+def add_stripe(adapters: list[Any], settings: Settings) -> None:
+    """Register the Stripe adapter when a secret key is configured (OPLEDGER_STRIPE_API_KEY).
+
+    Its contract is Stripe's documented one (`presets.STRIPE_V1`: keys kept 24 h, search
+    about a minute behind); only our client's numbers (timeout, in-flight bound, lookup
+    interval) come from the settings.
+    """
+    key = settings.stripe_api_key
+    if key is None or not key.get_secret_value():
+        return
+    t = Timings.of(settings)
+    adapters.append(
+        StripeAdapter(
+            settings.stripe_url,
+            api_key=key,
+            contract=stripe_contract(
+                request_timeout=t.timeout,
+                max_in_flight=t.in_flight,
+                lookup_interval=t.interval,
+            ),
+        )
+    )
