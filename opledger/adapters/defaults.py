@@ -123,6 +123,7 @@ def add_webhook(adapters: list[Any], settings: Settings) -> None:
             )
         )
 
+
 def add_stripe(adapters: list[Any], settings: Settings) -> None:
     """Register the Stripe adapter when a secret key is configured (OPLEDGER_STRIPE_API_KEY).
 
