@@ -126,6 +126,19 @@ class SentFolder:
                 raise
         return conn
 
+    def examine(self) -> int:
+        """Log in and open the folder read-only: how many messages it holds. Raises as
+        `search` does (what `opledger check` reports)."""
+        conn = self._connect()
+        try:
+            conn.login(self.user, self._secret())
+            typ, data = conn.select(quoted(self.folder), readonly=True)
+            if typ != "OK":
+                raise imaplib.IMAP4.error(f"EXAMINE {self.folder!r} refused: {_text(data)}")
+            return int(data[0]) if data and isinstance(data[0], bytes) else 0
+        finally:
+            _logout(conn)
+
     def search(self, message_id: str) -> list[Copy]:
         """The messages in the folder whose Message-ID is exactly `message_id`.
 
@@ -154,10 +167,14 @@ class SentFolder:
                     copies.append(copy)
             return copies
         finally:
-            try:
-                conn.logout()
-            except Exception:
-                conn.shutdown()
+            _logout(conn)
+
+
+def _logout(conn: imaplib.IMAP4) -> None:
+    try:
+        conn.logout()
+    except Exception:
+        conn.shutdown()
 
 
 _ANGLE = re.compile(r"<[^<>\s]+>")

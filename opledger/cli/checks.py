@@ -80,6 +80,8 @@ def _checks(  # noqa: C901
         yield _mcp_clients(settings.mcp_clients, registry)
     if settings.mcp_upstream:
         yield _mcp_upstream(settings.mcp_upstream, registry)
+    if settings.smtp_sent_imap_host and (database or broker):
+        yield _sent_folder(settings)
     if database:
         if not settings.database_url and not settings.dev:
             yield Check("postgres", False, "OPLEDGER_DATABASE_URL is not set")
@@ -232,6 +234,37 @@ def _quorum(settings: Settings) -> Check | None:
             warning=True,
         )
     return None
+
+
+def _sent_folder(settings: Settings) -> Check:
+    """The SMTP adapter's Sent folder can be read. A warning, not a failure: unreadable,
+    every lookup is inconclusive and an ambiguous SMTP send goes to a person, as without."""
+    from opledger.adapters.imap import SentFolder
+
+    assert settings.smtp_sent_imap_host and settings.smtp_sent_imap_user  # validated
+    assert settings.smtp_sent_imap_password is not None
+    folder = SentFolder(
+        host=settings.smtp_sent_imap_host,
+        port=settings.smtp_sent_imap_port,
+        user=settings.smtp_sent_imap_user,
+        password=settings.smtp_sent_imap_password,
+        folder=settings.smtp_sent_folder,
+        tls=settings.smtp_sent_imap_tls,
+        cafile=settings.smtp_sent_imap_cafile,
+        timeout=CONNECT_TIMEOUT_S,
+    )
+    try:
+        count = folder.examine()
+    except Exception as exc:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        return Check(
+            "smtp sent folder",
+            False,
+            f"{folder.describe()}: {type(exc).__name__}: {text}; until it can be read, an "
+            "ambiguous SMTP send goes to a person",
+            warning=True,
+        )
+    return Check("smtp sent folder", True, f"{folder.describe()}: readable, {count} messages")
 
 
 def _attempt(name: str, probe: Callable[[], str]) -> Check:

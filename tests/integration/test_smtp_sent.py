@@ -302,3 +302,30 @@ def test_no_lookup_while_a_send_may_be_in_flight_even_with_a_copy_to_find(
             assert not isinstance(decided.decision, AskProvider)
         assert rig.lookups(op_id) == []
         assert rig.ledger.get(op_id).status is Status.UNKNOWN
+
+
+def test_opledger_check_reads_the_sent_folder_and_only_warns_when_it_cannot(
+    mail: MailServers,
+) -> None:
+    from opledger.cli.checks import failures, run_checks
+
+    env = {
+        "OPLEDGER_SMTP_SENT_IMAP_HOST": "127.0.0.1",
+        "OPLEDGER_SMTP_SENT_IMAP_PORT": str(mail.imaps_port),
+        "OPLEDGER_SMTP_SENT_IMAP_USER": mail.user,
+        "OPLEDGER_SMTP_SENT_IMAP_PASSWORD": mail.password,
+        "OPLEDGER_SMTP_SENT_IMAP_CAFILE": mail.cafile,
+    }
+
+    def sent_check(environ: dict[str, str]) -> tuple[str, bool, bool, bool]:
+        checks = run_checks(environ, broker=True, database=False)
+        (check,) = [c for c in checks if c.name == "smtp sent folder"]
+        return check.line(), check.ok, check.warning, check in failures(checks)
+
+    line, ok, _, failed = sent_check(env)
+    assert ok and not failed and "'Sent'" in line and "readable" in line
+    line, ok, warning, failed = sent_check({**env, "OPLEDGER_SMTP_SENT_IMAP_PASSWORD": "wrong"})
+    assert not ok and warning and not failed and "goes to a person" in line
+    assert mail.password not in line
+    line, ok, warning, _ = sent_check({**env, "OPLEDGER_SMTP_SENT_FOLDER": "Nope"})
+    assert not ok and warning and "'Nope'" in line
