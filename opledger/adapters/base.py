@@ -75,6 +75,8 @@ class LookupResult(Record):
     verdict: Verdict
     binding: Binding = Binding()
     detail: dict[str, object] = Field(default_factory=dict)
+    #: what the effect produced, when a confirming lookup can tell (as `Confirmed.result`)
+    result: dict[str, object] | None = None
 
 
 @runtime_checkable

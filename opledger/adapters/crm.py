@@ -194,10 +194,10 @@ class CrmAdapter:
             return Confirmed(
                 receipt_id=f"{body['case_id']}@v{body['version']}",
                 binding=_binding(body),
+                result=_result(body),
                 detail={
                     "status": status,
                     "replayed": response.headers.get("idempotent-replayed") == "true",
-                    "result": _result(body),
                 },
             )
         return outcome_for_http_status(response, CODES, provider="the CRM")
@@ -244,7 +244,8 @@ class CrmAdapter:
                         "idempotency_key": body.get("idempotency_key") or key,
                     }
                 ),
-                detail={"source": "status_api", "stored_status": code, "result": _result(body)},
+                result=_result(body),
+                detail={"source": "status_api", "stored_status": code},
             )
         err = (body.get("error") or {}).get("code", "") if isinstance(body, dict) else ""
         detail = {"stored_status": code, "code": err}

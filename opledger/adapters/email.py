@@ -140,10 +140,10 @@ class EmailAdapter:
                     idempotency_key=claim.idempotency_key, target=claim.operation.target
                 ),
                 accepted_only=True,
+                result={"message_id": str(response.json()["id"])},
                 detail={
                     "status": status,
                     "replayed": response.headers.get("idempotent-replayed") == "true",
-                    "result": {"message_id": str(response.json()["id"])},
                 },
             )
         return outcome_for_http_status(response, CODES, provider="the email API")

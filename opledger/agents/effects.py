@@ -115,8 +115,9 @@ class EffectConfirmed(_Result):
     receipt_id: str | None
     #: the provider only took custody (an email "accepted"), which is not delivery
     accepted_only: bool = False
-    #: what the provider said the effect produced (the adapter's `detail["result"]`: a
-    #: case's new status and version, a message id), from the confirming evidence
+    #: what the provider said the effect produced (the adapter's `Confirmed.result`: a
+    #: case's new status and version, a payment's id and amount, a message id), from the
+    #: confirming evidence; a note ({"omitted": why}) where it was too large to keep
     data: dict[str, Any] = {}
 
     def _state(self) -> str:

@@ -10,10 +10,11 @@ on the page, so what was sent can still be compared with a provider's record.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from opledger.ledger import Attempt, Evidence
 from opledger.ledger.errors import InvalidInput
 
 #: hidden for every action, wherever they appear (compared case-insensitively)
@@ -78,6 +79,30 @@ class Redaction:
         hidden: list[str] = []
         paths = [p.split(".") for p in self.paths_for(action)]
         return _redact(payload, paths, "", hidden), hidden
+
+    def results(
+        self, action: str, attempts: Sequence[Attempt], evidence: Sequence[Evidence]
+    ) -> tuple[list[Attempt], list[Evidence]]:
+        """Attempts and evidence as shown: every provider result document they carry (a
+        confirmation's `result`, wherever a response or a detail holds one) hidden by the
+        action's rules, like its payload."""
+
+        def shown(value: Any) -> Any:
+            if isinstance(value, list):
+                return [shown(item) for item in value]
+            if not isinstance(value, Mapping):
+                return value
+            return {
+                k: self.apply(action, v)[0]
+                if k == "result" and isinstance(v, Mapping)
+                else shown(v)
+                for k, v in value.items()
+            }
+
+        return (
+            [a.model_copy(update={"response": shown(a.response)}) for a in attempts],
+            [e.model_copy(update={"detail": shown(e.detail)}) for e in evidence],
+        )
 
 
 def _mask(value: Any) -> str:

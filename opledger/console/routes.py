@@ -123,6 +123,9 @@ class Routes:
             tenant=tenant,
             view=view,
             op=view.operation,
+            shown=self.config.redaction.results(
+                view.operation.action, view.attempts, view.evidence
+            ),
             payload=shown_payload,
             hidden=hidden,
             facts=contract_facts(view.contract) if view.contract else [],
@@ -221,6 +224,9 @@ class Routes:
             tenant=tenant,
             op=history.operation,
             history=history,
+            shown=self.config.redaction.results(
+                history.operation.action, history.attempts, history.evidence
+            ),
             payload=shown,
             hidden=hidden,
             open_review=open_review and history.operation.status is Status.UNKNOWN,

@@ -27,6 +27,7 @@ from .errors import (
     OperationNotFound,
     StaleFence,
 )
+from .evidence import with_result
 from .grants import Grants
 from .ids import (
     check_identifier,
@@ -124,7 +125,7 @@ class Ledger(Prepare, Claims, Grants, Maintenance, LedgerBase):
                     "binding": store.to_json(
                         (binding or Binding()).model_dump(mode="json", exclude_none=True)
                     ),
-                    "detail": store.to_json(dict(detail or {})),
+                    "detail": store.to_json(with_result(detail or {})),
                 },
             ).one_or_none()
         if row is None:

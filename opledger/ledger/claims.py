@@ -276,6 +276,8 @@ def _detail_of(outcome: Outcome) -> dict[str, Any]:
     detail = dict(outcome.detail)
     if isinstance(outcome, Confirmed):
         detail.update(receipt_id=outcome.receipt_id, accepted_only=outcome.accepted_only)
+        if outcome.result is not None:
+            detail["result"] = outcome.result
     else:
         detail.update(code=outcome.code, reason=outcome.reason)
         if isinstance(outcome, Rejected) and outcome.conflicting_state:

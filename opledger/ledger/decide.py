@@ -146,10 +146,9 @@ def _decide(
         return _never_sent(contract, operation, attempts, evidence, authorized, busy_until, now)
 
     operator_retry = operation.operator_retry_by is not None
-    if not operator_retry:
-        taken = _key_taken(evidence)
-        if taken is not None:
-            return taken
+    taken = _key_taken(operation, evidence)
+    if taken is not None:
+        return taken
 
     assert busy_until is not None
 
@@ -180,10 +179,13 @@ def _decide(
     return _retry(contract, operation, attempts, evidence, authorized, now, False)
 
 
-def _key_taken(evidence: Sequence[Evidence]) -> NeedsReview | None:
+def _key_taken(operation: Operation, evidence: Sequence[Evidence]) -> NeedsReview | None:
     """Rule 12: the provider answered our key with another request's answer (or may have):
     the key no longer protects this operation, and a retry under it gets that answer again
-    while a new key could repeat the effect. A person decides at once."""
+    while a new key could repeat the effect. A person decides at once, unless one already
+    did and asked for this retry."""
+    if operation.operator_retry_by is not None:
+        return None
     for ev in evidence:
         if ev.source != DISPATCH:
             continue

@@ -7,9 +7,13 @@ binds this operation (rule 1), what `admit` lets an outcome count as before it i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from .canonical import canonicalize
 from .contract import Contract
+from .errors import InvalidInput
 from .models import (
     Ambiguous,
     Attempt,
@@ -38,6 +42,46 @@ UNBOUND_RESPONSE = "unbound_response"  #: a success that does not show it answer
 UNCODED_REFUSAL = "uncoded_refusal"
 
 DISPATCH, LOOKUP = EvidenceSource.DISPATCH, EvidenceSource.LOOKUP
+
+#: the largest result document (canonical JSON bytes) kept with a piece of evidence
+RESULT_LIMIT = 4096
+
+
+def with_result(
+    detail: Mapping[str, Any], result: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """`detail` with the provider's result document under "result" (`result`, else one
+    the adapter put in the detail itself), bounded: a document that is not a JSON object,
+    cannot be canonicalized or is over `RESULT_LIMIT` bytes is replaced by a note saying
+    so. The evidence is kept whatever the document was; only the document is dropped."""
+    out = dict(detail)
+    doc = result if result is not None else out.get("result")
+    if doc is None:
+        return out
+    if not isinstance(doc, Mapping):
+        out["result"] = {"omitted": f"a result must be a JSON object, not {type(doc).__name__}"}
+        return out
+    try:
+        frozen = canonicalize(doc, max_bytes=RESULT_LIMIT)
+    except InvalidInput as exc:
+        size = exc.fields.get("size")
+        note: dict[str, Any] = {"omitted": f"the result was not kept: {exc}"[:300]}
+        if size is not None:
+            note["size"] = size
+        out["result"] = note
+        return out
+    out["result"] = json.loads(frozen.text)
+    return out
+
+
+def _bounded(outcome: Outcome) -> Outcome:
+    """A confirmation's result document, bounded (`with_result`), in `result` only."""
+    if not isinstance(outcome, Confirmed):
+        return outcome
+    if outcome.result is None and "result" not in outcome.detail:
+        return outcome
+    detail = with_result(outcome.detail, outcome.result)
+    return outcome.model_copy(update={"result": detail.pop("result"), "detail": detail})
 
 
 def our_keys(operation: Operation, attempts: Sequence[Attempt]) -> frozenset[str]:
@@ -84,6 +128,7 @@ def admit(contract: Contract | None, claim: Claim, outcome: Outcome) -> Outcome:
     applied. Without a contract (the ledger's own API) only the binding is checked. With a
     keyed contract, the outcome records the scope the attempt was sent into.
     """
+    outcome = _bounded(outcome)
     if contract is not None and contract.idempotency.kind == "keyed":
         outcome = outcome.model_copy(
             update={"detail": {**outcome.detail, "scope": contract.idempotency.scope}}

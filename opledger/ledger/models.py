@@ -190,6 +190,11 @@ class Confirmed(Record):
     receipt_id: str
     binding: Binding = Binding()
     accepted_only: bool = False  #: custody (queued, accepted), not final delivery
+    #: what the effect produced, for whoever asked for it (the created object's id, its
+    #: amount, a case's new version): a small JSON object, kept with the evidence as
+    #: `detail["result"]` (at most `evidence.RESULT_LIMIT` bytes canonical, else replaced
+    #: by a note saying why) and returned by `effect()` and the agents' tools as `data`
+    result: dict[str, Any] | None = None
     detail: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -120,7 +120,7 @@ class McpToolAdapter:
         return Confirmed(
             receipt_id=f"{claim.idempotency_key}@{self.contract.provider}",
             binding=Binding(idempotency_key=claim.idempotency_key, target=claim.operation.target),
-            detail={"result": data},
+            result=data,
         )
 
     def lookup(self, operation: Operation, attempts: Sequence[Attempt]) -> LookupResult:

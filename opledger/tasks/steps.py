@@ -343,7 +343,9 @@ def _decide(
             source=EvidenceSource.LOOKUP,
             verdict=result.verdict,
             binding=result.binding,
-            detail=result.detail,
+            detail=result.detail
+            if result.result is None
+            else {**result.detail, "result": result.result},
             fence=op.fence,
         )
         history = ledger.history(op_id)

@@ -254,3 +254,41 @@ def test_cancel_only_a_prepared_operation(ledger: Ledger, grant: str) -> None:
     assert ledger.claim(b.id, owner="w1") is not None
     with pytest.raises(ForbiddenTransition):
         ledger.cancel(b.id, reason="too late")
+
+
+def test_a_confirmations_result_is_kept_bounded_and_returned_as_data(
+    ledger: Ledger, grant: str
+) -> None:
+    from opledger.agents import Effects
+    from opledger.ledger.evidence import RESULT_LIMIT
+
+    op = ledger.prepare(**CLOSE)
+    claim = ledger.claim(op.id, owner="w1")
+    assert claim is not None
+    result = {"id": "case-318", "version": 7}
+    confirmed = receipt(claim.idempotency_key, target="case-318").model_copy(
+        update={"result": result}
+    )
+    assert ledger.record_outcome(claim, confirmed).status is Status.CONFIRMED
+    (ev,) = ledger.history(op.id).evidence
+    assert ev.detail["result"] == result
+    effects = Effects(ledger, publish=lambda op_id: None)
+    answer = effects.result(op.id)
+    assert answer.kind == "confirmed" and answer.data == result
+
+    # too large to keep: the outcome stands, the document is a note saying why
+    other: Intent = {**CLOSE, "intent_key": "close-big", "target": "case-319"}
+    big = ledger.prepare(**other)
+    claim = ledger.claim(big.id, owner="w1")
+    assert claim is not None
+    oversized = receipt(claim.idempotency_key, target="case-319").model_copy(
+        update={"result": {"blob": "x" * RESULT_LIMIT}}
+    )
+    assert ledger.record_outcome(claim, oversized).status is Status.CONFIRMED
+    data = effects.result(big.id)
+    assert data.kind == "confirmed" and "omitted" in data.data and "blob" not in data.data
+    # a lookup's result is bounded the same way
+    looked = ledger.record_evidence(
+        big.id, source="lookup", verdict="confirmed", detail={"result": {"n": float("inf")}}
+    )
+    assert "omitted" in looked.detail["result"]

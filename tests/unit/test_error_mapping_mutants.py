@@ -263,7 +263,10 @@ def test_a_replayed_error_that_is_no_refusal_is_marked_replayed(status: int) -> 
     ev = evidence("ambiguous", source="dispatch", attempt_n=1, **recorded)
     atomic = keyed(after_error="nothing_applied", keys_durable=True)
     decision = decide(atomic, operation(), [attempt()], [ev], grant(), T0 + 60 * S)
-    assert isinstance(decision, NeedsReview) and "replays what it stored for this key" in decision.reason
+    assert (
+        isinstance(decision, NeedsReview)
+        and "replays what it stored for this key" in decision.reason
+    )
 
 
 def test_a_refusal_reason_is_kept_to_500_characters() -> None:
