@@ -379,6 +379,19 @@ class MailServers:
         finally:
             conn.logout()
 
+    def flags(self, message_id: str, *, user: str = "opledger", folder: str = "Sent") -> str:
+        """The IMAP flags of the messages in `user`'s `folder` that carry `message_id`."""
+        conn = imaplib.IMAP4(self.host, self.imap_port, timeout=10)
+        try:
+            conn.login(user, self.password)
+            conn.select(f'"{folder}"', readonly=True)
+            _, data = conn.uid("SEARCH", "HEADER", "Message-ID", f'"{message_id}"')
+            uids = data[0].split() if data and data[0] else []
+            shown = [conn.uid("FETCH", uid, "(FLAGS)")[1] for uid in uids]
+            return " ".join(str(part) for parts in shown for part in parts)
+        finally:
+            conn.logout()
+
     def wait_for_copies(
         self, message_id: str, n: int, *, user: str = "opledger", folder: str = "Sent"
     ) -> None:

@@ -191,6 +191,8 @@ def test_a_normal_send_is_confirmed_from_its_250_and_its_copy_binds_the_body(
     for tls in ("starttls", "imaps"):
         (copy,) = mail.sent_folder(tls=tls).search(message_id)
         assert copy.digest == op.payload_digest and copy.to == RECIPIENT
+    flags = mail.flags(message_id)  # read with EXAMINE and BODY.PEEK: never marked seen
+    assert "FLAGS (" in flags and "Seen" not in flags
 
     # the settings wire the same search into the bundled SMTP adapter
     settings = Settings.from_environ(
