@@ -25,7 +25,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -83,8 +83,7 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _wait(predicate: object, timeout: float, what: str) -> None:
-    assert callable(predicate)
+def _wait(predicate: Callable[[], object], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -403,16 +402,6 @@ class MailServers:
             raise AssertionError(
                 f"{message_id} not in {user}'s {folder}\n{self.log('postfix')[-3000:]}"
             ) from None
-
-    def queue_empty(self) -> bool:
-        """Whether postfix has delivered (or bounced) everything it took."""
-        shown = subprocess.run(
-            ["/usr/sbin/postqueue", "-c", str(self.postfix_dir), "-j"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        return shown.returncode == 0 and not shown.stdout.strip()
 
 
 def _alive(pidfile: Path) -> bool:
