@@ -205,6 +205,7 @@ class SmtpAdapter:
             receipt_id=str(message["Message-ID"]),
             binding=Binding(idempotency_key=claim.idempotency_key, target=claim.operation.target),
             accepted_only=True,
+            result={"message_id": str(message["Message-ID"])},
         )
 
     def lookup(self, operation: Operation, attempts: Sequence[Attempt]) -> LookupResult:
@@ -273,6 +274,7 @@ class SmtpAdapter:
                 "accepted_only": True,
                 "receipt_id": message_id,
             },
+            result={"message_id": message_id},
         )
 
     def search_hint(self, operation: Operation) -> str:

@@ -122,6 +122,7 @@ def test_a_send_cut_after_data_is_confirmed_from_its_sent_copy(
         applied = [e for e in rig.ledger.history(op_id).evidence if e.applied]
         assert applied[-1].source == EvidenceSource.LOOKUP
         assert applied[-1].binding.payload_digest == op.payload_digest  # our body, not only id
+        assert applied[-1].detail["result"] == {"message_id": message_id}
         assert proxy.connections == 1  # never sent again
 
     assert mail.copies(message_id) == 1
@@ -182,6 +183,7 @@ def test_a_normal_send_is_confirmed_from_its_250_and_its_copy_binds_the_body(
     assert result.operation is not None and op.status is Status.CONFIRMED
     (evidence,) = rig.ledger.history(op_id).evidence
     assert evidence.source == EvidenceSource.DISPATCH and evidence.detail["accepted_only"]
+    assert evidence.detail["result"] == {"message_id": message_id_for(op)}
     assert rig.lookups(op_id) == []
     message_id = message_id_for(op)
     mail.wait_for_copies(message_id, 1)
