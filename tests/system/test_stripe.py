@@ -1,0 +1,214 @@
+"""The Stripe adapter in real Celery workers, against stripe-stateful-mock behind the fault
+proxy: a cut answer, a late answer, a duplicate delivery, another body under our key and a
+key past its retention, each settled by the worker, the sweeper and the reconciler, and
+counted from the mock's own list endpoints.
+
+The worker runs `tests.system.stripe_registry` (the Stripe adapter with the stack's fast
+timings: a 1 s timeout, 2 s in flight, a 1 s lag), configured through OPLEDGER_STRIPE_URL
+(the proxy) and OPLEDGER_STRIPE_API_KEY.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opledger.adapters.registry import load_registry
+from opledger.dev.faultproxy import FaultProxy
+from opledger.dev.processes import Stack
+from opledger.ledger import History, Ledger, Operation, Status
+from opledger.ledger.models import EvidenceSource, Verdict
+from opledger.tasks.app import dispatch
+from tests.conftest import truncate_all
+from tests.stripemock import API_KEY, StripeMock, stripe_mock
+
+from .conftest import settings_of, settled, worker_with
+
+pytestmark = pytest.mark.system
+
+REPO = Path(__file__).resolve().parents[2]
+CHARGE, REFUND = "stripe.charge.v1", "stripe.refund.v1"
+#: longer than the worker's 1 s request timeout
+HELD_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def mock() -> Iterator[StripeMock]:
+    yield from stripe_mock()
+
+
+class Rig:
+    """A worker whose only adapter is Stripe's, through `proxy`, and a ledger like its."""
+
+    def __init__(self, ledger: Ledger, proxy: FaultProxy, mock: StripeMock) -> None:
+        self.ledger, self.proxy, self.mock = ledger, proxy, mock
+
+    def prepare(self, action: str, target: str, payload: dict[str, Any]) -> Operation:
+        return self.ledger.prepare(
+            tenant="acme",
+            workflow_id="wf",
+            intent_key=f"{action}-{target}",
+            action=action,
+            target=target,
+            payload=payload,
+            authorization_ref="auth_stripe",
+        )
+
+    def settle(self, op: Operation, timeout: float = 40.0) -> History:
+        settled(self.ledger, [op.id], timeout)
+        return self.ledger.history(op.id)
+
+
+@contextmanager
+def stripe_worker(
+    running: Stack, ledger: Ledger, database_url: str, mock: StripeMock, **env: str
+) -> Iterator[Rig]:
+    with FaultProxy(mock.address) as proxy:
+        env = {
+            "OPLEDGER_ADAPTERS": "tests.system.stripe_registry:build_registry",
+            "OPLEDGER_STRIPE_URL": f"http://127.0.0.1:{proxy.port}",
+            "OPLEDGER_STRIPE_API_KEY": API_KEY,
+            "PYTHONPATH": str(REPO),
+            **env,
+        }
+        registry = load_registry(settings_of({**running.env, **env}))
+        led = Ledger(ledger.engine, actions=registry)
+        led.grant(tenant="acme", scope=["stripe.*"], granted_by="test", ref="auth_stripe")
+        try:
+            with worker_with(running, "w1", 2, **env):
+                try:
+                    yield Rig(led, proxy, mock)
+                finally:
+                    # the plain worker put back serves no Stripe action: an open operation
+                    # of one would stop it from starting (its startup check)
+                    truncate_all(database_url)
+        finally:
+            registry.close()
+
+
+def order() -> str:
+    return f"order-{uuid.uuid4().hex[:10]}"
+
+
+def payment(amount: int = 2500) -> dict[str, Any]:
+    return {"amount": amount, "currency": "usd", "source": "tok_visa"}
+
+
+def lookup_verdicts(history: History) -> list[Verdict]:
+    return [e.verdict for e in history.evidence if e.source == EvidenceSource.LOOKUP]
+
+
+def test_an_answer_cut_after_the_charge_is_confirmed_once(
+    running: Stack, ledger: Ledger, database_url: str, mock: StripeMock
+) -> None:
+    with stripe_worker(running, ledger, database_url, mock) as rig:
+        before = len(mock.charges())
+        rig.proxy.cut_response(after=b"POST /v1/charges", times=1)
+        op = rig.prepare(CHARGE, order(), payment())
+        dispatch.delay(op.id)
+        history = rig.settle(op)
+        assert rig.proxy.fired["cut"] == 1
+        assert history.operation.status is Status.CONFIRMED
+        assert [a.response.get("code") for a in history.attempts if a.response] == [
+            "connection_lost"
+        ]
+        assert Verdict.CONFIRMED in lookup_verdicts(history)  # our marker, read back
+        assert len(mock.charges(op.id)) == 1 and len(mock.charges()) == before + 1
+
+
+def test_a_late_answer_is_not_resent_while_in_flight(
+    running: Stack, ledger: Ledger, database_url: str, mock: StripeMock
+) -> None:
+    with stripe_worker(running, ledger, database_url, mock) as rig:
+        rig.proxy.delay_response(HELD_S, after=b"POST /v1/charges", times=1)
+        # lookups lose their answers too: only the same key can settle it
+        rig.proxy.cut_response(after=b"GET /v1/", times=None)
+        op = rig.prepare(CHARGE, order(), payment())
+        dispatch.delay(op.id)
+        history = rig.settle(op)
+        assert rig.proxy.fired["delay"] == 1
+        assert history.operation.status is Status.CONFIRMED
+        first, second = history.attempts
+        assert first.response is not None and first.response.get("code") == "timeout"
+        assert second.started_at >= first.deadline_at  # never while the first could run
+        assert second.idempotency_key == first.idempotency_key
+        assert second.response is not None
+        assert second.response["detail"]["replayed"] is True  # Stripe's stored first answer
+        assert len(mock.charges(op.id)) == 1
+
+
+def test_a_duplicate_delivery_charges_once(
+    running: Stack, ledger: Ledger, database_url: str, mock: StripeMock
+) -> None:
+    with stripe_worker(running, ledger, database_url, mock) as rig:
+        rig.proxy.delay_response(0.5, times=None)  # each answer slow: the deliveries overlap
+        op = rig.prepare(CHARGE, order(), payment())
+        for _ in range(4):
+            dispatch.delay(op.id)
+        history = rig.settle(op)
+        assert history.operation.status is Status.CONFIRMED
+        assert len(history.attempts) == 1
+        assert len(mock.charges(op.id)) == 1
+
+
+def test_another_body_under_our_key_goes_to_a_person(
+    running: Stack, ledger: Ledger, database_url: str, mock: StripeMock
+) -> None:
+    with stripe_worker(running, ledger, database_url, mock) as rig:
+        op = rig.prepare(CHARGE, order(), payment())
+        before = len(mock.charges())
+        theirs = mock.post(
+            "/v1/charges",
+            {"amount": "100", "currency": "usd", "source": "tok_visa"},
+            key=op.idempotency_key,
+        )
+        assert theirs.status_code == 200
+        dispatch.delay(op.id)
+        history = rig.settle(op)
+        assert history.operation.status is Status.UNKNOWN
+        assert history.open_review is not None
+        assert "different payload" in history.open_review.reason
+        assert len(history.attempts) == 1
+        assert mock.charges(op.id) == [] and len(mock.charges()) == before + 1
+
+
+def test_a_key_past_its_retention_is_not_resent(
+    running: Stack, ledger: Ledger, database_url: str, mock: StripeMock
+) -> None:
+    """Keys kept 2 s, less than the attempt's in-flight deadline (3 s): when a retry could
+    start, Stripe may have pruned the key, and the list reads fail: a person decides."""
+    with stripe_worker(
+        running, ledger, database_url, mock, OPLEDGER_KEY_RETENTION_SECONDS="2"
+    ) as rig:
+        rig.proxy.cut_response(after=b"POST /v1/charges", times=1)
+        rig.proxy.cut_response(after=b"GET /v1/", times=None)
+        op = rig.prepare(CHARGE, order(), payment())
+        dispatch.delay(op.id)
+        history = rig.settle(op)
+        assert history.operation.status is Status.UNKNOWN
+        assert history.open_review is not None
+        assert "keeps keys" in history.open_review.reason, history.open_review.reason
+        assert len(history.attempts) == 1
+        assert len(mock.charges(op.id)) == 1
+
+
+def test_a_refund_whose_answer_was_cut_is_refunded_once(
+    running: Stack, ledger: Ledger, database_url: str, mock: StripeMock
+) -> None:
+    with stripe_worker(running, ledger, database_url, mock) as rig:
+        charge = mock.post(
+            "/v1/charges", {"amount": "3000", "currency": "usd", "source": "tok_visa"}
+        ).json()
+        rig.proxy.cut_response(after=b"POST /v1/refunds", times=1)
+        op = rig.prepare(REFUND, charge["id"], {"amount": 1000})
+        dispatch.delay(op.id)
+        history = rig.settle(op)
+        assert history.operation.status is Status.CONFIRMED
+        [refund] = mock.refunds(charge=charge["id"])
+        assert refund["metadata"]["opledger_op"] == op.id and refund["amount"] == 1000
+        assert history.operation.provider_result_id == refund["id"]
