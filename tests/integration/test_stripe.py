@@ -368,6 +368,7 @@ class Recorder(ThreadingHTTPServer):
     def __init__(self, answer: dict[str, Any], headers: dict[str, str]) -> None:
         super().__init__(("127.0.0.1", 0), RecordingHandler)
         self.answer, self.headers_out = answer, headers
+        self.status = 200
         self.requests: list[tuple[str, dict[str, str], list[tuple[str, str]]]] = []
 
 
@@ -380,7 +381,7 @@ class RecordingHandler(BaseHTTPRequestHandler):
             (self.path, {k.lower(): v for k, v in self.headers.items()}, parse_qsl(body))
         )
         data = json.dumps(self.server.answer).encode()
-        self.send_response(200)
+        self.send_response(self.server.status)
         for k, v in self.server.headers_out.items():
             self.send_header(k, v)
         self.send_header("Content-Type", "application/json")
@@ -569,3 +570,71 @@ def test_the_contract_check_agrees_where_the_mock_shows_it(
     assert result.exit_code == 0, result.output
     assert "no disagreement" in result.output
     assert API_KEY not in result.output
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "headers", "expected"),
+    [
+        (402, {"type": "card_error", "code": "expired_card"}, {}, ("rejected", "expired_card")),
+        (
+            400,
+            {"type": "invalid_request_error", "code": "amount_too_small"},
+            {},
+            ("rejected", "amount_too_small"),
+        ),
+        (400, {"type": "idempotency_error"}, {}, ("ambiguous", "idempotency_mismatch")),
+        (
+            409,
+            {"type": "idempotency_error", "code": "idempotency_key_in_use"},
+            {},
+            ("ambiguous", "in_flight"),
+        ),
+        (
+            429,
+            {"type": "rate_limit_error", "code": "rate_limit"},
+            {"Stripe-Should-Retry": "true"},
+            ("ambiguous", "rate_limit"),
+        ),
+        (
+            500,
+            {"type": "api_error"},
+            {"Idempotent-Replayed": "true"},
+            ("ambiguous", "server_error"),
+        ),
+        (401, {"type": "invalid_request_error"}, {}, ("ambiguous", "http_401")),
+    ],
+    ids=["decline", "validation", "other-body", "in-use", "rate-limit", "stored-500", "no-key"],
+)
+def test_stripe_errors_by_type_and_code(
+    ledger: Ledger,
+    recorder: Recorder,
+    status: int,
+    error: dict[str, str],
+    headers: dict[str, str],
+    expected: tuple[str, str],
+) -> None:
+    adapter = StripeAdapter(
+        f"http://127.0.0.1:{recorder.server_port}", api_key=API_KEY, contract=fast_contract()
+    )
+    led = Ledger(ledger.engine, actions=Registry([adapter]))
+    led.grant(tenant="acme", scope=["stripe.*"], granted_by="t", ref="auth_stripe")
+    try:
+        op = led.prepare(
+            tenant="acme",
+            workflow_id="wf",
+            intent_key="e",
+            action=CHARGE,
+            target="order-e",
+            payload=payment(),
+            authorization_ref="auth_stripe",
+        )
+        claim = led.claim(op.id, owner="w1", terms=Registry([adapter]).claim_terms(LEASE))
+        assert claim is not None
+        recorder.status, recorder.answer, recorder.headers_out = status, {"error": error}, headers
+        outcome = adapter.dispatch(claim)
+        assert (outcome.kind, getattr(outcome, "code", "")) == expected, outcome
+        assert outcome.detail["type"] == error["type"]
+        if "Idempotent-Replayed" in headers:
+            assert outcome.detail["replayed"] is True
+    finally:
+        adapter.close()
