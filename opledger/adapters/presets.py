@@ -36,7 +36,8 @@ STRIPE_V1 = Contract(
     source="Stripe API v1: keys per account, may be pruned after 24 h; once execution began the "
     "first response (400/500 included) is stored and replayed; another payload gets an "
     "idempotency_error; 409 idempotency_key_in_use; keys <= 255 chars; no lookup by key, search "
-    "normally < 1 min behind (docs.stripe.com idempotent_requests, error-low-level, search)",
+    "normally < 1 min behind, up to an hour during outages, lists read-after-write "
+    "(docs.stripe.com idempotent_requests, error-low-level, search)",
 )
 
 STRIPE_V2 = Contract(
