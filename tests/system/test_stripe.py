@@ -20,14 +20,14 @@ import pytest
 
 from opledger.adapters.registry import load_registry
 from opledger.dev.faultproxy import FaultProxy
-from opledger.dev.processes import Stack
+from opledger.dev.processes import Stack, wait_until
 from opledger.ledger import History, Ledger, Operation, Status
 from opledger.ledger.models import EvidenceSource, Verdict
 from opledger.tasks.app import dispatch
 from tests.conftest import truncate_all
 from tests.stripemock import API_KEY, StripeMock, stripe_mock
 
-from .conftest import settings_of, settled, worker_with
+from .conftest import crashes, settings_of, settled, worker_with
 
 pytestmark = pytest.mark.system
 
@@ -45,8 +45,10 @@ def mock() -> Iterator[StripeMock]:
 class Rig:
     """A worker whose only adapter is Stripe's, through `proxy`, and a ledger like its."""
 
-    def __init__(self, ledger: Ledger, proxy: FaultProxy, mock: StripeMock) -> None:
-        self.ledger, self.proxy, self.mock = ledger, proxy, mock
+    def __init__(
+        self, ledger: Ledger, proxy: FaultProxy, mock: StripeMock, env: dict[str, str]
+    ) -> None:
+        self.ledger, self.proxy, self.mock, self.env = ledger, proxy, mock, env
 
     def prepare(self, action: str, target: str, payload: dict[str, Any]) -> Operation:
         return self.ledger.prepare(
@@ -82,7 +84,7 @@ def stripe_worker(
         try:
             with worker_with(running, "w1", 2, **env):
                 try:
-                    yield Rig(led, proxy, mock)
+                    yield Rig(led, proxy, mock, env)
                 finally:
                     # the plain worker put back serves no Stripe action: an open operation
                     # of one would stop it from starting (its startup check)
@@ -212,3 +214,27 @@ def test_a_refund_whose_answer_was_cut_is_refunded_once(
         [refund] = mock.refunds(charge=charge["id"])
         assert refund["metadata"]["opledger_op"] == op.id and refund["amount"] == 1000
         assert history.operation.provider_result_id == refund["id"]
+
+
+def test_a_worker_killed_after_stripe_answered_is_reconciled_not_recharged(
+    running: Stack, ledger: Ledger, database_url: str, mock: StripeMock
+) -> None:
+    """Crash window 2: Stripe charged and answered, the worker process was SIGKILLed before
+    it saved the outcome. The sweeper takes the operation over after the lease and the
+    reconciler finds the charge by our marker."""
+    with stripe_worker(running, ledger, database_url, mock) as rig:
+        running.kill_worker("w1")
+        crashy = running.start_worker(
+            "crashy", 1, **rig.env, OPLEDGER_CRASHPOINT="dispatch.after_call"
+        )
+        op = rig.prepare(CHARGE, order(), payment())
+        dispatch.delay(op.id)
+        wait_until(lambda: crashes(crashy) >= 1, 60, "the crash after Stripe answered")
+        assert len(mock.charges(op.id)) == 1  # charged; the answer died with the process
+        running.kill_worker("crashy")
+        running.start_worker("w1", 2, **rig.env)
+        history = rig.settle(op)
+        assert history.operation.status is Status.CONFIRMED
+        assert len(history.attempts) == 1
+        assert Verdict.CONFIRMED in lookup_verdicts(history)
+        assert len(mock.charges(op.id)) == 1
