@@ -342,17 +342,17 @@ class StripeAdapter:
                     detail={**detail, "object": body["id"]},
                 )
             status = str(body.get("status", ""))
-            detail["result"] = _result(body)
             if status and status not in _STATUS_CONFIRMED[op.action]:
                 return Ambiguous(
                     code=f"status_{status}",
                     reason=f"Stripe created {body['id']} in status {status}",
-                    detail=detail,
+                    detail={**detail, "object": _result(body)},
                 )
             echoed = response.headers.get("idempotency-key")
             return Confirmed(
                 receipt_id=body["id"],
                 binding=_binding(op, body, echoed or claim.idempotency_key),
+                result=_result(body),
                 detail=detail,
             )
         error = _error(response)
@@ -460,7 +460,8 @@ class StripeAdapter:
                 return LookupResult(
                     verdict=CONFIRMED,
                     binding=_binding(operation, obj, operation.idempotency_key),
-                    detail={"source": source, "result": _result(obj), "hits": len(found)},
+                    result=_result(obj),
+                    detail={"source": source, "hits": len(found)},
                 )
         declined = [o for o in found if _declined(operation.action, o)]
         if declined and len(declined) == len(found):
@@ -468,7 +469,7 @@ class StripeAdapter:
             return LookupResult(
                 verdict=REJECTED,
                 binding=_binding(operation, declined[0], operation.idempotency_key),
-                detail={"source": source, "result": _result(declined[0]), "code": "declined"},
+                detail={"source": source, "object": _result(declined[0]), "code": "declined"},
             )
         return LookupResult(
             verdict=INCONCLUSIVE,

@@ -187,7 +187,10 @@ def test_a_response_cut_after_the_charge_is_confirmed_by_the_lookup(
     assert history.operation.status is Status.CONFIRMED
     assert len(history.attempts) == 1  # found by reading our marker back, not resent
     assert Verdict.CONFIRMED in lookups(history)
-    assert len(mock.charges(op.id)) == 1 and len(mock.charges()) == before + 1
+    [found] = [e for e in history.evidence if e.verdict == Verdict.CONFIRMED]
+    [charge] = mock.charges(op.id)
+    assert found.detail["result"]["id"] == charge["id"] == history.operation.provider_result_id
+    assert len(mock.charges()) == before + 1
 
 
 def test_with_lookups_failing_too_the_same_key_gets_the_stored_answer(
