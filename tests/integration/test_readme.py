@@ -806,3 +806,13 @@ def test_make_test_runs_lint_types_contracts_and_the_suite() -> None:
         "lint-imports",
         "pytest",
     ], dry.stdout
+
+
+def test_every_setting_is_in_the_configuration_table() -> None:
+    """Each setting a process reads is a row of the README's configuration table."""
+    from opledger.settings import Settings
+
+    rows = [line for line in README.read_text().splitlines() if line.startswith("| `OPLEDGER_")]
+    listed = " ".join(rows)
+    variables = [f"OPLEDGER_{name.upper()}" for name in Settings.model_fields]
+    assert [v for v in variables if f"`{v}`" not in listed] == []
