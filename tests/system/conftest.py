@@ -15,6 +15,7 @@ runs at a time (both share the database): switching stops the other's processes.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +37,15 @@ from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.settings import Settings
 from tests.conftest import require_rabbitmq
+
+
+@pytest.fixture
+def own_env(database_url: str) -> dict[str, str]:
+    """What a test of `own_processes` hands the run it starts: the path, the home and the
+    Postgres server to make its scratch databases on (it brings its broker, providers and
+    workers)."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME")}
+    return {**env, "OPLEDGER_DATABASE_URL": database_url}
 
 
 @pytest.fixture(scope="session")

@@ -10,14 +10,11 @@ import sys
 
 import pytest
 
-from opledger.dev.processes import Stack
-
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.own_processes]
 
 
 @pytest.mark.timeout(480)
-def test_a_tiny_bench_run(stack: Stack) -> None:
-    stack.stop_all()  # the bench brings its own broker and workers
+def test_a_tiny_bench_run(own_env: dict[str, str]) -> None:
     run = subprocess.run(
         [
             sys.executable,
@@ -45,7 +42,7 @@ def test_a_tiny_bench_run(stack: Stack) -> None:
         capture_output=True,
         text=True,
         timeout=460,
-        env={k: v for k, v in stack.env.items() if k in ("PATH", "HOME", "OPLEDGER_DATABASE_URL")},
+        env=own_env,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout)

@@ -10,10 +10,9 @@ import sys
 
 import pytest
 
-from opledger.dev.processes import Stack
 from tests.conftest import require_rabbitmq
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.own_processes]
 
 REQUIRED = {
     "ops",
@@ -43,11 +42,10 @@ RUNS = [
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize(("broker", "ops", "seed"), RUNS)
 def test_ci_sized_chaos_run_keeps_every_invariant(
-    broker: str, ops: int, seed: int, stack: Stack
+    broker: str, ops: int, seed: int, own_env: dict[str, str]
 ) -> None:
     if broker == "rabbitmq":
         require_rabbitmq()
-    stack.stop_all()  # the run brings its own broker, providers and workers
     run = subprocess.run(
         [
             *(sys.executable, "-m", "opledger.cli", "chaos", "--broker", broker),
@@ -56,7 +54,7 @@ def test_ci_sized_chaos_run_keeps_every_invariant(
         capture_output=True,
         text=True,
         timeout=380,
-        env={k: v for k, v in stack.env.items() if k in ("PATH", "HOME", "OPLEDGER_DATABASE_URL")},
+        env=own_env,
     )
     assert run.stdout.strip(), run.stderr[-3000:]
     summary = json.loads(run.stdout)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from opledger.dev.processes import Stack, wait_until
+from opledger.dev.processes import wait_until
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.own_processes]
 
 
 def _processes() -> dict[int, tuple[int, str]]:
@@ -48,11 +48,11 @@ def _descendants(root: int) -> set[tuple[int, str]]:
 
 @pytest.mark.timeout(240)
 def test_sigterm_stops_every_process_and_removes_the_temporary_directory(
-    stack: Stack, tmp_path: Path
+    own_env: dict[str, str], tmp_path: Path
 ) -> None:
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    env = {k: v for k, v in stack.env.items() if k in ("PATH", "HOME", "OPLEDGER_DATABASE_URL")}
+    env = dict(own_env)
     chaos = subprocess.Popen(
         [sys.executable, "-m", "opledger.cli", "chaos", "--ops", "100", "--chaos-seconds", "60"],
         env={**env, "TMPDIR": str(tmp)},

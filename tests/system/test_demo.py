@@ -13,9 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from opledger.dev.processes import Stack
-
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.own_processes]
 
 REPO = Path(__file__).resolve().parents[2]
 SHM = Path("/dev/shm")
@@ -56,10 +54,7 @@ def _left_behind(tmp_path: Path, pid: int) -> list[str]:
 
 
 @pytest.mark.timeout(240)
-def test_the_demo_runs_from_a_clean_clone_with_zero_duplicates(
-    stack: Stack, tmp_path: Path
-) -> None:
-    stack.stop_all()  # the demo brings its own services
+def test_the_demo_runs_from_a_clean_clone_with_zero_duplicates(tmp_path: Path) -> None:
     clone = _clone(tmp_path)
     env = _env(clone, tmp_path)
     where = subprocess.run(
@@ -108,10 +103,7 @@ def test_the_demo_runs_from_a_clean_clone_with_zero_duplicates(
 
 
 @pytest.mark.timeout(120)
-def test_an_interrupted_demo_stops_everything_and_leaves_nothing(
-    stack: Stack, tmp_path: Path
-) -> None:
-    stack.stop_all()
+def test_an_interrupted_demo_stops_everything_and_leaves_nothing(tmp_path: Path) -> None:
     env = _env(REPO, tmp_path)
     with subprocess.Popen(
         [sys.executable, "-m", "opledger.cli", "demo"],
