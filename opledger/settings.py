@@ -12,6 +12,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from opledger.ledger.canonical import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit
+from opledger.net import api_key_problem, folder_problem, imap_credential_problem, is_loopback
 
 #: the broker development mode uses when `OPLEDGER_BROKER_URL` is unset
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
@@ -45,12 +46,31 @@ class SettingsInvalid(NotConfigured):
     @classmethod
     def from_error(cls, exc: ValidationError) -> SettingsInvalid:
         first = exc.errors()[0]
-        name = "OPLEDGER_" + str(first["loc"][0]).upper() if first["loc"] else "a setting"
-        value = first.get("input")
-        shown = f" (got {value!r})" if isinstance(value, str | int | float) else ""
+        field = str(first["loc"][0]) if first["loc"] else ""
+        name = "OPLEDGER_" + field.upper() if field else "a setting"
+        value = _shown(field, first.get("input"))
+        shown = f" (got {value!r})" if value is not None else ""
         more = f"; and {exc.error_count() - 1} more" if exc.error_count() > 1 else ""
         message = str(first["msg"]).removeprefix("Value error, ")
         return cls(f"{name}: {message}{shown}{more}")
+
+
+def _shown(field: str, value: object) -> object:
+    """What an error may quote of a refused value: nothing of a secret, and a URL without
+    its password."""
+    known = Settings.model_fields.get(field)
+    if known is not None and "SecretStr" in str(known.annotation):
+        return None
+    if not isinstance(value, str | int | float):
+        return None
+    if isinstance(value, str) and "@" in value:
+        try:
+            password = urlsplit(value).password
+        except ValueError:
+            return None  # not a URL we can take apart: it may hold anything
+        if password:
+            return value.replace(f":{password}@", ":***@")
+    return value
 
 
 class Settings(BaseSettings):
@@ -268,10 +288,19 @@ class Settings(BaseSettings):
             )
         return url
 
+    @field_validator("stripe_api_key")
+    @classmethod
+    def _stripe_key(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is None or not key.get_secret_value():
+            return None
+        problem = api_key_problem(key.get_secret_value())
+        if problem is not None:
+            raise ValueError(f"not a Stripe secret key: {problem}")
+        return key
+
     @model_validator(mode="after")
     def _sent_folder(self) -> Settings:
         """The SMTP adapter's Sent-folder search: all of it, or nothing."""
-        from opledger.adapters.imap import folder_problem, is_loopback
 
         host = (self.smtp_sent_imap_host or "").strip()
         if not host:
@@ -298,6 +327,16 @@ class Settings(BaseSettings):
         why = folder_problem(self.smtp_sent_folder)
         if why is not None:
             raise ValueError(f"OPLEDGER_SMTP_SENT_FOLDER: {why}")
+        assert password is not None  # checked above
+        for name, value in (
+            ("USER", self.smtp_sent_imap_user),
+            ("PASSWORD", password.get_secret_value()),
+        ):
+            problem = imap_credential_problem(value or "")
+            if problem is not None:
+                raise ValueError(
+                    f"OPLEDGER_SMTP_SENT_IMAP_{name} cannot be sent to IMAP: {problem}"
+                )
         return self
 
     def require_database_url(self) -> str:

@@ -80,19 +80,7 @@ def build_registry(settings: Settings) -> Registry:
 def smtp_adapter(settings: Settings, t: Timings) -> SmtpAdapter:
     """The SMTP adapter; with `OPLEDGER_SMTP_SENT_IMAP_HOST`, it looks an ambiguous send up
     in the mailbox's Sent folder (a search, with the declared lag)."""
-    sent = None
-    if settings.smtp_sent_imap_host:
-        assert settings.smtp_sent_imap_user and settings.smtp_sent_imap_password  # validated
-        sent = SentFolder(
-            host=settings.smtp_sent_imap_host,
-            port=settings.smtp_sent_imap_port,
-            user=settings.smtp_sent_imap_user,
-            password=settings.smtp_sent_imap_password,
-            folder=settings.smtp_sent_folder,
-            tls=settings.smtp_sent_imap_tls,
-            cafile=settings.smtp_sent_imap_cafile,
-            timeout=t.timeout.total_seconds(),
-        )
+    sent = SentFolder.of(settings, timeout=t.timeout.total_seconds())
     return SmtpAdapter(
         settings.smtp_host,
         settings.smtp_port,

@@ -11,7 +11,6 @@ address. The password is a `SecretStr`: it is sent in LOGIN and never shown.
 from __future__ import annotations
 
 import imaplib
-import ipaddress
 import re
 import ssl
 from dataclasses import dataclass, field
@@ -21,6 +20,9 @@ from typing import Literal
 
 from pydantic import SecretStr
 
+from opledger.net import folder_problem, imap_credential_problem, is_loopback
+from opledger.settings import Settings
+
 #: how the IMAP connection is protected: implicit TLS, STARTTLS, or none (loopback only)
 ImapTls = Literal["imaps", "starttls", "none"]
 
@@ -29,25 +31,6 @@ DIGEST_HEADER = "X-Opledger-Payload-Digest"
 
 #: what one search reads of each message it finds
 _FIELDS = f"(BODY.PEEK[HEADER.FIELDS (MESSAGE-ID TO DATE {DIGEST_HEADER.upper()})])"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def folder_problem(folder: str) -> str | None:
-    """Why `folder` cannot be named to IMAP as given (None: it can)."""
-    if not folder.strip():
-        return "the folder name is empty"
-    if not folder.isascii() or any(c in folder for c in "\r\n\0"):
-        # non-ASCII names travel as modified UTF-7 (RFC 3501 5.1.3), which this does not do
-        return "the folder name must be ASCII without line breaks (write it as IMAP lists it)"
-    return None
 
 
 def quoted(text: str) -> str:
@@ -81,6 +64,23 @@ class SentFolder:
     #: seconds for connecting and for each reply
     timeout: float = 10.0
 
+    @classmethod
+    def of(cls, settings: Settings, *, timeout: float) -> SentFolder | None:
+        """The Sent folder `OPLEDGER_SMTP_SENT_IMAP_*` name, or None when no host is set."""
+        if not settings.smtp_sent_imap_host:
+            return None
+        assert settings.smtp_sent_imap_user and settings.smtp_sent_imap_password  # validated
+        return cls(
+            host=settings.smtp_sent_imap_host,
+            port=settings.smtp_sent_imap_port,
+            user=settings.smtp_sent_imap_user,
+            password=settings.smtp_sent_imap_password,
+            folder=settings.smtp_sent_folder,
+            tls=settings.smtp_sent_imap_tls,
+            cafile=settings.smtp_sent_imap_cafile,
+            timeout=timeout,
+        )
+
     def __post_init__(self) -> None:
         if self.tls == "none" and not is_loopback(self.host):
             raise ValueError(
@@ -90,6 +90,10 @@ class SentFolder:
         why = folder_problem(self.folder)
         if why is not None:
             raise ValueError(why)
+        for what, value in (("user name", self.user), ("password", self._secret())):
+            problem = imap_credential_problem(value)
+            if problem is not None:
+                raise ValueError(f"the IMAP {what} cannot be sent: {problem}")
 
     @property
     def server(self) -> str:

@@ -48,6 +48,7 @@ from opledger.ledger import (
 )
 from opledger.ledger.contract import Contract
 from opledger.ledger.evidence import BINDING_MISMATCH
+from opledger.net import api_key_problem
 
 from .base import (
     CONFIRMED,
@@ -188,7 +189,8 @@ def stripe_contract(
     """Stripe v1's documented contract (`presets.STRIPE_V1`) as this adapter keeps it.
 
     Our client's numbers (timeout, in-flight bound, lookup interval) may be set. Stripe's
-    own may only be made more cautious: a retention shorter than its 24 h, a longer lag.
+    own: a retention longer than its 24 h is refused; a shorter lag is accepted (for tests
+    against a mock: Stripe's Search can be an hour behind).
     Its answers name our operation (the metadata marker, from which the adapter binds our
     key), so the contract says responses bind the key.
     """
@@ -224,12 +226,19 @@ def stripe_contract(
     return Contract.model_validate(values)
 
 
+def _accepted_only(obj: Mapping[str, Any]) -> bool:
+    """Stripe took the request but the money has not moved yet (processing, pending, an
+    authorization awaiting capture, a 3-D Secure step): confirmed, never to be sent again,
+    but custody rather than a final payment."""
+    return str(obj.get("status", "")) != "succeeded"
+
+
 def key_scope(api_key: str, base_url: str) -> str:
     """Where our keys are unique: the account behind the secret key, named without the key
     (its mode and a fingerprint), at this endpoint."""
     mode = "live" if "_live_" in api_key else "test" if "_test_" in api_key else "unknown-mode"
-    print_ = hashlib.sha256(api_key.encode()).hexdigest()[:12]
-    return f"{mode} account of the key with sha256 {print_}… at {base_url}"
+    fingerprint = hashlib.sha256(api_key.encode()).hexdigest()[:12]
+    return f"{mode} account of the key with sha256 {fingerprint}… at {base_url}"
 
 
 class StripeAdapter:
@@ -248,8 +257,9 @@ class StripeAdapter:
         self.base_url = base_url.rstrip("/")
         self._key = api_key if isinstance(api_key, SecretStr) else SecretStr(api_key)
         secret = self._key.get_secret_value()
-        if not secret:
-            raise ValueError("a Stripe adapter needs a secret key")
+        problem = api_key_problem(secret)
+        if problem is not None:  # said without the key
+            raise ValueError(f"a Stripe adapter needs a secret key, and this one {problem}")
         self.account = key_scope(secret, self.base_url)
         self.contract = scoped(contract or stripe_contract(), self.account)
         self._version = stripe_version
@@ -321,7 +331,12 @@ class StripeAdapter:
             )
             return self._outcome(claim, response)
         except Exception as exc:  # mapped at the edge, never leaked
-            return outcome_for_http_error(exc)
+            failed = outcome_for_http_error(exc)
+            return failed.model_copy(update={"reason": self._scrubbed(failed.reason)})
+
+    def _scrubbed(self, text: str) -> str:
+        """`text` without the secret key (an exception may quote a header it refused)."""
+        return text.replace(self._key.get_secret_value(), "[the secret key]")
 
     def _outcome(self, claim: Claim, response: httpx.Response) -> Outcome:
         op = claim.operation
@@ -346,12 +361,13 @@ class StripeAdapter:
                 return Ambiguous(
                     code=f"status_{status}",
                     reason=f"Stripe created {body['id']} in status {status}",
-                    detail={**detail, "object": _result(body)},
+                    detail={**detail, "result": _result(body)},
                 )
             echoed = response.headers.get("idempotency-key")
             return Confirmed(
                 receipt_id=body["id"],
                 binding=_binding(op, body, echoed or claim.idempotency_key),
+                accepted_only=_accepted_only(body),
                 result=_result(body),
                 detail=detail,
             )
@@ -392,7 +408,8 @@ class StripeAdapter:
             return self._lookup(operation)
         except Exception as exc:  # a failed read is no evidence
             return LookupResult(
-                verdict=INCONCLUSIVE, detail={"error": outcome_for_http_error(exc).reason}
+                verdict=INCONCLUSIVE,
+                detail={"error": self._scrubbed(outcome_for_http_error(exc).reason)},
             )
 
     def _lookup(self, operation: Operation) -> LookupResult:
@@ -461,7 +478,11 @@ class StripeAdapter:
                     verdict=CONFIRMED,
                     binding=_binding(operation, obj, operation.idempotency_key),
                     result=_result(obj),
-                    detail={"source": source, "hits": len(found)},
+                    detail={
+                        "source": source,
+                        "hits": len(found),
+                        "accepted_only": _accepted_only(obj),
+                    },
                 )
         declined = [o for o in found if _declined(operation.action, o)]
         if declined and len(declined) == len(found):
@@ -469,7 +490,7 @@ class StripeAdapter:
             return LookupResult(
                 verdict=REJECTED,
                 binding=_binding(operation, declined[0], operation.idempotency_key),
-                detail={"source": source, "object": _result(declined[0]), "code": "declined"},
+                detail={"source": source, "result": _result(declined[0]), "code": "declined"},
             )
         return LookupResult(
             verdict=INCONCLUSIVE,

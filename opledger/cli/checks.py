@@ -241,18 +241,8 @@ def _sent_folder(settings: Settings) -> Check:
     every lookup is inconclusive and an ambiguous SMTP send goes to a person, as without."""
     from opledger.adapters.imap import SentFolder
 
-    assert settings.smtp_sent_imap_host and settings.smtp_sent_imap_user  # validated
-    assert settings.smtp_sent_imap_password is not None
-    folder = SentFolder(
-        host=settings.smtp_sent_imap_host,
-        port=settings.smtp_sent_imap_port,
-        user=settings.smtp_sent_imap_user,
-        password=settings.smtp_sent_imap_password,
-        folder=settings.smtp_sent_folder,
-        tls=settings.smtp_sent_imap_tls,
-        cafile=settings.smtp_sent_imap_cafile,
-        timeout=CONNECT_TIMEOUT_S,
-    )
+    folder = SentFolder.of(settings, timeout=CONNECT_TIMEOUT_S)
+    assert folder is not None  # only called when the host is set
     try:
         count = folder.examine()
     except Exception as exc:

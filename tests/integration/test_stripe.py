@@ -38,7 +38,7 @@ from opledger.dev.faultproxy import FaultProxy
 from opledger.ledger import History, Ledger, Operation, Status
 from opledger.ledger.evidence import IDEMPOTENCY_MISMATCH
 from opledger.ledger.models import EvidenceSource, Verdict
-from opledger.settings import Settings, get_settings
+from opledger.settings import Settings, SettingsInvalid, get_settings
 from opledger.tasks import steps
 from tests.stripemock import API_KEY, StripeMock, stripe_mock
 
@@ -541,6 +541,20 @@ def test_registered_only_with_a_key_which_is_never_shown(monkeypatch: pytest.Mon
         assert Settings.from_environ({}).stripe_url == "https://api.stripe.com"
     finally:
         registry.close()
+
+
+@pytest.mark.parametrize(
+    "written", ["sk_test_secret_with_newline\n", "sk_test_a b", "sk_test_cr\r"]
+)
+def test_a_key_no_header_can_carry_is_refused_without_being_shown(written: str) -> None:
+    """A secret written into the environment with a line break would be quoted back by the
+    HTTP client's refusal of the header, into the evidence: refused at the start instead."""
+    with pytest.raises(SettingsInvalid) as settings_error:
+        Settings.from_environ({"OPLEDGER_STRIPE_API_KEY": written})
+    with pytest.raises(ValueError) as adapter_error:
+        StripeAdapter("http://127.0.0.1:9", api_key=written)
+    for error in (str(settings_error.value), str(adapter_error.value)):
+        assert "line break" in error and written.strip() not in error
 
 
 def test_a_longer_retention_than_stripes_is_refused() -> None:
