@@ -15,7 +15,6 @@ declares, unless the caller explicitly accepts the risk.
 
 from __future__ import annotations
 
-import ipaddress
 import threading
 import time
 import uuid
@@ -33,6 +32,7 @@ from opledger.ledger.evidence import LOOKUP, binding_clashes, binds
 from opledger.ledger.ids import new_operation_id
 from opledger.ledger.models import Record, Status
 from opledger.ledger.models import Verdict as Says
+from opledger.net import is_loopback
 
 from .base import IDEMPOTENCY_MISMATCH, IN_FLIGHT, Adapter, LookupResult, extra
 
@@ -70,13 +70,7 @@ def endpoint_is_safe(adapter: Adapter) -> bool:
     test_url = extra(adapter, "test_base_url")
     if test_url and base.rstrip("/") == str(test_url).rstrip("/"):
         return True
-    host = urlsplit(base).hostname or extra(adapter, "host") or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback(urlsplit(base).hostname or extra(adapter, "host") or "")
 
 
 class _Session:
@@ -292,9 +286,9 @@ def _lookups(s: _Session, contract: Contract, key: str) -> list[Finding]:
     never = s.claim(s.key())  # a fresh operation and key, never sent
     absent = s.lookup(never, sent=False)
     says = absent.verdict.value
-    if absent.verdict == Says.CONFIRMED:
-        verdict: Verdict = "disagrees"  # it would confirm what never happened
-        observed = "confirmed a request never made"
+    if absent.verdict in (Says.CONFIRMED, Says.REJECTED):
+        verdict: Verdict = "disagrees"  # it would settle what never happened
+        observed = f"{says} for a request never made"
     elif kind == "status_api":  # authoritative: "no such request", or it is no status API
         verdict = "agrees" if absent.verdict == Says.ABSENT else "disagrees"
         observed = f"{says} for a request never made"
@@ -316,6 +310,9 @@ def _found(contract: Contract, found: LookupResult, declared: str, waited: float
     says = found.verdict.value
     if found.verdict == Says.CONFIRMED:
         observed, verdict = "found the request just made", "agrees"
+    elif found.verdict == Says.REJECTED:
+        # the decision would record a refusal of what the provider applied
+        observed, verdict = "rejected the request just made", "disagrees"
     elif contract.lookup.kind == "status_api":
         # an authoritative "no such request" for one that was applied would let a retry
         # repeat it; any other answer means the declared status API does not answer
@@ -427,11 +424,9 @@ def _concurrent(s: _Session, contract: Contract, admin_url: str | None, delay_s:
         if admin_url is not None and delay_s:
             _admin(admin_url, "/_admin/config", {"account": _account(s), "processing_s": 0.0})
     (a, _), (b, waited) = results
-    # refused as in progress: by the provider's code, or a 409 without one (an
-    # idempotency layer's "still processing")
-    conflict = any(
-        isinstance(o, Ambiguous) and (o.code == IN_FLIGHT or o.code == "http_409") for o in (a, b)
-    )
+    # refused as in progress by the provider's code: what the decision reads as such (a 409
+    # without a code is unknown to it, so it proves nothing here either)
+    conflict = any(isinstance(o, Ambiguous) and o.code == IN_FLIGHT for o in (a, b))
     both = isinstance(a, Confirmed) and isinstance(b, Confirmed)
     if conflict:
         wait = f" after {waited:.1f} s" if waited >= 1 else ""

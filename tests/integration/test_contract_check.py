@@ -3,17 +3,20 @@ for each way a real provider differs, the fact it gets wrong."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from opledger.adapters.base import LookupResult
 from opledger.adapters.check import UnsafeTarget, check_contract, endpoint_is_safe
 from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.cli.main import app as cli
 from opledger.dev.sandbox import Sandbox
+from opledger.ledger import Attempt, Binding, Operation
+from opledger.ledger.models import Verdict
 from opledger.settings import get_settings
 
 
@@ -200,3 +203,26 @@ def test_an_admin_url_without_fault_routes_is_not_observable_and_no_traceback(
     for fact in ("idempotency", "payload_checked", "lookup_absent", "after_error"):
         assert fact in done.output, done.output
     assert "not observable" in done.output
+
+
+class _RefusingLookup(CrmAdapter):
+    """A real CRM adapter whose lookup answers "rejected" whatever it is asked."""
+
+    def lookup(self, operation: Operation, attempts: Sequence[Attempt]) -> LookupResult:
+        return LookupResult(
+            verdict=Verdict.REJECTED, binding=Binding(idempotency_key=operation.idempotency_key)
+        )
+
+
+@pytest.mark.parametrize("kind", ["search", "status_api"])
+def test_a_lookup_that_rejects_what_was_applied_disagrees(sandbox: Sandbox, kind: str) -> None:
+    """The decision rejects on a binding "rejected": a lookup saying so of a request the
+    provider applied would record our own payment as refused."""
+    contract = crm_contract(lookup=kind, search_lag=timedelta(seconds=0.2))  # type: ignore[arg-type]
+    adapter = _RefusingLookup(sandbox.http_url, account=f"refusing-{kind}", contract=contract)
+    try:
+        findings = {f.fact: f for f in check_contract(adapter, adapter.contract_probe)}
+    finally:
+        adapter.close()
+    assert findings["lookup"].verdict == "disagrees", findings
+    assert findings["lookup_absent"].verdict == "disagrees", findings
