@@ -48,9 +48,10 @@ def require_rabbitmq() -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """For `pytest -n 2 --dist loadgroup` (`make test`): the system tests run in one worker
     process, around the one stack of real processes they share, and the unit and
-    integration tests in the other, with the system tests that bring every process of their
-    own (`own_processes`: the demo, chaos and bench runs) after them, so the two take about
-    as long. Each process has its own database and services."""
+    integration tests in the other, together with the system tests that bring every process
+    of their own (`own_processes`: the demo, chaos and bench runs; collected between the
+    integration and the unit tests), so the two take about as long. Each process has its
+    own database and services."""
     for item in items:
         shared = item.get_closest_marker("system") and not item.get_closest_marker("own_processes")
         item.add_marker(pytest.mark.xdist_group("system" if shared else "fast"))

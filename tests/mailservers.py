@@ -24,14 +24,14 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from opledger.adapters.imap import SentFolder
+from opledger.dev.processes import listening, wait_until
 
 #: the envelope sender whose messages get a Sent copy
 SENDER = "opledger@localhost"  # the SMTP adapter's default sender
@@ -76,19 +76,6 @@ def _free_ports(n: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _wait(predicate: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 POSTFIX_MAIN = """\
@@ -275,9 +262,9 @@ class MailServers:
                 stderr=stderr,
                 start_new_session=True,
             )
-        _wait(
+        wait_until(
             lambda: (
-                all(_listening(p) for p in (self.imap_port, self.imaps_port, self.lmtp_port))
+                all(listening(p) for p in (self.imap_port, self.imaps_port, self.lmtp_port))
                 or self._dovecot is None
                 or self._dovecot.poll() is not None
             ),
@@ -308,14 +295,14 @@ class MailServers:
         if started.returncode != 0:
             raise RuntimeError(f"postfix did not start: {started.stderr}\n{self.log('postfix')}")
         self._postfix_started = True
-        _wait(lambda: _listening(self.smtp_port), 30, "postfix to listen")
+        wait_until(lambda: listening(self.smtp_port), 30, "postfix to listen")
 
     def close(self) -> None:
         if self._postfix_started:
             if self._postfix("stop").returncode != 0:
                 self._postfix("abort")
             pid = self.postfix_dir / "spool" / "pid" / "master.pid"
-            _wait(lambda: not _alive(pid), 15, "postfix's master to exit")
+            wait_until(lambda: not _alive(pid), 15, "postfix's master to exit")
             self._postfix_started = False
         if self._dovecot is not None:
             self._dovecot.terminate()
@@ -397,7 +384,7 @@ class MailServers:
         """Wait until `user`'s `folder` holds `n` copies of `message_id` (postfix queues,
         then delivers over LMTP)."""
         try:
-            _wait(lambda: self.copies(message_id, user=user, folder=folder) >= n, 30, "a copy")
+            wait_until(lambda: self.copies(message_id, user=user, folder=folder) >= n, 30, "a copy")
         except AssertionError:
             raise AssertionError(
                 f"{message_id} not in {user}'s {folder}\n{self.log('postfix')[-3000:]}"

@@ -408,7 +408,9 @@ def _message(response: httpx.Response) -> str:
         error = body.get("error")
         if isinstance(error, dict):
             return str(error.get("message", ""))
-        return str(body.get("message") or body.get("detail") or "")
+        # a `detail` that is not text (a validation error's list) may quote the payload
+        said = body.get("message") or body.get("detail")
+        return said if isinstance(said, str) else ""
     return ""
 
 

@@ -307,7 +307,11 @@ class FaultProxy:
         self._arm(_Fault("delay", after=bytes(after), seconds=seconds, remaining=times))
 
     def refuse(self, times: int | None = 1) -> None:
-        """Accept the next connections and close them at once, never connecting upstream."""
+        """Accept the next connections and close them at once, never connecting upstream.
+
+        The client's connect succeeds and it then reads a closed connection: to an HTTP
+        client that is a lost connection after connecting (ambiguous), not a refused one
+        (nothing sent). A refused connection is a port nothing listens on."""
         self._arm(_Fault("refuse", remaining=times))
 
     def clear(self) -> None:

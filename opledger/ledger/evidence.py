@@ -144,7 +144,11 @@ def admit(contract: Contract | None, claim: Claim, outcome: Outcome) -> Outcome:
                 reason=f"the provider answered our request with a receipt for another one (it "
                 f"binds another {', '.join(clashes)})",
                 replayed=replayed,
-                detail={"receipt": outcome.model_dump(mode="json"), "clashes": clashes},
+                detail={
+                    **_scope_of(outcome),
+                    "receipt": outcome.model_dump(mode="json"),
+                    "clashes": clashes,
+                },
             )
         why = _unbound(contract, b, replayed) if contract is not None else None
         if why is not None:
@@ -152,7 +156,7 @@ def admit(contract: Contract | None, claim: Claim, outcome: Outcome) -> Outcome:
                 code=UNBOUND_RESPONSE,
                 reason=why,
                 replayed=replayed,
-                detail={"receipt": outcome.model_dump(mode="json")},
+                detail={**_scope_of(outcome), "receipt": outcome.model_dump(mode="json")},
             )
         return outcome
     if isinstance(outcome, Rejected) and outcome.conflicting_state and claim.attempt_n > 1:
@@ -164,6 +168,12 @@ def admit(contract: Contract | None, claim: Claim, outcome: Outcome) -> Outcome:
             detail={**outcome.detail, "refusal": outcome.code, "conflicting_state": True},
         )
     return outcome
+
+
+def _scope_of(outcome: Outcome) -> dict[str, Any]:
+    """The key scope the attempt was sent into, kept at the top of whatever it becomes (what
+    the retry risk reads)."""
+    return {"scope": outcome.detail["scope"]} if "scope" in outcome.detail else {}
 
 
 def replayed_answer(outcome: Outcome) -> bool:

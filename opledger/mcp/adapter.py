@@ -11,6 +11,7 @@ refusal of the request itself (no such tool, invalid arguments) is a rejection.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -41,6 +42,7 @@ from opledger.ledger import (
     Outcome,
     Rejected,
 )
+from opledger.ledger.evidence import RESULT_LIMIT
 
 from .upstream import Upstream
 
@@ -113,7 +115,7 @@ class McpToolAdapter:
         data: dict[str, Any] = (
             result.structured_content
             if isinstance(result.structured_content, dict)
-            else {"text": " ".join(getattr(c, "text", "") for c in result.content)[:4000]}
+            else _text_result(" ".join(getattr(c, "text", "") for c in result.content))
         )
         if result.is_error:
             return Ambiguous(code=TOOL_ERROR, reason="the tool reported an error", detail=data)
@@ -125,3 +127,13 @@ class McpToolAdapter:
 
     def lookup(self, operation: Operation, attempts: Sequence[Attempt]) -> LookupResult:
         return LookupResult(verdict=INCONCLUSIVE, detail={"reason": "MCP tools offer no lookup"})
+
+
+def _text_result(text: str) -> dict[str, Any]:
+    """A tool's text answer as result data, cut to fit what the ledger keeps of a result
+    (`RESULT_LIMIT` bytes of canonical JSON), rather than dropped whole for its size."""
+    doc: dict[str, Any] = {"text": text}
+    while len(json.dumps(doc, ensure_ascii=False).encode()) > RESULT_LIMIT - 64:
+        text = text[: len(text) * 3 // 4]
+        doc = {"text": text, "truncated": True}
+    return doc

@@ -284,8 +284,14 @@ def test_a_failed_imap_read_is_inconclusive_with_the_error(
 
 
 def test_without_a_sent_folder_the_contract_is_as_before() -> None:
-    assert smtp_contract() == smtp_contract(sent_search_lag=None)
-    assert smtp_contract().lookup.kind == "none"
+    plain = smtp_contract()
+    assert plain == smtp_contract(sent_search_lag=None)
+    # what it always was: no deduplication, no lookup, RFC 5321's bound, custody only
+    assert plain.lookup.kind == "none" and plain.idempotency.kind == "none"
+    assert plain.max_in_flight == timedelta(minutes=10) and plain.success_proves == "accepted"
+    assert plain.source == (
+        "RFC 5321 §4.1.1.4, §4.5.3.2.6 (250 after DATA is custody; 10-minute DATA timeout)"
+    )
     adapter = build_registry(Settings.from_environ({})).adapter_for("email.smtp_send.v1")
     assert adapter.contract == smtp_contract(request_timeout=timedelta(seconds=10))
     with pytest.raises(ValueError, match="search lookup"):

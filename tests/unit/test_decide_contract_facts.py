@@ -155,12 +155,15 @@ def test_a_response_bound_to_another_body_never_confirms() -> None:
     )
     outcome = admit(keyed(), claim(), other)
     assert isinstance(outcome, Ambiguous) and outcome.code == BINDING_MISMATCH
+    # the scope it was sent into stays where the retry risk reads it
+    assert outcome.detail["scope"] == keyed().idempotency.scope
 
 
 def test_a_response_without_the_digest_the_provider_gives_never_confirms() -> None:
     bare = Confirmed(receipt_id="r", binding=Binding(idempotency_key=OP_ID))
     outcome = admit(keyed(response_binds="key_and_digest"), claim(), bare)
     assert isinstance(outcome, Ambiguous) and outcome.code == UNBOUND_RESPONSE
+    assert outcome.detail["scope"] == keyed().idempotency.scope
     assert admit(keyed(response_binds="key"), claim(), bare).kind == "confirmed"
 
 

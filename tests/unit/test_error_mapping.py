@@ -242,3 +242,12 @@ def test_coded_refusals_to_a_keyed_request_keep_their_meaning() -> None:
         _keyed_response(409, {"error": {"code": "key_in_use"}}), CODES, provider="p"
     )
     assert isinstance(in_use, Ambiguous) and in_use.code == "in_flight"
+
+
+def test_a_validation_list_in_an_error_body_is_not_quoted() -> None:
+    """A FastAPI-style 422 lists the offending inputs: those are payload values, kept out
+    of the recorded reason."""
+    body = {"detail": [{"loc": ["body", "card"], "msg": "bad", "input": "4242424242424242"}]}
+    outcome = outcome_for_http_status(_keyed_response(422, body), CODES, provider="p")
+    assert "4242424242424242" not in outcome.reason
+    assert "4242424242424242" not in str(outcome.detail)

@@ -7,11 +7,12 @@ import socket
 import socketserver
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from opledger.dev.faultproxy import FaultProxy
+from opledger.dev.processes import wait_until
 
 
 class LineServer(socketserver.ThreadingTCPServer):
@@ -83,12 +84,8 @@ def ask(proxy: FaultProxy, line: bytes) -> bytes:
         return read_line(sock)
 
 
-def wait_for(predicate: object, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
+def seen(predicate: Callable[[], object]) -> None:
+    wait_until(predicate, 5.0, "the upstream server to see it", every=0.01)
 
 
 def test_forwards_both_ways_and_counts_connections(proxy: FaultProxy, upstream: LineServer) -> None:
@@ -115,7 +112,9 @@ def test_cut_from_the_start_delivers_the_request_and_loses_the_answer(
 ) -> None:
     proxy.cut_response(after=b"", times=1)
     assert ask(proxy, b"charge\n") == b""
-    wait_for(lambda: upstream.lines == [b"charge\n"])  # the request reached the server
+    wait_until(
+        lambda: upstream.lines == [b"charge\n"], 5.0, "the server to see it", every=0.01
+    )  # the request reached the server
     assert proxy.fired["cut"] == 1
     assert ask(proxy, b"again\n") == b"ok again\n"  # times=1: the next one is plain
 
@@ -130,7 +129,12 @@ def test_cut_after_a_pattern_split_across_segments(proxy: FaultProxy, upstream: 
         time.sleep(0.1)  # two segments: the pattern is split between them
         sock.sendall(b"MIT\r\n")
         assert read_line(sock) == b""
-    wait_for(lambda: upstream.lines == [b"BEGIN\n", b"COMMIT\r\n"])
+    wait_until(
+        lambda: upstream.lines == [b"BEGIN\n", b"COMMIT\r\n"],
+        5.0,
+        "the server to see it",
+        every=0.01,
+    )
     assert proxy.fired["cut"] == 1
 
 
@@ -154,7 +158,12 @@ def test_times_none_applies_until_clear(proxy: FaultProxy, upstream: LineServer)
     assert ask(proxy, b"look\n") == b"ok look\n"  # the pattern never came
     proxy.clear()
     assert ask(proxy, b"pay 3\n") == b"ok pay 3\n"
-    wait_for(lambda: sorted(upstream.lines) == [b"look\n", b"pay 1\n", b"pay 2\n", b"pay 3\n"])
+    wait_until(
+        lambda: sorted(upstream.lines) == [b"look\n", b"pay 1\n", b"pay 2\n", b"pay 3\n"],
+        5.0,
+        "the server to see it",
+        every=0.01,
+    )
     assert proxy.fired["cut"] == 2
 
 
@@ -182,7 +191,9 @@ def test_delay_holds_the_answer_then_forwards_it(proxy: FaultProxy, upstream: Li
         assert time.monotonic() - started < 0.5
         sock.sendall(b"slow\n")
         started = time.monotonic()
-        wait_for(lambda: b"slow\n" in upstream.lines)  # the server has it at once
+        wait_until(
+            lambda: b"slow\n" in upstream.lines, 5.0, "the server to see it", every=0.01
+        )  # the server has it at once
         assert read_line(sock) == b"ok slow\n"
         assert time.monotonic() - started >= 0.55
         sock.sendall(b"after\n")  # held once: the rest flows
@@ -199,7 +210,7 @@ def test_a_client_that_gives_up_during_a_delay(proxy: FaultProxy, upstream: Line
         sock.sendall(b"charge\n")
         with pytest.raises(TimeoutError):
             sock.recv(10)
-    wait_for(lambda: upstream.lines == [b"charge\n"])
+    seen(lambda: upstream.lines == [b"charge\n"])
     assert ask(proxy, b"next\n") == b"ok next\n"
 
 
@@ -240,7 +251,7 @@ def test_clean_shutdown_leaves_no_threads_or_listener(upstream: LineServer) -> N
         proxy.delay_response(30, times=1)  # a long hold is interrupted at exit
         held = connect(proxy)
         held.sendall(b"y\n")
-        wait_for(lambda: proxy.fired["delay"] == 1)
+        seen(lambda: proxy.fired["delay"] == 1)
         port = proxy.port
     leftover = [t for t in set(threading.enumerate()) - before if t.name.startswith("faultproxy")]
     assert leftover == []
