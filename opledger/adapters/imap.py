@@ -13,6 +13,8 @@ from __future__ import annotations
 import imaplib
 import re
 import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from email.parser import BytesHeaderParser
 from email.policy import default as default_policy
@@ -130,18 +132,25 @@ class SentFolder:
                 raise
         return conn
 
-    def examine(self) -> int:
-        """Log in and open the folder read-only: how many messages it holds. Raises as
-        `search` does (what `opledger check` reports)."""
+    @contextmanager
+    def _examined(self) -> Iterator[tuple[imaplib.IMAP4, int]]:
+        """Logged in, the folder open read-only (EXAMINE): the connection and how many
+        messages the folder holds; logged out after."""
         conn = self._connect()
         try:
-            conn.login(self.user, self._secret())
+            conn.login(quoted(self.user), self._secret())  # imaplib quotes only the password
             typ, data = conn.select(quoted(self.folder), readonly=True)
             if typ != "OK":
                 raise imaplib.IMAP4.error(f"EXAMINE {self.folder!r} refused: {_text(data)}")
-            return int(data[0]) if data and isinstance(data[0], bytes) else 0
+            yield conn, int(data[0]) if data and isinstance(data[0], bytes) else 0
         finally:
             _logout(conn)
+
+    def examine(self) -> int:
+        """Log in and open the folder read-only: how many messages it holds. Raises as
+        `search` does (what `opledger check` reports)."""
+        with self._examined() as (_, count):
+            return count
 
     def search(self, message_id: str) -> list[Copy]:
         """The messages in the folder whose Message-ID is exactly `message_id`.
@@ -150,12 +159,7 @@ class SentFolder:
         for a refusal): the caller maps it. IMAP's HEADER search matches substrings, so
         every hit's Message-ID is read back and compared whole.
         """
-        conn = self._connect()
-        try:
-            conn.login(self.user, self._secret())
-            typ, data = conn.select(quoted(self.folder), readonly=True)  # EXAMINE
-            if typ != "OK":
-                raise imaplib.IMAP4.error(f"EXAMINE {self.folder!r} refused: {_text(data)}")
+        with self._examined() as (conn, _):
             typ, data = conn.uid("SEARCH", "HEADER", "Message-ID", quoted(message_id))
             if typ != "OK":
                 raise imaplib.IMAP4.error(f"SEARCH refused: {_text(data)}")
@@ -170,8 +174,6 @@ class SentFolder:
                 if copy.message_id == message_id:
                     copies.append(copy)
             return copies
-        finally:
-            _logout(conn)
 
 
 def _logout(conn: imaplib.IMAP4) -> None:
