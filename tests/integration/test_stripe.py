@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -407,70 +408,17 @@ def recorder() -> Iterator[Recorder]:
     thread.join(5)
 
 
-def test_a_payment_intent_request_as_stripe_takes_it(ledger: Ledger, recorder: Recorder) -> None:
-    adapter = StripeAdapter(
-        f"http://127.0.0.1:{recorder.server_port}", api_key=API_KEY, contract=fast_contract()
-    )
-    led = Ledger(ledger.engine, actions=Registry([adapter]))
-    led.grant(tenant="acme", scope=["stripe.*"], granted_by="t", ref="auth_stripe")
-    try:
-        op = led.prepare(
-            tenant="acme",
-            workflow_id="wf",
-            intent_key="pi",
-            action=PAYMENT_INTENT,
-            target="invoice-7",
-            payload={
-                "amount": 4200,
-                "currency": "eur",
-                "customer": "cus_1",
-                "payment_method": "pm_card_visa",
-                "description": "Invoice 7",
-                "metadata": {"invoice": "7"},
-            },
-            authorization_ref="auth_stripe",
-        )
-        recorder.answer = {
-            "id": "pi_123",
-            "object": "payment_intent",
-            "amount": 4200,
-            "currency": "eur",
-            "status": "succeeded",
-            "metadata": {"invoice": "7", "opledger_op": op.id, "opledger_target": "invoice-7"},
-        }
-        recorder.headers_out = {"Idempotency-Key": op.idempotency_key, "Request-Id": "req_1"}
-        steps.dispatch(led, Registry([adapter]), op.id, owner="w1", lease=LEASE)
-        history = led.history(op.id)
-        assert history.operation.status is Status.CONFIRMED
-        assert history.operation.provider_result_id == "pi_123"
-        [(path, headers, params)] = recorder.requests
-        assert path == "/v1/payment_intents"
-        assert headers["authorization"] == f"Bearer {API_KEY}"
-        assert headers["idempotency-key"] == op.idempotency_key
-        assert headers["content-type"] == "application/x-www-form-urlencoded"
-        assert dict(params) == {
-            "amount": "4200",
-            "currency": "eur",
-            "customer": "cus_1",
-            "payment_method": "pm_card_visa",
-            "description": "Invoice 7",
-            "confirm": "true",
-            "automatic_payment_methods[enabled]": "true",
-            "automatic_payment_methods[allow_redirects]": "never",
-            "metadata[invoice]": "7",
-            "metadata[opledger_op]": op.id,
-            "metadata[opledger_target]": "invoice-7",
-        }
-        [confirmed] = [e for e in history.evidence if e.verdict == Verdict.CONFIRMED]
-        assert confirmed.detail["result"]["status"] == "succeeded"
-        assert confirmed.detail["request_id"] == "req_1"
-    finally:
-        adapter.close()
+@dataclass
+class Recorded:
+    """A Stripe adapter pointed at the recorder, and a ledger that serves its actions."""
+
+    adapter: StripeAdapter
+    ledger: Ledger
+    registry: Registry
 
 
-def test_an_answer_naming_another_key_or_operation_confirms_nothing(
-    ledger: Ledger, recorder: Recorder
-) -> None:
+@pytest.fixture
+def recorded(ledger: Ledger, recorder: Recorder) -> Iterator[Recorded]:
     adapter = StripeAdapter(
         f"http://127.0.0.1:{recorder.server_port}", api_key=API_KEY, contract=fast_contract()
     )
@@ -478,33 +426,96 @@ def test_an_answer_naming_another_key_or_operation_confirms_nothing(
     led = Ledger(ledger.engine, actions=registry)
     led.grant(tenant="acme", scope=["stripe.*"], granted_by="t", ref="auth_stripe")
     try:
-        for n, (marker, echoed) in enumerate([("op_someone_else", None), (None, "other-key")]):
-            op = led.prepare(
-                tenant="acme",
-                workflow_id="wf",
-                intent_key=f"k{n}",
-                action=CHARGE,
-                target="order-x",
-                payload=payment(),
-                authorization_ref="auth_stripe",
-            )
-            recorder.answer = {
-                "id": f"ch_{n}",
-                "object": "charge",
-                "amount": 1500,
-                "currency": "usd",
-                "status": "succeeded",
-                "metadata": {"opledger_op": marker or op.id, "opledger_target": "order-x"},
-            }
-            recorder.headers_out = {"Idempotency-Key": echoed} if echoed else {}
-            steps.dispatch(led, registry, op.id, owner="w1", lease=LEASE)
-            history = led.history(op.id)
-            assert history.operation.status is Status.UNKNOWN, history.evidence
-            [attempt] = history.attempts
-            assert attempt.response is not None
-            assert attempt.response.get("code") == "binding_mismatch", attempt.response
+        yield Recorded(adapter, led, registry)
     finally:
         adapter.close()
+
+
+def test_a_payment_intent_request_as_stripe_takes_it(
+    recorded: Recorded, recorder: Recorder
+) -> None:
+    led, registry = recorded.ledger, recorded.registry
+    op = led.prepare(
+        tenant="acme",
+        workflow_id="wf",
+        intent_key="pi",
+        action=PAYMENT_INTENT,
+        target="invoice-7",
+        payload={
+            "amount": 4200,
+            "currency": "eur",
+            "customer": "cus_1",
+            "payment_method": "pm_card_visa",
+            "description": "Invoice 7",
+            "metadata": {"invoice": "7"},
+        },
+        authorization_ref="auth_stripe",
+    )
+    recorder.answer = {
+        "id": "pi_123",
+        "object": "payment_intent",
+        "amount": 4200,
+        "currency": "eur",
+        "status": "succeeded",
+        "metadata": {"invoice": "7", "opledger_op": op.id, "opledger_target": "invoice-7"},
+    }
+    recorder.headers_out = {"Idempotency-Key": op.idempotency_key, "Request-Id": "req_1"}
+    steps.dispatch(led, registry, op.id, owner="w1", lease=LEASE)
+    history = led.history(op.id)
+    assert history.operation.status is Status.CONFIRMED
+    assert history.operation.provider_result_id == "pi_123"
+    [(path, headers, params)] = recorder.requests
+    assert path == "/v1/payment_intents"
+    assert headers["authorization"] == f"Bearer {API_KEY}"
+    assert headers["idempotency-key"] == op.idempotency_key
+    assert headers["content-type"] == "application/x-www-form-urlencoded"
+    assert dict(params) == {
+        "amount": "4200",
+        "currency": "eur",
+        "customer": "cus_1",
+        "payment_method": "pm_card_visa",
+        "description": "Invoice 7",
+        "confirm": "true",
+        "automatic_payment_methods[enabled]": "true",
+        "automatic_payment_methods[allow_redirects]": "never",
+        "metadata[invoice]": "7",
+        "metadata[opledger_op]": op.id,
+        "metadata[opledger_target]": "invoice-7",
+    }
+    [confirmed] = [e for e in history.evidence if e.verdict == Verdict.CONFIRMED]
+    assert confirmed.detail["result"]["status"] == "succeeded"
+    assert confirmed.detail["request_id"] == "req_1"
+
+
+def test_an_answer_naming_another_key_or_operation_confirms_nothing(
+    recorded: Recorded, recorder: Recorder
+) -> None:
+    led, registry = recorded.ledger, recorded.registry
+    for n, (marker, echoed) in enumerate([("op_someone_else", None), (None, "other-key")]):
+        op = led.prepare(
+            tenant="acme",
+            workflow_id="wf",
+            intent_key=f"k{n}",
+            action=CHARGE,
+            target="order-x",
+            payload=payment(),
+            authorization_ref="auth_stripe",
+        )
+        recorder.answer = {
+            "id": f"ch_{n}",
+            "object": "charge",
+            "amount": 1500,
+            "currency": "usd",
+            "status": "succeeded",
+            "metadata": {"opledger_op": marker or op.id, "opledger_target": "order-x"},
+        }
+        recorder.headers_out = {"Idempotency-Key": echoed} if echoed else {}
+        steps.dispatch(led, registry, op.id, owner="w1", lease=LEASE)
+        history = led.history(op.id)
+        assert history.operation.status is Status.UNKNOWN, history.evidence
+        [attempt] = history.attempts
+        assert attempt.response is not None
+        assert attempt.response.get("code") == "binding_mismatch", attempt.response
 
 
 def test_form_encoding() -> None:
@@ -623,35 +634,28 @@ def test_the_contract_check_agrees_where_the_mock_shows_it(
     ids=["decline", "validation", "other-body", "in-use", "rate-limit", "stored-500", "no-key"],
 )
 def test_stripe_errors_by_type_and_code(
-    ledger: Ledger,
+    recorded: Recorded,
     recorder: Recorder,
     status: int,
     error: dict[str, str],
     headers: dict[str, str],
     expected: tuple[str, str],
 ) -> None:
-    adapter = StripeAdapter(
-        f"http://127.0.0.1:{recorder.server_port}", api_key=API_KEY, contract=fast_contract()
+    adapter, led, registry = recorded.adapter, recorded.ledger, recorded.registry
+    op = led.prepare(
+        tenant="acme",
+        workflow_id="wf",
+        intent_key="e",
+        action=CHARGE,
+        target="order-e",
+        payload=payment(),
+        authorization_ref="auth_stripe",
     )
-    led = Ledger(ledger.engine, actions=Registry([adapter]))
-    led.grant(tenant="acme", scope=["stripe.*"], granted_by="t", ref="auth_stripe")
-    try:
-        op = led.prepare(
-            tenant="acme",
-            workflow_id="wf",
-            intent_key="e",
-            action=CHARGE,
-            target="order-e",
-            payload=payment(),
-            authorization_ref="auth_stripe",
-        )
-        claim = led.claim(op.id, owner="w1", terms=Registry([adapter]).claim_terms(LEASE))
-        assert claim is not None
-        recorder.status, recorder.answer, recorder.headers_out = status, {"error": error}, headers
-        outcome = adapter.dispatch(claim)
-        assert (outcome.kind, getattr(outcome, "code", "")) == expected, outcome
-        assert outcome.detail["type"] == error["type"]
-        if "Idempotent-Replayed" in headers:
-            assert outcome.detail["replayed"] is True
-    finally:
-        adapter.close()
+    claim = led.claim(op.id, owner="w1", terms=registry.claim_terms(LEASE))
+    assert claim is not None
+    recorder.status, recorder.answer, recorder.headers_out = status, {"error": error}, headers
+    outcome = adapter.dispatch(claim)
+    assert (outcome.kind, getattr(outcome, "code", "")) == expected, outcome
+    assert outcome.detail["type"] == error["type"]
+    if "Idempotent-Replayed" in headers:
+        assert outcome.detail["replayed"] is True
