@@ -12,6 +12,8 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from opledger.ledger.canonical import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit
+from opledger.ledger.errors import InvalidInput
+from opledger.ledger.pgschema import DEFAULT_SCHEMA, SCHEMA_VARIABLE, check_schema
 from opledger.net import api_key_problem, folder_problem, imap_credential_problem, is_loopback
 
 #: the broker development mode uses when `OPLEDGER_BROKER_URL` is unset
@@ -82,6 +84,11 @@ class Settings(BaseSettings):
         default=None,
         description="Postgres URL of the ledger (postgresql://...). Required, except in "
         "development mode.",
+    )
+    database_schema: str = Field(
+        default=DEFAULT_SCHEMA,
+        description="Postgres schema the ledger's tables, functions and type live in. Every "
+        "process (workers, beat, console, CLI, agents) must name the same one.",
     )
     broker_url: str | None = Field(
         default=None,
@@ -262,6 +269,16 @@ class Settings(BaseSettings):
     @classmethod
     def _payload_limit(cls, raw: object) -> int:
         return payload_limit(raw)  # the ledger's own parser: one rule for both
+
+    @field_validator("database_schema", mode="before")
+    @classmethod
+    def _schema(cls, raw: object) -> str:
+        if isinstance(raw, str) and not raw.strip():
+            return DEFAULT_SCHEMA
+        try:
+            return check_schema(raw.strip() if isinstance(raw, str) else raw)
+        except InvalidInput as exc:  # the ledger's own rule, said without its variable name
+            raise ValueError(str(exc).removeprefix(f"{SCHEMA_VARIABLE} ")) from None
 
     @field_validator("database_url")
     @classmethod

@@ -11,6 +11,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -21,7 +22,14 @@ from opledger.dev import devstack
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger
 from opledger.ledger.migrate import upgrade
+from opledger.ledger.pgschema import SCHEMA_VARIABLE
 from opledger.ledger.schema import metadata
+
+#: The suite runs the ledger in a schema that is not the default one (`opledger`), so a
+#: statement or a process that forgets the setting fails here instead of in a user's
+#: database; every process the tests start inherits it. `OPLEDGER_DATABASE_SCHEMA=opledger
+#: make test` runs it on the default. The demo's own runs use their own settings.
+SCHEMA = os.environ.setdefault(SCHEMA_VARIABLE, "acme_ledger")
 
 # `make mutate` runs the unit tests against each mutant with this profile: the same examples
 # every run (so the kill rate is reproducible) and no deadline (mutmut's trampolines make
@@ -58,7 +66,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 #: every table of the ledger's schema, emptied before each test that takes `ledger`
-TABLES = ", ".join(table.name for table in reversed(metadata.sorted_tables))
+TABLES = ", ".join(f'"{SCHEMA}".{table.name}' for table in reversed(metadata.sorted_tables))
 
 
 def truncate_all(database_url: str, attempts: int = 5) -> None:
@@ -80,6 +88,12 @@ def libpq(url: str) -> str:
     """The URL psycopg connects with (no SQLAlchemy driver suffix)."""
     parsed = make_url(url).set(drivername="postgresql")
     return parsed.render_as_string(hide_password=False)
+
+
+def connect_ledger(url: str, **options: Any) -> psycopg.Connection[Any]:
+    """A psycopg connection of the test's own whose unqualified names are the ledger's
+    (its `search_path` is the ledger's schema, as the ledger's own connections' is)."""
+    return psycopg.connect(libpq(url), options=f"-c search_path={SCHEMA}", **options)
 
 
 def _with_database(url: str, database: str) -> str:

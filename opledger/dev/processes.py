@@ -24,6 +24,8 @@ from urllib.parse import quote, urlsplit
 
 import redis
 
+from opledger.ledger.pgschema import SCHEMA_VARIABLE, schema_from_environment
+
 
 class Interrupted(BaseException):
     """SIGTERM or SIGINT arrived: unwind, so every `finally` stops what it started.
@@ -76,6 +78,14 @@ def use_broker(app: Any, url: str) -> None:
     amqp = app.__dict__.get("amqp")
     if amqp is not None:
         amqp._producer_pool = None
+
+
+def unconfigured_environ() -> dict[str, str]:
+    """This process's environment less every OPLEDGER_ setting, but for the ledger's schema:
+    a process started with it uses the schema this one migrated and reads, whatever it is."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
+    env[SCHEMA_VARIABLE] = schema_from_environment()
+    return env
 
 
 def free_port() -> int:

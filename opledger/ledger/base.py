@@ -65,11 +65,20 @@ class LedgerBase:
         actions: ActionResolver | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         send_window: timedelta = DEFAULT_SEND_WINDOW,
+        schema: str | None = None,
     ) -> None:
+        """A ledger on `engine`, in Postgres schema `schema` (default: the schema the
+        engine already serves, else `OPLEDGER_DATABASE_SCHEMA`, else `opledger`).
+
+        The engine becomes the ledger's: every connection it opens from now on runs with
+        the ledger's schema as its whole `search_path`. Keep your application's tables on
+        an engine of their own; to prepare inside your own transaction, pass its session
+        (`prepare(..., session=...)`), which keeps your `search_path` as it was."""
         if send_window <= timedelta(0):
             raise InvalidInput("send_window must be positive", field="send_window")
         self.engine = engine
-        self._store = Store(engine)
+        self._store = Store(engine, schema)
+        self.schema = self._store.schema
         self._tx = self._store.transaction
         self._single = self._store.statement
         self.actions: ActionResolver = actions or PrefixResolver()

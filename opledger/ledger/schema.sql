@@ -7,6 +7,13 @@
 -- columns, constraints, indexes, functions and triggers. A schema change is a migration,
 -- the same change in opledger/ledger/schema.py, and the same change here.
 --
+-- Everything here lives in the ledger's own schema (`opledger` unless
+-- OPLEDGER_DATABASE_SCHEMA names another): the names are unqualified, so it is read with
+-- `search_path` set to that schema alone, as the migrations run and as every connection
+-- of the ledger does. Each trigger function pins the same path (`SET search_path FROM
+-- CURRENT`), so it writes into the ledger's tables whichever session fires it; a
+-- migration that replaces a function must say so again.
+--
 -- Contents: the status type; the tables, each with its keys and indexes (in the order
 -- they can be created); the functions of the triggers; the triggers.
 
@@ -330,6 +337,7 @@ CREATE INDEX ix_review_views_review_operator ON review_views USING btree (review
 -- Records an operation's creation in `transitions` (the AFTER INSERT trigger below).
 CREATE FUNCTION opledger_audit_transition() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path FROM CURRENT
     AS $$
 BEGIN
     INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
@@ -350,6 +358,7 @@ $$;
 -- cancelled).
 CREATE FUNCTION opledger_dependency_settled() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path FROM CURRENT
     AS $$
 BEGIN
     IF NEW.status = 'confirmed' THEN
@@ -380,6 +389,7 @@ $$;
 -- the transition row of every change it lets through, in the same call.
 CREATE FUNCTION opledger_guard_operation() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path FROM CURRENT
     AS $$
 BEGIN
     IF NEW.fence < OLD.fence THEN
@@ -414,6 +424,7 @@ $$;
 -- NOTIFY opledger_settle when a review opens on an operation an agent waits on.
 CREATE FUNCTION opledger_notify_review() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path FROM CURRENT
     AS $$
 BEGIN
     PERFORM pg_notify('opledger_settle', o.id)
@@ -428,6 +439,7 @@ $$;
 -- dependencies changes (the payload is the operation's id).
 CREATE FUNCTION opledger_notify_settle() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path FROM CURRENT
     AS $$
 BEGIN
     PERFORM pg_notify('opledger_settle', NEW.id);

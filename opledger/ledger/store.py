@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from pydantic import BaseModel
-from sqlalchemy import Connection, Engine, TextClause, event
+from sqlalchemy import Connection, Engine, TextClause, event, text
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
@@ -34,8 +34,13 @@ from .errors import (
     SchemaMissing,
 )
 from .models import Attempt, Authorization, Evidence, History, Operation, Review, Transition
+from .pgschema import schema_from_environment, schema_of, search_path, use_schema
 
 R = TypeVar("R", bound=BaseModel)
+
+#: the caller's search_path, then another in its place until its transaction ends
+_GET_PATH = text("SELECT current_setting('search_path')")
+_SET_PATH = text("SELECT set_config('search_path', :path, true)")
 
 #: the guard trigger's error codes (`opledger_guard_operation` in schema.sql), as ledger errors
 _TRIGGER_ERRORS: dict[str, type[LedgerError]] = {
@@ -240,7 +245,12 @@ class Store:
     Thread-safe: each use checks a connection out of the engine's pool.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, schema: str | None = None) -> None:
+        """A store on `engine`, in Postgres schema `schema` (default: the schema the engine
+        already serves, else `OPLEDGER_DATABASE_SCHEMA`, else `opledger`); from now on every
+        connection the engine opens runs with that schema as its whole `search_path`."""
+        self.schema = schema or schema_of(engine) or schema_from_environment()
+        use_schema(engine, self.schema)
         self.engine = engine
         self._auto = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._hot = _HotConnections(engine)
@@ -283,13 +293,33 @@ class Store:
 
     @contextmanager
     def transaction(self, session: Session | None = None) -> Iterator[Connection]:
-        """One transaction: the caller's (via `session`) or our own, committed on exit."""
+        """One transaction: the caller's (via `session`) or our own, committed on exit.
+
+        The caller's connection is its own, with its own `search_path`: for our statements
+        it is the ledger's schema (local to the transaction), then the caller's again, as
+        it was, before the caller's code runs on."""
         with self._translated():
             if session is not None:
-                yield session.connection()
+                with self._in_schema(session.connection()) as conn:
+                    yield conn
             else:
                 with self.engine.begin() as conn:
                     yield conn
+
+    @contextmanager
+    def _in_schema(self, conn: Connection) -> Iterator[Connection]:
+        previous = conn.execute(_GET_PATH).scalar_one()
+        conn.execute(_SET_PATH, {"path": search_path(self.schema)})
+        failed = True
+        try:
+            yield conn
+            failed = False
+        finally:
+            try:
+                conn.execute(_SET_PATH, {"path": previous})
+            except DBAPIError:
+                if not failed:  # a failed statement aborted the transaction: it rolls back
+                    raise
 
     @contextmanager
     def statement(self) -> Iterator[Connection]:

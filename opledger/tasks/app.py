@@ -117,7 +117,11 @@ def runtime() -> Runtime:
         registry = load_registry(settings)
         url = settings.require_database_url()
         ledger = Ledger.from_url(
-            url, actions=registry, max_payload_bytes=settings.max_payload_bytes, pool_size=2
+            url,
+            actions=registry,
+            max_payload_bytes=settings.max_payload_bytes,
+            pool_size=2,
+            schema=settings.database_schema,
         )
         _runtime = Runtime(settings=settings, ledger=ledger, registry=registry, owner=_owner())
         lease = timedelta(seconds=settings.lease_seconds)

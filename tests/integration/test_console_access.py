@@ -4,7 +4,6 @@ to start without any operator. Real `opledger console` processes, spoken to over
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -12,11 +11,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-import psycopg
 import pytest
 
-from opledger.dev.processes import free_port
-from tests.conftest import libpq
+from opledger.dev.processes import free_port, unconfigured_environ
+from tests.conftest import connect_ledger
 from tests.consoles import opledger, running_console
 
 PASSWORD = "a long enough password"
@@ -24,9 +22,9 @@ PASSWORD = "a long enough password"
 
 @pytest.fixture
 def env(database_url: str, tmp_path: Path) -> dict[str, str]:
-    with psycopg.connect(libpq(database_url), autocommit=True) as conn:
+    with connect_ledger(database_url, autocommit=True) as conn:
         conn.execute("TRUNCATE operators CASCADE")
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
+    clean = unconfigured_environ()
     return clean | {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_STATE_DIR": str(tmp_path)}
 
 
@@ -102,7 +100,7 @@ def test_operator_add_refuses_bad_input_and_keeps_only_a_hash(
     add(env, "alice", "--tenant", "acme", "--tenant", "globex")
     again = opledger(env, "operator", "add", "alice", "--all-tenants", "--by", "t", "--sso-only")
     assert again.returncode == 3 and "exists already" in again.stderr
-    with psycopg.connect(libpq(database_url)) as conn:
+    with connect_ledger(database_url) as conn:
         stored = conn.execute("SELECT password_hash FROM operators WHERE name = 'alice'").fetchone()
     assert stored is not None and stored[0].startswith("$argon2id$") and PASSWORD not in stored[0]
     listed = opledger(env, "operator", "list", "--json")

@@ -8,11 +8,12 @@ import psycopg
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import inspect
 
-from opledger.ledger.migrate import downgrade, sqlalchemy_url, upgrade
+from opledger.ledger.migrate import downgrade, upgrade
+from opledger.ledger.pgschema import ledger_engine
 from opledger.ledger.schema import metadata
-from tests.conftest import PostgresServer, libpq
+from tests.conftest import SCHEMA, PostgresServer, connect_ledger
 
 
 @pytest.fixture
@@ -23,7 +24,7 @@ def empty_db(pg_server: PostgresServer) -> Iterator[str]:
 
 
 def _diff(url: str) -> list[object]:
-    engine = create_engine(sqlalchemy_url(url))
+    engine = ledger_engine(url, schema=SCHEMA)
     try:
         with engine.connect() as conn:
             return list(compare_metadata(MigrationContext.configure(conn), metadata))
@@ -31,10 +32,10 @@ def _diff(url: str) -> list[object]:
         engine.dispose()
 
 
-def _tables(url: str) -> set[str]:
-    engine = create_engine(sqlalchemy_url(url))
+def _tables(url: str, schema: str = SCHEMA) -> set[str]:
+    engine = ledger_engine(url, schema=SCHEMA)
     try:
-        return set(inspect(engine).get_table_names())
+        return set(inspect(engine).get_table_names(schema=schema))
     finally:
         engine.dispose()
 
@@ -45,7 +46,7 @@ def test_upgrade_head_matches_the_models_then_down_and_up_again(empty_db: str) -
     assert {"operations", "operation_payloads", "attempts", "evidence"} <= _tables(empty_db)
     downgrade(empty_db, "base")
     assert _tables(empty_db) <= {"alembic_version"}
-    with psycopg.connect(libpq(empty_db)) as conn:
+    with connect_ledger(empty_db) as conn:
         assert conn.execute(
             "SELECT count(*) FROM pg_type WHERE typname = 'op_status'"
         ).fetchone() == (0,)
@@ -88,7 +89,7 @@ WHERE id = 'op_01JAAAAAAAAAAAAAAAAAAAAAAA';
 
 
 def _trail(url: str) -> list[tuple[object, ...]]:
-    with psycopg.connect(libpq(url)) as conn:
+    with connect_ledger(url) as conn:
         return conn.execute(
             "SELECT from_status::text, to_status::text, fence, actor, reason FROM transitions"
             " ORDER BY id"
@@ -104,7 +105,7 @@ def test_every_revision_with_audit_triggers_writes_the_same_trail(
     upgrade(empty_db)
     if revision != "head":
         downgrade(empty_db, revision)
-    with psycopg.connect(libpq(empty_db)) as conn:
+    with connect_ledger(empty_db) as conn:
         conn.execute(AUDITED_CHANGE)
         conn.commit()
         with pytest.raises(psycopg.DatabaseError, match="does not say who"):

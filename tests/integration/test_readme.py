@@ -52,6 +52,7 @@ import typer
 from sqlalchemy import text
 
 from opledger.cli.main import app as cli_app
+from opledger.dev.processes import unconfigured_environ
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ambiguous, Ledger
 
@@ -634,7 +635,7 @@ def broker(broker_server: str) -> Iterator[str]:
 def readme_env(ledger: Ledger, database_url: str, broker: str, sandbox: Sandbox) -> dict[str, str]:
     """What a reader has set up: the ledger's database (migrated, emptied), the broker, the
     providers (the sandbox) and the virtualenv on PATH; no other OPLEDGER_ setting."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
+    env = unconfigured_environ()
     env.update(
         PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         PYTHONUNBUFFERED="1",

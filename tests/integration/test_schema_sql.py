@@ -6,11 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from opledger.ledger.migrate import upgrade
-from tests.conftest import PostgresServer, libpq
+from tests.conftest import SCHEMA, PostgresServer, connect_ledger
 
 SCHEMA_SQL = Path(__file__).resolve().parents[2] / "opledger" / "ledger" / "schema.sql"
 
@@ -20,27 +19,28 @@ CATALOG = {
         SELECT table_name, column_name, data_type, udt_name, is_nullable, column_default,
                is_identity, identity_generation
         FROM information_schema.columns
-        WHERE table_schema = 'public' AND table_name <> 'alembic_version'
+        WHERE table_schema = current_schema() AND table_name <> 'alembic_version'
         ORDER BY 1, 2""",
     "constraints": """
         SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid)
         FROM pg_constraint
-        WHERE connamespace = 'public'::regnamespace
+        WHERE connamespace = current_schema()::regnamespace
           AND conrelid::regclass::text <> 'alembic_version'
         ORDER BY 1, 2""",
     "indexes": """
         SELECT tablename, indexname, indexdef FROM pg_indexes
-        WHERE schemaname = 'public' AND tablename <> 'alembic_version' ORDER BY 1, 2""",
+        WHERE schemaname = current_schema() AND tablename <> 'alembic_version'
+        ORDER BY 1, 2""",
     "functions": """
         SELECT proname, pg_get_functiondef(oid) FROM pg_proc
-        WHERE pronamespace = 'public'::regnamespace ORDER BY 1""",
+        WHERE pronamespace = current_schema()::regnamespace ORDER BY 1""",
     "triggers": """
         SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid) FROM pg_trigger
         WHERE NOT tgisinternal ORDER BY 1, 2""",
     "types": """
         SELECT t.typname, array_agg(e.enumlabel ORDER BY e.enumsortorder)
         FROM pg_type AS t JOIN pg_enum AS e ON e.enumtypid = t.oid
-        WHERE t.typnamespace = 'public'::regnamespace GROUP BY 1 ORDER BY 1""",
+        WHERE t.typnamespace = current_schema()::regnamespace GROUP BY 1 ORDER BY 1""",
 }
 
 
@@ -56,7 +56,7 @@ def two_databases(pg_server: PostgresServer) -> Iterator[tuple[str, str]]:
 
 
 def _catalog(url: str) -> dict[str, list[tuple[str, ...]]]:
-    with psycopg.connect(libpq(url)) as conn:
+    with connect_ledger(url) as conn:
         return {
             name: [tuple(map(str, row)) for row in conn.execute(sql)]
             for name, sql in CATALOG.items()
@@ -68,7 +68,8 @@ def test_the_schema_file_defines_what_the_migrations_build(
 ) -> None:
     migrated, loaded = two_databases
     upgrade(migrated)
-    with psycopg.connect(libpq(loaded), autocommit=True) as conn:
+    with connect_ledger(loaded, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{SCHEMA}"')  # the file is read in the ledger's schema
         conn.execute(SCHEMA_SQL.read_text())
     built, written = _catalog(migrated), _catalog(loaded)
     assert built["columns"], "the migrated database has no tables"

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ import httpx
 import pytest
 import yaml
 
-from opledger.dev.processes import PrivateRedis, Proc, free_port, wait_until
+from opledger.dev.processes import PrivateRedis, Proc, free_port, unconfigured_environ, wait_until
 
 pytestmark = pytest.mark.system
 
@@ -33,7 +32,7 @@ def test_every_flower_endpoint_asks_for_the_password(
     private_redis: PrivateRedis, database_url: str, tmp_path: Path
 ) -> None:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
+    env = unconfigured_environ()
     env.update(
         OPLEDGER_DATABASE_URL=database_url,
         OPLEDGER_BROKER_URL=private_redis.url,

@@ -14,7 +14,6 @@ Timings are compared side by side (ratios), because a shared machine is noisy.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from opledger.dev import devstack
-from opledger.dev.processes import PrivateRedis, Stack
+from opledger.dev.processes import PrivateRedis, Stack, unconfigured_environ
 from opledger.ledger import Ledger
 from opledger.settings import Settings
 
@@ -58,7 +57,7 @@ def run_bench(
         redis = PrivateRedis(work)
         cleanup.callback(redis.kill)
         redis.start()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
+        env = unconfigured_environ()
         env.update(
             OPLEDGER_DATABASE_URL=url,
             OPLEDGER_BROKER_URL=redis.url,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import random
 import shutil
 import tempfile
@@ -26,7 +25,13 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from opledger.dev import devstack
-from opledger.dev.processes import PrivateBroker, Stack, private_broker, use_broker
+from opledger.dev.processes import (
+    PrivateBroker,
+    Stack,
+    private_broker,
+    unconfigured_environ,
+    use_broker,
+)
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import DatabaseUnavailable, Ledger
 from opledger.settings import Settings
@@ -140,7 +145,7 @@ def stack_env(
 ) -> dict[str, str]:
     """The environment of a stack's processes: this one's, less any OPLEDGER_ settings,
     plus the fast settings and the given database, broker, providers and state dir."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
+    env = unconfigured_environ()
     env.update(FAST_ENV)
     # The processes' own temporary files (billiard's pymp-* of a SIGKILLed worker) stay
     # inside the work directory, and go with it.

@@ -1,0 +1,112 @@
+"""The Postgres schema the ledger lives in, and engines whose connections use it.
+
+Every table, function, trigger and type of the ledger lives in one schema of its own
+(`opledger` unless `OPLEDGER_DATABASE_SCHEMA` says otherwise), so it can share a database
+with an application's tables without a name of either colliding. The ledger's statements
+name their tables unqualified: each connection the ledger uses sets its `search_path` to
+that schema alone (no `public` behind it, so a table missing from the schema is an error,
+never an application's table of the same name), and the trigger functions pin the same
+path, so they act on the ledger's tables whoever's session fires them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import weakref
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+from .errors import InvalidInput
+
+#: the schema a ledger lives in when nothing says otherwise
+DEFAULT_SCHEMA = "opledger"
+
+#: the setting that names it (read by every process: workers, beat, console, CLI, agents)
+SCHEMA_VARIABLE = "OPLEDGER_DATABASE_SCHEMA"
+
+#: a schema name that needs no quoting anywhere: lower case, an unreserved-looking
+#: identifier of at most 63 bytes (Postgres's limit), never one of Postgres's own
+_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_RESERVED_PREFIX = "pg_"
+
+
+def check_schema(name: object) -> str:
+    """`name` as a schema the ledger may use, or `InvalidInput` saying why not."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InvalidInput(
+            f"{SCHEMA_VARIABLE} must be a lower-case Postgres identifier (letters, digits and "
+            f"'_', at most 63, not starting with a digit), not {name!r}",
+            field=SCHEMA_VARIABLE,
+        )
+    if name.startswith(_RESERVED_PREFIX) or name == "information_schema":
+        raise InvalidInput(
+            f"{SCHEMA_VARIABLE} cannot be {name!r}: that name belongs to Postgres itself",
+            field=SCHEMA_VARIABLE,
+        )
+    return name
+
+
+def schema_from_environment() -> str:
+    """The schema `OPLEDGER_DATABASE_SCHEMA` names (default `opledger`), as every process
+    reads it; only that variable, so an unrelated setting cannot stop a ledger opening."""
+    raw = os.environ.get(SCHEMA_VARIABLE, "").strip()
+    return check_schema(raw) if raw else DEFAULT_SCHEMA
+
+
+def search_path(schema: str) -> str:
+    """The `search_path` a ledger connection runs with: its schema alone."""
+    return f'"{check_schema(schema)}"'
+
+
+_USED: dict[int, str] = {}
+
+
+def use_schema(engine: Engine, schema: str) -> None:
+    """Make every connection `engine` opens from now on run with `schema` as its whole
+    `search_path` (before the dialect's first look at the server, so SQLAlchemy's default
+    schema is the ledger's too). Once per engine; another schema for the same engine is
+    refused, since its pooled connections would already point at the first."""
+    path = search_path(schema)
+    held = _USED.get(id(engine))
+    if held is not None:
+        if held != schema:
+            raise InvalidInput(
+                f"this engine already serves the ledger in schema {held!r}, not {schema!r}",
+                field=SCHEMA_VARIABLE,
+            )
+        return
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        autocommit = dbapi_connection.autocommit
+        dbapi_connection.autocommit = True
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute(f"SET search_path TO {path}")
+        dbapi_connection.autocommit = autocommit
+
+    event.listen(engine, "connect", on_connect, insert=True)
+    _USED[id(engine)] = schema
+    # forget the engine with it (ids are reused once an engine is collected)
+    weakref.finalize(engine, _USED.pop, id(engine), None)
+
+
+def schema_of(engine: Engine) -> str | None:
+    """The schema `use_schema` set for `engine`, if any."""
+    return _USED.get(id(engine))
+
+
+def sqlalchemy_url(url: str) -> str:
+    """Normalize a Postgres URL to the psycopg 3 driver SQLAlchemy should use."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres", "postgresql+psycopg2"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def ledger_engine(url: str, *, schema: str, **options: Any) -> Engine:
+    """A SQLAlchemy engine on the ledger's database whose connections use `schema`."""
+    engine = create_engine(sqlalchemy_url(url), **options)
+    use_schema(engine, schema)
+    return engine
