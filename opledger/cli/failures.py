@@ -1,6 +1,7 @@
 """How the `opledger` command fails: one line on stderr and a documented exit code.
 
-- 2: usage (Typer's own: an unknown option, a missing argument, a bad value);
+- 2: usage (an unknown option, a missing argument, a bad value: Typer's message, on one
+  line like the others, `opledger: usage: ...`);
 - 3: refused: the ledger said no (a `LedgerError` such as `InvalidInput`,
   `OperationNotFound`, `ReviewError`, `AuthorizationError`, `IntentConflict`); nothing
   changed;
@@ -148,6 +149,27 @@ def report(exc: BaseException, *, debug: bool) -> int | None:
     return code
 
 
+#: Typer's usage error (of its vendored Click, or of Click itself in older Typers)
+UsageError: type[Exception] = typer.BadParameter.__bases__[0]
+
+
+def usage_failure(exc: Exception) -> int:
+    """Write a usage error (an unknown option, a missing or malformed argument) as one
+    line, like every other failure, `opledger: usage: ...` and where the help is, instead
+    of Typer's box; return its exit code (2)."""
+    message = getattr(exc, "format_message", lambda: str(exc))()
+    ctx = getattr(exc, "ctx", None)
+    where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    typer.echo(f"opledger: usage: {_one_line(message)}{where}", err=True)
+    return int(getattr(exc, "exit_code", USAGE))
+
+
+def _is_usage_error(exc: BaseException) -> bool:
+    """A usage error to say in one line; not the one that asks for the help text (a group
+    run without a command prints its help)."""
+    return isinstance(exc, UsageError) and type(exc).__name__ != "NoArgsIsHelpError"
+
+
 def _silence_stdout() -> None:
     """After a broken pipe, so that flushing stdout at exit does not fail again."""
     try:
@@ -173,13 +195,23 @@ class OpledgerGroup(TyperGroup):
         rank = {name: i for i, name in enumerate(COMMAND_ORDER)}
         return sorted(names, key=lambda name: rank.get(name, len(rank)))
 
+    def make_context(self, info_name: Any, args: Any, parent: Any = None, **extra: Any) -> Any:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except Exception as exc:  # the root's own options: a usage error is one line too
+            if _is_usage_error(exc):
+                raise typer.Exit(usage_failure(exc)) from None
+            raise
+
     def invoke(self, ctx: Any) -> Any:  # a Click context (vendored by newer Typers)
         try:
             return super().invoke(ctx)
         except BrokenPipeError:  # the reader went away (`| head`): stop quietly
             _silence_stdout()
             raise typer.Exit(1) from None
-        except Exception as exc:  # usage errors and exits are none of `describe`'s: re-raised
+        except Exception as exc:  # exits are none of `describe`'s: re-raised
+            if _is_usage_error(exc):
+                raise typer.Exit(usage_failure(exc)) from None
             code = report(exc, debug=debugging(ctx))
             if code is None:
                 raise

@@ -35,8 +35,8 @@ def require_console_extra(command: str) -> None:
     for name in CONSOLE_MODULES:
         if importlib.util.find_spec(name) is None:
             err_console.print(
-                f"opledger {command}: the review console needs the console extra ({name} is "
-                "missing): pip install 'opledger[console]'",
+                f"opledger: {command}: the review console needs the console extra ({name} "
+                "is missing): pip install 'opledger[console]'",
                 style="red",
                 markup=False,
             )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from .canonical import canonicalize
 from .contract import Contract
@@ -246,3 +246,47 @@ def binds_key(evidence: Evidence, keys: frozenset[str]) -> bool:
 def _code(ev: Evidence) -> str:
     code = ev.detail.get("code")
     return code if isinstance(code, str) else ""
+
+
+#: what one piece of evidence proves about the effect, in the words `opledger ops show` uses
+Proof = Literal["applied", "not applied", "unknown"]
+
+
+def proves(
+    evidence: Evidence,
+    operation: Operation,
+    attempts: Sequence[Attempt],
+    contract: Contract | None = None,
+) -> Proof:
+    """What `evidence` proves about `operation`'s effect, read as the retry decision reads it.
+
+    - "applied": a confirmation that binds this operation (rule 1), or an operator's
+      `confirmed`;
+    - "not applied": a definitive refusal that binds this request (rule 2), an operator's
+      `rejected`, an attempt that provably sent nothing (`not_sent`), or a status API's
+      "no such request" under our key once every attempt before it was past its in-flight
+      deadline (rule 6: earlier, the request may still arrive);
+    - "unknown" for everything else: an ambiguous outcome, a request still pending, an
+      inconclusive lookup (a search that found nothing proves nothing), and any verdict on
+      something that does not bind this operation.
+
+    Evidence speaks of the request it answers: a refusal of one attempt says nothing of
+    another attempt that may have applied (whether the operation is settled is its status).
+    """
+    verdict = evidence.verdict
+    if evidence.source == EvidenceSource.OPERATOR:  # a person's word, not a binding receipt
+        if verdict == Verdict.CONFIRMED:
+            return "applied"
+        return "not applied" if verdict == Verdict.REJECTED else "unknown"
+    keys = our_keys(operation, attempts)
+    if verdict == Verdict.CONFIRMED:
+        return "applied" if binds(evidence, operation, keys, contract) else "unknown"
+    if verdict == Verdict.REJECTED:
+        return "not applied" if binds(evidence, operation, keys, contract) else "unknown"
+    if verdict == Verdict.AMBIGUOUS:
+        return "not applied" if _code(evidence) == NOT_SENT else "unknown"
+    if verdict == Verdict.ABSENT and binds_key(evidence, keys):
+        earlier = [a.deadline_at for a in attempts if a.started_at <= evidence.recorded_at]
+        if all(evidence.recorded_at >= deadline for deadline in earlier):
+            return "not applied"
+    return "unknown"
