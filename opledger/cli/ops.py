@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
-from opledger.ledger import History, Operation, Status
+from opledger.ledger import ForbiddenTransition, History, Ledger, Operation, Status
+from opledger.ledger.contract import Contract
+from opledger.ledger.evidence import Proof, proves
+from opledger.ledger.ids import check_operation_id
 
 from .app import (
     JsonOption,
@@ -17,6 +21,7 @@ from .app import (
     emit_json,
     open_ledger,
 )
+from .provenance import cancel_actor
 from .render import _cell, _when, new_table, records_table
 
 ops_app = typer.Typer(help="Inspect operations.")
@@ -64,7 +69,30 @@ SUMMARY_FIELDS = (
 )
 
 
-def history_tables(history: History) -> list[Table]:
+def contract_of(ledger: Ledger, action: str) -> Contract | None:
+    """The adapter's contract for `action`, if the configured registry declares one (what
+    `proves` reads, as the retry decision does); None for an action no adapter serves."""
+    contract_for = getattr(ledger.actions, "contract_for", None)
+    if not callable(contract_for):
+        return None
+    try:
+        contract = contract_for(action)
+    except Exception:  # an action whose adapter is gone: judge the binding alone
+        return None
+    return contract if isinstance(contract, Contract) else None
+
+
+def proofs(history: History, contract: Contract | None) -> list[Proof]:
+    """What each piece of `history`'s evidence proves, in its order."""
+    return [proves(e, history.operation, history.attempts, contract) for e in history.evidence]
+
+
+def with_proofs(evidence: list[dict[str, Any]], said: list[Proof]) -> list[dict[str, Any]]:
+    """The evidence records of a --json document, each with what it proves (`proves`)."""
+    return [record | {"proves": proof} for record, proof in zip(evidence, said, strict=True)]
+
+
+def history_tables(history: History, contract: Contract | None = None) -> list[Table]:
     """The operation, its attempts, its evidence and its transitions, one table each."""
     op = history.operation
     summary = new_table("field", "value", title=f"operation {op.id}")
@@ -73,7 +101,7 @@ def history_tables(history: History) -> list[Table]:
     return [
         summary,
         _attempts_table(history),
-        _evidence_table(history),
+        _evidence_table(history, contract),
         _transitions_table(history),
     ]
 
@@ -109,19 +137,22 @@ def _attempts_table(history: History) -> Table:
     return records_table(header, rows, title="attempts", keys=("key",))
 
 
-def _evidence_table(history: History) -> Table:
+def _evidence_table(history: History, contract: Contract | None) -> Table:
+    """Each piece of evidence: what it proves about the effect ("applied", "not applied",
+    "unknown"), and whether it moved the operation's status or was only kept."""
     rows = [
         (
             _when(e.recorded_at),
             e.source,
             e.verdict,
+            proof,
             "yes" if e.applied else "no (kept)",
             e.binding.model_dump_json(exclude_none=True),
             json.dumps(e.detail, ensure_ascii=False, default=str)[:300],
         )
-        for e in history.evidence
+        for e, proof in zip(history.evidence, proofs(history, contract), strict=True)
     ]
-    header = ("at", "source", "verdict", "applied", "binding", "detail")
+    header = ("at", "source", "verdict", "proves", "moved status", "binding", "detail")
     return records_table(header, rows, title="evidence")
 
 
@@ -141,19 +172,39 @@ def _transitions_table(history: History) -> Table:
     return records_table(header, rows, title="transitions")
 
 
+def reviews_table(history: History) -> Table:
+    """The operation's reviews: why each opened, and who resolved it, how and why."""
+    rows = [
+        (
+            _when(r.opened_at),
+            r.reason,
+            r.resolution or "open",
+            r.resolved_by or "",
+            _when(r.resolved_at),
+            r.note or "",
+        )
+        for r in history.reviews
+    ]
+    header = ("opened", "reason", "resolution", "by", "resolved", "note")
+    return records_table(header, rows, title="reviews")
+
+
 @ops_app.command("show")
 def ops_show(op_id: str, as_json: JsonOption = False) -> None:
     """Status, attempts, evidence, transitions and asks of one operation."""
     with open_ledger() as ledger:
         history = ledger.history(op_id)
         asks = ledger.asks(op_id)
+        contract = contract_of(ledger, history.operation.action)
     if as_json:
-        emit_json(
-            {**history.model_dump(mode="json"), "asks": [a.model_dump(mode="json") for a in asks]}
-        )
+        document = history.model_dump(mode="json")
+        document["evidence"] = with_proofs(document["evidence"], proofs(history, contract))
+        emit_json({**document, "asks": [a.model_dump(mode="json") for a in asks]})
         return
-    for table in history_tables(history):
+    for table in history_tables(history, contract):
         console.print(table)
+    if history.reviews:
+        console.print(reviews_table(history))
     if asks:
         console.print(
             records_table(
@@ -174,17 +225,78 @@ def ops_show(op_id: str, as_json: JsonOption = False) -> None:
         )
 
 
+#: what `ops list` says under a full page: how to get the next one
+NEXT_PAGE = "more: add --before {last} for the next page"
+
+
 @ops_app.command("list")
 def ops_list(
     status: Annotated[list[Status] | None, typer.Option(help="Only these statuses.")] = None,
     tenant: Annotated[str | None, typer.Option(help="Only this tenant.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
+    workflow: Annotated[str | None, typer.Option(help="Only this workflow id.")] = None,
+    action: Annotated[
+        str | None, typer.Option(help="Only this action, or a prefix ending in * (crm.*).")
+    ] = None,
+    before: Annotated[
+        str | None,
+        typer.Option(
+            help="The next page: only operations older than this operation id (the last "
+            "one of the previous page)."
+        ),
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="At most this many.")] = 50,
     as_json: JsonOption = False,
 ) -> None:
-    """Operations, newest first."""
+    """Operations, newest first, a page at a time (a full page says how to get the next)."""
     with open_ledger() as ledger:
-        operations = ledger.list(status=status, tenant=tenant, limit=limit)
+        found = ledger.list(
+            status=status,
+            tenant=tenant,
+            workflow_id=workflow,
+            action=action,
+            before=before,
+            limit=limit + 1,  # one more than shown: whether there is a next page
+        )
+    operations, more = found[:limit], len(found) > limit
     if as_json:
         emit_json([op.model_dump(mode="json") for op in operations])
         return
     console.print(operations_table(operations))
+    if more:
+        console.print(Text(NEXT_PAGE.format(last=operations[-1].id)))
+
+
+#: what a refused cancel adds, by the status that refused it
+CANCEL_HINTS: dict[str, str] = {
+    Status.DISPATCHING: ": a worker holds it and may be calling the provider now",
+    Status.UNKNOWN: ": it may have taken effect; settle it through its review "
+    "(opledger review resolve {op_id} --as cancel ...)",
+}
+
+
+@ops_app.command("cancel")
+def ops_cancel(
+    op_id: Annotated[str, typer.Argument(help="The operation to cancel.")],
+    reason: Annotated[str, typer.Option(help="Why: kept in the operation's transitions.")],
+    operator: Annotated[str | None, typer.Option(help="Your name, for the audit trail.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Cancel a prepared operation before any attempt: nothing will be sent.
+
+    Only a prepared operation can be cancelled; one already attempted is settled through
+    its review (`opledger review resolve ... --as cancel`). The transition records you as
+    `--operator`, with the OS user and the database role the command ran as."""
+    check_operation_id(op_id)  # a malformed id is refused before anything is asked
+    with open_ledger() as ledger:
+        actor = cancel_actor(ledger, operator)
+        try:
+            cancelled = ledger.cancel(op_id, reason=reason, actor=actor)
+        except ForbiddenTransition as exc:
+            raise ForbiddenTransition(
+                f"{exc}{CANCEL_HINTS.get(str(exc.fields.get('status')), '').format(op_id=op_id)}",
+                **exc.fields,
+            ) from exc
+    if as_json:
+        emit_json(cancelled.model_dump(mode="json"))
+        return
+    console.print(Text(f"cancelled: {cancelled.id} is now {cancelled.status.value}, by {actor}"))

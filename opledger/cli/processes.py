@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from opledger.ledger.migrate import upgrade
+from opledger.ledger.migrate import move_schema, upgrade
 from opledger.settings import get_settings
 
 from .app import (
@@ -22,10 +22,30 @@ from .app import (
 
 
 @app.command()
-def migrate() -> None:
-    """Apply the ledger's migrations to the configured database."""
-    upgrade(database_url())
-    console.print("[green]ledger schema is at head[/green]")
+def migrate(
+    from_schema: Annotated[
+        str | None,
+        typer.Option(
+            "--from-schema",
+            help="Move a ledger that lives in this schema (a deployment from before the "
+            "ledger had a schema of its own: public) into OPLEDGER_DATABASE_SCHEMA, with its "
+            "history, in one transaction; then migrate it. Stop every worker, beat and "
+            "console first.",
+        ),
+    ] = None,
+) -> None:
+    """Apply the ledger's migrations to the configured database, in its schema
+    (OPLEDGER_DATABASE_SCHEMA, default opledger), creating the schema when it is missing."""
+    schema = get_settings().database_schema
+    if from_schema is not None:
+        revision = move_schema(database_url(), source=from_schema, schema=schema)
+        console.print(
+            f'moved the ledger from schema "{from_schema}" (at {revision}) to "{schema}"',
+            markup=False,
+        )
+    else:
+        upgrade(database_url(), schema=schema)
+    console.print(f'ledger schema "{schema}" is at head', style="green", markup=False)
 
 
 @app.command()
@@ -167,12 +187,12 @@ def metrics(
             style="red",
             markup=False,
         )
-        raise typer.Exit(2)
-    from sqlalchemy import create_engine
+        raise typer.Exit(4)  # a missing setting: operational, as the README's table says
+    from opledger.ledger.pgschema import ledger_engine
 
-    from opledger.ledger.migrate import sqlalchemy_url
-
-    engine = create_engine(sqlalchemy_url(database_url()), pool_size=1, pool_pre_ping=True)
+    engine = ledger_engine(
+        database_url(), schema=settings.database_schema, pool_size=1, pool_pre_ping=True
+    )
     server = make_server(
         engine,
         user=settings.flower_user,

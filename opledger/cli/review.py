@@ -25,7 +25,8 @@ from .app import (
     emit_json,
     open_ledger,
 )
-from .ops import history_tables
+from .ops import history_tables, proofs, with_proofs
+from .provenance import resolution_note
 from .render import _cell, _when, new_table, records_table
 
 review_app = typer.Typer(help="The operator review queue: what no evidence could decide.")
@@ -79,11 +80,7 @@ def review_show(
     with open_ledger() as ledger:
         view = ledger.reviews.show(op_id, tenant=tenant, operator=operator)
         payload = ledger.payload(op_id)
-    if as_json:
-        emit_json(view.model_dump(mode="json") | {"payload": payload})
-        return
-    console.print(f"[bold]review of {op_id}[/bold] opened {_when(view.review.opened_at)}")
-    console.print(Text(f"reason: {view.review.reason}"))
+        earlier = ledger.reviews.audit(op_id, tenant=tenant)
     history = History(
         operation=view.operation,
         attempts=view.attempts,
@@ -91,8 +88,23 @@ def review_show(
         transitions=(),
         reviews=(view.review,),
     )
-    for table in history_tables(history)[:3]:
+    if as_json:
+        document = view.model_dump(mode="json")
+        document["evidence"] = with_proofs(document["evidence"], proofs(history, view.contract))
+        emit_json(document | {"payload": payload})
+        return
+    console.print(f"[bold]review of {op_id}[/bold] opened {_when(view.review.opened_at)}")
+    console.print(Text(f"reason: {view.review.reason}"))
+    for table in history_tables(history, view.contract)[:3]:
         console.print(table)
+    if earlier:  # an earlier review of this operation, resolved (e.g. a retry)
+        console.print(
+            records_table(
+                ("at", "operator", "resolution", "note"),
+                [(_when(a.at), a.operator, a.resolution.value, a.note) for a in earlier],
+                title="earlier resolutions",
+            )
+        )
     if payload is None:
         console.print(
             Text(
@@ -180,14 +192,18 @@ def review_resolve(
     """Settle a review you were shown: a fenced transition plus an audit row.
 
     A retry is handed to a worker at once; if the broker is down, the resolution still
-    stands and the sweep sends the retry when the broker is back (exit 0)."""
+    stands and the sweep sends the retry when the broker is back (exit 0).
+
+    The note records, beside your name, the OS user and the database role the command ran
+    as."""
+    ids.check_operation_id(op_id)  # a malformed id is refused before anything is asked
     with open_ledger() as ledger:
         after = ledger.reviews.resolve(
             op_id,
             tenant=tenant,
             operator=operator,
             resolution=as_,
-            note=note,
+            note=resolution_note(ledger, note),  # who ran it: the OS user and database role
             evidence=evidence,
             new_key=new_key,
             acknowledge_risk=accept_risk,

@@ -15,8 +15,6 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, NoReturn
 
-from sqlalchemy import create_engine
-
 from . import queries as q
 from . import store
 from .base import ActionResolver, LedgerBase, PrefixResolver, _payload_limit_from_environment
@@ -30,12 +28,12 @@ from .errors import (
 from .evidence import with_result
 from .grants import Grants
 from .ids import (
+    check_action,
     check_identifier,
     check_key,
     check_operation_id,
 )
 from .maintenance import Maintenance
-from .migrate import sqlalchemy_url
 from .models import (
     Binding,
     Evidence,
@@ -45,6 +43,7 @@ from .models import (
     Status,
     Verdict,
 )
+from .pgschema import check_schema, ledger_engine, schema_from_environment
 from .prepare import Prepare
 from .reviews import Reviews
 
@@ -64,18 +63,22 @@ class Ledger(Prepare, Claims, Grants, Maintenance, LedgerBase):
         actions: ActionResolver | None = None,
         max_payload_bytes: int | None = None,
         pool_size: int = 5,
+        schema: str | None = None,
     ) -> Ledger:
-        """A ledger on the Postgres database at `url` (any postgresql:// form).
+        """A ledger on the Postgres database at `url` (any postgresql:// form), in schema
+        `schema`.
 
-        `max_payload_bytes` defaults to the `OPLEDGER_MAX_PAYLOAD_BYTES` setting, as the
-        workers read it.
+        `max_payload_bytes` and `schema` default to the `OPLEDGER_MAX_PAYLOAD_BYTES` and
+        `OPLEDGER_DATABASE_SCHEMA` settings (`opledger` when unset), as the workers read
+        them: every process of a deployment must name the same schema.
         """
         if max_payload_bytes is None:
             max_payload_bytes = _payload_limit_from_environment()
-        engine = create_engine(
-            sqlalchemy_url(url), pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800
+        schema = check_schema(schema) if schema is not None else schema_from_environment()
+        engine = ledger_engine(
+            url, schema=schema, pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800
         )
-        return cls(engine, actions=actions, max_payload_bytes=max_payload_bytes)
+        return cls(engine, actions=actions, max_payload_bytes=max_payload_bytes, schema=schema)
 
     @property
     def reviews(self) -> Reviews:
@@ -238,16 +241,53 @@ class Ledger(Prepare, Claims, Grants, Maintenance, LedgerBase):
         return store.operation(row)
 
     def list(
-        self, *, status: Iterable[Status] | None = None, tenant: str | None = None, limit: int = 100
+        self,
+        *,
+        status: Iterable[Status] | None = None,
+        tenant: str | None = None,
+        workflow_id: str | None = None,
+        action: str | None = None,
+        before: str | None = None,
+        limit: int = 100,
     ) -> tuple[Operation, ...]:
-        """Operations, newest first, optionally filtered by status and tenant."""
-        statuses = [Status(s).value for s in status] if status is not None else None
+        """Operations, newest first, optionally filtered by status, tenant, workflow id and
+        action (exact, or a prefix ending in '*' such as 'crm.*').
+
+        A page at a time: `before` is an operation id, and only operations older than it
+        (ids are time-ordered) are listed, so the next page is `before=<the last id of this
+        one>`. A malformed filter or cursor is `InvalidInput`.
+        """
+        try:
+            statuses = [Status(s).value for s in status] if status is not None else None
+        except ValueError:
+            raise InvalidInput(
+                f"status must be one of {', '.join(s.value for s in Status)}", field="status"
+            ) from None
         if tenant is not None:
             tenant = check_key("tenant", tenant)
+        if workflow_id is not None:
+            workflow_id = check_key("workflow_id", workflow_id)
+        pattern = None
+        if action is not None:
+            if action.endswith("*"):
+                check_identifier("action", action, max_length=120)
+                prefix = action[:-1].replace("\\", "\\\\").replace("%", r"\%")
+                pattern = prefix.replace("_", r"\_") + "%"
+            else:
+                pattern = check_action(action).replace("_", r"\_")
+        if before is not None:
+            check_operation_id(before)
         with self._single() as conn:
             rows = conn.execute(
                 q.LIST_OPERATIONS,
-                {"statuses": statuses, "tenant": tenant, "limit": max(1, min(limit, 10_000))},
+                {
+                    "statuses": statuses,
+                    "tenant": tenant,
+                    "workflow_id": workflow_id,
+                    "action": pattern,
+                    "before": before,
+                    "limit": max(1, min(limit, 10_000)),
+                },
             )
             return tuple(store.operation(r) for r in rows)
 

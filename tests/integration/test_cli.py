@@ -29,7 +29,7 @@ from opledger.cli.main import app
 from opledger.ledger import Ambiguous, Ledger, Status
 from opledger.ledger.migrate import sqlalchemy_url
 from opledger.settings import get_settings
-from tests.conftest import PostgresServer
+from tests.conftest import SCHEMA, PostgresServer
 
 WRONG_PORT = "postgresql://root@127.0.0.1:1/test"
 BROKER_DOWN = "redis://127.0.0.1:1/0"
@@ -53,7 +53,8 @@ class Run:
 
 def _env(database_url: str, **extra: str) -> dict[str, str]:
     env = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}
-    return env | {"OPLEDGER_DATABASE_URL": database_url, "COLUMNS": "80"} | extra
+    ledger = {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_DATABASE_SCHEMA": SCHEMA}
+    return env | ledger | {"COLUMNS": "80"} | extra
 
 
 def cli(database_url: str, *args: str, **env: str) -> Run:
@@ -158,8 +159,13 @@ def _tables(url: str) -> int:
     engine = create_engine(sqlalchemy_url(url))
     try:
         with engine.connect() as conn:
-            query = "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"
-            return int(conn.execute(text(query)).scalar_one())
+            # any table anywhere, and the ledger's schema itself: nothing may be created
+            query = (
+                "SELECT (SELECT count(*) FROM information_schema.tables WHERE table_schema"
+                " NOT IN ('pg_catalog', 'information_schema'))"
+                " + (SELECT count(*) FROM pg_namespace WHERE nspname = :schema)"
+            )
+            return int(conn.execute(text(query), {"schema": SCHEMA}).scalar_one())
     finally:
         engine.dispose()
 

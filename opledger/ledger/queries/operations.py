@@ -140,11 +140,18 @@ WATCH = text("UPDATE operations SET notify_settle = true WHERE id = :op_id AND N
 
 SELECT_PAYLOAD = text("SELECT canonical FROM operation_payloads WHERE op_id = :op_id")
 
+# Newest first, a page at a time: ids are time-ordered (ULIDs), so the next page is the
+# operations whose id sorts before the last one shown (`:before`, keyset paging on the
+# primary key: no offset to skip, no row shown twice while new ones arrive). `:action` is
+# a LIKE pattern (an exact action with its "_" escaped, or a prefix).
 LIST_OPERATIONS = text(
     f"""
     SELECT {columns_of("o")} FROM operations AS o
     WHERE (CAST(:statuses AS text[]) IS NULL OR o.status::text = ANY(CAST(:statuses AS text[])))
       AND (CAST(:tenant AS text) IS NULL OR o.tenant = :tenant)
+      AND (CAST(:workflow_id AS text) IS NULL OR o.workflow_id = :workflow_id)
+      AND (CAST(:action AS text) IS NULL OR o.action LIKE :action)
+      AND (CAST(:before AS text) IS NULL OR o.id < :before)
     ORDER BY o.id DESC
     LIMIT :limit
     """
