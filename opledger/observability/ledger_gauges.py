@@ -10,6 +10,10 @@ an index whose size is the backlog, never a count of the whole history.
 - `opledger_reviews_open` and `opledger_oldest_open_review_age_seconds`;
 - `opledger_oldest_prepared_age_seconds`, `opledger_oldest_unknown_age_seconds`: since the
   operation was prepared (0 when there is none).
+- `opledger_operations_unserved{action}`: open operations whose action none of the
+  configured adapters (`OPLEDGER_ADAPTERS` of the process serving the metrics) serves:
+  workers hold them, nothing is sent, until a worker that serves the action runs. Read
+  from the same rows as `opledger_operations`, no statement of its own.
 - `opledger_beat_lock_held`: 1 while a beat holds its advisory lock (`pg_locks`), else 0.
 - `opledger_ledger_up`: 1 when the ledger answered this scrape, else 0 (and nothing else).
 """
@@ -17,7 +21,7 @@ an index whose size is the backlog, never a count of the whole history.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
@@ -54,11 +58,32 @@ BEAT_LOCK_HELD = text(
 )
 
 
-class LedgerCollector(Collector):
-    """Reads the ledger's gauges from `engine` (a SQLAlchemy engine) on every collect."""
+def configured_actions() -> tuple[str, ...] | None:
+    """The actions the configured adapters serve (`OPLEDGER_ADAPTERS`), or None when they
+    cannot be built here (logged: the unserved gauge is then left out, the rest stays)."""
+    try:
+        from opledger.adapters.registry import load_registry
+        from opledger.settings import get_settings
 
-    def __init__(self, engine: Any) -> None:
+        registry = load_registry(get_settings())
+    except Exception as exc:
+        log.warning("cannot load the adapters (OPLEDGER_ADAPTERS): %s; no unserved gauge", exc)
+        return None
+    try:
+        return registry.actions
+    finally:
+        registry.close()
+
+
+class LedgerCollector(Collector):
+    """Reads the ledger's gauges from `engine` (a SQLAlchemy engine) on every collect.
+
+    `actions` are the actions the adapters serve; given, open operations naming any other
+    are counted as `opledger_operations_unserved`."""
+
+    def __init__(self, engine: Any, actions: Collection[str] | None = None) -> None:
         self.engine = engine
+        self.actions = None if actions is None else frozenset(actions)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         up = GaugeMetricFamily("opledger_ledger_up", "1 when the ledger answered this scrape.")
@@ -84,14 +109,29 @@ class LedgerCollector(Collector):
         )
         oldest = dict.fromkeys(OPEN_STATUSES, 0.0)
         seen: set[str] = set()
+        unserved: dict[str, int] = {}
         for status, action, n, age in by_status:
             ops.add_metric([status, action], n)
             oldest[status] = max(oldest[status], float(age or 0))
             seen.add(status)
+            if self.actions is not None and action not in self.actions:
+                unserved[action] = unserved.get(action, 0) + int(n)
         for status in OPEN_STATUSES:  # a zero series per status, so alerts see it fall
             if status not in seen:
                 ops.add_metric([status, ""], 0)
         yield ops
+        if self.actions is not None:
+            held = GaugeMetricFamily(
+                "opledger_operations_unserved",
+                "Open operations whose action no configured adapter serves (held, not sent), "
+                "by action.",
+                labels=["action"],
+            )
+            for action, n in sorted(unserved.items()):
+                held.add_metric([action], n)
+            if not unserved:  # a zero series, so alerts see it fall
+                held.add_metric([""], 0)
+            yield held
         for status in ("prepared", "unknown"):
             gauge = GaugeMetricFamily(
                 f"opledger_oldest_{status}_age_seconds",

@@ -12,23 +12,26 @@ from __future__ import annotations
 import base64
 import hmac
 import os
+from collections.abc import Collection
+from enum import Enum
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from .ledger_gauges import LedgerCollector
+from .ledger_gauges import LedgerCollector, configured_actions
 from .metrics import MULTIPROC_ENV
 
 
-def registry_for(engine: Any) -> CollectorRegistry:
-    """The ledger's gauges, plus the workers' counters when the directory is set."""
+def registry_for(engine: Any, actions: Collection[str] | None = None) -> CollectorRegistry:
+    """The ledger's gauges, plus the workers' counters when the directory is set.
+    `actions` (the served ones) adds `opledger_operations_unserved`."""
     registry = CollectorRegistry(auto_describe=False)
     directory = os.environ.get(MULTIPROC_ENV)
     if directory:
         MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
-    registry.register(LedgerCollector(engine))
+    registry.register(LedgerCollector(engine, actions))
     return registry
 
 
@@ -36,11 +39,27 @@ def _credentials(user: str, password: str) -> bytes:
     return b"Basic " + base64.b64encode(f"{user}:{password}".encode())
 
 
+class Served(Enum):
+    #: `make_server`'s default: the actions of the adapters `OPLEDGER_ADAPTERS` configures
+    CONFIGURED = "configured"
+
+
 def make_server(
-    engine: Any, *, user: str, password: str, address: str = "127.0.0.1", port: int = 9464
+    engine: Any,
+    *,
+    user: str,
+    password: str,
+    address: str = "127.0.0.1",
+    port: int = 9464,
+    actions: Collection[str] | Served | None = Served.CONFIGURED,
 ) -> ThreadingHTTPServer:
-    """An HTTP server for /metrics (not yet serving: call `serve_forever`)."""
-    registry = registry_for(engine)
+    """An HTTP server for /metrics (not yet serving: call `serve_forever`).
+
+    `actions` are the actions counted as served for `opledger_operations_unserved`: by
+    default the configured adapters' (`OPLEDGER_ADAPTERS`, read once here); None leaves
+    that gauge out."""
+    served = configured_actions() if actions is Served.CONFIGURED else actions
+    registry = registry_for(engine, served)
     expected = _credentials(user, password)
 
     class Handler(BaseHTTPRequestHandler):

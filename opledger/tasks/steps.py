@@ -56,6 +56,15 @@ log = logging.getLogger("opledger.worker")
 #: the review policy when the caller names none (the settings' defaults)
 DEFAULT_POLICY = ReviewPolicy()
 
+#: a held operation (no adapter of this worker serves its action) is tried again after a
+#: quarter of the time it has been open, never sooner than HOLD_MIN nor later than HOLD_MAX
+HOLD_MIN = timedelta(seconds=30)
+HOLD_MAX = timedelta(minutes=15)
+
+#: held operations this process has logged a warning about (bounded: cleared when full)
+_held_announced: set[str] = set()
+_HELD_ANNOUNCED_MAX = 10_000
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -72,6 +81,9 @@ class Step(StrEnum):
     REVIEW = "review"  #: a person has it (a review is open)
     FENCED = "fenced"  #: another claim moved it first; this worker's writes were refused
     CANCELLED = "cancelled"  #: its grant was revoked before anything was sent
+    #: no adapter of this worker serves its action: nothing sent, no review; tried again
+    #: later (by whichever worker takes the check), so a worker that serves it resumes it
+    HELD = "held"
 
 
 @dataclass(frozen=True)
@@ -196,40 +208,89 @@ def dispatch(
         span.claim(claim)
     try:
         adapter = registry.adapter_for(claim.operation.action)
-    except UnknownAction as exc:
-        return _no_adapter(ledger, claim, exc)
+    except UnknownAction:
+        return _hold_claimed(ledger, claim)
     return _send(ledger, adapter, claim, reconcile_now, hooks)
 
 
-def _no_adapter(ledger: Ledger, claim: Claim, exc: UnknownAction) -> StepResult:
-    """No adapter serves the operation's action (the configuration changed since it was
-    prepared): nothing is sent, and a person is asked, once, instead of the operation
-    being claimed and fenced out again and again."""
-    action = claim.operation.action
+def hold_until(op: Operation, now: datetime) -> datetime:
+    """When a held operation is tried again: after a quarter of the time it has been open,
+    within `HOLD_MIN` and `HOLD_MAX` (a bounded backoff read from the clock alone)."""
+    return now + min(HOLD_MAX, max(HOLD_MIN, (now - op.created_at) / 4))
+
+
+def _hold_claimed(ledger: Ledger, claim: Claim) -> StepResult:
+    """No adapter of this worker serves the claimed operation's action: a worker of an older
+    or newer configuration may (a rolling deploy), or none does yet (a mistyped action
+    prepared through a ledger that does not know the adapters). Nothing is sent and nobody
+    is asked: the attempt is recorded as not sent (`NOT_SENT`, which no retry rule counts
+    as having reached the provider), and the operation is held for a later check, which
+    any worker may take: one that serves the action sends it under the same key."""
+    op = claim.operation
+    outcome = Ambiguous(
+        code=NOT_SENT,
+        reason=f"not sent: no adapter of this worker serves {op.action}; held",
+        detail={"why": "no_adapter", "action": op.action},
+    )
+    now = utcnow()
     try:
-        op = ledger.record_outcome(
-            claim,
-            Ambiguous(code=NOT_SENT, reason=f"not sent: no adapter serves {action}"),
-        )
+        held = ledger.record_outcome(claim, outcome, recheck=hold_until(op, now) - now)
     except StaleFence:
         return StepResult(Step.FENCED)
-    return _review_without_adapter(ledger, op, exc)
+    _announce_held(held)
+    return StepResult(Step.HELD, held)
 
 
-def _review_without_adapter(ledger: Ledger, op: Operation, exc: UnknownAction) -> StepResult:
+def _hold(ledger: Ledger, op: Operation, now: datetime) -> StepResult:
+    """An unknown operation whose action no adapter of this worker serves: neither sent,
+    looked up nor reviewed here; checked again later (`hold_until`)."""
+    try:
+        held = ledger.schedule_check(op.id, fence=op.fence, at=hold_until(op, now))
+    except StaleFence:
+        return StepResult(Step.FENCED)
+    _announce_held(held)
+    return StepResult(Step.HELD, held)
+
+
+def _review_unserved(
+    ledger: Ledger, op: Operation, after: timedelta, on_review: Callable[[str], None] | None
+) -> StepResult:
+    """Held longer than the review policy's `after` (OPLEDGER_REVIEW_AFTER_SECONDS): no
+    deploy takes that long, so a person is asked (configure the adapter and retry, or
+    cancel: a mistyped action is never served)."""
     reason = (
-        f"no adapter serves {op.action}, so nothing can be sent or looked up: configure one "
-        "(OPLEDGER_ADAPTERS) and resolve as retry, or cancel"
+        f"no adapter has served {op.action} for {after}, so nothing was sent or looked up: "
+        "configure one (OPLEDGER_ADAPTERS) and resolve as retry, or cancel"
     )
     try:
         review = ledger.open_review(
-            op.id, fence=op.fence, reason=reason, snapshot={"reason": reason, "error": str(exc)}
+            op.id, fence=op.fence, reason=reason, snapshot={"reason": reason}
         )
     except StaleFence:
         return StepResult(Step.FENCED)
     if review is not None:
         log.error("%s: %s; a review is open", op.id, reason)
+        if on_review is not None:
+            on_review(op.id)
     return StepResult(Step.REVIEW, ledger.get(op.id))
+
+
+def _announce_held(op: Operation) -> None:
+    """A warning naming the operation and its action, once per operation in this process."""
+    fields = {"op_id": op.id, "tenant": op.tenant, "action": op.action, "fence": op.fence}
+    if op.id in _held_announced:
+        log.debug("%s still held: no adapter serves %s", op.id, op.action, extra=fields)
+        return
+    if len(_held_announced) >= _HELD_ANNOUNCED_MAX:
+        _held_announced.clear()
+    _held_announced.add(op.id)
+    log.warning(
+        "%s held, not sent: no adapter of this worker serves %s; checked again until a worker "
+        "whose adapters (OPLEDGER_ADAPTERS) serve it takes it, or an operator cancels it",
+        op.id,
+        op.action,
+        extra=fields,
+    )
 
 
 def snapshot(history: History, adapter: Adapter, reason: str, now: datetime) -> dict[str, Any]:
@@ -268,7 +329,14 @@ def reconcile(
     `dispatch`."""
     with hooks.decide(op_id) as span:
         decided = _decide(
-            ledger, registry, op_id, now=now, max_lookups=max_lookups, policy=policy, hooks=hooks
+            ledger,
+            registry,
+            op_id,
+            now=now,
+            max_lookups=max_lookups,
+            policy=policy,
+            hooks=hooks,
+            on_review=on_review,
         )
         if isinstance(decided, StepResult):
             if decided.operation is not None:
@@ -310,6 +378,7 @@ def _decide(
     max_lookups: int,
     policy: ReviewPolicy,
     hooks: Hooks,
+    on_review: Callable[[str], None] | None = None,
 ) -> StepResult | tuple[History, Adapter, Decision, int]:
     """The decision on `op_id`, after as many lookups as it asks for (at most
     `max_lookups`), with the history and adapter it was taken on and the lookups made; or
@@ -320,10 +389,13 @@ def _decide(
         return StepResult(Step.NOOP, op)
     try:
         adapter = registry.adapter_for(op.action)
-    except UnknownAction as exc:
+    except UnknownAction:
         if history.open_review is not None:
             return StepResult(Step.REVIEW, op)  # a person has it already: say nothing
-        return _review_without_adapter(ledger, op, exc)
+        first = min((a.started_at for a in history.attempts), default=op.created_at)
+        if now() - first > policy.after:
+            return _review_unserved(ledger, op, policy.after, on_review)
+        return _hold(ledger, op, now())
     contract = adapter.contract
     try:
         grant = ledger.authorization(op.authorization_ref)

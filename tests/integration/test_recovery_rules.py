@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -281,24 +282,88 @@ def test_an_smtp_review_names_the_message_id_and_a_refused_connection_is_resent(
     assert led.history(cut).evidence[0].detail["message_id"] == message_id
 
 
-def test_an_operation_whose_adapter_is_gone_goes_to_review_once(rig_for: RigFor) -> None:
-    """The configuration lost the adapter between prepare and dispatch: nothing is sent, a
-    review opens with the reason, and neither the sweep nor a redelivered check loops on it."""
+def test_an_operation_whose_adapter_is_gone_is_held_and_resumed_by_a_worker_that_serves_it(
+    rig_for: RigFor, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker whose configuration lacks the action's adapter (a rolling deploy, a mistyped
+    action) sends nothing and asks nobody: the operation is held, checked again later with
+    a bounded backoff, and a worker that serves the action sends it under the same key."""
     rig = rig_for()
     op_id = prepare(rig.ledger, "close")
     bare = Registry()  # a worker configured without the CRM adapter
-    result = steps.dispatch(rig.ledger, bare, op_id, owner="w1", lease=LEASE)
-    assert result.action == "review"
+    with caplog.at_level("WARNING", logger="opledger.worker"):
+        result = steps.dispatch(rig.ledger, bare, op_id, owner="w1", lease=LEASE)
+    assert result.action == "held"
     history = rig.ledger.history(op_id)
     assert history.operation.status is Status.UNKNOWN
+    assert not history.reviews
     assert [a.outcome for a in history.attempts] == ["ambiguous"]
     assert history.attempts[0].response is not None
     assert history.attempts[0].response["code"] == "not_sent"
-    (review,) = history.reviews
-    assert "no adapter serves crm.close_case.v1" in review.reason
+    assert (
+        "no adapter of this worker serves crm.close_case.v1"
+        in (history.attempts[0].response["reason"])
+    )
     assert rig.effects(op_id) == 0 and rig.requests(op_id) == []
-    assert history.operation.next_check_at is None  # the sweep stops handing it out
-    again = steps.reconcile(rig.ledger, bare, op_id, owner="w2", lease=LEASE)
-    assert again.action == "review"
-    assert len(rig.ledger.history(op_id).reviews) == 1
+    # held, not dropped: checked again after the hold, not at once and not never
+    next_check = history.operation.next_check_at
+    assert next_check is not None
+    wait = next_check - history.operation.updated_at
+    assert steps.HOLD_MIN - timedelta(seconds=1) <= wait <= steps.HOLD_MAX
     assert rig.ledger.due_checks(backoff=timedelta(seconds=30)) == []
+    warned = [r for r in caplog.records if op_id in r.getMessage()]
+    assert len(warned) == 1 and "crm.close_case.v1" in warned[0].getMessage()
+
+    # another worker of the old configuration takes the check: still held, nothing new
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="opledger.worker"):
+        again = steps.reconcile(rig.ledger, bare, op_id, owner="w2", lease=LEASE)
+    assert again.action == "held"
+    history = rig.ledger.history(op_id)
+    assert len(history.attempts) == 1 and not history.reviews
+    assert history.operation.next_check_at is not None
+    assert [r for r in caplog.records if op_id in r.getMessage()] == []  # once per process
+
+    # a worker that serves it: sent once, under the operation's one key
+    resumed = rig.reconcile(op_id)
+    assert isinstance(resumed.decision, Dispatch)
+    history = rig.ledger.history(op_id)
+    assert history.operation.status is Status.CONFIRMED
+    assert not history.reviews
+    assert rig.effects(op_id) == 1 and len(rig.requests(op_id)) == 1
+    assert len({a.idempotency_key for a in history.attempts}) == 1
+
+
+def test_an_operation_held_longer_than_the_review_policy_goes_to_a_person_once(
+    rig_for: RigFor,
+) -> None:
+    """No deploy takes the review policy's `after`: a person is asked (a mistyped action is
+    never served; only a review can cancel an unknown operation), once."""
+    rig = rig_for()
+    op_id = prepare(rig.ledger, "close")
+    bare = Registry()
+    assert steps.dispatch(rig.ledger, bare, op_id, owner="w1", lease=LEASE).action == "held"
+    asked: list[str] = []
+    soon = ReviewPolicy(after=timedelta(milliseconds=1))
+    time.sleep(0.01)
+    for _ in range(2):
+        result = steps.reconcile(
+            rig.ledger, bare, op_id, owner="w2", lease=LEASE, policy=soon, on_review=asked.append
+        )
+        assert result.action == "review"
+    (review,) = rig.ledger.history(op_id).reviews
+    assert "no adapter has served crm.close_case.v1" in review.reason
+    assert asked == [op_id]
+    assert rig.effects(op_id) == 0 and rig.requests(op_id) == []
+
+
+def test_the_hold_backs_off_within_its_bounds() -> None:
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    op = SimpleNamespace(created_at=now - timedelta(seconds=1))
+    assert steps.hold_until(op, now) == now + steps.HOLD_MIN  # type: ignore[arg-type]
+    op.created_at = now - timedelta(hours=1)
+    assert steps.hold_until(op, now) == now + timedelta(minutes=15)  # type: ignore[arg-type]
+    op.created_at = now - timedelta(minutes=8)
+    assert steps.hold_until(op, now) == now + timedelta(minutes=2)  # type: ignore[arg-type]
+    op.created_at = now - timedelta(days=3)
+    assert steps.hold_until(op, now) == now + steps.HOLD_MAX  # type: ignore[arg-type]
