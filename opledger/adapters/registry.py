@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import importlib
+import inspect
+import re
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
+from types import ModuleType
 from typing import Any
+
+from pydantic import ValidationError
 
 from opledger.ledger import ClaimTerms, UnknownAction
 from opledger.ledger.contract import Contract
 from opledger.ledger.ids import LONGEST_KEY, check_action
 from opledger.ledger.intents import check_fields
-from opledger.settings import Settings
+from opledger.settings import Settings, SettingsInvalid
 
 from .base import Adapter, extra
 
@@ -148,11 +153,108 @@ class Registry:
         return tuple(sorted(self._by_action))
 
 
+class AdaptersInvalid(SettingsInvalid, ValueError):
+    """`OPLEDGER_ADAPTERS` names no usable registry factory. The message is one line that
+    names the setting, its value and what is wrong with it.
+
+    A `SettingsInvalid` (so a `NotConfigured`): the `opledger` command prints it like any
+    other setting error, exit code 4, no traceback. Also a `ValueError`, so a caller that
+    catches a registry's refusals (an inconsistent contract) catches this too."""
+
+
+#: a dotted Python name: a module path, or the function's name inside the module
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_FORM = "the form is module:function, e.g. myapp.adapters:build_registry"
+
+
 def load_registry(settings: Settings) -> Registry:
-    """Build the adapter registry named by `OPLEDGER_ADAPTERS` ('module:function')."""
-    module_name, _, function = settings.adapters.partition(":")
-    factory = getattr(importlib.import_module(module_name), function or "build_registry")
-    registry = factory(settings)
+    """Build the adapter registry named by `OPLEDGER_ADAPTERS` ('module:function'): import
+    the module, call the function with `settings`, and return the `Registry` it built.
+
+    Every mistake in the setting raises `AdaptersInvalid` with one line saying which: no
+    ':function' part (there is no default name to fall back to), a module that cannot be
+    imported, a missing attribute, a class or anything else that is not a function, a
+    function that does not take the settings, a function that raises, and one that returns
+    something other than a `Registry`. The original exception is chained (`--debug`).
+    """
+    spec = settings.adapters
+    where = f"OPLEDGER_ADAPTERS={spec!r}"
+    module_name, colon, function = spec.partition(":")
+    if not colon:
+        raise AdaptersInvalid(f"{where} names no function: {_FORM}")
+    if not _DOTTED.fullmatch(module_name):
+        raise AdaptersInvalid(f"{where}: {module_name!r} is not a module name: {_FORM}")
+    if not _DOTTED.fullmatch(function):
+        raise AdaptersInvalid(f"{where}: {function!r} is not a function name: {_FORM}")
+    module = _import(where, module_name)
+    factory: Any = module
+    for part in function.split("."):
+        try:
+            factory = getattr(factory, part)
+        except AttributeError:
+            raise AdaptersInvalid(f"{where}: {module_name} defines no {function!r}") from None
+    named = f"{module_name}.{function}"
+    if inspect.isclass(factory):
+        raise AdaptersInvalid(
+            f"{where}: {named} is a class; name a function that takes the settings and "
+            "returns a Registry"
+        )
+    if not callable(factory):
+        raise AdaptersInvalid(
+            f"{where}: {named} is a {type(factory).__name__}, not a function that takes the "
+            "settings and returns a Registry"
+        )
+    try:
+        inspect.signature(factory).bind(settings)
+    except TypeError:
+        raise AdaptersInvalid(
+            f"{where}: {named}{inspect.signature(factory)} does not take one argument, the settings"
+        ) from None
+    except ValueError:  # no signature to read (a builtin): calling it will tell
+        pass
+    try:
+        registry = factory(settings)
+    except Exception as exc:
+        raise AdaptersInvalid(f"{where}: {named} raised {_first_line(exc)}") from exc
     if not isinstance(registry, Registry):
-        raise TypeError(f"{settings.adapters} returned {type(registry).__name__}, not a Registry")
+        raise AdaptersInvalid(
+            f"{where}: {named} returned {type(registry).__name__}, not a Registry "
+            "(opledger.adapters.registry.Registry)"
+        )
     return registry
+
+
+def _import(where: str, module_name: str) -> ModuleType:
+    """The module, or `AdaptersInvalid` saying why it cannot be imported in this process."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if module_name == missing or module_name.startswith(f"{missing}."):
+            # the module itself (or its package) is not on this process's path: the usual
+            # cause is a process started elsewhere, or without the application installed
+            raise AdaptersInvalid(
+                f"{where}: cannot import {module_name}: {_first_line(exc, typed=False)} (is "
+                "it installed, or on PYTHONPATH, in this process?)"
+            ) from exc
+        raise AdaptersInvalid(
+            f"{where}: importing {module_name} failed: {_first_line(exc)}"
+        ) from exc
+    except Exception as exc:  # a syntax error, a failing import-time statement
+        raise AdaptersInvalid(
+            f"{where}: importing {module_name} failed: {_first_line(exc)}"
+        ) from exc
+
+
+def _first_line(exc: BaseException, *, typed: bool = True) -> str:
+    """The exception as one line: its type and its message's first line (a validation
+    error's first message)."""
+    if isinstance(exc, ValidationError):
+        message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+    else:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        message = lines[0] if lines else ""
+    message = message[:300]
+    if not typed:
+        return message or type(exc).__name__
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
