@@ -1,0 +1,359 @@
+"""`opledger adapter new NAME`: the skeleton of an adapter for a provider of your own.
+
+It writes two files and nothing else: `NAME.py`, an adapter module with its contract (the
+cautious defaults, each fact to be replaced by what the provider documents), `dispatch`,
+`lookup`, a contract probe and an `OPLEDGER_ADAPTERS` factory that keeps the bundled
+adapters beside it; and `test_NAME.py`, a test that its registry loads, and one that runs
+`contract check` against the provider's test endpoint when one is named. An existing file
+is never overwritten. docs/adapters.md explains every part.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from opledger.cli.failures import REFUSED, USAGE
+
+from .app import app
+
+adapter_app = typer.Typer(help="Adapters for providers of your own.")
+app.add_typer(adapter_app, name="adapter")
+
+#: a module name that is also a Python name, lower case (it names the action too)
+NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+@adapter_app.command("new")
+def adapter_new(
+    name: Annotated[
+        str, typer.Argument(help="The provider's name: a lower-case Python name, e.g. tickets.")
+    ],
+    directory: Annotated[
+        Path, typer.Option("--dir", help="Where to write the two files (created if missing).")
+    ] = Path("."),
+) -> None:
+    """Write NAME.py (an adapter, its contract and a registry factory) and test_NAME.py
+    into --dir. Refuses to overwrite a file that exists."""
+    problem = name_problem(name)
+    if problem is not None:
+        typer.echo(f"opledger: {problem}", err=True)
+        raise typer.Exit(USAGE)
+    module_file, test_file = directory / f"{name}.py", directory / f"test_{name}.py"
+    existing = [str(p) for p in (module_file, test_file) if p.exists()]
+    if existing:
+        typer.echo(
+            f"opledger: refused: {' and '.join(existing)} already exist"
+            f"{'s' if len(existing) == 1 else ''}; nothing was written",
+            err=True,
+        )
+        raise typer.Exit(REFUSED)
+    module = module_path(directory.resolve(), name)
+    directory.mkdir(parents=True, exist_ok=True)
+    module_file.write_text(render_module(name, module))
+    test_file.write_text(render_test(name, module))
+    root = directory.resolve()
+    while (root / "__init__.py").exists():
+        root = root.parent
+    typer.echo(f"wrote {module_file} and {test_file}")
+    typer.echo(
+        f"next: fill in the TODOs, then in every opledger process (worker, beat, console, "
+        f"CLI, your agent) set OPLEDGER_ADAPTERS={module}:build_registry and "
+        f"{name.upper()}_URL, with {root} on the Python path; check it with "
+        f"`opledger contract check {name}.create.v1` (docs/adapters.md)"
+    )
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name an adapter module, or None."""
+    if not NAME.fullmatch(name):
+        return f"{name!r} is not a lower-case Python name (letters, digits, _): e.g. tickets"
+    if keyword.iskeyword(name):
+        return f"{name!r} is a Python keyword"
+    if name in sys.stdlib_module_names or name in ("opledger", "test", "tests"):
+        # a module of that name on the path would hide the standard library's (or ours)
+        return f"{name!r} is the name of a module Python or opledger already has: choose another"
+    return None
+
+
+def module_path(directory: Path, name: str) -> str:
+    """The dotted name `NAME.py` in `directory` is imported by: inside packages (folders
+    with an `__init__.py`), their names first."""
+    parts = [name]
+    while (directory / "__init__.py").exists() and directory.parent != directory:
+        parts.insert(0, directory.name)
+        directory = directory.parent
+    return ".".join(parts)
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_") if part)
+
+
+def render_module(name: str, module: str) -> str:
+    """The adapter module's text."""
+    return (
+        _MODULE.replace("__NAME__", name)
+        .replace("__UPPER__", name.upper())
+        .replace("__CLASS__", _camel(name))
+        .replace("__MODULE__", module)
+    )
+
+
+def render_test(name: str, module: str) -> str:
+    """The test module's text."""
+    imports = [
+        "from opledger.adapters.check import check_contract",
+        "from opledger.adapters.registry import load_registry",
+        "from opledger.settings import Settings",
+        f"from {module} import CREATE, {_camel(name)}Adapter",
+    ]
+    # one block, sorted by module, as isort sorts third-party imports
+    imports.sort(key=lambda line: line.split()[1])
+    return (
+        _TEST.replace("__IMPORTS__", "\n".join(imports))
+        .replace("__NAME__", name)
+        .replace("__UPPER__", name.upper())
+        .replace("__CLASS__", _camel(name))
+        .replace("__MODULE__", module)
+    )
+
+
+_MODULE = '''\
+"""The adapter for __NAME__: one effect, sent once. Generated by `opledger adapter new
+__NAME__`: replace each TODO with what the provider's documentation says (opledger's
+docs/adapters.md explains every part), then check the contract against its test endpoint:
+
+    export OPLEDGER_ADAPTERS=__MODULE__:build_registry __UPPER___URL=https://...
+    opledger contract check __NAME__.create.v1
+
+Every opledger process (worker, beat, console, CLI, the agent's) needs the same
+OPLEDGER_ADAPTERS and __UPPER___* settings, and must be able to import __MODULE__.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any, ClassVar
+from urllib.parse import quote
+
+from opledger.adapters.base import (
+    ABSENT,
+    CONFIRMED,
+    INCONCLUSIVE,
+    PENDING,
+    REJECTED,
+    Contract,
+    ErrorCodes,
+    Idempotency,
+    Lookup,
+    LookupResult,
+    error_code,
+    http_client,
+    outcome_for_http_error,
+    outcome_for_http_status,
+    reuses_connections,
+    scoped,
+)
+from opledger.adapters.defaults import build_registry as bundled_registry
+from opledger.adapters.registry import Registry
+from opledger.ledger import Attempt, Binding, Claim, Confirmed, Operation, Outcome, Rejected
+from opledger.settings import Settings
+
+#: TODO: one versioned action per kind of effect, "<provider>.<verb>.v1"
+CREATE = "__NAME__.create.v1"
+
+#: TODO: the provider's error codes (from its error body), by what each means
+CODES = ErrorCodes(
+    definitive=frozenset(),  # refused, nothing applied: a validation error
+    conflicting_state=frozenset(),  # the target already is as asked: "already exists"
+    in_flight=frozenset(),  # a request with this key is still executing
+    mismatch=frozenset(),  # this key was used with another body
+    poisoned=frozenset(),  # the key is refused after a failure; a new one is wanted
+)
+
+
+def __NAME___contract(request_timeout: timedelta = timedelta(seconds=10)) -> Contract:
+    """What __NAME__ promises. TODO: these are the cautious readings, right for a provider
+    that promises nothing: no deduplication, no lookup, so every answer that is lost goes
+    to a person. Replace each with what the documentation says, e.g. for keys kept a day:
+    Idempotency(kind="keyed", scope="account", retention=timedelta(hours=24), ...)."""
+    return Contract(
+        provider="__NAME__",
+        effect="__NAME__ effect",  # TODO: one effect in a sentence: "ticket", "payment"
+        idempotency=Idempotency(kind="none"),
+        lookup=Lookup(kind="none"),
+        response_binds="nothing",
+        success_proves="applied",
+        request_timeout=request_timeout,
+        max_in_flight=request_timeout * 2,
+        source="TODO: the documentation each fact comes from",
+    )
+
+
+class __CLASS__Adapter:
+    """The effects at __NAME__, over HTTP."""
+
+    actions: tuple[str, ...] = (CREATE,)
+    #: TODO: the payload fields whose values make another act (never free text)
+    intent_fields: ClassVar[Mapping[str, Sequence[str]]] = {CREATE: ()}
+    #: TODO: the payload's JSON Schema, what an agent's tool offers
+    payload_schemas: ClassVar[Mapping[str, Mapping[str, Any]]] = {CREATE: {"type": "object"}}
+    #: TODO: what the action does, for an agent's model; say what the target is
+    descriptions: ClassVar[Mapping[str, str]] = {CREATE: "TODO; the target is ..."}
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        account: str = "default",
+        contract: Contract | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.account = account
+        self.contract = scoped(contract or __NAME___contract(), f"{account} at {self.base_url}")
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = http_client(
+            self.contract.request_timeout.total_seconds(),
+            reuse=reuses_connections(self.contract),
+        )
+
+    def dispatch(self, claim: Claim) -> Outcome:
+        """Send one attempt; never raises."""
+        op = claim.operation
+        if op.action != CREATE:
+            return Rejected(code="unsupported_action", reason=f"__NAME__ has no {op.action}")
+        try:
+            response = self._client.post(
+                # TODO: the provider's endpoint for this effect
+                f"{self.base_url}/TODO/{quote(op.target, safe='')}",
+                content=claim.payload_canonical.encode(),  # the frozen bytes, on every retry
+                headers={
+                    **self._auth,
+                    "Idempotency-Key": claim.idempotency_key,  # TODO: its header's name
+                    "Content-Type": "application/json",
+                },
+            )
+            if response.status_code in (200, 201):
+                body = response.json()
+                key = body.get("idempotency_key")  # TODO: what the answer names
+                return Confirmed(
+                    receipt_id=str(body["id"]),
+                    binding=Binding(
+                        idempotency_key=str(key) if key is not None else None,
+                        receipt_id=str(body["id"]),
+                    ),
+                    result={"id": body["id"]},
+                    detail={"replayed": response.headers.get("idempotent-replayed") == "true"},
+                )
+            return outcome_for_http_status(response, CODES, provider="__NAME__")
+        except Exception as exc:  # timeouts, resets, unreadable bodies: ambiguous
+            return outcome_for_http_error(exc)
+
+    def lookup(self, operation: Operation, attempts: Sequence[Attempt]) -> LookupResult:
+        """What became of the operation; a read, never raises."""
+        if self.contract.lookup.kind != "status_api":
+            return LookupResult(verdict=INCONCLUSIVE, detail={"reason": "no lookup declared"})
+        keys = dict.fromkeys([operation.idempotency_key, *(a.idempotency_key for a in attempts)])
+        try:
+            answers = [self._request(key) for key in keys]
+        except Exception as exc:  # a failed read is no evidence
+            reason = outcome_for_http_error(exc).reason
+            return LookupResult(verdict=INCONCLUSIVE, detail={"error": reason})
+        for verdict in (CONFIRMED, PENDING):
+            found = [a for a in answers if a.verdict == verdict]
+            if found:
+                return found[0]
+        return answers[0]
+
+    def _request(self, key: str) -> LookupResult:
+        # TODO: the provider's status endpoint by key, and what its answers mean
+        response = self._client.get(
+            f"{self.base_url}/TODO/requests/{quote(key, safe='')}", headers=self._auth
+        )
+        if response.status_code == 404 and error_code(response) == "no_such_request":
+            return LookupResult(verdict=ABSENT, binding=Binding(idempotency_key=key))
+        if response.status_code != 200:
+            return LookupResult(verdict=INCONCLUSIVE, detail={"status": response.status_code})
+        answer = response.json()
+        if answer.get("state") == "processing":
+            return LookupResult(verdict=PENDING, binding=Binding(idempotency_key=key))
+        if answer.get("state") == "succeeded":
+            return LookupResult(
+                verdict=CONFIRMED,
+                binding=Binding(idempotency_key=key, receipt_id=str(answer["id"])),
+            )
+        code = error_code(response)
+        if answer.get("state") == "failed" and code in CODES.definitive:
+            return LookupResult(verdict=REJECTED, binding=Binding(idempotency_key=key))
+        return LookupResult(verdict=INCONCLUSIVE, binding=Binding(idempotency_key=key))
+
+    def contract_probe(self, variant: int) -> tuple[str, str, dict[str, Any]]:
+        """What `opledger contract check` sends (TODO: a target kept for checks)."""
+        return CREATE, "contract-check", {"check": variant}
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def build_registry(settings: Settings) -> Registry:
+    """The OPLEDGER_ADAPTERS factory: the bundled adapters, and __NAME__ beside them
+    (return `Registry([...])` alone to serve only your own)."""
+    url = os.environ.get("__UPPER___URL")
+    if not url:
+        raise ValueError("__UPPER___URL is not set")
+    registry = bundled_registry(settings)
+    registry.register(
+        __CLASS__Adapter(
+            url,
+            token=os.environ.get("__UPPER___TOKEN"),
+            account=os.environ.get("__UPPER___ACCOUNT", "default"),
+            contract=__NAME___contract(timedelta(seconds=settings.provider_timeout_seconds)),
+        )
+    )
+    return registry
+'''
+
+_TEST = '''\
+"""Tests of the __NAME__ adapter (generated by `opledger adapter new __NAME__`)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+__IMPORTS__
+
+
+def test_the_registry_loads_and_serves_the_action(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("__UPPER___URL", "http://127.0.0.1:9")
+    registry = load_registry(Settings(adapters="__MODULE__:build_registry"))
+    try:
+        assert CREATE in registry.actions
+        assert registry.provider_for(CREATE) == "__NAME__"
+    finally:
+        registry.close()
+
+
+@pytest.mark.skipif(
+    not os.environ.get("__UPPER___TEST_URL"), reason="__UPPER___TEST_URL names no test endpoint"
+)
+def test_the_contract_agrees_with_the_test_endpoint() -> None:
+    """Real requests to __NAME__'s test endpoint: what it does, fact by fact."""
+    adapter = __CLASS__Adapter(
+        os.environ["__UPPER___TEST_URL"], token=os.environ.get("__UPPER___TEST_TOKEN")
+    )
+    try:
+        findings = check_contract(adapter, adapter.contract_probe, allow_remote=True)
+    finally:
+        adapter.close()
+    assert [f for f in findings if f.verdict == "disagrees"] == []
+'''
