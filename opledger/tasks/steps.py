@@ -286,7 +286,8 @@ def _announce_held(op: Operation) -> None:
     _held_announced.add(op.id)
     log.warning(
         "%s held, not sent: no adapter of this worker serves %s; checked again until a worker "
-        "whose adapters (OPLEDGER_ADAPTERS) serve it takes it, or an operator cancels it",
+        "whose adapters (OPLEDGER_ADAPTERS) serve it takes it (held longer than "
+        "OPLEDGER_REVIEW_AFTER_SECONDS, a person is asked)",
         op.id,
         op.action,
         extra=fields,
