@@ -171,7 +171,8 @@ class Settings(BaseSettings):
     )
     adapters: str = Field(
         default="opledger.adapters.defaults:build_registry",
-        description="'module:function' returning the adapter Registry the workers use.",
+        description="'module:function' returning the adapter Registry; every process "
+        "(workers, beat, console, CLI, agents) must name the same one and import it.",
     )
     crm_url: str = Field(default="http://127.0.0.1:8025", description="Base URL of the CRM API.")
     crm_account: str = Field(default="acme", description="CRM account the keys are scoped to.")

@@ -18,7 +18,7 @@ from rich.console import Console
 from opledger.adapters.registry import load_registry
 from opledger.cli.failures import OpledgerGroup
 from opledger.ledger import Ledger
-from opledger.settings import NotConfigured, get_settings
+from opledger.settings import get_settings
 
 from . import devmode
 
@@ -118,15 +118,13 @@ def open_ledger(pool_size: int = 1) -> Iterator[Ledger]:
     """The ledger, wired to the configured adapters (for their contracts); its connections
     are closed on exit."""
     settings = get_settings()
-    try:
-        registry = load_registry(settings)
-    except (ImportError, AttributeError, TypeError, ValueError) as exc:
-        raise NotConfigured(f"OPLEDGER_ADAPTERS={settings.adapters}: {exc}") from exc
+    registry = load_registry(settings)  # a bad OPLEDGER_ADAPTERS: one line (AdaptersInvalid)
     ledger = Ledger.from_url(
         database_url(),
         actions=registry,
         max_payload_bytes=settings.max_payload_bytes,
         pool_size=pool_size,
+        schema=settings.database_schema,
     )
     try:
         yield ledger

@@ -86,12 +86,12 @@ def _checks(  # noqa: C901
         if not settings.database_url and not settings.dev:
             yield Check("postgres", False, "OPLEDGER_DATABASE_URL is not set")
         elif settings.database_url:
-            engine = _engine(settings.database_url)
+            engine = _engine(settings.database_url, settings.database_schema)
             try:
                 reachable = _postgres(engine)
                 yield reachable
                 if reachable.ok:
-                    schema = _schema(engine, settings.database_url)
+                    schema = _schema(engine, settings.database_url, settings.database_schema)
                     yield schema
                     if schema.ok and registry is not None:
                         yield _actions_served(engine, registry)
@@ -109,12 +109,12 @@ def _checks(  # noqa: C901
 
 
 def _registry(settings: Settings) -> tuple[Check, Any]:
-    from opledger.adapters.registry import load_registry
+    from opledger.adapters.registry import AdaptersInvalid, load_registry
 
     try:
         registry = load_registry(settings)
-    except (ImportError, AttributeError) as exc:
-        return Check("adapters", False, f"OPLEDGER_ADAPTERS={settings.adapters}: {exc}"), None
+    except AdaptersInvalid as exc:  # one line that names the setting and its value already
+        return Check("adapters", False, str(exc)), None
     except ValueError as exc:  # a contract the adapters' settings make inconsistent
         detail = str(exc).splitlines()[-1] if str(exc) else type(exc).__name__
         if isinstance(exc, ValidationError):
@@ -266,14 +266,14 @@ def _attempt(name: str, probe: Callable[[], str]) -> Check:
         return Check(name, False, text.removeprefix("connection failed: "))
 
 
-def _engine(url: str) -> Any:
-    from sqlalchemy import create_engine
+def _engine(url: str, schema: str) -> Any:
     from sqlalchemy.pool import NullPool
 
-    from opledger.ledger.migrate import sqlalchemy_url
+    from opledger.ledger.pgschema import ledger_engine
 
-    return create_engine(
-        sqlalchemy_url(url),
+    return ledger_engine(
+        url,
+        schema=schema,
         poolclass=NullPool,
         connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
     )
@@ -288,45 +288,68 @@ def _postgres(engine: Any) -> Check:
     return _attempt("postgres", probe)
 
 
-def _schema(engine: Any, url: str) -> Check:
-    from alembic.runtime.migration import MigrationContext
+def _schema(engine: Any, url: str, schema: str) -> Check:
     from alembic.script import ScriptDirectory
 
-    from opledger.ledger.migrate import alembic_config
+    from opledger.ledger.migrate import alembic_config, ledger_schemas
 
-    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    head = ScriptDirectory.from_config(alembic_config(url, schema)).get_current_head()
 
     def probe() -> str:
         with engine.connect() as conn:
-            current = MigrationContext.configure(conn).get_current_revision()
+            found = ledger_schemas(conn)
+        current = found.get(schema)
         if current != head:
             state = "not migrated" if current is None else f"at {current}"
-            raise RuntimeError(f"the schema is {state}, not {head}: run `opledger migrate`")
-        return f"at the latest migration ({head})"
+            elsewhere = sorted(name for name in found if name != schema)
+            if current is None and elsewhere:
+                raise RuntimeError(
+                    f'schema "{schema}" holds no ledger, but schema "{elsewhere[0]}" does: '
+                    f"move it with `opledger migrate --from-schema {elsewhere[0]}`, or set "
+                    f"OPLEDGER_DATABASE_SCHEMA={elsewhere[0]}"
+                )
+            raise RuntimeError(
+                f'the schema "{schema}" is {state}, not {head}: run `opledger migrate`'
+            )
+        return f'"{schema}" at the latest migration ({head})'
 
     return _attempt("schema", probe)
 
 
 def _actions_served(engine: Any, registry: Any) -> Check:
+    """Open operations whose action no configured adapter serves: a warning naming each
+    action and how many operations, never a refusal to start. A worker holds such an
+    operation (nothing sent, no review) and checks it again later, so a worker that serves
+    the action (another configuration in a rolling deploy, or this one once fixed) sends
+    it; refusing to start would let one operation (a mistyped action prepared through a
+    ledger without the adapters) stop the whole fleet."""
     from sqlalchemy import text
+
+    missing: list[tuple[str, int]] = []
 
     def probe() -> str:
         with engine.connect() as conn:
-            actions = conn.execute(
+            counts = conn.execute(
                 text(
-                    "SELECT DISTINCT action FROM operations"
-                    " WHERE status IN ('prepared', 'dispatching', 'unknown')"
+                    "SELECT action, count(*) FROM operations"
+                    " WHERE status IN ('prepared', 'dispatching', 'unknown') GROUP BY action"
                 )
-            ).scalars()
-            missing = sorted(a for a in actions if a not in registry.actions)
-        if missing:
-            raise RuntimeError(
-                f"open operations name actions no adapter serves: {', '.join(missing)} "
-                "(they go to review; configure their adapters in OPLEDGER_ADAPTERS)"
-            )
+            ).all()
+        missing.extend(sorted((a, n) for a, n in counts if a not in registry.actions))
         return "every open operation's action has an adapter"
 
-    return _attempt("actions", probe)
+    check = _attempt("actions", probe)
+    if not check.ok or not missing:
+        return check
+    named = ", ".join(f"{a} ({n} operation{'' if n == 1 else 's'})" for a, n in missing)
+    return Check(
+        "actions",
+        False,
+        f"open operations name actions no adapter serves: {named}; they are held, not sent, "
+        "until a worker whose OPLEDGER_ADAPTERS serves them runs; held longer than "
+        "OPLEDGER_REVIEW_AFTER_SECONDS, a person is asked",
+        warning=True,
+    )
 
 
 def _beat_lock(engine: Any) -> Check:
@@ -358,7 +381,7 @@ def _broker(url: str, queues: Sequence[Any] = (), queue_type: str = "classic") -
     def probe() -> str:
         with Connection(url, connect_timeout=CONNECT_TIMEOUT_S) as conn:
             conn.ensure_connection(max_retries=1, timeout=CONNECT_TIMEOUT_S)
-            reachable = f"reachable ({conn.transport_cls}://{conn.hostname}:{conn.port})"
+            reachable = f"reachable ({_where(conn)})"
             if not queues or conn.transport.driver_type != "amqp":
                 return reachable
             channel = conn.channel()
@@ -381,6 +404,16 @@ def _broker(url: str, queues: Sequence[Any] = (), queue_type: str = "classic") -
             return f"{reachable}, {len(queues)} {queue_type} queues declared"
 
     return _attempt("broker", probe)
+
+
+def _where(conn: Any) -> str:
+    """The broker as the check reached it, without credentials: its Redis database number,
+    or its RabbitMQ virtual host (each is part of where the messages go)."""
+    vhost = conn.virtual_host or "/"
+    where = f"{conn.transport_cls}://{conn.hostname}:{conn.port}"
+    if conn.transport_cls.startswith("redis"):
+        return f"{where}/{vhost.strip('/') or 0}"
+    return f"{where}, virtual host {vhost!r}"
 
 
 def failures(checks: list[Check]) -> list[Check]:

@@ -182,7 +182,7 @@ def _silence_stdout() -> None:
 #: the order `opledger --help` lists the commands in (one module each registers them)
 COMMAND_ORDER = (
     "migrate", "console", "check", "sandbox", "worker", "beat", "flower", "metrics",
-    "chaos", "demo", "bench", "ops", "review", "grant", "contract", "operator",
+    "chaos", "demo", "bench", "ops", "review", "grant", "contract", "adapter", "operator",
 )  # fmt: skip
 
 

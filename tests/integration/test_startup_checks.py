@@ -7,6 +7,7 @@ line names what to fix, and nothing was created (no database, no state directory
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,11 +19,18 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from tests.conftest import PostgresServer, require_rabbitmq
+from opledger.ledger import Ledger
+from tests.conftest import SCHEMA, PostgresServer, require_rabbitmq, truncate_all
+from tests.intents import prepare
 
 
 def run(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+    # the ledger's schema too: the tests' databases are migrated into it
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k in ("PATH", "HOME", "LANG", "OPLEDGER_DATABASE_SCHEMA")
+    }
     return subprocess.run(
         [sys.executable, "-m", "opledger.cli", *args],
         cwd=cwd,
@@ -150,9 +158,12 @@ def test_the_worker_refuses_each_broken_setup_in_one_line(
 def test_check_reports_every_part_and_passes_on_a_good_setup(
     tmp_path: Path, database_url: str, redis_server: str
 ) -> None:
-    redis = f"{redis_server}/0"
+    redis = f"{redis_server}/5"
     ok = run(tmp_path, "check", OPLEDGER_DATABASE_URL=database_url, OPLEDGER_BROKER_URL=redis)
     assert ok.returncode == 0, ok.stdout + ok.stderr
+    # where it reached: the Redis database number is part of it; the ledger's schema too
+    assert f"reachable ({redis_server}/5)" in ok.stdout, ok.stdout
+    assert f'"{SCHEMA}" at the latest migration' in ok.stdout, ok.stdout
     names = [line.split(":")[0] for line in ok.stdout.splitlines()]
     assert names == [
         "ok   adapters",
@@ -231,3 +242,46 @@ def test_beat_refuses_a_schedule_it_cannot_write_and_the_worker_passes_options_o
     celery = run(tmp_path, "worker", "--", "--help", **env)
     assert celery.returncode == 0, celery.stderr
     assert "--max-tasks-per-child" in celery.stdout
+
+
+def test_open_operations_of_an_unserved_action_are_a_warning_and_every_process_starts(
+    tmp_path: Path, ledger: Ledger, database_url: str, redis_server: str
+) -> None:
+    """A mistyped action prepared through a ledger that does not know the adapters (its
+    `PrefixResolver` accepts any well-formed action) is listed, with how many operations
+    name it, and stops nothing: `check` passes, the worker and the beat start."""
+    bare = Ledger(ledger.engine)  # Ledger.from_url(url) without actions=: no registry
+    bare.grant(tenant="acme", scope=["*"], granted_by="test", ref="auth_acme")
+    prepare(bare, "typo-1", action="crm.close_cse.v1")
+    prepare(bare, "typo-2", action="crm.close_cse.v1")
+    prepare(bare, "other", action="crm.reopen_case.v1")
+    prepare(bare, "served")
+    env = {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_BROKER_URL": f"{redis_server}/0"}
+    schema = os.environ.get("OPLEDGER_DATABASE_SCHEMA")  # the suite's ledger schema, if any
+    if schema:
+        env["OPLEDGER_DATABASE_SCHEMA"] = schema
+    try:
+        checked = run(tmp_path, "check", "--json", **env)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        (actions,) = [c for c in json.loads(checked.stdout) if c["name"] == "actions"]
+        assert actions["warning"] and not actions["ok"], actions
+        assert (
+            "open operations name actions no adapter serves: crm.close_cse.v1 (2 operations), "
+            "crm.reopen_case.v1 (1 operation); they are held, not sent"
+        ) in actions["detail"]
+        assert "crm.close_case.v1" not in actions["detail"]  # served: not listed
+        lines = run(tmp_path, "check", **env)
+        assert lines.returncode == 0, lines.stdout + lines.stderr
+        assert "warn actions: open operations name actions no adapter serves" in lines.stdout
+        # the worker's start-up checks pass (its `--help` after `--` then exits at once)
+        worker = run(tmp_path, "worker", "--", "--help", **env)
+        assert worker.returncode == 0, worker.stderr
+        assert "--max-tasks-per-child" in worker.stdout
+        assert "warning: actions:" in worker.stderr and "crm.close_cse.v1" in worker.stderr
+        # the beat's too: what stops this one is the schedule it cannot write, after them
+        unwritable = "/proc/opledger-cannot-write-here/schedule"
+        beat = run(tmp_path, "beat", "--schedule", unwritable, **env)
+        assert beat.returncode == 4 and "cannot write the beat schedule" in beat.stderr
+        assert "warning: actions:" in beat.stderr
+    finally:
+        truncate_all(database_url)
