@@ -126,6 +126,16 @@ def authorization(row: Any) -> Authorization:
     return Authorization.model_validate({name: m[name] for name in Authorization.model_fields})
 
 
+def _frameless(exc: BaseException) -> BaseException:
+    """The driver's error under `exc`, kept as the cause of the ledger's error but without
+    its stack frames or SQLAlchemy's wrapper: a ledger error says what went wrong in its own
+    message, and the frames, the statement and its parameters (dozens of lines, payload
+    values among them) would only bury it."""
+    driver = getattr(exc, "orig", None) or exc
+    driver.__suppress_context__ = True
+    return driver.with_traceback(None)
+
+
 def _driver_error(exc: psycopg.Error, *, invalidated: bool, sql: str | None = None) -> Exception:
     """What to raise for a psycopg error met outside SQLAlchemy: the ledger's error for it,
     or, when it is none of the ledger's, the `DBAPIError` SQLAlchemy would have raised
@@ -269,7 +279,7 @@ class Store:
         try:
             held = self._hot.take()
         except psycopg.Error as exc:  # no connection to be had (refused, restarting...)
-            raise _driver_error(exc, invalidated=False) from exc
+            raise _driver_error(exc, invalidated=False) from _frameless(exc)
         conn = held.conn
         try:
             row: tuple[Any, ...] | None = conn.execute(sql, params, prepare=True).fetchone()
@@ -279,7 +289,7 @@ class Store:
                 self._hot.discard(held)
             else:
                 self._hot.give(held)
-            raise _driver_error(exc, invalidated=broken, sql=sql) from exc
+            raise _driver_error(exc, invalidated=broken, sql=sql) from _frameless(exc)
         except BaseException:
             self._hot.discard(held)  # interrupted mid-statement: its state is unknown
             raise
@@ -342,7 +352,7 @@ class Store:
             mapped = translate(exc)
             if mapped is None:
                 raise
-            raise mapped from exc
+            raise mapped from _frameless(exc)
 
     # -- reads shared by the ledger and the review queue -----------------------------------
 
