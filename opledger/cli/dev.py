@@ -30,10 +30,14 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object.")
 @app.command()
 def sandbox(
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="HTTP port for the CRM and email APIs (0: any).")] = 0,
-    smtp_port: Annotated[int, typer.Option(help="SMTP port (0: any).")] = 0,
+    port: Annotated[
+        int, typer.Option(help="HTTP port for the CRM and email APIs (0: any free one).")
+    ] = 8025,
+    smtp_port: Annotated[int, typer.Option(help="SMTP port (0: any free one).")] = 8026,
 ) -> None:
-    """Run the sandbox CRM, email API and SMTP server until interrupted."""
+    """Run the sandbox CRM, email API and SMTP server until interrupted, by default on the
+    ports the bundled adapters' default URLs name (OPLEDGER_CRM_URL, OPLEDGER_EMAIL_URL:
+    8025; OPLEDGER_SMTP_PORT: 8026)."""
     try:
         from opledger.dev.sandbox.__main__ import serve
     except ImportError as exc:  # a production install: the servers are an extra

@@ -10,6 +10,7 @@ with its whole history through `opledger migrate --from-schema public`.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
@@ -23,7 +24,7 @@ from opledger.ledger.pgschema import DEFAULT_SCHEMA, check_schema, sqlalchemy_ur
 from opledger.settings import Settings, SettingsInvalid, get_settings
 from tests.conftest import SCHEMA, PostgresServer
 
-CLOSE = {
+CLOSE: dict[str, Any] = {
     "tenant": "acme",
     "workflow_id": "wf-schema",
     "action": "crm.close_case.v1",
@@ -69,8 +70,8 @@ def test_nothing_of_the_ledger_is_created_in_public(empty_db: str) -> None:
                     "        WHERE relnamespace = 'public'::regnamespace),"
                     "       (SELECT count(*) FROM pg_proc"
                     "        WHERE pronamespace = 'public'::regnamespace),"
-                    "       (SELECT count(*) FROM pg_type WHERE typnamespace = 'public'::regnamespace"
-                    "        AND typtype = 'e')"
+                    "       (SELECT count(*) FROM pg_type"
+                    "        WHERE typnamespace = 'public'::regnamespace AND typtype = 'e')"
                 )
             ).one()
             in_schema = conn.execute(
@@ -134,7 +135,7 @@ def test_a_change_from_any_session_writes_the_ledgers_own_trail(
     with app_engine.begin() as conn:
         conn.execute(
             text(
-                f'UPDATE "{SCHEMA}".operations SET status = \'cancelled\', fence = fence + 1,'
+                f"UPDATE \"{SCHEMA}\".operations SET status = 'cancelled', fence = fence + 1,"
                 " changed_by = 'dba', change_reason = 'cancelled by hand' WHERE id = :id"
             ),
             {"id": op.id},
