@@ -269,8 +269,8 @@ def ops_list(
 #: what a refused cancel adds, by the status that refused it
 CANCEL_HINTS: dict[str, str] = {
     Status.DISPATCHING: ": a worker holds it and may be calling the provider now",
-    Status.UNKNOWN: ": it may have taken effect; settle it through its review "
-    "(opledger review resolve {op_id} --as cancel ...)",
+    Status.UNKNOWN: ": an attempt may have taken effect, or a review holds it; settle it "
+    "through its review (opledger review resolve {op_id} --as cancel ...)",
 }
 
 
@@ -281,11 +281,13 @@ def ops_cancel(
     operator: Annotated[str | None, typer.Option(help="Your name, for the audit trail.")] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Cancel a prepared operation before any attempt: nothing will be sent.
+    """Cancel an operation nothing of which reached a provider: nothing will be sent.
 
-    Only a prepared operation can be cancelled; one already attempted is settled through
-    its review (`opledger review resolve ... --as cancel`). The transition records you as
-    `--operator`, with the OS user and the database role the command ran as."""
+    A prepared operation, or an unknown one whose every attempt provably sent nothing (held
+    because no worker's adapter serves its action, say) and no open review holds. One that
+    may have taken effect is settled through its review (`opledger review resolve ... --as
+    cancel`). The transition records you as `--operator`, with the OS user and the
+    database role the command ran as."""
     check_operation_id(op_id)  # a malformed id is refused before anything is asked
     with open_ledger() as ledger:
         actor = cancel_actor(ledger, operator)

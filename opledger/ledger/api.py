@@ -223,7 +223,11 @@ class Ledger(Prepare, Claims, Grants, Maintenance, LedgerBase):
     # -- cancel ------------------------------------------------------------------------
 
     def cancel(self, op_id: str, *, reason: str, actor: str = "operator") -> Operation:
-        """Cancel a prepared operation before any attempt. Anything else is refused."""
+        """Cancel an operation nothing of which can have reached a provider: a prepared one,
+        or an unknown one whose every attempt provably sent nothing (held because no
+        adapter served its action, a refused connection, a send window that had passed)
+        and that no open review holds. Anything else is refused (`ForbiddenTransition`):
+        what may have taken effect is settled through its review."""
         check_operation_id(op_id)
         check_identifier("reason", reason, max_length=2000)
         check_identifier("actor", actor)
@@ -234,7 +238,8 @@ class Ledger(Prepare, Claims, Grants, Maintenance, LedgerBase):
             if row is None:
                 current = self.get(op_id)
                 raise ForbiddenTransition(
-                    f"{op_id} is {current.status}; only a prepared operation can be cancelled",
+                    f"{op_id} is {current.status}; only an operation nothing of which reached "
+                    "a provider can be cancelled",
                     op_id=op_id,
                     status=current.status,
                 )

@@ -158,7 +158,7 @@ def test_ops_cancel_records_who_and_refuses_in_one_line(
     )
     one_line_failure(malformed, 3, "opledger: refused: not an operation id", "op_nope")
     one_line_failure(unknown, 3, "opledger: refused: no operation", missing)
-    one_line_failure(refused, 3, "opledger: refused:", "only a prepared operation", "review")
+    one_line_failure(refused, 3, "opledger: refused:", "nothing of which reached", "review")
     assert ledger.get(attempted) == before  # refused: nothing changed
 
     done = invoke(

@@ -17,7 +17,7 @@ import pytest
 from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.adapters.registry import Registry
 from opledger.dev.sandbox import Sandbox
-from opledger.ledger import Ledger, Status
+from opledger.ledger import Ambiguous, Ledger, Status
 from opledger.ledger.contract import Contract
 from opledger.ledger.decide import Dispatch, NeedsReview, ReviewPolicy
 from opledger.tasks import steps
@@ -355,6 +355,39 @@ def test_an_operation_held_longer_than_the_review_policy_goes_to_a_person_once(
     assert "no adapter has served crm.close_case.v1" in review.reason
     assert asked == [op_id]
     assert rig.effects(op_id) == 0 and rig.requests(op_id) == []
+
+
+def test_a_held_operation_can_be_cancelled_and_one_that_may_have_applied_cannot(
+    rig_for: RigFor,
+) -> None:
+    """Nothing of a held operation reached a provider: an operator cancels it at once (a
+    mistyped action is never served). An unknown operation whose attempt may have reached
+    the provider, or that a review holds, is refused: it is settled through its review."""
+    from opledger.ledger import ForbiddenTransition
+
+    rig = rig_for()
+    held = prepare(rig.ledger, "held")
+    assert steps.dispatch(rig.ledger, Registry(), held, owner="w1", lease=LEASE).action == "held"
+    cancelled = rig.ledger.cancel(held, reason="mistyped action", actor="alice")
+    assert cancelled.status is Status.CANCELLED
+    assert rig.ledger.history(held).transitions[-1].actor == "alice"
+
+    sent = prepare(rig.ledger, "sent")
+    claim = rig.ledger.claim(sent, owner="w1")
+    assert claim is not None  # the request left; its answer was lost
+    rig.ledger.record_outcome(claim, Ambiguous(code="timeout", reason="no answer"))
+    with pytest.raises(ForbiddenTransition, match="nothing of which reached a provider"):
+        rig.ledger.cancel(sent, reason="r", actor="alice")
+    assert rig.ledger.get(sent).status is Status.UNKNOWN
+
+    reviewed = prepare(rig.ledger, "reviewed")
+    assert steps.dispatch(rig.ledger, Registry(), reviewed, owner="w1", lease=LEASE).action == (
+        "held"
+    )
+    op = rig.ledger.get(reviewed)
+    assert rig.ledger.open_review(reviewed, fence=op.fence, reason="asked", snapshot={})
+    with pytest.raises(ForbiddenTransition):
+        rig.ledger.cancel(reviewed, reason="r", actor="alice")
 
 
 def test_the_hold_backs_off_within_its_bounds() -> None:

@@ -324,7 +324,18 @@ CANCEL = text(
         SET status = 'cancelled', fence = o.fence + 1, next_check_at = NULL,
             changed_by = :actor, change_reason = :reason,
             record_version = o.record_version + 1, updated_at = now()
-        WHERE o.id = :op_id AND o.status = 'prepared'
+        WHERE o.id = :op_id AND (
+            o.status = 'prepared'
+            -- or nothing of it ever reached a provider: every attempt finished and
+            -- provably sent nothing (held for want of an adapter, a refused connection,
+            -- a send window that had passed), and no review is open on it
+            OR (o.status = 'unknown'
+                AND NOT EXISTS (SELECT 1 FROM attempts AS a WHERE a.op_id = o.id
+                                AND (a.finished_at IS NULL
+                                     OR a.response ->> 'code' IS DISTINCT FROM 'not_sent'))
+                AND NOT EXISTS (SELECT 1 FROM reviews AS r WHERE r.op_id = o.id
+                                AND r.resolved_at IS NULL))
+        )
         RETURNING o.*
     )
     SELECT {columns_of("op")} FROM op
