@@ -84,7 +84,9 @@ class Registry:
             return self._by_action[action]
         except KeyError:
             raise UnknownAction(
-                f"no adapter serves {action!r}; known: {', '.join(sorted(self._by_action))}",
+                f"no adapter serves {action!r} (known: {', '.join(sorted(self._by_action))}); "
+                "serve it by adding its adapter to the registry OPLEDGER_ADAPTERS names, in "
+                "every process (docs/adapters.md)",
                 action=action,
             ) from None
 

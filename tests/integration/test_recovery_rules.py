@@ -338,7 +338,7 @@ def test_an_operation_held_longer_than_the_review_policy_goes_to_a_person_once(
     rig_for: RigFor,
 ) -> None:
     """No deploy takes the review policy's `after`: a person is asked (a mistyped action is
-    never served; only a review can cancel an unknown operation), once."""
+    never served, and nobody may have cancelled it), once."""
     rig = rig_for()
     op_id = prepare(rig.ledger, "close")
     bare = Registry()
