@@ -129,6 +129,8 @@ def test_the_pip_quick_start_runs_as_written(tmp_path: Path, scratch: str) -> No
     # installed as a package, not from the checkout the suite runs
     where = subprocess.run(
         [str(venv / "bin" / "python"), "-c", "import opledger; print(opledger.__file__)"],
+        cwd=work,  # as the block ran: not from a directory holding the checkout
+        env=env,
         capture_output=True,
         text=True,
         check=True,
