@@ -96,14 +96,41 @@ def use_for_publishing(celery_app: Celery) -> None:
     _publisher = celery_app
 
 
+class BrokerUnavailable(RuntimeError):
+    """The broker did not take a message (down, unreachable, refusing the login). The
+    operation it was about stays recorded: the beat's relay (a prepared operation) or
+    sweeper (an unknown one) publishes it again once the broker answers."""
+
+
 def publish_dispatch(op_id: str) -> None:
-    """Enqueue the dispatch of `op_id` through `publishing_app()`, from any thread."""
-    publishing_app().tasks["opledger.dispatch"].apply_async((op_id,))
+    """Enqueue the dispatch of `op_id` through `publishing_app()`, from any thread.
+
+    Raises `BrokerUnavailable` (one line) when the broker does not take the message; the
+    operation is recorded all the same, and the beat's relay publishes it later."""
+    _publish("opledger.dispatch", op_id, "the beat's relay publishes it")
 
 
 def publish_reconcile(op_id: str) -> None:
-    """Enqueue a reconcile of `op_id` through `publishing_app()`, from any thread."""
-    publishing_app().tasks["opledger.reconcile"].apply_async((op_id,))
+    """Enqueue a reconcile of `op_id` through `publishing_app()`, from any thread (raises
+    `BrokerUnavailable` like `publish_dispatch`; the sweeper hands its check out later)."""
+    _publish("opledger.reconcile", op_id, "the beat hands its next check out")
+
+
+def _publish(task: str, op_id: str, later: str) -> None:
+    from kombu.exceptions import OperationalError
+
+    try:
+        publishing_app().tasks[task].apply_async((op_id,))
+    except (OperationalError, OSError) as exc:
+        said = " ".join(str(exc).split()) or type(exc).__name__
+        error = BrokerUnavailable(
+            f"the broker did not take {task} for {op_id} ({said}): the operation is "
+            f"recorded, and {later} once the broker answers"
+        )
+        # the transport's own frames and chained errors (a hundred lines of kombu and
+        # redis-py) say no more than its message, which the error quotes
+        exc.__cause__, exc.__suppress_context__ = None, True
+        raise error from exc.with_traceback(None)
 
 
 def runtime() -> Runtime:
