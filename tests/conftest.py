@@ -136,7 +136,17 @@ def database_url(pg_server: PostgresServer) -> Iterator[str]:
     url = pg_server.create_database()
     upgrade(url)
     yield url
-    pg_server.drop_database(url)
+    try:
+        # after every test of the session, workers and migrations included: nothing of the
+        # ledger (nor anything else) was ever left in `public`
+        with psycopg.connect(libpq(url)) as conn:
+            left = conn.execute(
+                "SELECT string_agg(relname, ', ') FROM pg_class"
+                " WHERE relnamespace = 'public'::regnamespace"
+            ).fetchone()
+        assert left is not None and left[0] is None, f"created in public: {left}"
+    finally:
+        pg_server.drop_database(url)
 
 
 @pytest.fixture(scope="session")

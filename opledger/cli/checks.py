@@ -113,9 +113,12 @@ def _registry(settings: Settings) -> tuple[Check, Any]:
 
     try:
         registry = load_registry(settings)
-    except AdaptersInvalid as exc:  # one line that names the setting and its value already
-        return Check("adapters", False, str(exc)), None
-    except ValueError as exc:  # a contract the adapters' settings make inconsistent
+    except AdaptersInvalid as invalid:
+        exc = invalid.__cause__
+        if not isinstance(exc, ValueError) or isinstance(exc, AdaptersInvalid):
+            return Check("adapters", False, str(invalid)), None  # names the setting already
+        # the factory refused a contract the adapters' settings make inconsistent: say
+        # which settings
         detail = str(exc).splitlines()[-1] if str(exc) else type(exc).__name__
         if isinstance(exc, ValidationError):
             detail = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from opledger.dev.processes import PrivateRedis, Stack, use_broker
 from opledger.ledger import Ledger
+from opledger.ledger.pgschema import search_path
 
 from .apps import ACTION, bare, bare_counter, noop
 from .config import BenchConfig
@@ -142,7 +143,11 @@ def ledger_drain(
     # ours now, so the preparation phase cannot leak into the count below.
     ledger.engine.dispose()
     libpq = make_url(ledger.engine.url).set(drivername="postgresql")
-    with psycopg.connect(libpq.render_as_string(hide_password=False), autocommit=True) as conn:
+    with psycopg.connect(
+        libpq.render_as_string(hide_password=False),
+        autocommit=True,
+        options=f"-c search_path={search_path(ledger.schema)}",  # the ledger's tables
+    ) as conn:
         poll = _Poll(conn, n)
         stats = _enable_statement_stats(conn)
         time.sleep(1.0)  # let earlier statistics settle
