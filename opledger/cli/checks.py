@@ -95,7 +95,7 @@ def _checks(  # noqa: C901
                     yield schema
                     if schema.ok and registry is not None:
                         yield _actions_served(engine, registry)
-                    yield _beat_lock(engine)
+                    yield _beat_lock(engine, settings.database_schema)
             finally:
                 engine.dispose()
     if broker:
@@ -355,10 +355,10 @@ def _actions_served(engine: Any, registry: Any) -> Check:
     )
 
 
-def _beat_lock(engine: Any) -> Check:
+def _beat_lock(engine: Any, schema: str) -> Check:
     from sqlalchemy import text
 
-    from opledger.tasks.beat import BEAT_LOCK_KEY
+    from opledger.ledger.pgschema import beat_lock_key, lock_words
 
     def probe() -> str:
         with engine.connect() as conn:
@@ -371,7 +371,7 @@ def _beat_lock(engine: Any) -> Check:
                     " AND database = (SELECT oid FROM pg_database"
                     " WHERE datname = current_database())"
                 ),
-                {"hi": BEAT_LOCK_KEY >> 32, "lo": BEAT_LOCK_KEY & 0xFFFFFFFF},
+                lock_words(beat_lock_key(schema)),
             ).scalar_one_or_none()
         return "free (no beat running)" if pid is None else f"held by a beat (backend pid {pid})"
 

@@ -122,7 +122,7 @@ def beat(
         )
         raise typer.Exit(4) from None
     try:
-        lock = BeatLock(database_url())
+        lock = BeatLock(database_url(), schema=get_settings().database_schema)
     except BeatLockTaken as exc:
         err_console.print(f"opledger beat: {exc}; exactly one may run", style="red")
         raise typer.Exit(4) from exc

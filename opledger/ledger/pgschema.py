@@ -11,6 +11,7 @@ path, so they act on the ledger's tables whoever's session fires them.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import weakref
@@ -110,3 +111,24 @@ def ledger_engine(url: str, *, schema: str, **options: Any) -> Engine:
     engine = create_engine(sqlalchemy_url(url), **options)
     use_schema(engine, schema)
     return engine
+
+
+#: the beat's advisory lock key for a ledger in `public`, where every deployment lived before
+#: the ledger had a schema of its own: kept, so an old beat and a new one still exclude
+#: each other while such a deployment is upgraded in place
+LEGACY_BEAT_LOCK_KEY = 0x6F706C6564676572  # "opledger"
+
+
+def beat_lock_key(schema: str) -> int:
+    """The advisory lock key (a positive bigint) that makes the beat of the ledger in
+    `schema` the only one: ledgers in two schemas of one database each have their beat."""
+    if schema == "public":
+        return LEGACY_BEAT_LOCK_KEY
+    digest = hashlib.sha256(f"opledger beat {check_schema(schema)}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def lock_words(key: int) -> dict[str, int]:
+    """`key` as `pg_locks` shows a one-bigint advisory lock: `classid` (its high 32 bits)
+    and `objid` (its low ones), with `objsubid` 1."""
+    return {"hi": key >> 32, "lo": key & 0xFFFFFFFF}

@@ -28,6 +28,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import text
 
+from opledger.ledger.pgschema import beat_lock_key, lock_words, schema_from_environment, schema_of
+
 log = logging.getLogger("opledger.metrics")
 
 OPEN_STATUSES = ("prepared", "dispatching", "unknown")
@@ -49,8 +51,6 @@ OPEN_REVIEWS = text(
 ESTIMATED_ROWS = text(
     "SELECT GREATEST(reltuples, 0)::bigint FROM pg_class WHERE oid = 'operations'::regclass"
 )
-#: `opledger.tasks.beat.BEAT_LOCK_KEY` (a test keeps the two equal)
-BEAT_LOCK_KEY = 0x6F706C6564676572
 BEAT_LOCK_HELD = text(
     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
     "AND classid = :hi AND objid = :lo AND objsubid = 1 "
@@ -83,6 +83,8 @@ class LedgerCollector(Collector):
 
     def __init__(self, engine: Any, actions: Collection[str] | None = None) -> None:
         self.engine = engine
+        #: the lock the beat of this engine's ledger holds (its schema's)
+        self.beat_lock_key = beat_lock_key(schema_of(engine) or schema_from_environment())
         self.actions = None if actions is None else frozenset(actions)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -92,9 +94,7 @@ class LedgerCollector(Collector):
                 by_status = conn.execute(BY_STATUS_AND_ACTION).all()
                 reviews, oldest_review = conn.execute(OPEN_REVIEWS).one()
                 estimated = conn.execute(ESTIMATED_ROWS).scalar()
-                beat = conn.execute(
-                    BEAT_LOCK_HELD, {"hi": BEAT_LOCK_KEY >> 32, "lo": BEAT_LOCK_KEY & 0xFFFFFFFF}
-                ).scalar()
+                beat = conn.execute(BEAT_LOCK_HELD, lock_words(self.beat_lock_key)).scalar()
         except Exception as exc:  # an unreachable ledger is a metric, not a failed scrape
             log.warning("cannot read the ledger's gauges: %s", exc)
             up.add_metric([], 0)

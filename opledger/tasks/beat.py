@@ -48,6 +48,8 @@ from celery.schedules import schedule
 from kombu.exceptions import OperationalError
 from sqlalchemy.engine import make_url
 
+from opledger.ledger.pgschema import beat_lock_key
+
 log = logging.getLogger("opledger.beat")
 
 #: seconds between two connection attempts after a refusal: doubling up to the cap
@@ -91,7 +93,6 @@ class Scheduler(PersistentScheduler):  # type: ignore[misc]
 
 # -- exactly one beat ------------------------------------------------------------------
 
-BEAT_LOCK_KEY = 0x6F706C6564676572  # "opledger"
 
 log = logging.getLogger("opledger.beat")
 
@@ -101,7 +102,8 @@ class BeatLockTaken(RuntimeError):
 
 
 class BeatLock:
-    def __init__(self, url: str, *, check_every: float = 2.0) -> None:
+    def __init__(self, url: str, *, schema: str, check_every: float = 2.0) -> None:
+        self._key = beat_lock_key(schema)  # one beat per ledger, whatever else the database holds
         self._libpq = (
             make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
         )
@@ -113,7 +115,7 @@ class BeatLock:
 
     def _take(self) -> psycopg.Connection:
         conn = psycopg.connect(self._libpq, autocommit=True, connect_timeout=5)
-        row = conn.execute("SELECT pg_try_advisory_lock(%s)", [BEAT_LOCK_KEY]).fetchone()
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", [self._key]).fetchone()
         if not row or not row[0]:
             conn.close()
             raise BeatLockTaken("another opledger beat is running against this ledger")

@@ -20,6 +20,7 @@ from opledger.ledger import Ledger
 from opledger.observability.ledger_gauges import BY_STATUS_AND_ACTION
 from opledger.observability.server import make_server
 from opledger.settings import get_settings
+from tests.conftest import SCHEMA
 from tests.intents import prepare
 
 AUTH = {"Authorization": "Basic " + base64.b64encode(b"prom:s3cret").decode()}
@@ -81,23 +82,28 @@ def test_the_status_query_can_be_served_by_the_sweeps_partial_indexes(ledger: Le
 def test_the_beat_lock_gauge_follows_the_beats_advisory_lock(
     ledger: Ledger, database_url: str, endpoint: str
 ) -> None:
-    from opledger.observability.ledger_gauges import BEAT_LOCK_KEY
-    from opledger.tasks.beat import BEAT_LOCK_KEY as beat_key
-    from opledger.tasks.beat import BeatLock
+    from opledger.tasks.beat import BeatLock, BeatLockTaken
 
-    assert beat_key == BEAT_LOCK_KEY
-    assert (
-        samples(httpx.get(f"{endpoint}/metrics", headers=AUTH).text)[
+    def held() -> float:
+        return samples(httpx.get(f"{endpoint}/metrics", headers=AUTH).text)[
             ("opledger_beat_lock_held", ())
         ]
-        == 0
-    )
-    lock = BeatLock(database_url)
+
+    assert held() == 0
+    # the beat of a ledger in another schema of the same database is another beat: it
+    # neither counts here nor keeps this ledger's beat from starting
+    other = BeatLock(database_url, schema="billing_ledger")
     try:
-        got = samples(httpx.get(f"{endpoint}/metrics", headers=AUTH).text)
-        assert got[("opledger_beat_lock_held", ())] == 1
+        assert held() == 0
+        lock = BeatLock(database_url, schema=SCHEMA)
+        try:
+            assert held() == 1
+            with pytest.raises(BeatLockTaken):  # and a second one of this ledger's is refused
+                BeatLock(database_url, schema=SCHEMA)
+        finally:
+            lock.release()
     finally:
-        lock.release()
+        other.release()
 
 
 def test_the_endpoint_asks_for_the_password_like_flower(endpoint: str) -> None:
