@@ -5,15 +5,22 @@ default the contract has no deduplication and no lookup, so an ambiguous deliver
 review rather than being sent twice. Every request carries an Idempotency-Key (the
 operation id), so a receiver that deduplicates can say so
 (`OPLEDGER_REVIEW_WEBHOOK_DEDUPLICATES=true`) and get same-key retries.
+
+With secrets, every request is signed (`Opledger-Signature`, docs/webhooks.md): an HMAC of
+the exact body bytes and the time of this send. A retry sends the same frozen body under
+the same key, signed again with its own timestamp.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import httpx
+from pydantic import SecretStr
 
+from opledger import signatures
 from opledger.ledger import (
     Ambiguous,
     Attempt,
@@ -68,25 +75,48 @@ def webhook_contract(
 
 
 class WebhookAdapter:
+    """POSTs the frozen payload with its Idempotency-Key; signed when given `secrets`
+    (the current one first, then a previous one while receivers move over).
+
+    `clock` gives the Unix time each send is signed with (tests set it)."""
+
     actions = ACTIONS
 
-    def __init__(self, url: str, *, contract: Contract | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        contract: Contract | None = None,
+        secrets: Sequence[SecretStr] = (),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        for secret in secrets:
+            problem = signatures.secret_problem(secret.get_secret_value())
+            if problem is not None:
+                raise ValueError(f"a webhook signing secret is refused: {problem}")
         self.url = url
         self.contract = contract or webhook_contract()
+        self._secrets = tuple(secrets)
+        self._clock = clock
         self._client = http_client(
             self.contract.request_timeout.total_seconds(),
             reuse=reuses_connections(self.contract),
         )
 
+    def headers(self, body: bytes, idempotency_key: str) -> dict[str, str]:
+        """The headers of one send of `body`: signed now, when there are secrets."""
+        headers = {"Idempotency-Key": idempotency_key, "Content-Type": "application/json"}
+        if self._secrets:
+            headers[signatures.HEADER] = signatures.signature_header(
+                body, [s.get_secret_value() for s in self._secrets], int(self._clock())
+            )
+        return headers
+
     def dispatch(self, claim: Claim) -> Outcome:
+        body = claim.payload_canonical.encode()
         try:
             response = self._client.post(
-                self.url,
-                content=claim.payload_canonical.encode(),
-                headers={
-                    "Idempotency-Key": claim.idempotency_key,
-                    "Content-Type": "application/json",
-                },
+                self.url, content=body, headers=self.headers(body, claim.idempotency_key)
             )
         except Exception as exc:
             return outcome_for_http_error(exc)
