@@ -125,6 +125,7 @@ def open_ledger(pool_size: int = 1) -> Iterator[Ledger]:
         max_payload_bytes=settings.max_payload_bytes,
         pool_size=pool_size,
         schema=settings.database_schema,
+        payload_keys=settings.payload_keys or "",
     )
     try:
         yield ledger

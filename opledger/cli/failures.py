@@ -183,6 +183,7 @@ def _silence_stdout() -> None:
 COMMAND_ORDER = (
     "migrate", "console", "check", "sandbox", "worker", "beat", "flower", "metrics",
     "chaos", "demo", "bench", "ops", "review", "grant", "contract", "adapter", "operator",
+    "payloads",
 )  # fmt: skip
 
 

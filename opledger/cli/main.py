@@ -6,7 +6,18 @@ commands on the root app (`opledger.cli.app`).
 
 from __future__ import annotations
 
-from . import adapters, contracts, dev, grants, mcp, operators, ops, processes, review  # noqa: F401
+from . import (  # noqa: F401
+    adapters,
+    contracts,
+    dev,
+    grants,
+    mcp,
+    operators,
+    ops,
+    payloads,
+    processes,
+    review,
+)
 from .app import app
 
 # `main` is the console script (pyproject.toml `[project.scripts]`); `app` is the root Typer

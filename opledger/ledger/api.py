@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, NoReturn
 
+from pydantic import SecretStr
+
 from . import queries as q
 from . import store
 from .base import ActionResolver, LedgerBase, PrefixResolver, _payload_limit_from_environment
@@ -43,6 +45,7 @@ from .models import (
     Status,
     Verdict,
 )
+from .payload_keys import PayloadKeys, keys_from_environment, parse_payload_keys
 from .pgschema import check_schema, ledger_engine, schema_from_environment
 from .prepare import Prepare
 from .reviews import Reviews
@@ -64,21 +67,39 @@ class Ledger(Prepare, Claims, Grants, Maintenance, LedgerBase):
         max_payload_bytes: int | None = None,
         pool_size: int = 5,
         schema: str | None = None,
+        payload_keys: PayloadKeys | SecretStr | str | None = None,
     ) -> Ledger:
         """A ledger on the Postgres database at `url` (any postgresql:// form), in schema
         `schema`.
 
-        `max_payload_bytes` and `schema` default to the `OPLEDGER_MAX_PAYLOAD_BYTES` and
-        `OPLEDGER_DATABASE_SCHEMA` settings (`opledger` when unset), as the workers read
-        them: every process of a deployment must name the same schema.
+        `max_payload_bytes`, `schema` and `payload_keys` default to the
+        `OPLEDGER_MAX_PAYLOAD_BYTES`, `OPLEDGER_DATABASE_SCHEMA` (`opledger` when unset)
+        and `OPLEDGER_PAYLOAD_KEYS` settings, as the workers read them: every process of a
+        deployment must name the same schema and hold every key a payload may be under.
+        `payload_keys` may also be given as that setting's text (`key_id:base64,...`;
+        empty: none, payloads written in clear).
         """
         if max_payload_bytes is None:
             max_payload_bytes = _payload_limit_from_environment()
         schema = check_schema(schema) if schema is not None else schema_from_environment()
+        if payload_keys is None:
+            keys = keys_from_environment()
+        elif isinstance(payload_keys, PayloadKeys):
+            keys = payload_keys
+        elif isinstance(payload_keys, SecretStr):
+            keys = parse_payload_keys(payload_keys.get_secret_value())
+        else:
+            keys = parse_payload_keys(payload_keys)
         engine = ledger_engine(
             url, schema=schema, pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800
         )
-        return cls(engine, actions=actions, max_payload_bytes=max_payload_bytes, schema=schema)
+        return cls(
+            engine,
+            actions=actions,
+            max_payload_bytes=max_payload_bytes,
+            schema=schema,
+            payload_keys=keys,
+        )
 
     @property
     def reviews(self) -> Reviews:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from datetime import timedelta
 from typing import Any, Protocol
@@ -24,6 +23,7 @@ from .models import (
     History,
     Operation,
 )
+from .payload_keys import PayloadKeys
 from .store import Store
 
 #: how long a claim may start its request when no provider-specific window is given
@@ -66,9 +66,12 @@ class LedgerBase:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         send_window: timedelta = DEFAULT_SEND_WINDOW,
         schema: str | None = None,
+        payload_keys: PayloadKeys | None = None,
     ) -> None:
         """A ledger on `engine`, in Postgres schema `schema` (default: the schema the
         engine already serves, else `OPLEDGER_DATABASE_SCHEMA`, else `opledger`).
+        `payload_keys` encrypt the frozen payloads it writes and decrypt those it reads
+        (`opledger.ledger.payload_keys`); without them payloads are written in clear.
 
         The engine becomes the ledger's: every connection it opens from now on runs with
         the ledger's schema as its whole `search_path`. Keep your application's tables on
@@ -77,7 +80,7 @@ class LedgerBase:
         if send_window <= timedelta(0):
             raise InvalidInput("send_window must be positive", field="send_window")
         self.engine = engine
-        self._store = Store(engine, schema)
+        self._store = Store(engine, schema, payload_keys)
         self.schema = self._store.schema
         self._tx = self._store.transaction
         self._single = self._store.statement
@@ -100,11 +103,9 @@ class LedgerBase:
         """The frozen payload of `op_id`, or None once it has been purged."""
         check_operation_id(op_id)
         with self._single() as conn:
-            text = conn.execute(q.SELECT_PAYLOAD, {"op_id": op_id}).scalar_one_or_none()
-        if text is None:
+            value = self._store.payload(conn, op_id)
+        if value is None:
             self.get(op_id)
-            return None
-        value: dict[str, Any] = json.loads(text)
         return value
 
     def history(self, op_id: str) -> History:

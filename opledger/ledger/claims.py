@@ -38,6 +38,7 @@ from .models import (
     Rejected,
     Status,
 )
+from .payload_keys import payload_text
 from .window import SendWindow, clock
 
 DEFAULT_LEASE = timedelta(seconds=60)
@@ -150,7 +151,9 @@ class Claims(LedgerBase):
             with self._single() as conn:
                 self._explain_refused_claim(conn, op_id, from_status, owner)
             return None
-        n_at, started_at, deadline_at, send_by, db_now, canonical = row[_CLAIM_TAIL:]
+        n_at, started_at, deadline_at, send_by, db_now, clear, key_id, sealed = row[_CLAIM_TAIL:]
+        # decrypted here, after the one round trip: the database never sees a key
+        canonical = payload_text(self._store.payload_keys, op_id, clear, key_id, sealed)
         if canonical is None:  # purged payloads belong to finished operations only
             raise ForbiddenTransition(f"{op_id} has no frozen payload left", op_id=op_id)
         operation = store.operation_of(row)

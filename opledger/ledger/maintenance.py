@@ -1,9 +1,10 @@
 """Maintenance, for beat: expired leases, due checks, the relay and its backlog guard,
-payload purges and review notifications."""
+payload purges and review notifications; and, for an operator, payload key rotation."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -13,6 +14,18 @@ from . import backlog
 from . import queries as q
 from .backlog import RELAY_MAX_DOUBLINGS, Handout
 from .base import LedgerBase
+from .errors import InvalidInput
+from .payload_keys import KEYS_VARIABLE, PayloadKeysMissing, payload_text, sealed_columns
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """What `rotate_payloads` did: rows sealed anew under `key_id`, and rows still not
+    under it (held by another transaction while it ran: run it again)."""
+
+    key_id: str
+    resealed: int
+    remaining: int
 
 
 class Maintenance(LedgerBase):
@@ -180,6 +193,48 @@ class Maintenance(LedgerBase):
             return len(
                 conn.execute(q.PURGE_PAYLOADS, {"older_than": older_than, "limit": limit}).all()
             )
+
+    def rotate_payloads(
+        self, *, batch: int = 500, progress: Callable[[int], None] | None = None
+    ) -> Rotation:
+        """Seal every frozen payload not yet under the current key (the first of the
+        configured keys): those under older keys and those in clear.
+
+        A batch at a time, each one short transaction: lock up to `batch` rows (`FOR UPDATE
+        SKIP LOCKED`, in id order), decrypt each with the key it names, seal it under the
+        current key, commit; `progress(n)` hears each batch's count. Safe while workers
+        run (a claim reads the row as last committed, under a key still configured) and
+        safe to run twice (a second run finds nothing to do). Rows another transaction
+        holds are left for a later run and counted in `remaining`. Raises
+        `PayloadKeysMissing` without keys, and `PayloadKeyUnknown` on a row under a key id
+        no longer configured (nothing of that batch is written).
+        """
+        keys = self._store.payload_keys
+        if keys is None:
+            raise PayloadKeysMissing(
+                f"{KEYS_VARIABLE} is not set: there is no key to encrypt the payloads with"
+            )
+        if batch < 1:
+            raise InvalidInput("batch must be at least 1", field="batch")
+        key_id, after, resealed = keys.current, "", 0
+        while True:
+            with self._tx() as conn:
+                rows = conn.execute(
+                    q.PAYLOADS_TO_SEAL, {"key_id": key_id, "after": after, "limit": batch}
+                ).all()
+                for r in rows:
+                    text = payload_text(keys, r.op_id, r.canonical, r.key_id, r.sealed)
+                    assert text is not None  # a row is clear or sealed
+                    sealed = sealed_columns(keys, r.op_id, text)
+                    conn.execute(q.RESEAL_PAYLOAD, {"op_id": r.op_id, **sealed})
+            if not rows:
+                break
+            after, resealed = rows[-1].op_id, resealed + len(rows)
+            if progress is not None:
+                progress(len(rows))
+        with self._single() as conn:
+            remaining = conn.execute(q.PAYLOADS_NOT_SEALED_UNDER, {"key_id": key_id}).scalar_one()
+        return Rotation(key_id=key_id, resealed=resealed, remaining=int(remaining))
 
     def due_notifications(self, *, limit: int = 500, backoff: timedelta) -> list[str]:
         """Operations whose open review has not been notified yet; each is handed out

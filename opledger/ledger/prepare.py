@@ -39,6 +39,7 @@ from .models import (
     Operation,
     Status,
 )
+from .payload_keys import sealed_columns
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,8 @@ class Prepare(LedgerBase):
                 "payload_size": frozen.size,
                 "authorization_ref": authorization_ref,
                 "idempotency_key": op_id,
-                "canonical": frozen.text,
+                # sealed under the current key (if any); the digest above is the clear text's
+                **sealed_columns(self._store.payload_keys, op_id, frozen.text),
                 "actor": actor,
                 "waiting_on": blocking,
                 "notify_settle": notify,

@@ -7,7 +7,6 @@ operation moved since, it is refused, so nobody decides on a picture that is out
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -211,11 +210,7 @@ class Reviews:
             row = conn.execute(q.SELECT_OPERATION, {"op_id": op_id}).one_or_none()
             if row is None or row.tenant != tenant:
                 raise OperationNotFound(f"no operation {op_id}", op_id=op_id)
-            text = conn.execute(q.SELECT_PAYLOAD, {"op_id": op_id}).scalar_one_or_none()
-        if text is None:
-            return None
-        value: dict[str, Any] = json.loads(text)
-        return value
+            return self._db.payload(conn, op_id)
 
     def show(self, op_id: str, *, tenant: str, operator: str) -> ReviewView:
         """Everything a reviewer needs, recorded as this operator's latest view."""

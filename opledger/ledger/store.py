@@ -34,6 +34,7 @@ from .errors import (
     SchemaMissing,
 )
 from .models import Attempt, Authorization, Evidence, History, Operation, Review, Transition
+from .payload_keys import PayloadKeys, payload_text
 from .pgschema import schema_from_environment, schema_of, search_path, use_schema
 
 R = TypeVar("R", bound=BaseModel)
@@ -255,11 +256,16 @@ class Store:
     Thread-safe: each use checks a connection out of the engine's pool.
     """
 
-    def __init__(self, engine: Engine, schema: str | None = None) -> None:
+    def __init__(
+        self, engine: Engine, schema: str | None = None, payload_keys: PayloadKeys | None = None
+    ) -> None:
         """A store on `engine`, in Postgres schema `schema` (default: the schema the engine
         already serves, else `OPLEDGER_DATABASE_SCHEMA`, else `opledger`); from now on every
-        connection the engine opens runs with that schema as its whole `search_path`."""
+        connection the engine opens runs with that schema as its whole `search_path`.
+        `payload_keys` seal the frozen payloads it writes and open those it reads (none:
+        written in clear, and only clear ones read)."""
         self.schema = schema or schema_of(engine) or schema_from_environment()
+        self.payload_keys = payload_keys
         use_schema(engine, self.schema)
         self.engine = engine
         self._auto = engine.execution_options(isolation_level="AUTOCOMMIT")
@@ -355,6 +361,17 @@ class Store:
             raise mapped from _frameless(exc)
 
     # -- reads shared by the ledger and the review queue -----------------------------------
+
+    def payload(self, conn: Connection, op_id: str) -> dict[str, Any] | None:
+        """`op_id`'s frozen payload, read on `conn` and decrypted here; None when there is
+        none (purged, or no such operation)."""
+        row = conn.execute(q.SELECT_PAYLOAD, {"op_id": op_id}).one_or_none()
+        if row is None:
+            return None
+        text = payload_text(self.payload_keys, op_id, row.canonical, row.key_id, row.sealed)
+        assert text is not None  # a row is clear or sealed (ck_operation_payloads_sealed_or_clear)
+        value: dict[str, Any] = json.loads(text)
+        return value
 
     def history(self, conn: Connection, op_id: str) -> History:
         """Everything recorded about `op_id`, read on `conn` (its transaction's view)."""

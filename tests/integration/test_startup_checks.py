@@ -168,6 +168,7 @@ def test_check_reports_every_part_and_passes_on_a_good_setup(
     assert names == [
         "ok   adapters",
         "ok   settings",
+        "warn payloads",  # no OPLEDGER_PAYLOAD_KEYS: stored in clear
         "ok   postgres",
         "ok   schema",
         "ok   actions",

@@ -126,3 +126,28 @@ PURGE_PAYLOADS = text(
     RETURNING p.op_id
     """
 )
+
+# Key rotation (`opledger payloads rotate`): the next batch of payload rows not sealed under
+# the current key (clear ones too), in id order after the last batch's, each locked for
+# its re-encryption; rows a purge or another rotation holds are skipped, not waited for.
+PAYLOADS_TO_SEAL = text(
+    """
+    SELECT op_id, canonical, key_id, sealed FROM operation_payloads
+    WHERE key_id IS DISTINCT FROM :key_id AND op_id > :after
+    ORDER BY op_id
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+    """
+)
+
+RESEAL_PAYLOAD = text(
+    """
+    UPDATE operation_payloads
+    SET canonical = NULL, key_id = :key_id, sealed = CAST(:sealed AS bytea)
+    WHERE op_id = :op_id
+    """
+)
+
+PAYLOADS_NOT_SEALED_UNDER = text(
+    "SELECT count(*) FROM operation_payloads WHERE key_id IS DISTINCT FROM :key_id"
+)

@@ -54,7 +54,8 @@ INSERT_OPERATION = text(
         RETURNING *
     ),
     payload AS (
-        INSERT INTO operation_payloads (op_id, canonical) SELECT id, :canonical FROM ins
+        INSERT INTO operation_payloads (op_id, canonical, key_id, sealed)
+        SELECT id, :canonical, :key_id, CAST(:sealed AS bytea) FROM ins
     ),
     ask AS (
         INSERT INTO intent_asks (op_id, asked_by, actor, payload_digest, authorization_ref)
@@ -138,7 +139,11 @@ SELECT_DEPENDENCIES = text(
 
 WATCH = text("UPDATE operations SET notify_settle = true WHERE id = :op_id AND NOT notify_settle")
 
-SELECT_PAYLOAD = text("SELECT canonical FROM operation_payloads WHERE op_id = :op_id")
+# The frozen payload's row: in clear (`canonical`), or sealed under `key_id` (decrypted in
+# Python: the database never sees a key).
+SELECT_PAYLOAD = text(
+    "SELECT canonical, key_id, sealed FROM operation_payloads WHERE op_id = :op_id"
+)
 
 # Newest first, a page at a time: ids are time-ordered (ULIDs), so the next page is the
 # operations whose id sorts before the last one shown (`:before`, keyset paging on the
@@ -243,7 +248,7 @@ CLAIM = text(
     )
     SELECT {columns_of("op")}, attempt.n AS attempt_n, attempt.started_at AS attempt_started_at,
            attempt.deadline_at AS attempt_deadline_at, attempt.send_by AS attempt_send_by,
-           now() AS db_now, p.canonical
+           now() AS db_now, p.canonical, p.key_id, p.sealed
     FROM op
     CROSS JOIN attempt
     LEFT JOIN operation_payloads AS p ON p.op_id = op.id
