@@ -69,6 +69,13 @@ PREPARE_CASES: list[tuple[str, dict[str, Any], type[LedgerError]]] = [
     ("zero-width intent", {"intent_key": "close\u200b"}, InvalidIdentifier),
     ("bidi target", {"target": "case-\u202e813"}, InvalidIdentifier),
     ("word joiner tenant", {"tenant": "ac\u2060me"}, InvalidIdentifier),
+    ("grapheme joiner intent", {"intent_key": "ca\u034fse-7"}, InvalidIdentifier),
+    ("variation selector target", {"target": "case-7\ufe0f"}, InvalidIdentifier),
+    ("mongolian selector workflow", {"workflow_id": "wf\u180b"}, InvalidIdentifier),
+    ("leading mark target", {"target": "\u0301case-7"}, InvalidIdentifier),
+    ("private-use intent", {"intent_key": "k\ue000"}, InvalidIdentifier),
+    ("unassigned target", {"target": "case-\u0378"}, InvalidIdentifier),
+    ("trailing space target", {"target": "case-7 "}, InvalidIdentifier),
     ("nan", {"payload": {"x": math.nan}}, PayloadNotCanonicalizable),
     ("infinity", {"payload": {"x": math.inf}}, PayloadNotCanonicalizable),
     ("non-string key", {"payload": {1: "x"}}, PayloadNotCanonicalizable),
@@ -143,6 +150,15 @@ def test_nfc_and_nfd_spellings_of_an_intent_are_one_operation(ledger: Ledger, gr
     assert other_tenant.tenant == "M\u00fcnchen"
     op = ledger.prepare(**{**GOOD, "tenant": "M\u00fcnchen", "authorization_ref": "auth_muc"})
     assert ledger.list(tenant="Mu\u0308nchen") == (op,)
+
+
+def test_an_nfd_spelling_longer_than_the_limit_names_the_same_operation(
+    ledger: Ledger, grant: str
+) -> None:
+    """The limit counts the stored (NFC) form: 150 "é" are 300 code points in NFD."""
+    nfc = ledger.prepare(**{**GOOD, "intent_key": "\u00e9" * 150})
+    nfd = ledger.prepare(**{**GOOD, "intent_key": "e\u0301" * 150})
+    assert nfd.id == nfc.id and nfc.intent_key == "\u00e9" * 150
 
 
 def test_from_url_honours_the_payload_limit_setting(

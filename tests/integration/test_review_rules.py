@@ -250,11 +250,22 @@ def test_a_same_key_retry_within_retention_needs_no_acknowledgement(desk: Desk) 
     assert action.risk_acknowledged is False
 
 
-@pytest.mark.parametrize(
-    "name",
-    ["ali\u200bce", "\u202eecila", "alice\u2060", "\u3164", " alice", "alice\n", "al\u00adice"],
-    ids=["zero-width", "bidi", "word-joiner", "filler", "leading-space", "newline", "soft-hyphen"],
-)
+#: names that read as alice's (or as a blank) in the audit trail
+LOOKALIKE_OPERATORS = {
+    "zero-width": "ali\u200bce",
+    "bidi": "\u202eecila",
+    "word-joiner": "alice\u2060",
+    "filler": "\u3164",
+    "leading-space": " alice",
+    "newline": "alice\n",
+    "soft-hyphen": "al\u00adice",
+    "grapheme-joiner": "al\u034fice",
+    "variation-selector": "alice\ufe0f",
+    "leading-mark": "\u0301alice",
+}
+
+
+@pytest.mark.parametrize("name", LOOKALIKE_OPERATORS.values(), ids=LOOKALIKE_OPERATORS.keys())
 def test_operator_names_must_be_visible_and_printable(desk: Desk, name: str) -> None:
     op_id = desk.lost_response("names")
     with pytest.raises(InvalidIdentifier):
