@@ -30,10 +30,12 @@ from .errors import (
 from .evidence import with_result
 from .grants import Grants
 from .ids import (
+    MAX_IDENTIFIER_LENGTH,
     check_action,
     check_identifier,
     check_key,
     check_operation_id,
+    check_operator,
 )
 from .maintenance import Maintenance
 from .models import (
@@ -251,7 +253,7 @@ class Ledger(Prepare, Claims, Grants, Maintenance, LedgerBase):
         what may have taken effect is settled through its review."""
         check_operation_id(op_id)
         check_identifier("reason", reason, max_length=2000)
-        check_identifier("actor", actor)
+        actor = check_operator("actor", actor, max_length=MAX_IDENTIFIER_LENGTH)  # audited
         with self._single() as conn:
             row = conn.execute(
                 q.CANCEL, {"op_id": op_id, "actor": actor, "reason": reason}

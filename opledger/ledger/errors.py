@@ -29,7 +29,8 @@ class MalformedOperationId(InvalidInput):
 
 
 class InvalidIdentifier(InvalidInput):
-    """An identifier is empty, too long or contains control characters."""
+    """An identifier is empty, too long (in NFC), or contains a character it may not: a
+    control character, one that renders as nothing, an unassigned or private-use one."""
 
 
 class UnknownAction(InvalidInput):
