@@ -9,10 +9,12 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from opledger.console.redaction import Redaction
 from opledger.ledger import ForbiddenTransition, History, Ledger, Operation, Status
 from opledger.ledger.contract import Contract
 from opledger.ledger.evidence import Proof, proves
 from opledger.ledger.ids import check_operation_id
+from opledger.settings import get_settings
 
 from .app import (
     JsonOption,
@@ -87,13 +89,41 @@ def proofs(history: History, contract: Contract | None) -> list[Proof]:
     return [proves(e, history.operation, history.attempts, contract) for e in history.evidence]
 
 
+def redaction() -> Redaction:
+    """What the CLI hides of what it shows: secrets everywhere, and the bundled and
+    `OPLEDGER_REDACT` rules per action (the console's `Redaction`)."""
+    return Redaction.configured(get_settings().redact)
+
+
+def history_document(
+    history: History, contract: Contract | None, redaction: Redaction
+) -> dict[str, Any]:
+    """`history` as a --json document: the responses, details and review snapshots with
+    their secrets hidden, and what each piece of evidence proves (judged on the record)."""
+    action = history.operation.action
+    attempts, evidence = redaction.results(action, history.attempts, history.evidence)
+    reviews = tuple(
+        r.model_copy(update={"snapshot": redaction.document(action, r.snapshot)})
+        for r in history.reviews
+    )
+    shown = history.model_copy(
+        update={"attempts": tuple(attempts), "evidence": tuple(evidence), "reviews": reviews}
+    )
+    document = shown.model_dump(mode="json")
+    document["evidence"] = with_proofs(document["evidence"], proofs(history, contract))
+    return document
+
+
 def with_proofs(evidence: list[dict[str, Any]], said: list[Proof]) -> list[dict[str, Any]]:
     """The evidence records of a --json document, each with what it proves (`proves`)."""
     return [record | {"proves": proof} for record, proof in zip(evidence, said, strict=True)]
 
 
-def history_tables(history: History, contract: Contract | None = None) -> list[Table]:
-    """The operation, its attempts, its evidence and its transitions, one table each."""
+def history_tables(
+    history: History, redaction: Redaction, contract: Contract | None = None
+) -> list[Table]:
+    """The operation, its attempts, its evidence (details as `redaction` shows them) and its
+    transitions, one table each."""
     op = history.operation
     summary = new_table("field", "value", title=f"operation {op.id}")
     for name in SUMMARY_FIELDS:
@@ -101,7 +131,7 @@ def history_tables(history: History, contract: Contract | None = None) -> list[T
     return [
         summary,
         _attempts_table(history),
-        _evidence_table(history, contract),
+        _evidence_table(history, redaction, contract),
         _transitions_table(history),
     ]
 
@@ -137,7 +167,7 @@ def _attempts_table(history: History) -> Table:
     return records_table(header, rows, title="attempts", keys=("key",))
 
 
-def _evidence_table(history: History, contract: Contract | None) -> Table:
+def _evidence_table(history: History, redaction: Redaction, contract: Contract | None) -> Table:
     """Each piece of evidence: what it proves about the effect ("applied", "not applied",
     "unknown"), and whether it moved the operation's status or was only kept."""
     rows = [
@@ -148,7 +178,11 @@ def _evidence_table(history: History, contract: Contract | None) -> Table:
             proof,
             "yes" if e.applied else "no (kept)",
             e.binding.model_dump_json(exclude_none=True),
-            json.dumps(e.detail, ensure_ascii=False, default=str)[:300],
+            json.dumps(
+                redaction.document(history.operation.action, e.detail),
+                ensure_ascii=False,
+                default=str,
+            )[:300],
         )
         for e, proof in zip(history.evidence, proofs(history, contract), strict=True)
     ]
@@ -196,12 +230,12 @@ def ops_show(op_id: str, as_json: JsonOption = False) -> None:
         history = ledger.history(op_id)
         asks = ledger.asks(op_id)
         contract = contract_of(ledger, history.operation.action)
+    shown = redaction()
     if as_json:
-        document = history.model_dump(mode="json")
-        document["evidence"] = with_proofs(document["evidence"], proofs(history, contract))
+        document = history_document(history, contract, shown)
         emit_json({**document, "asks": [a.model_dump(mode="json") for a in asks]})
         return
-    for table in history_tables(history, contract):
+    for table in history_tables(history, shown, contract):
         console.print(table)
     if history.reviews:
         console.print(reviews_table(history))

@@ -25,7 +25,7 @@ from .app import (
     emit_json,
     open_ledger,
 )
-from .ops import history_tables, proofs, with_proofs
+from .ops import history_tables, proofs, redaction, with_proofs
 from .provenance import resolution_note
 from .render import _cell, _when, new_table, records_table
 
@@ -88,14 +88,26 @@ def review_show(
         transitions=(),
         reviews=(view.review,),
     )
+    rules = redaction()
+    action = view.operation.action
+    shown_payload, hidden = rules.apply(action, payload) if payload is not None else (None, [])
     if as_json:
-        document = view.model_dump(mode="json")
+        attempts, evidence = rules.results(action, view.attempts, view.evidence)
+        snapshot = rules.document(action, view.review.snapshot)
+        shown = view.model_copy(
+            update={
+                "attempts": tuple(attempts),
+                "evidence": tuple(evidence),
+                "review": view.review.model_copy(update={"snapshot": snapshot}),
+            }
+        )
+        document = shown.model_dump(mode="json")
         document["evidence"] = with_proofs(document["evidence"], proofs(history, view.contract))
-        emit_json(document | {"payload": payload})
+        emit_json(document | {"payload": shown_payload, "hidden": hidden})
         return
     console.print(f"[bold]review of {op_id}[/bold] opened {_when(view.review.opened_at)}")
     console.print(Text(f"reason: {view.review.reason}"))
-    for table in history_tables(history, view.contract)[:3]:
+    for table in history_tables(history, rules, view.contract)[:3]:
         console.print(table)
     if earlier:  # an earlier review of this operation, resolved (e.g. a retry)
         console.print(
@@ -116,8 +128,16 @@ def review_show(
         )
     else:
         console.print("payload, frozen when prepared (every attempt sends exactly this):")
-        text = json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=False)
+        text = json.dumps(shown_payload, indent=2, sort_keys=True, ensure_ascii=False)
         console.print(Text(text, overflow="fold"))
+        if hidden:
+            console.print(
+                Text(
+                    f"hidden: {', '.join(hidden)} (sha256 of the whole payload: "
+                    f"{view.operation.payload_digest})",
+                    overflow="fold",
+                )
+            )
     if view.contract is not None:
         console.print(Text(f"provider contract: {view.contract.provider}"))
         for fact in contract_facts(view.contract):
@@ -238,10 +258,18 @@ def review_audit(op_id: str, tenant: TenantOption, as_json: JsonOption = False) 
     """Every resolution of one operation's reviews, oldest first: who, when, why, and
     whether they overrode evidence or accepted a risk."""
     with open_ledger() as ledger:
-        ledger.get(op_id)  # an unknown operation is refused, not an empty trail
+        op = ledger.get(op_id)  # an unknown operation is refused, not an empty trail
         actions = ledger.reviews.audit(op_id, tenant=tenant)
     if as_json:
-        emit_json([a.model_dump(mode="json") for a in actions])
+        rules = redaction()  # the view each resolution was made from, as `show` showed it
+        emit_json(
+            [
+                a.model_copy(update={"shown": rules.document(op.action, a.shown)}).model_dump(
+                    mode="json"
+                )
+                for a in actions
+            ]
+        )
         return
     table = records_table(
         (
