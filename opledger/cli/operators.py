@@ -63,11 +63,21 @@ def console_command(
     ] = None,
     trusted_proxy: Annotated[
         list[str] | None,
-        typer.Option(help="An address or network the SSO proxy connects from (repeat)."),
+        typer.Option(
+            help="An address or network your proxy connects from (repeat); required with "
+            "--trusted-header. Its X-Forwarded-For names the client."
+        ),
     ] = None,
     secure_cookies: Annotated[
         bool, typer.Option("--secure-cookies", help="Cookies only over HTTPS (behind TLS).")
     ] = False,
+    public_url: Annotated[
+        str | None,
+        typer.Option(
+            help="The URL browsers open (https://review.example.com) when a proxy is in "
+            "front: forms are accepted only from its pages; https implies --secure-cookies."
+        ),
+    ] = None,
     redact: Annotated[
         list[str] | None,
         typer.Option(help="Hide payload fields of an action: 'crm.*=note,customer.email'."),
@@ -83,17 +93,27 @@ def console_command(
     from opledger.console.accounts import Accounts
     from opledger.console.app import ConsoleConfig, create_app
     from opledger.console.redaction import Redaction
+    from opledger.ledger.errors import InvalidInput
 
     if idle_minutes <= 0 or session_hours <= 0:
         raise typer.BadParameter("session times must be positive")
-    config = ConsoleConfig(
-        idle_timeout=timedelta(minutes=idle_minutes),
-        session_lifetime=timedelta(hours=session_hours),
-        trusted_header=trusted_header,
-        trusted_proxies=tuple(trusted_proxy or ("127.0.0.1", "::1")),
-        secure_cookies=secure_cookies,
-        redaction=Redaction.parse(redact or ()),
-    )
+    if trusted_header and not trusted_proxy:
+        raise typer.BadParameter(
+            "--trusted-header needs --trusted-proxy ADDRESS (where the SSO proxy connects "
+            "from): without it any local process could name any operator"
+        )
+    try:
+        config = ConsoleConfig(
+            idle_timeout=timedelta(minutes=idle_minutes),
+            session_lifetime=timedelta(hours=session_hours),
+            trusted_header=trusted_header,
+            trusted_proxies=tuple(trusted_proxy or ()),
+            secure_cookies=secure_cookies,
+            public_origin=public_url,
+            redaction=Redaction.parse(redact or ()),
+        )
+    except InvalidInput as exc:
+        raise typer.BadParameter(str(exc)) from None
     with open_ledger(pool_size=4) as ledger:
         accounts = Accounts(ledger.engine)
         if accounts.enabled_count() == 0:
@@ -107,7 +127,8 @@ def console_command(
             ledger, accounts, config, publish_retry=lambda op_id: publish_retry(op_id, debug=False)
         )
         mode = f"SSO header {trusted_header}" if trusted_header else "operator passwords"
-        err_console.print(f"opledger console on http://{host}:{port} ({mode})", markup=False)
+        where = f"http://{host}:{port}" + (f", public {config.public_origin}" if public_url else "")
+        err_console.print(f"opledger console on {where} ({mode})", markup=False)
         uvicorn.run(web, host=host, port=port, log_level="warning", proxy_headers=False)
 
 
@@ -208,3 +229,34 @@ def operator_list(as_json: JsonOption = False) -> None:
             keys=("name",),
         )
     )
+
+
+@operator_app.command("audit")
+def operator_audit(
+    name: Annotated[str, typer.Argument(help="The name, as typed at sign-in (known or not).")],
+    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
+    as_json: JsonOption = False,
+) -> None:
+    """The console's password checks for this name: when, from where, failed or not."""
+    require_console_extra("operator audit")
+    from opledger.console.accounts import Accounts
+
+    with open_ledger() as ledger:
+        attempts = Accounts(ledger.engine).signins(name, limit=limit)
+    if as_json:
+        emit_json([a.model_dump(mode="json") for a in attempts])
+        return
+    failed = 0
+    for a in attempts:
+        if a.ok:
+            break
+        failed += 1
+    console.print(
+        records_table(
+            ("at", "from", "sign-in"),
+            [(_when(a.at), a.address, "ok" if a.ok else "FAILED") for a in attempts],
+            keys=("at",),
+        )
+    )
+    more = " or more" if failed == len(attempts) == limit else ""
+    console.print(Text(f"{failed}{more} failed sign-in(s) since the last successful one"))

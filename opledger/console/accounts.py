@@ -7,7 +7,10 @@ request re-reads the account) and keeps the row, since the audit trail names it.
 
 Sessions live on the server: the browser's cookie holds a random token, the table holds
 only its sha256, the session's CSRF token, an absolute expiry and when it was last used
-(an idle session expires too).
+(an idle session expires too), and a notice its next page shows once (`flash`).
+
+Every password check is recorded (`signin_attempts`: the name as typed, the address, the
+result): `throttle.retry_at` decides from the recent failures whether the next one runs.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 from sqlalchemy import Engine, bindparam, text
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.types import Text
 
 from opledger.ledger.errors import InvalidInput, LedgerError
 from opledger.ledger.ids import check_key, check_operator
 from opledger.ledger.store import Store
+
+from .throttle import Failures
 
 #: the shortest password `operator add` accepts
 MIN_PASSWORD_LENGTH = 12
@@ -42,6 +47,17 @@ class OperatorExists(AccountError):
 
 class OperatorNotFound(AccountError, LookupError):
     """No operator with this name."""
+
+
+class SignInAttempt(BaseModel):
+    """One password check the console ran."""
+
+    model_config = ConfigDict(frozen=True)
+
+    at: AwareDatetime
+    operator: str
+    address: str
+    ok: bool
 
 
 class Operator(BaseModel):
@@ -69,6 +85,7 @@ class Session(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
+    id: str  #: the sha256 of its cookie's token
     operator: Operator
     csrf_token: str
     expires_at: AwareDatetime
@@ -129,9 +146,58 @@ TOUCH_SESSION = text(
     FROM operators AS o
     WHERE s.id = :id AND o.name = s.operator AND o.disabled_at IS NULL
       AND s.ended_at IS NULL AND s.expires_at > now() AND s.last_seen_at > now() - :idle
-    RETURNING {_OPERATOR_COLUMNS}, s.csrf_token, s.expires_at
+    RETURNING {_OPERATOR_COLUMNS}, s.id, s.csrf_token, s.expires_at
     """
 )
+
+SET_FLASH = text("UPDATE console_sessions SET flash = :flash WHERE id = :id").bindparams(
+    bindparam("flash", type_=JSONB)
+)
+
+# the notice, once: read and cleared in one statement, only on the page it is about
+TAKE_FLASH = text(
+    """
+    UPDATE console_sessions AS s SET flash = NULL
+    FROM (SELECT id, flash FROM console_sessions WHERE id = :id FOR UPDATE) AS old
+    WHERE s.id = old.id AND old.flash ->> 'page' = :page
+    RETURNING old.flash
+    """
+)
+
+INSERT_ATTEMPT = text(
+    "INSERT INTO signin_attempts (operator, address, ok) VALUES (:operator, :address, :ok)"
+)
+
+# Failures of this name since its last success, and of this address, within the window.
+SELECT_FAILURES = text(
+    """
+    WITH since AS (
+        SELECT greatest(now() - :window, coalesce(
+            (SELECT max(at) FROM signin_attempts WHERE operator = :operator AND ok),
+            '-infinity')) AS t
+    )
+    SELECT
+        (SELECT count(*) FROM signin_attempts, since
+         WHERE operator = :operator AND NOT ok AND at > since.t) AS operator_n,
+        (SELECT max(at) FROM signin_attempts, since
+         WHERE operator = :operator AND NOT ok AND at > since.t) AS operator_last,
+        (SELECT count(*) FROM signin_attempts
+         WHERE address = :address AND NOT ok AND at > now() - :window) AS address_n,
+        (SELECT max(at) FROM signin_attempts
+         WHERE address = :address AND NOT ok AND at > now() - :window) AS address_last,
+        now() AS now
+    """
+)
+
+SELECT_ATTEMPTS = text(
+    "SELECT at, operator, address, ok FROM signin_attempts WHERE operator = :operator "
+    "ORDER BY at DESC, id DESC LIMIT :limit"
+)
+
+#: how long the sign-in record keeps an attempt
+ATTEMPT_RETENTION = timedelta(days=90)
+
+PURGE_ATTEMPTS = text("DELETE FROM signin_attempts WHERE at < now() - :keep")
 
 END_SESSION = text("UPDATE console_sessions SET ended_at = now() WHERE id = :id")
 
@@ -280,7 +346,9 @@ class Accounts:
                     "lifetime": lifetime,
                 },
             ).scalar_one()
-        return token, Session(operator=operator, csrf_token=csrf, expires_at=expires)
+        return token, Session(
+            id=session_id(token), operator=operator, csrf_token=csrf, expires_at=expires
+        )
 
     def session(self, token: str, *, idle: timedelta) -> Session | None:
         """The live session of this cookie token (and mark it used), or None."""
@@ -291,9 +359,60 @@ class Accounts:
         if row is None:
             return None
         return Session(
-            operator=_operator(row), csrf_token=row.csrf_token, expires_at=row.expires_at
+            id=row.id,
+            operator=_operator(row),
+            csrf_token=row.csrf_token,
+            expires_at=row.expires_at,
         )
 
     def end_session(self, token: str) -> None:
         with self._db.transaction() as conn:
             conn.execute(END_SESSION, {"id": session_id(token)})
+
+    def set_flash(self, session: Session, page: str, notice: dict[str, str]) -> None:
+        """What `page` says once, the next time this session opens it."""
+        with self._db.transaction() as conn:
+            conn.execute(SET_FLASH, {"id": session.id, "flash": {"page": page, **notice}})
+
+    def take_flash(self, session: Session, page: str) -> dict[str, str] | None:
+        """The session's notice for `page`, cleared (None: there is none for it)."""
+        with self._db.transaction() as conn:
+            found = conn.execute(TAKE_FLASH, {"id": session.id, "page": page}).scalar()
+        return dict(found) if found else None
+
+    # -- the sign-in record ---------------------------------------------------------------
+
+    def signin_failures(self, name: str, address: str, *, window: timedelta) -> Failures:
+        """Recent failed sign-ins of this name (since its last success) and this address."""
+        with self._db.statement() as conn:
+            row = conn.execute(
+                SELECT_FAILURES,
+                {"operator": signin_name(name), "address": address, "window": window},
+            ).one()
+        return Failures(
+            operator=row.operator_n,
+            operator_last=row.operator_last,
+            address=row.address_n,
+            address_last=row.address_last,
+            now=row.now,
+        )
+
+    def record_signin(self, name: str, address: str, *, ok: bool) -> None:
+        """Record one password check (a success also drops attempts past retention)."""
+        with self._db.transaction() as conn:
+            conn.execute(
+                INSERT_ATTEMPT, {"operator": signin_name(name), "address": address, "ok": ok}
+            )
+            if ok:
+                conn.execute(PURGE_ATTEMPTS, {"keep": ATTEMPT_RETENTION})
+
+    def signins(self, name: str, *, limit: int = 50) -> tuple[SignInAttempt, ...]:
+        """The latest password checks of the name `name`, newest first."""
+        with self._db.statement() as conn:
+            rows = conn.execute(SELECT_ATTEMPTS, {"operator": signin_name(name), "limit": limit})
+            return tuple(SignInAttempt.model_validate(dict(r._mapping)) for r in rows)
+
+
+def signin_name(name: str) -> str:
+    """The name a sign-in attempt is recorded under: as typed, bounded."""
+    return name.strip()[:120]

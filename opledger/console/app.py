@@ -1,13 +1,16 @@
 """The review console as an ASGI app (Starlette, server-rendered Jinja2, no JavaScript).
 
 Its rooms: `sessions` (who a request acts for: the session cookie or the trusted SSO
-header, CSRF tokens), `signin` (signing in and out), `web` (templates, and the wrappers
-that make a handler a page), `routes` (the pages), `base` (configuration, refusals,
-security headers). Every page acts for one authenticated operator and one tenant named in
-its URL (`/t/{tenant}/...`); a tenant the operator does not act for, and another tenant's
-operation, are the same "not found". Every decision goes through `ledger.reviews` — the
-same code, checks and audit trail as `opledger review` — with the operator taken from the
-session, never from the form. Every form carries the session's CSRF token.
+header, CSRF tokens), `signin` (signing in and out, throttled by `throttle`), `web`
+(templates, and the wrappers that make a handler a page), `routes` (the pages), `base`
+(configuration, refusals), and two middlewares: `headers` (the security headers of every
+answer) and `origins` (a state-changing request from anywhere but the console's own pages
+is refused before anything runs). Every page acts for one authenticated operator and one
+tenant named in its URL (`/t/{tenant}/...`); a tenant the operator does not act for, and
+another tenant's operation, are the same "not found". Every decision goes through
+`ledger.reviews` — the same code, checks and audit trail as `opledger review` — with the
+operator taken from the session, never from the form. Every form carries the session's
+CSRF token.
 """
 
 from __future__ import annotations
@@ -16,16 +19,20 @@ from collections.abc import Callable, Sequence
 from importlib.resources import files
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp
 
 from opledger.ledger import Ledger
 from opledger.ledger.ids import parse_age
 
 from .accounts import Accounts
-from .base import ConsoleConfig
+from .base import ConsoleConfig, Refusal
+from .headers import SecurityHeaders
+from .origins import OriginCheck
 from .routes import Routes
 from .sessions import Sessions
 from .signin import SignIn
@@ -63,7 +70,27 @@ def create_app(
         Route("/t/{tenant}/ops/{op_id}/audit", pages.page(r.audit)),
         Mount("/static", app=static, name="static"),
     ]
-    return Starlette(routes=routes)
+
+    def refuse_origin(request: Request, expected: str) -> Response:
+        return pages.refused(
+            request,
+            Refusal(
+                403,
+                "refused",
+                f"this request did not come from a page of this console ({expected}): "
+                "nothing was changed. Open the console itself and submit the form from there.",
+            ),
+        )
+
+    check_origin = Middleware(OriginCheck, public_origin=cfg.public_origin, refuse=refuse_origin)
+    return Console(routes=routes, middleware=[check_origin])
+
+
+class Console(Starlette):
+    """Starlette with `SecurityHeaders` outside everything, its error pages included."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return SecurityHeaders(super().build_middleware_stack())
 
 
 __all__: Sequence[str] = ("ConsoleConfig", "create_app", "parse_age")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -144,14 +144,14 @@ class Routes:
             raise Refusal(
                 400, "refused", "the form does not say which view it was made from: reload it"
             ) from None
-        evidence = str(form.get("evidence", "")).strip() or None
+        evidence = text_field(form, "evidence")
         try:
             after = self.reviews.resolve(
                 op_id,
                 tenant=tenant,
                 operator=auth.operator.name,  # the session's operator, never a form field
                 resolution=choice,
-                note=str(form.get("note", "")),
+                note=text_field(form, "note") or "",
                 evidence=evidence,
                 new_key=form.get("new_key") == "yes",
                 acknowledge_risk=form.get("accept_risk") == "yes",
@@ -184,7 +184,9 @@ class Routes:
                 else "no broker configured"
             )
             done["published"] = "yes" if why is None else "no"
-        url = f"/t/{quote(tenant, safe='')}/ops/{op_id}/audit?{urlencode(done)}"
+        url = f"/t/{quote(tenant, safe='')}/ops/{op_id}/audit"
+        # the banner is what this session did, kept on the server: never a URL's say-so
+        self.pages.sessions.accounts.set_flash(auth.session, f"audit {tenant} {op_id}", done)
         return RedirectResponse(url, status_code=303)
 
     # -- the audit trail, operations, search --------------------------------------------
@@ -194,6 +196,9 @@ class Routes:
         op_id = request.path_params["op_id"]
         history = self.reviews.history(op_id, tenant=tenant)
         actions = self.reviews.audit(op_id, tenant=tenant)
+        done = (
+            self.pages.sessions.accounts.take_flash(auth.session, f"audit {tenant} {op_id}") or {}
+        )
         return self.pages.render(
             request,
             "audit.html",
@@ -202,8 +207,8 @@ class Routes:
             op=history.operation,
             history=history,
             actions=actions,
-            done=request.query_params.get("done"),
-            published=request.query_params.get("published"),
+            done=done.get("done"),
+            published=done.get("published"),
         )
 
     def operation(self, request: Request, auth: Auth) -> Response:
@@ -263,3 +268,10 @@ class Routes:
             tenant=chosen,
             tenants=mine,
         )
+
+
+def text_field(form: Any, name: str) -> str | None:
+    """A free-text field as written: line breaks as LF (a browser sends CRLF), trimmed;
+    None when blank. Other control characters are left for the ledger to refuse."""
+    value = str(form.get(name, "")).replace("\r\n", "\n").replace("\r", "\n").strip()
+    return value or None

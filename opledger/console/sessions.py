@@ -1,10 +1,11 @@
 """Who a console request acts for: the session cookie (or the trusted SSO header), the
-CSRF token every form carries, and the cookies' attributes. Blocking calls (they read the
-database): run them in the threadpool."""
+CSRF token every form carries, the cookies' names and attributes, and which client a
+request comes from. Blocking calls (they read the database): run them in the threadpool."""
 
 from __future__ import annotations
 
 import hmac
+import logging
 from dataclasses import dataclass
 from ipaddress import ip_address, ip_network
 from typing import Any
@@ -15,8 +16,12 @@ from starlette.responses import Response
 from .accounts import Accounts, Operator, Session
 from .base import ConsoleConfig, Refusal
 
+log = logging.getLogger("opledger.console")
+
 SESSION_COOKIE = "opledger_session"
 LOGIN_COOKIE = "opledger_login"
+#: over HTTPS: only a secure page of this very host, at path /, can set such a cookie
+HOST_PREFIX = "__Host-"
 
 
 @dataclass
@@ -36,14 +41,19 @@ class Sessions:
         self.accounts = accounts
         self.config = config
         self._proxies = [ip_network(p, strict=False) for p in config.trusted_proxies]
+        prefix = HOST_PREFIX if config.https else ""
+        self.session_cookie, self.login_cookie = prefix + SESSION_COOKIE, prefix + LOGIN_COOKIE
 
     def secure(self, request: Request) -> bool:
         """Whether cookies are sent over HTTPS only."""
-        return self.config.secure_cookies or request.url.scheme == "https"
+        return self.config.https or request.url.scheme == "https"
+
+    def session_token(self, request: Request) -> str:
+        return request.cookies.get(self.session_cookie, "")
 
     def set_session_cookie(self, request: Request, response: Response, token: str) -> None:
         response.set_cookie(
-            SESSION_COOKIE,
+            self.session_cookie,
             token,
             max_age=int(self.config.session_lifetime.total_seconds()),
             httponly=True,
@@ -60,10 +70,21 @@ class Sessions:
             return host in self.config.trusted_proxies  # a name such as a test client's
         return any(address in net for net in self._proxies)
 
+    def client_address(self, request: Request) -> str:
+        """The client's address: the peer's, or behind a trusted proxy, the last address
+        its X-Forwarded-For names (the one the proxy itself saw)."""
+        peer = request.client.host if request.client else "unknown"
+        if self._proxies and self._from_proxy(request):
+            forwarded = ",".join(request.headers.getlist("x-forwarded-for"))
+            last = forwarded.rsplit(",", 1)[-1].strip()
+            if last:
+                return last[:100]
+        return peer
+
     def authenticate(self, request: Request) -> Auth | None:
         """The session of this request, or None (not signed in). Blocking: threadpool."""
         cfg, accounts = self.config, self.accounts
-        token = request.cookies.get(SESSION_COOKIE, "")
+        token = self.session_token(request)
         session = accounts.session(token, idle=cfg.idle_timeout) if token else None
         if cfg.trusted_header is None:
             return Auth(session) if session else None
@@ -74,7 +95,21 @@ class Sessions:
                 f"this console trusts the {cfg.trusted_header} header only from its SSO "
                 "proxy: connect through the proxy",
             )
-        name = request.headers.get(cfg.trusted_header, "").strip()
+        names = request.headers.getlist(cfg.trusted_header)
+        if len(names) > 1:
+            log.warning(
+                "console: refused a request with %d %s headers from %s",
+                len(names),
+                cfg.trusted_header,
+                request.client.host if request.client else "?",
+            )
+            raise Refusal(
+                400,
+                "refused",
+                f"the request has {len(names)} {cfg.trusted_header} headers: the SSO proxy "
+                "must send exactly one",
+            )
+        name = names[0].strip() if names else ""
         if not name:
             raise Refusal(
                 401, "not signed in", f"the SSO proxy sent no {cfg.trusted_header} header"

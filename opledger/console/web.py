@@ -1,6 +1,6 @@
 """The console's pages: the templates and their filters, and the wrappers that make a
-handler a page (authenticated, in the threadpool, refusals rendered, security headers on
-every answer)."""
+handler a page (authenticated, in the threadpool, refusals rendered). The security
+headers are `headers.SecurityHeaders`'s, on every answer."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from opledger.ledger.errors import InvalidInput, OperationNotFound, ReviewNotFound
 
-from .base import ConsoleConfig, Refusal, secured
+from .base import ConsoleConfig, Refusal
 from .sessions import Auth, Sessions
 
 
@@ -125,23 +125,26 @@ class Pages:
 
         return endpoint
 
+    def refused(self, request: Request, refusal: Refusal) -> Response:
+        """A refusal as a page, with its headers."""
+        response = self.render(
+            request,
+            "refused.html",
+            refusal.status,
+            title=refusal.title,
+            message=refusal.message,
+            **refusal.extra,
+        )
+        response.headers.update(refusal.headers)
+        return response
+
     async def guarded(self, request: Request, run: Callable[[], Response]) -> Response:
         """`run` in the threadpool; a refusal (or a missing or invalid thing) as a page."""
         try:
-            response = await run_in_threadpool(run)
+            return await run_in_threadpool(run)
         except Refusal as refusal:
-            response = self.render(
-                request,
-                "refused.html",
-                refusal.status,
-                title=refusal.title,
-                message=refusal.message,
-                **refusal.extra,
-            )
+            return self.refused(request, refusal)
         except (OperationNotFound, ReviewNotFound):
-            response = self.render(
-                request, "refused.html", 404, title="not found", message="not found"
-            )
+            return self.refused(request, Refusal(404, "not found", "not found"))
         except InvalidInput as exc:
-            response = self.render(request, "refused.html", 400, title="refused", message=str(exc))
-        return secured(response)
+            return self.refused(request, Refusal(400, "refused", str(exc)))

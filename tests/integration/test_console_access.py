@@ -4,7 +4,6 @@ to start without any operator. Real `opledger console` processes, spoken to over
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,9 +14,7 @@ import pytest
 
 from opledger.dev.processes import free_port, unconfigured_environ
 from tests.conftest import connect_ledger
-from tests.consoles import opledger, running_console
-
-PASSWORD = "a long enough password"
+from tests.consoles import PASSWORD, add_operator, console_client, csrf_of, opledger, sign_in
 
 
 @pytest.fixture
@@ -28,43 +25,13 @@ def env(database_url: str, tmp_path: Path) -> dict[str, str]:
     return clean | {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_STATE_DIR": str(tmp_path)}
 
 
-def add(env: dict[str, str], name: str, *args: str, password: str = PASSWORD) -> None:
-    done = opledger(
-        env,
-        "operator",
-        "add",
-        name,
-        "--by",
-        "test",
-        *args,
-        "--password-stdin",
-        stdin=password + "\n",
-    )
-    assert done.returncode == 0, done.stderr
+add = add_operator
 
 
 @contextmanager
 def console(env: dict[str, str], tmp_path: Path, *args: str) -> Iterator[httpx.Client]:
-    with (
-        running_console(env, tmp_path / "c.log", *args) as url,
-        httpx.Client(base_url=url, follow_redirects=False, timeout=10) as client,
-    ):
+    with console_client(env, tmp_path / "c.log", *args) as client:
         yield client
-
-
-def sign_in(client: httpx.Client, name: str, password: str = PASSWORD) -> httpx.Response:
-    page = client.get("/login")
-    nonce = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
-    assert nonce is not None
-    return client.post(
-        "/login", data={"csrf_token": nonce.group(1), "name": name, "password": password}
-    )
-
-
-def csrf_of(page: httpx.Response) -> str:
-    found = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
-    assert found is not None
-    return found.group(1)
 
 
 def test_the_console_refuses_to_start_without_an_operator(env: dict[str, str]) -> None:
@@ -149,7 +116,9 @@ def test_the_trusted_header_mode_trusts_only_the_proxy_and_known_operators(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     opledger(env, "operator", "add", "bob@corp", "--tenant", "globex", "--by", "t", "--sso-only")
-    with console(env, tmp_path, "--trusted-header", "X-Remote-User") as client:
+    with console(
+        env, tmp_path, "--trusted-header", "X-Remote-User", "--trusted-proxy", "127.0.0.1"
+    ) as client:
         assert client.get("/").status_code == 401  # the proxy sent no name
         stranger = client.get("/", headers={"X-Remote-User": "eve@corp"})
         assert stranger.status_code == 403 and "no enabled operator" in stranger.text

@@ -10,7 +10,6 @@ one browser session for the whole module.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from opledger.dev.processes import Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from tests.conftest import truncate_all
-from tests.consoles import opledger, running_console
+from tests.consoles import chromium, opledger, running_console
 
 from .conftest import crashes, settings_of, settled, worker_with
 
@@ -33,19 +32,6 @@ if TYPE_CHECKING:  # the browser tests import Selenium only once there is a brow
 
 pytestmark = pytest.mark.system
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--window-size=1280,1600",
-)
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "console-review.png"
 PASSWORDS = {"alice": "alice-reviews-acme", "bob": "bob-reviews-globex"}
 
@@ -123,30 +109,8 @@ def console(crashed: tuple[Ledger, list[str]], stack: Stack, workdir: Path) -> I
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        if os.environ.get("CI"):
-            raise AssertionError("chromium and chromium-driver are missing (.ci/run installs them)")
-        pytest.skip("no chromium/chromium-driver: apt-get install -y chromium chromium-driver")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in FLAGS:
-        options.add_argument(flag)
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    options.add_argument(f"--user-data-dir={profile}")
-    # the system chromedriver, never Selenium Manager (no download at test time)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
-    # a click that submits a form returns before the next page loads: every lookup waits
-    # (up to 10 s) for an element of the page it expects, never one of the page before
-    driver.implicitly_wait(10)
-    try:
+    with chromium(tmp_path_factory.mktemp("chromium-profile")) as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def _sign_in(driver: WebDriver, console: Console, name: str) -> None:
