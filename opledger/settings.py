@@ -8,13 +8,23 @@ from functools import lru_cache
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from opledger.ledger.canonical import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit
 from opledger.ledger.errors import InvalidInput
+from opledger.ledger.payload_keys import KEYS_VARIABLE, PayloadKeysInvalid, parse_payload_keys
 from opledger.ledger.pgschema import DEFAULT_SCHEMA, SCHEMA_VARIABLE, check_schema
+from opledger.ledger.sensitive import RedactionRuleInvalid, parse_rules, rule_specs
 from opledger.net import api_key_problem, folder_problem, imap_credential_problem, is_loopback
+from opledger.signatures import secret_problem
 
 #: the broker development mode uses when `OPLEDGER_BROKER_URL` is unset
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
@@ -121,6 +131,12 @@ class Settings(BaseSettings):
         default=30.0,
         gt=0,
         description="Frozen payloads of finished operations are purged after this.",
+    )
+    payload_keys: SecretStr | None = Field(
+        default=None,
+        description="Keys frozen payloads are encrypted with: `key_id:base64(32 bytes)`, "
+        "comma-separated, the first encrypting, all decrypting; unset: stored in clear. "
+        "Never logged or shown.",
     )
     review_after_attempts: int = Field(
         default=5, gt=0, description="Open a review when this many attempts left it unknown."
@@ -262,14 +278,50 @@ class Settings(BaseSettings):
         "survives its restarts and keeps the first answer, errors included (allows same-key "
         "retries of a notification).",
     )
+    review_webhook_secret: SecretStr | None = Field(
+        default=None,
+        description="Signs every review webhook (Opledger-Signature, docs/webhooks.md); at "
+        "least 32 printable ASCII characters. Unset: sent unsigned. Never logged or shown.",
+    )
+    review_webhook_previous_secret: SecretStr | None = Field(
+        default=None,
+        description="During a rotation, the secret being replaced: requests carry a "
+        "signature with each until it is unset. Never logged or shown.",
+    )
     lookup_interval_seconds: float = Field(
         default=5.0, gt=0, description="Time between two lookups of a still-pending request."
+    )
+    redact: str | None = Field(
+        default=None,
+        description="More fields hidden per action wherever the CLI shows a payload, a "
+        "provider's response, evidence or a result: ACTION=path,path rules separated by ';' "
+        "(e.g. 'crm.*=note,customer.email;stripe.*=metadata').",
     )
 
     @field_validator("max_payload_bytes", mode="before")
     @classmethod
     def _payload_limit(cls, raw: object) -> int:
         return payload_limit(raw)  # the ledger's own parser: one rule for both
+
+    @field_validator("redact")
+    @classmethod
+    def _redact(cls, rules: str | None) -> str | None:
+        try:
+            parse_rules(rule_specs(rules))  # the rules' own parser: one message for both
+        except RedactionRuleInvalid as exc:
+            raise ValueError(str(exc)) from None
+        return rules
+
+    @field_validator("payload_keys")
+    @classmethod
+    def _payload_keys(cls, keys: SecretStr | None) -> SecretStr | None:
+        if keys is None or not keys.get_secret_value().strip():
+            return None
+        try:
+            parse_payload_keys(keys.get_secret_value())  # the ledger's own parser
+        except PayloadKeysInvalid as exc:  # said without its variable name (it is added)
+            raise ValueError(str(exc).removeprefix(f"{KEYS_VARIABLE} ")) from None
+        return keys
 
     @field_validator("database_schema", mode="before")
     @classmethod
@@ -315,6 +367,22 @@ class Settings(BaseSettings):
         if problem is not None:
             raise ValueError(f"not a Stripe secret key: {problem}")
         return key
+
+    @field_validator("review_webhook_secret", "review_webhook_previous_secret")
+    @classmethod
+    def _signing_secret(cls, secret: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        if secret is None or not secret.get_secret_value():
+            return None
+        problem = secret_problem(secret.get_secret_value())
+        if problem is not None:
+            raise ValueError(f"not a usable signing secret: {problem}")
+        if info.field_name == "review_webhook_previous_secret" and not info.data.get(
+            "review_webhook_secret"
+        ):
+            raise ValueError(
+                "set only beside OPLEDGER_REVIEW_WEBHOOK_SECRET (the new secret, which signs too)"
+            )
+        return secret
 
     @model_validator(mode="after")
     def _sent_folder(self) -> Settings:

@@ -97,9 +97,15 @@ def smtp_adapter(settings: Settings, t: Timings) -> SmtpAdapter:
 
 
 def add_webhook(adapters: list[Any], settings: Settings) -> None:
-    """Register the review-notification webhook when one is configured."""
+    """Register the review-notification webhook when one is configured, signing with
+    `OPLEDGER_REVIEW_WEBHOOK_SECRET` (and `..._PREVIOUS_SECRET` during a rotation)."""
     if settings.review_webhook_url:
         t = Timings.of(settings)
+        secrets = [
+            s
+            for s in (settings.review_webhook_secret, settings.review_webhook_previous_secret)
+            if s is not None
+        ]
         adapters.append(
             WebhookAdapter(
                 settings.review_webhook_url,
@@ -108,6 +114,7 @@ def add_webhook(adapters: list[Any], settings: Settings) -> None:
                     request_timeout=t.timeout,
                     max_in_flight=t.in_flight,
                 ),
+                secrets=secrets,
             )
         )
 

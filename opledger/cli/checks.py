@@ -70,12 +70,14 @@ def _checks(  # noqa: C901
     registry_check, registry = _registry(settings)
     yield registry_check
     yield _consistency(settings, registry)
+    yield _payload_keys(settings)
     lease = _lease(settings, registry)
     if lease is not None:
         yield lease
     quorum = _quorum(settings)
     if quorum is not None:
         yield quorum
+    yield from _webhook_signing(settings)
     if settings.mcp_clients:
         yield _mcp_clients(settings.mcp_clients, registry)
     if settings.mcp_upstream:
@@ -207,6 +209,24 @@ def _consistency(settings: Settings, registry: Any) -> Check:
     return Check("settings", True, "valid and consistent")
 
 
+def _payload_keys(settings: Settings) -> Check:
+    """Whether frozen payloads are encrypted at rest: a warning when they are stored in
+    clear. Names the key ids only, never a key."""
+    from opledger.ledger.payload_keys import parse_payload_keys
+
+    raw = settings.payload_keys
+    keys = parse_payload_keys(raw.get_secret_value()) if raw is not None else None
+    if keys is None:
+        return Check(
+            "payloads",
+            False,
+            "frozen payloads are stored in clear: set OPLEDGER_PAYLOAD_KEYS to encrypt them",
+            warning=True,
+        )
+    also = f", {len(keys.ids) - 1} older kept for reading" if len(keys.ids) > 1 else ""
+    return Check("payloads", True, f"encrypted under key {keys.current}{also}")
+
+
 def _quorum(settings: Settings) -> Check | None:
     """Quorum queues: a warning where they mean nothing (Redis), or where a message a
     worker reserved could wait past RabbitMQ's consumer_timeout before its task ends."""
@@ -237,6 +257,27 @@ def _quorum(settings: Settings) -> Check | None:
             warning=True,
         )
     return None
+
+
+def _webhook_signing(settings: Settings) -> list[Check]:
+    """With a review webhook: whether its requests are signed. Unsigned is a warning (the
+    receiver cannot tell them from forged ones), never a failure. Names the settings only,
+    never a secret's value."""
+    if not settings.review_webhook_url:
+        return []
+    if settings.review_webhook_secret is None:
+        return [
+            Check(
+                "review webhook",
+                False,
+                "review webhooks are sent unsigned: set OPLEDGER_REVIEW_WEBHOOK_SECRET so the "
+                "receiver can verify them (docs/webhooks.md)",
+                warning=True,
+            )
+        ]
+    rotating = settings.review_webhook_previous_secret is not None
+    also = " and OPLEDGER_REVIEW_WEBHOOK_PREVIOUS_SECRET (rotating)" if rotating else ""
+    return [Check("review webhook", True, f"signed with OPLEDGER_REVIEW_WEBHOOK_SECRET{also}")]
 
 
 def _sent_folder(settings: Settings) -> Check:

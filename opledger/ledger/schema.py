@@ -14,6 +14,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     Table,
     Text,
@@ -170,8 +171,15 @@ operation_payloads = Table(
     "operation_payloads",
     metadata,
     Column("op_id", Text, ForeignKey("operations.id", ondelete="CASCADE"), primary_key=True),
-    Column("canonical", Text, nullable=False),
+    Column("canonical", Text),  # clear text: rows written before a key was configured
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("key_id", Text),  # the key `sealed` is encrypted under (opledger.ledger.payload_keys)
+    Column("sealed", LargeBinary),
+    CheckConstraint(
+        "(key_id IS NULL AND sealed IS NULL AND canonical IS NOT NULL)"
+        " OR (key_id IS NOT NULL AND sealed IS NOT NULL AND canonical IS NULL)",
+        name="sealed_or_clear",
+    ),
 )
 
 attempts = Table(
@@ -341,5 +349,21 @@ console_sessions = Table(
     Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     Column("expires_at", DateTime(timezone=True), nullable=False),
     Column("ended_at", DateTime(timezone=True)),
+    #: what the session's next page says once (migration 0013)
+    Column("flash", JSONB),
 )
 Index("ix_console_sessions_operator", console_sessions.c.operator)
+
+# Every password check the console ran (migration 0013): the name as typed, known or not,
+# the client's address, the result. Recent failures throttle sign-in per name and address.
+signin_attempts = Table(
+    "signin_attempts",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("operator", Text, nullable=False),
+    Column("address", Text, nullable=False),
+    Column("ok", Boolean, nullable=False),
+)
+Index("ix_signin_attempts_operator_at", signin_attempts.c.operator, signin_attempts.c.at)
+Index("ix_signin_attempts_address_at", signin_attempts.c.address, signin_attempts.c.at)

@@ -77,7 +77,7 @@ CREATE TABLE queue_guards (
 ALTER TABLE ONLY queue_guards ADD CONSTRAINT pk_queue_guards PRIMARY KEY (queue);
 
 -- Server-side console sessions: the cookie's token is kept only as its sha256, with the
--- CSRF token and the expiries.
+-- CSRF token, the expiries and a notice the session's next page shows once (`flash`).
 CREATE TABLE console_sessions (
     id text NOT NULL,
     operator text NOT NULL,
@@ -85,13 +85,27 @@ CREATE TABLE console_sessions (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     last_seen_at timestamp with time zone DEFAULT now() NOT NULL,
     expires_at timestamp with time zone NOT NULL,
-    ended_at timestamp with time zone
+    ended_at timestamp with time zone,
+    flash jsonb
 );
 ALTER TABLE ONLY console_sessions ADD CONSTRAINT pk_console_sessions PRIMARY KEY (id);
 ALTER TABLE ONLY console_sessions
     ADD CONSTRAINT fk_console_sessions_operator_operators FOREIGN KEY (operator)
         REFERENCES operators(name) ON DELETE CASCADE;
 CREATE INDEX ix_console_sessions_operator ON console_sessions USING btree (operator);
+
+-- Every password check the console ran: the name as typed (known or not), the client's
+-- address, the result. Recent failures per name and per address throttle sign-in.
+CREATE TABLE signin_attempts (
+    id bigint GENERATED ALWAYS AS IDENTITY,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    operator text NOT NULL,
+    address text NOT NULL,
+    ok boolean NOT NULL
+);
+ALTER TABLE ONLY signin_attempts ADD CONSTRAINT pk_signin_attempts PRIMARY KEY (id);
+CREATE INDEX ix_signin_attempts_address_at ON signin_attempts USING btree (address, at);
+CREATE INDEX ix_signin_attempts_operator_at ON signin_attempts USING btree (operator, at);
 
 -- One row per intended external effect, written before anything is sent. Its intent
 -- (tenant, workflow_id, intent_key) is unique; `fence` grows by one on every claim and
@@ -236,10 +250,17 @@ CREATE INDEX ix_operation_deps_dep_id ON operation_deps USING btree (dep_id);
 
 -- The frozen canonical payload (RFC 8785), apart from the operation so it can be purged
 -- after retention while the digest stays.
+-- Either in clear (`canonical`; rows written before a key was configured) or sealed under
+-- `key_id` (AES-256-GCM bound to the operation's id; opledger.ledger.payload_keys).
 CREATE TABLE operation_payloads (
     op_id text NOT NULL,
-    canonical text NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL
+    canonical text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    key_id text,
+    sealed bytea,
+    CONSTRAINT ck_operation_payloads_sealed_or_clear CHECK (
+        (key_id IS NULL AND sealed IS NULL AND canonical IS NOT NULL)
+        OR (key_id IS NOT NULL AND sealed IS NOT NULL AND canonical IS NULL))
 );
 ALTER TABLE ONLY operation_payloads ADD CONSTRAINT pk_operation_payloads PRIMARY KEY (op_id);
 ALTER TABLE ONLY operation_payloads

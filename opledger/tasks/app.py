@@ -42,6 +42,7 @@ from opledger.observability import logs, metrics, tracing
 from opledger.settings import UNCONFIGURED_BROKER_URL, Settings, get_settings
 
 from . import backlog, crashpoints, steps
+from .notices import review_opened
 
 log = logging.getLogger("opledger.tasks")
 
@@ -149,6 +150,7 @@ def runtime() -> Runtime:
             max_payload_bytes=settings.max_payload_bytes,
             pool_size=2,
             schema=settings.database_schema,
+            payload_keys=settings.payload_keys or "",
         )
         _runtime = Runtime(settings=settings, ledger=ledger, registry=registry, owner=_owner())
         lease = timedelta(seconds=settings.lease_seconds)
@@ -391,16 +393,7 @@ def notify_review(self: OperationTask, op_id: str) -> str:
         intent_key=f"review-opened:{review.id}",
         action=NOTIFY_ACTION,
         target="review-webhook",
-        payload={
-            "event": "review.opened",
-            "review_id": review.id,
-            "op_id": op.id,
-            "tenant": op.tenant,
-            "action": op.action,
-            "target": op.target,
-            "reason": review.reason,
-            "opened_at": review.opened_at.isoformat(),
-        },
+        payload=review_opened(op, review),  # what a third party may read: no secret
         authorization_ref=grant.ref,
         actor="notify_review",
         traceparent=tracing.traceparent(),  # this task's span, when traces are on

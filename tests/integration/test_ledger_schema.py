@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from opledger.cli.main import app
 from opledger.ledger import Binding, Confirmed, Ledger, Status
-from opledger.ledger.migrate import SchemaConflict, move_schema, upgrade
+from opledger.ledger.migrate import SchemaConflict, downgrade, move_schema, upgrade
 from opledger.ledger.pgschema import DEFAULT_SCHEMA, check_schema, sqlalchemy_url
 from opledger.settings import Settings, SettingsInvalid, get_settings
 from tests.conftest import SCHEMA, PostgresServer
@@ -149,8 +149,9 @@ def test_a_change_from_any_session_writes_the_ledgers_own_trail(
 
 def _history_in_public(url: str) -> tuple[str, int]:
     """A deployment from before the schema: the ledger in `public` at revision 0011, with
-    an operation confirmed (its attempts, evidence and transitions)."""
-    upgrade(url, "0011", schema="public")
+    an operation confirmed (its attempts, evidence and transitions). Its history is made by
+    today's code, then the schema is stepped back to 0011 under it (the rows stay)."""
+    upgrade(url, schema="public")
     old = Ledger.from_url(url, schema="public")
     try:
         ref = old.grant(tenant="acme", scope=["crm.*"], granted_by="test").ref
@@ -159,9 +160,11 @@ def _history_in_public(url: str) -> tuple[str, int]:
         assert claim is not None
         receipt = Binding(idempotency_key=claim.idempotency_key, target="case-1")
         old.record_outcome(claim, Confirmed(receipt_id="case-1@v2", binding=receipt))
-        return op.id, len(old.history(op.id).transitions)
+        made = op.id, len(old.history(op.id).transitions)
     finally:
         old.engine.dispose()
+    downgrade(url, "0011", schema="public")
+    return made
 
 
 def test_a_deployment_in_public_moves_into_the_schema_with_its_history(
