@@ -67,6 +67,21 @@ def check_identifier(name: str, value: object, *, max_length: int = MAX_IDENTIFI
     return text
 
 
+def check_text(name: str, value: object, *, max_length: int = 4000) -> str:
+    """Free text a person wrote (a review's note, evidence they cite): like
+    `check_identifier`, but line breaks are kept. CRLF and CR become LF; every other
+    control character is refused."""
+    text = _text(name, value).replace("\r\n", "\n").replace("\r", "\n")
+    if len(text) > max_length:
+        raise InvalidIdentifier(
+            f"{name} is {len(text)} characters; the limit is {max_length}", field=name
+        )
+    for at, ch in enumerate(text):
+        if ch != "\n" and unicodedata.category(ch) in ("Cc", "Cs"):
+            raise _refuse(name, text, at, "control and surrogate characters are refused")
+    return text
+
+
 def evidence_text(value: object, *, max_length: int = MAX_IDENTIFIER_LENGTH) -> str | None:
     """An id someone else chose (a model's tool-call id, an MCP request id), kept as
     evidence only: as text, control characters replaced by "?", cut to `max_length`.

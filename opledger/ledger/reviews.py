@@ -27,7 +27,14 @@ from .errors import (
     ReviewNotFound,
     StaleView,
 )
-from .ids import check_action, check_identifier, check_key, check_operation_id, check_operator
+from .ids import (
+    check_action,
+    check_identifier,
+    check_key,
+    check_operation_id,
+    check_operator,
+    check_text,
+)
 from .models import (
     Attempt,
     Evidence,
@@ -285,9 +292,9 @@ class Reviews:
         check_operation_id(op_id)
         tenant = check_key("tenant", tenant)
         operator = check_operator("operator", operator)
-        check_identifier("note", note, max_length=4000)
+        note = check_text("note", note)  # a person's words: line breaks kept
         if evidence is not None:
-            check_identifier("evidence", evidence, max_length=4000)
+            evidence = check_text("evidence", evidence)
         chosen = resolution_of(resolution, new_key=new_key)
 
         with self._db.transaction() as conn:

@@ -355,11 +355,6 @@ def test_the_resolved_banner_comes_from_the_server_never_the_link(
         assert "Resolved as" not in client.get(done.headers["location"]).text  # once
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ledger.reviews.resolve checks a note as an identifier (no line breaks): it must "
-    "accept LF in notes and evidence (opledger/ledger/reviews.py, not the console's file)",
-)
 def test_a_note_may_have_line_breaks_but_no_other_control_characters(
     desk: Desk, env: dict[str, str], tmp_path: Path
 ) -> None:
