@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
+from opledger.settings import get_settings
+
 from .app import (
     ByOption,
     JsonOption,
@@ -110,7 +112,8 @@ def console_command(
             trusted_proxies=tuple(trusted_proxy or ()),
             secure_cookies=secure_cookies,
             public_origin=public_url,
-            redaction=Redaction.parse(redact or ()),
+            # the same rules as the CLI's (OPLEDGER_REDACT), then the console's own
+            redaction=Redaction.configured(get_settings().redact, redact or ()),
         )
     except InvalidInput as exc:
         raise typer.BadParameter(str(exc)) from None

@@ -55,13 +55,19 @@ def _in_review(ledger: Ledger, grant: str) -> str:
     return op.id
 
 
+@pytest.mark.parametrize("rule_from", ["--redact", "OPLEDGER_REDACT"])
 def test_the_review_and_operation_pages_hide_every_secret(
-    ledger: Ledger, grant: str, env: dict[str, str], tmp_path: Path
+    ledger: Ledger, grant: str, env: dict[str, str], tmp_path: Path, rule_from: str
 ) -> None:
     op_id = _in_review(ledger, grant)
     digest = ledger.get(op_id).payload_digest
     add_operator(env, "alice", "--tenant", "acme")
-    with console_client(env, tmp_path / "c.log", "--redact", "crm.*=customer.email") as client:
+    rule = "crm.*=customer.email"
+    if rule_from == "--redact":
+        started = console_client(env, tmp_path / "c.log", "--redact", rule)
+    else:  # the setting the CLI reads too
+        started = console_client(env | {"OPLEDGER_REDACT": rule}, tmp_path / "c.log")
+    with started as client:
         assert sign_in(client, "alice").status_code == 303
         for url in (f"/t/acme/ops/{op_id}/review", f"/t/acme/ops/{op_id}"):
             page = client.get(url)
