@@ -14,6 +14,7 @@ from opledger.ledger import ForbiddenTransition, History, Ledger, Operation, Sta
 from opledger.ledger.contract import Contract
 from opledger.ledger.evidence import Proof, proves
 from opledger.ledger.ids import check_operation_id
+from opledger.ledger.sensitive import scrub_text
 from opledger.settings import get_settings
 
 from .app import (
@@ -103,11 +104,24 @@ def history_document(
     action = history.operation.action
     attempts, evidence = redaction.results(action, history.attempts, history.evidence)
     reviews = tuple(
-        r.model_copy(update={"snapshot": redaction.document(action, r.snapshot)})
+        r.model_copy(
+            update={
+                "snapshot": redaction.document(action, r.snapshot),
+                "reason": scrub_text(r.reason),  # free text: it may quote a provider
+            }
+        )
         for r in history.reviews
     )
+    transitions = tuple(
+        t.model_copy(update={"reason": scrub_text(t.reason)}) for t in history.transitions
+    )
     shown = history.model_copy(
-        update={"attempts": tuple(attempts), "evidence": tuple(evidence), "reviews": reviews}
+        update={
+            "attempts": tuple(attempts),
+            "evidence": tuple(evidence),
+            "reviews": reviews,
+            "transitions": transitions,
+        }
     )
     document = shown.model_dump(mode="json")
     document["evidence"] = with_proofs(document["evidence"], proofs(history, contract))
@@ -198,7 +212,7 @@ def _transitions_table(history: History) -> Table:
             t.to_status.value,
             t.fence,
             t.actor,
-            t.reason,
+            scrub_text(t.reason),
         )
         for t in history.transitions
     ]
@@ -211,7 +225,7 @@ def reviews_table(history: History) -> Table:
     rows = [
         (
             _when(r.opened_at),
-            r.reason,
+            scrub_text(r.reason),
             r.resolution or "open",
             r.resolved_by or "",
             _when(r.resolved_at),

@@ -15,6 +15,7 @@ from opledger.cli.failures import debugging
 from opledger.ledger import History, Resolution, ids
 from opledger.ledger.consequences import contract_facts
 from opledger.ledger.errors import InvalidInput
+from opledger.ledger.sensitive import scrub_text
 
 from .app import (
     JsonOption,
@@ -57,11 +58,11 @@ def review_list(
     with open_ledger() as ledger:
         rows = ledger.reviews.list(tenant=tenant, older_than=age, action=action, limit=limit)
     if as_json:
-        emit_json([r.model_dump(mode="json") for r in rows])
+        emit_json([r.model_dump(mode="json") | {"reason": scrub_text(r.reason)} for r in rows])
         return
     table = records_table(
         ("op", "action", "target", "opened", "reason"),
-        [(r.op_id, r.action, r.target, _when(r.opened_at), r.reason) for r in rows],
+        [(r.op_id, r.action, r.target, _when(r.opened_at), scrub_text(r.reason)) for r in rows],
         title=f"open reviews of {tenant}",
         keys=("op",),
     )
@@ -98,7 +99,9 @@ def review_show(
             update={
                 "attempts": tuple(attempts),
                 "evidence": tuple(evidence),
-                "review": view.review.model_copy(update={"snapshot": snapshot}),
+                "review": view.review.model_copy(
+                    update={"snapshot": snapshot, "reason": scrub_text(view.review.reason)}
+                ),
             }
         )
         document = shown.model_dump(mode="json")
@@ -106,7 +109,7 @@ def review_show(
         emit_json(document | {"payload": shown_payload, "hidden": hidden})
         return
     console.print(f"[bold]review of {op_id}[/bold] opened {_when(view.review.opened_at)}")
-    console.print(Text(f"reason: {view.review.reason}"))
+    console.print(Text(f"reason: {scrub_text(view.review.reason)}"))
     for table in history_tables(history, rules, view.contract)[:3]:
         console.print(table)
     if earlier:  # an earlier review of this operation, resolved (e.g. a retry)

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from opledger.ledger.errors import InvalidInput, OperationNotFound, ReviewNotFound
+from opledger.ledger.sensitive import scrub_text
 
 from .base import ConsoleConfig, Refusal
 from .sessions import Auth, Sessions
@@ -62,6 +63,9 @@ def environment() -> Environment:
     env.filters["when"] = _when
     env.filters["pretty"] = _json
     env.filters["binds"] = _binds
+    # free text that may quote a provider's error (a review's reason, a transition's, a
+    # refusal's list of changes): what looks like a secret in it is hidden
+    env.filters["unsecret"] = scrub_text
     env.globals["quote"] = lambda s: quote(str(s), safe="")
     return env
 

@@ -24,7 +24,7 @@ shape that hid it, `[hidden card number: ...]`), never any of its content.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import pairwise
 from typing import Any
 
@@ -206,6 +206,31 @@ def secret_shape(value: Any) -> str | None:
         if pattern.search(value):
             return kind
     return None
+
+
+#: a PEM private key from its first line to its last (or to the end of the text)
+_PEM = re.compile(
+    r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)", re.S
+)
+
+
+def scrub_text(text: str) -> str:
+    """Free text (a review's reason, a provider's error quoted in it) with each part that
+    looks like a secret replaced by its mask, the rest as written: a reason stays readable
+    while the key, token or card number it quotes does not."""
+
+    def masked(why: str) -> Callable[[re.Match[str]], str]:
+        return lambda found: mask(found.group(), why)
+
+    text = _PEM.sub(masked("private key"), text)
+    for kind, pattern in SHAPES[1:]:
+        text = pattern.sub(masked(kind), text)
+    return _DIGIT_RUN.sub(
+        lambda run: (
+            mask(run.group(), "card number") if _holds_card_number(run.group()) else run.group()
+        ),
+        text,
+    )
 
 
 def mask(value: Any, why: str | None = None) -> str:

@@ -89,7 +89,9 @@ def _secret_review(ledger: Ledger, grant: str) -> str:
             "result": {"customer": {"email": "ann@example.com"}, **secrets},
         },
     )
-    assert ledger.open_review(op.id, fence=after.fence, reason="the response was lost")
+    # a reason may quote what a provider said: free text, scrubbed wherever it is shown
+    said = f"the response was lost; the provider said {SHAPES['b']} for {SHAPES['d']}"
+    assert ledger.open_review(op.id, fence=after.fence, reason=f"{said}, card {SHAPES['a']}")
     return op.id
 
 
@@ -129,6 +131,14 @@ def test_review_show_and_audit_hide_every_secret_and_the_setting_adds_rules(
     assert _in_clear(text.out) == [], text.out
     assert '"pan": "[hidden: text, 12 characters]"' in text.out
     assert "ann@example.com" in text.out  # no rule hides it yet
+    # the reason, free text quoting the provider, in the list too (text and --json)
+    assert "the provider said" in text.out
+    for listed in (
+        invoke("review", "list", *who[:2]),
+        invoke("review", "list", *who[:2], "--json"),
+    ):
+        assert listed.code == 0, listed.err
+        assert "the provider said" in listed.out and _in_clear(listed.out) == [], listed.out
 
     ruled = invoke("review", "show", op_id, *who, "--json", OPLEDGER_REDACT="crm.*=customer.email")
     assert ruled.code == 0, ruled.err

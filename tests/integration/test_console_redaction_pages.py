@@ -51,7 +51,9 @@ def _in_review(ledger: Ledger, grant: str) -> str:
             "result": {"customer": {"email": "ann@example.com"}, **secrets},
         },
     )
-    assert ledger.open_review(op.id, fence=after.fence, reason="the response was lost")
+    # a reason may quote what a provider said: free text, scrubbed where it is shown
+    said = f"the response was lost; the provider said {SHAPES['b']} for {SHAPES['d']}"
+    assert ledger.open_review(op.id, fence=after.fence, reason=f"{said}, card {SHAPES['a']}")
     return op.id
 
 
@@ -69,6 +71,9 @@ def test_the_review_and_operation_pages_hide_every_secret(
         started = console_client(env | {"OPLEDGER_REDACT": rule}, tmp_path / "c.log")
     with started as client:
         assert sign_in(client, "alice").status_code == 303
+        queue = html.unescape(client.get("/").text)
+        assert "the response was lost; the provider said" in queue
+        assert [c for c in CLEAR if c in queue] == []
         for url in (f"/t/acme/ops/{op_id}/review", f"/t/acme/ops/{op_id}"):
             page = client.get(url)
             assert page.status_code == 200, page.text

@@ -36,6 +36,10 @@ def test_the_body_names_the_review_and_hides_a_reason_quoting_a_secret() -> None
     }
     quoted = "card_declined: card 4242 4242 4242 4242 refused for key sk_live_4eC39HqLyjWDarjt"
     body = review_opened(operation(target="sk_test_4eC39HqLyjWDarjtT1"), _review(quoted))
-    assert body["reason"] == f"[hidden card number: text, {len(quoted)} characters]"
+    # the reason keeps its words; what it quotes of a secret is its kind and size
+    assert body["reason"] == (
+        "card_declined: card [hidden card number: text, 19 characters] refused for key "
+        "[hidden API key: text, 24 characters]"
+    )
     assert body["target"] == "[hidden API key: text, 26 characters]"
     assert body["op_id"] == OP_ID and body["review_id"] == 7

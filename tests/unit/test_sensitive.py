@@ -283,3 +283,22 @@ def test_rules_parse_and_a_malformed_one_is_one_typed_line() -> None:
     assert str(refused.value) == (
         "redaction rule 'crm.*': use ACTION=field[,field...], e.g. 'crm.*=note,customer.email'"
     )
+
+
+def test_free_text_keeps_its_words_and_loses_its_secrets() -> None:
+    from opledger.ledger.sensitive import scrub_text
+
+    said = (
+        "401 for Authorization: Bearer abcDEF0123456789xyzQ at card 4242 4242 4242 4242, "
+        "key sk_live_4eC39HqLyjWDarjtT1zdp7dc via https://bob:hunter2@api.example/ on case-318"
+    )
+    out = scrub_text(said)
+    for secret in ("abcDEF0123456789xyzQ", "4242 4242", "sk_live_", "hunter2"):
+        assert secret not in out, out
+    for word in ("401 for Authorization:", "at card", "on case-318", "api.example/"):
+        assert word in out, out
+    assert "[hidden card number: text, 19 characters]" in out
+    pem = "-----BEGIN RSA PRIVATE KEY-----\nMIIabc\n-----END RSA PRIVATE KEY----- after"
+    assert scrub_text(pem) == "[hidden private key: text, 68 characters] after"
+    plain = "3 attempts, none of which reached the provider (in flight until 12:00:01)"
+    assert scrub_text(plain) == plain
