@@ -138,13 +138,21 @@ def database_url(pg_server: PostgresServer) -> Iterator[str]:
     yield url
     try:
         # after every test of the session, workers and migrations included: nothing of the
-        # ledger (nor anything else) was ever left in `public`
+        # ledger was ever left in `public` (an application's own tables may be there: the
+        # LangGraph example keeps its checkpointer in the ledger's database)
         with psycopg.connect(libpq(url)) as conn:
             left = conn.execute(
-                "SELECT string_agg(relname, ', ') FROM pg_class"
-                " WHERE relnamespace = 'public'::regnamespace"
+                "SELECT string_agg(name, ', ') FROM ("
+                " SELECT relname AS name FROM pg_class"
+                "  WHERE relnamespace = 'public'::regnamespace AND relname = ANY(%(ours)s)"
+                " UNION ALL SELECT proname FROM pg_proc"
+                "  WHERE pronamespace = 'public'::regnamespace AND proname LIKE 'opledger%%'"
+                " UNION ALL SELECT typname FROM pg_type"
+                "  WHERE typnamespace = 'public'::regnamespace AND typname = 'op_status'"
+                ") AS ledger",
+                {"ours": [*(t.name for t in metadata.sorted_tables), "alembic_version"]},
             ).fetchone()
-        assert left is not None and left[0] is None, f"created in public: {left}"
+        assert left is not None and left[0] is None, f"the ledger's, in public: {left}"
     finally:
         pg_server.drop_database(url)
 
