@@ -31,7 +31,7 @@ def rotate(
     with open_ledger() as ledger:
         done = ledger.rotate_payloads(batch=batch)
     console.print(
-        f"re-encrypted {done.resealed} payloads under key {done.key_id}; "
+        f"re-encrypted {done.resealed} payloads and result documents under key {done.key_id}; "
         f"{done.remaining} remain under another key or in clear",
         markup=False,
         highlight=False,

@@ -47,7 +47,7 @@ from .models import (
     Status,
     Verdict,
 )
-from .payload_keys import PayloadKeys, keys_from_environment, parse_payload_keys
+from .payload_keys import PayloadKeys, keys_from_environment, parse_payload_keys, seal_result
 from .pgschema import check_schema, ledger_engine, schema_from_environment
 from .prepare import Prepare
 from .reviews import Reviews
@@ -151,12 +151,12 @@ class Ledger(Prepare, Claims, Grants, Maintenance, LedgerBase):
                     "binding": store.to_json(
                         (binding or Binding()).model_dump(mode="json", exclude_none=True)
                     ),
-                    "detail": store.to_json(with_result(detail or {})),
+                    "detail": store.to_json(self._sealed_result(op_id, with_result(detail or {}))),
                 },
             ).one_or_none()
         if row is None:
             raise OperationNotFound(f"no operation {op_id}", op_id=op_id)
-        return store.record(Evidence, row)
+        return self._store.opened(store.record(Evidence, row))
 
     def settle(
         self,
@@ -244,6 +244,12 @@ class Ledger(Prepare, Claims, Grants, Maintenance, LedgerBase):
         )
 
     # -- cancel ------------------------------------------------------------------------
+
+    def _sealed_result(self, op_id: str, detail: dict[str, Any]) -> dict[str, Any]:
+        """`detail` with its result document sealed like the payload (when keys are set)."""
+        if "result" in detail:
+            detail["result"] = seal_result(self._store.payload_keys, op_id, detail["result"])
+        return detail
 
     def cancel(self, op_id: str, *, reason: str, actor: str = "operator") -> Operation:
         """Cancel an operation nothing of which can have reached a provider: a prepared one,

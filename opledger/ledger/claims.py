@@ -38,7 +38,7 @@ from .models import (
     Rejected,
     Status,
 )
-from .payload_keys import payload_text
+from .payload_keys import payload_text, seal_result
 from .window import SendWindow, clock
 
 DEFAULT_LEASE = timedelta(seconds=60)
@@ -206,6 +206,13 @@ class Claims(LedgerBase):
         operation stands.
         """
         outcome = admit(None, claim, outcome)
+        if isinstance(outcome, Confirmed) and outcome.result is not None:
+            # the provider's result document is kept sealed like the payload, wherever the
+            # outcome is recorded (the attempt's response and the evidence's detail)
+            keys = self._store.payload_keys
+            outcome = outcome.model_copy(
+                update={"result": seal_result(keys, claim.op_id, outcome.result)}
+            )
         to_status = _STATUS_OF[outcome.kind]
         binding = (
             outcome.binding

@@ -8,14 +8,22 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, TextClause
 
-from . import backlog
+from . import backlog, store
 from . import queries as q
 from .backlog import RELAY_MAX_DOUBLINGS, Handout
 from .base import LedgerBase
 from .errors import InvalidInput
-from .payload_keys import KEYS_VARIABLE, PayloadKeysMissing, payload_text, sealed_columns
+from .payload_keys import (
+    KEYS_VARIABLE,
+    PayloadKeys,
+    PayloadKeysMissing,
+    open_result,
+    payload_text,
+    seal_result,
+    sealed_columns,
+)
 
 
 @dataclass(frozen=True)
@@ -232,9 +240,44 @@ class Maintenance(LedgerBase):
             after, resealed = rows[-1].op_id, resealed + len(rows)
             if progress is not None:
                 progress(len(rows))
+        for to_seal, reseal, _ in q.RESULT_PLACES:  # the providers' result documents too
+            resealed += self._reseal_results(keys, to_seal, reseal, batch, progress)
         with self._single() as conn:
             remaining = conn.execute(q.PAYLOADS_NOT_SEALED_UNDER, {"key_id": key_id}).scalar_one()
+            for *_, not_sealed in q.RESULT_PLACES:
+                remaining += conn.execute(not_sealed, {"key_id": key_id}).scalar_one()
         return Rotation(key_id=key_id, resealed=resealed, remaining=int(remaining))
+
+    def _reseal_results(
+        self,
+        keys: PayloadKeys,
+        to_seal: TextClause,
+        reseal: TextClause,
+        batch: int,
+        progress: Callable[[int], None] | None,
+    ) -> int:
+        """Seal under the current key every result document of one place (evidence
+        details, attempt responses) in clear or under an older key, a batch at a time.
+        One that cannot be opened (its key no longer configured) is left as it is."""
+        after, resealed = 0, 0
+        while True:
+            with self._tx() as conn:
+                rows = conn.execute(
+                    to_seal, {"key_id": keys.current, "after": after, "limit": batch}
+                ).all()
+                done = 0
+                for r in rows:
+                    doc = open_result(keys, r.op_id, r.result)
+                    if set(doc) == {"unreadable"}:
+                        continue
+                    sealed = seal_result(keys, r.op_id, doc)
+                    conn.execute(reseal, {"id": r.id, "result": store.to_json(sealed)})
+                    done += 1
+            if not rows:
+                return resealed
+            after, resealed = rows[-1].id, resealed + done
+            if progress is not None:
+                progress(done)
 
     def due_notifications(self, *, limit: int = 500, backoff: timedelta) -> list[str]:
         """Operations whose open review has not been notified yet; each is handed out

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -37,6 +40,10 @@ NONCE_BYTES = 12
 _KEY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 #: what the tag binds besides the ciphertext: this format, then the operation's id
 _AAD = b"opledger.payload.v1:"
+#: the same for a provider's result document (in an attempt's response, an evidence detail)
+_RESULT_AAD = b"opledger.result.v1:"
+#: the keys of a sealed result document, as it is stored in place of the document
+SEALED_RESULT_KEYS = frozenset({"sealed", "key_id"})
 
 
 class PayloadKeysInvalid(InvalidInput):
@@ -99,6 +106,39 @@ class PayloadKeys:
                 key_id=key_id,
             ) from None
         return clear.decode()
+
+
+def seal_result(keys: PayloadKeys | None, op_id: str, doc: Any) -> Any:
+    """A provider's result document as it is stored: sealed under the current key for
+    operation `op_id` (`{"sealed": base64, "key_id": ...}`), or as it is without keys."""
+    if keys is None or not isinstance(doc, Mapping):
+        return doc
+    text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
+    nonce = os.urandom(NONCE_BYTES)
+    cipher = keys._ciphers[keys.current]
+    sealed = nonce + cipher.encrypt(nonce, text.encode(), _RESULT_AAD + op_id.encode())
+    return {"sealed": base64.b64encode(sealed).decode(), "key_id": keys.current}
+
+
+def open_result(keys: PayloadKeys | None, op_id: str, doc: Any) -> Any:
+    """A stored result document as it was given: opened when sealed. One that cannot be
+    opened here (its key not configured, or not sealed for this operation) is replaced by
+    a note saying why, so reading the history never fails for it."""
+    if not (isinstance(doc, Mapping) and set(doc) == SEALED_RESULT_KEYS):
+        return doc
+    key_id = str(doc["key_id"])
+    cipher = None if keys is None else keys._ciphers.get(key_id)
+    if cipher is None:
+        return {
+            "unreadable": f"encrypted under key {key_id!r}, which {KEYS_VARIABLE} does not list"
+        }
+    try:
+        raw = base64.b64decode(str(doc["sealed"]), validate=True)
+        clear = cipher.decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], _RESULT_AAD + op_id.encode())
+    except (InvalidTag, ValueError, binascii.Error):
+        return {"unreadable": f"does not decrypt under key {key_id!r} for this operation"}
+    opened: Any = json.loads(clear)
+    return opened
 
 
 def parse_payload_keys(raw: str | None) -> PayloadKeys | None:

@@ -34,10 +34,11 @@ from .errors import (
     SchemaMissing,
 )
 from .models import Attempt, Authorization, Evidence, History, Operation, Review, Transition
-from .payload_keys import PayloadKeys, payload_text
+from .payload_keys import PayloadKeys, open_result, payload_text
 from .pgschema import schema_from_environment, schema_of, search_path, use_schema
 
 R = TypeVar("R", bound=BaseModel)
+F = TypeVar("F", Attempt, Evidence)
 
 #: the caller's search_path, then another in its place until its transaction ends
 _GET_PATH = text("SELECT current_setting('search_path')")
@@ -373,6 +374,22 @@ class Store:
         value: dict[str, Any] = json.loads(text)
         return value
 
+    def opened(self, fact: F) -> F:
+        """An attempt or a piece of evidence with the provider's result document it keeps
+        (a response's or a detail's "result") opened, when it was sealed."""
+        if isinstance(fact, Attempt):
+            kept = fact.response
+            field = "response"
+        else:
+            kept = fact.detail
+            field = "detail"
+        if not isinstance(kept, dict) or "result" not in kept:
+            return fact
+        result = open_result(self.payload_keys, fact.op_id, kept["result"])
+        if result is kept["result"]:
+            return fact
+        return fact.model_copy(update={field: {**kept, "result": result}})
+
     def history(self, conn: Connection, op_id: str) -> History:
         """Everything recorded about `op_id`, read on `conn` (its transaction's view)."""
         row = conn.execute(q.SELECT_OPERATION, {"op_id": op_id}).one_or_none()
@@ -381,8 +398,12 @@ class Store:
         params = {"op_id": op_id}
         return History(
             operation=operation(row),
-            attempts=tuple(record(Attempt, r) for r in conn.execute(q.SELECT_ATTEMPTS, params)),
-            evidence=tuple(record(Evidence, r) for r in conn.execute(q.SELECT_EVIDENCE, params)),
+            attempts=tuple(
+                self.opened(record(Attempt, r)) for r in conn.execute(q.SELECT_ATTEMPTS, params)
+            ),
+            evidence=tuple(
+                self.opened(record(Evidence, r)) for r in conn.execute(q.SELECT_EVIDENCE, params)
+            ),
             transitions=tuple(
                 record(Transition, r) for r in conn.execute(q.SELECT_TRANSITIONS, params)
             ),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 from sqlalchemy import event
 
 from opledger.cli.checks import run_checks
-from opledger.ledger import Confirmed, IntentConflict, Ledger
+from opledger.ledger import Binding, Confirmed, IntentConflict, Ledger
 from opledger.ledger.canonical import canonicalize
 from opledger.ledger.payload_keys import PayloadKeyUnknown, PayloadUnreadable
 from tests.conftest import SCHEMA, connect_ledger
@@ -155,7 +156,9 @@ def test_rotation_moves_every_row_to_the_new_key_and_the_old_key_can_go(
 
     rotated = opledger(database_url, "payloads", "rotate", "--batch", "1", keys=f"{K2},{K1}")
     assert rotated.returncode == 0, rotated.stderr
-    assert "re-encrypted 2 payloads under key k2; 0 remain" in rotated.stdout, rotated.stdout
+    assert (
+        "re-encrypted 2 payloads and result documents under key k2; 0 remain" in rotated.stdout
+    ), rotated.stdout
 
     only_new = ledgers(K2)  # the old key removed from the configuration
     assert only_new.payload(clear) == SECRET
@@ -169,7 +172,9 @@ def test_rotation_moves_every_row_to_the_new_key_and_the_old_key_can_go(
 
     again = opledger(database_url, "payloads", "rotate", "--batch", "500", keys=K2)
     assert again.returncode == 0, again.stderr
-    assert "re-encrypted 0 payloads under key k2; 0 remain" in again.stdout, again.stdout
+    assert "re-encrypted 0 payloads and result documents under key k2; 0 remain" in again.stdout, (
+        again.stdout
+    )
 
 
 def test_rotation_skips_a_row_another_transaction_holds_and_says_it_remains(
@@ -223,3 +228,61 @@ def test_check_warns_of_clear_payloads_and_names_key_ids_only() -> None:
     assert not ok and warning and "stored in clear" in detail and "OPLEDGER_PAYLOAD_KEYS" in detail
     ok, _, detail = payloads({"OPLEDGER_PAYLOAD_KEYS": f"{K2},{K1}"})
     assert ok and detail == "encrypted under key k2, 1 older kept for reading"
+
+
+RESULT = {"ticket": "T-9931", "holder": "Ms Quinlan", "amount": 7319}
+
+
+def raw_results(database_url: str, op_id: str) -> list[str]:
+    """The result documents as the database holds them: the attempts' and the evidence's."""
+    with connect_ledger(database_url) as conn:
+        return [
+            json.dumps(row[0])
+            for row in conn.execute(
+                "SELECT response -> 'result' FROM attempts WHERE op_id = %s"
+                " UNION ALL SELECT detail -> 'result' FROM evidence WHERE op_id = %s",
+                (op_id, op_id),
+            )
+        ]
+
+
+def test_result_data_is_sealed_like_the_payload_read_back_and_rotated(
+    ledgers: Callable[[str], Ledger], ledger: Ledger, database_url: str, grant: str
+) -> None:
+    """The provider's result document (a confirmation's, a lookup's) is kept sealed in the
+    attempt's response and the evidence's detail, bound to its operation, read back in
+    clear through the ledger (what an agent gets as its data), and moved to a new key by
+    the rotation like the payloads."""
+    sealing = ledgers(K1)
+    op_id = prepare(sealing, "result")
+    claim = sealing.claim(op_id, owner="w1")
+    assert claim is not None
+    binding = Binding(idempotency_key=claim.idempotency_key, target="case-result")
+    sealing.record_outcome(claim, Confirmed(receipt_id="r1", binding=binding, result=RESULT))
+    sealing.record_evidence(
+        op_id,
+        source="lookup",
+        verdict="confirmed",
+        binding=binding,
+        detail={"result": {**RESULT, "amount": 1}},
+    )
+    stored = raw_results(database_url, op_id)
+    assert len(stored) == 3 and all('"key_id": "k1"' in s for s in stored), stored
+    assert not [s for s in stored if "Quinlan" in s or "T-9931" in s], stored
+
+    history = sealing.history(op_id)
+    assert history.attempts[0].response is not None
+    assert history.attempts[0].response["result"] == RESULT
+    assert [e.detail["result"] for e in history.evidence] == [RESULT, {**RESULT, "amount": 1}]
+    # without the key, the record still reads: the result says why it cannot be shown
+    unkeyed = ledger.history(op_id).evidence[0].detail["result"]
+    assert unkeyed == {
+        "unreadable": "encrypted under key 'k1', which OPLEDGER_PAYLOAD_KEYS does not list"
+    }
+
+    rotated = opledger(database_url, "payloads", "rotate", keys=f"{K2},{K1}")
+    assert rotated.returncode == 0, rotated.stderr
+    assert "under key k2; 0 remain" in rotated.stdout, rotated.stdout
+    assert all('"key_id": "k2"' in s for s in raw_results(database_url, op_id))
+    only_new = ledgers(K2)  # the old key gone
+    assert only_new.history(op_id).evidence[-1].detail["result"] == {**RESULT, "amount": 1}

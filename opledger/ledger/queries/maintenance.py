@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import bindparam, text
+from sqlalchemy import TextClause, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import Text
 
@@ -150,4 +150,37 @@ RESEAL_PAYLOAD = text(
 
 PAYLOADS_NOT_SEALED_UNDER = text(
     "SELECT count(*) FROM operation_payloads WHERE key_id IS DISTINCT FROM :key_id"
+)
+
+# A provider's result document, where it is kept (an evidence detail's "result", an
+# attempt response's "result"), not yet sealed under the current key: in clear, or sealed
+# under another one. `{table}`/`{column}` name the two places.
+_RESULTS_TO_SEAL = """
+    SELECT id, op_id, {column} -> 'result' AS result FROM {table}
+    WHERE jsonb_typeof({column} -> 'result') = 'object'
+      AND {column} -> 'result' ->> 'key_id' IS DISTINCT FROM :key_id
+      AND NOT ({column} -> 'result' ? 'omitted')
+      AND id > :after
+    ORDER BY id
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+"""
+_RESEAL_RESULT = """
+    UPDATE {table} SET {column} = jsonb_set({column}, '{{result}}', CAST(:result AS jsonb))
+    WHERE id = :id
+"""
+_RESULTS_NOT_SEALED_UNDER = """
+    SELECT count(*) FROM {table}
+    WHERE jsonb_typeof({column} -> 'result') = 'object'
+      AND {column} -> 'result' ->> 'key_id' IS DISTINCT FROM :key_id
+      AND NOT ({column} -> 'result' ? 'omitted')
+"""
+#: (what is sealed, what reseals one, what counts the rest), for evidence, then attempts
+RESULT_PLACES: tuple[tuple[TextClause, TextClause, TextClause], ...] = tuple(
+    (
+        text(_RESULTS_TO_SEAL.format(table=table, column=column)),
+        text(_RESEAL_RESULT.format(table=table, column=column)),
+        text(_RESULTS_NOT_SEALED_UNDER.format(table=table, column=column)),
+    )
+    for table, column in (("evidence", "detail"), ("attempts", "response"))
 )
