@@ -291,6 +291,12 @@ class Settings(BaseSettings):
     lookup_interval_seconds: float = Field(
         default=5.0, gt=0, description="Time between two lookups of a still-pending request."
     )
+    console_signin_key: SecretStr | None = Field(
+        default=None,
+        description="The key every review console process signs its sign-in forms with, so "
+        "several behind one host name accept each other's forms (unset: a random key per "
+        "process). At least 32 printable characters. Never logged or shown.",
+    )
     redact: str | None = Field(
         default=None,
         description="More fields hidden per action wherever the CLI shows a payload, a "
@@ -366,6 +372,16 @@ class Settings(BaseSettings):
         problem = api_key_problem(key.get_secret_value())
         if problem is not None:
             raise ValueError(f"not a Stripe secret key: {problem}")
+        return key
+
+    @field_validator("console_signin_key")
+    @classmethod
+    def _signin_key(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is None or not key.get_secret_value():
+            return None
+        problem = secret_problem(key.get_secret_value())
+        if problem is not None:
+            raise ValueError(f"not a usable signing key: {problem}")
         return key
 
     @field_validator("review_webhook_secret", "review_webhook_previous_secret")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from datetime import timedelta
 from typing import Annotated
 
@@ -115,6 +116,9 @@ def console_command(
             # the same rules as the CLI's (OPLEDGER_REDACT), then the console's own
             redaction=Redaction.configured(get_settings().redact, redact or ()),
         )
+        shared = get_settings().console_signin_key
+        if shared is not None:  # every console process signs its sign-in forms alike
+            config = replace(config, signin_key=shared.get_secret_value().encode())
     except InvalidInput as exc:
         raise typer.BadParameter(str(exc)) from None
     with open_ledger(pool_size=4) as ledger:

@@ -370,3 +370,28 @@ def test_a_note_may_have_line_breaks_but_no_other_control_characters(
         assert done.status_code == 303, done.text
     [action] = desk.ledger.reviews.audit(op_id, tenant="acme")
     assert action.note == "first line\nsecond line\nthird"
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_consoles_sharing_the_signin_key_accept_each_others_forms(
+    env: dict[str, str], tmp_path: Path, shared: bool
+) -> None:
+    """Two console processes behind one name, no sticky sessions: a sign-in form one of
+    them served is accepted by the other only when both sign with OPLEDGER_CONSOLE_SIGNIN_KEY
+    (each process's own random key otherwise: reload the form)."""
+    add_operator(env, "alice", "--tenant", "acme")
+    keyed = env | ({"OPLEDGER_CONSOLE_SIGNIN_KEY": "k" * 40} if shared else {})
+    with (
+        console_client(keyed, tmp_path / "a.log") as first,
+        console_client(keyed, tmp_path / "b.log") as second,
+    ):
+        served = first.get("/login")
+        nonce = csrf_of(served)
+        second.cookies.update(first.cookies)
+        posted = second.post(
+            "/login", data={"csrf_token": nonce, "name": "alice", "password": PASSWORD}
+        )
+    if shared:
+        assert posted.status_code == 303, posted.text
+    else:
+        assert posted.status_code == 403 and "reload" in posted.text.lower(), posted.text
