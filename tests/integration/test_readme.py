@@ -429,7 +429,7 @@ assert current_app._get_current_object() is theirs
 """,
     ),
     "ebfb315962": Covered("pip install 'opledger[console,metrics,sandbox]'", PIP_QUICKSTART_TEST),
-    "29c07d0ad4": NotCode(
+    "630d428588": NotCode(
         "opledger/ledger/     the core, one module per part",
         "the directory layout",
     ),
