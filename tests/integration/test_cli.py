@@ -23,12 +23,9 @@ from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
-from typer.testing import CliRunner
 
-from opledger.cli.main import app
 from opledger.ledger import Ambiguous, Ledger, Status
 from opledger.ledger.migrate import sqlalchemy_url
-from opledger.settings import get_settings
 from tests.conftest import SCHEMA, PostgresServer
 
 WRONG_PORT = "postgresql://root@127.0.0.1:1/test"
@@ -99,21 +96,6 @@ def cli_on_terminal(database_url: str, *args: str) -> Run:
 def side_by_side(*calls: Callable[[], Any]) -> list[Any]:
     with ThreadPoolExecutor(max_workers=len(calls)) as pool:
         return [f.result() for f in [pool.submit(call) for call in calls]]
-
-
-@pytest.fixture
-def invoke(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Run]]:
-    """`opledger ARGS` in this process (for the --json documents of successful commands)."""
-    monkeypatch.setenv("OPLEDGER_DATABASE_URL", database_url)
-    get_settings.cache_clear()
-
-    def run(*args: str, **env: str) -> Run:
-        get_settings.cache_clear()  # the settings are read again, with `env`
-        result = CliRunner().invoke(app, list(args), env=env)
-        return Run(result.exit_code, result.stdout, result.stderr)
-
-    yield run
-    get_settings.cache_clear()
 
 
 def one_line_failure(run: Run, code: int, *names: str) -> None:

@@ -7,14 +7,12 @@ and failures as one line starting `opledger: `, usage errors included.
 from __future__ import annotations
 
 import getpass
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from sqlalchemy import text
-from typer.testing import CliRunner
 
-from opledger.cli.main import app
 from opledger.ledger import (
     Ambiguous,
     Binding,
@@ -25,7 +23,6 @@ from opledger.ledger import (
     Status,
     Verdict,
 )
-from opledger.settings import get_settings
 from tests.integration.test_cli import (
     BROKER_DOWN,
     Run,
@@ -34,21 +31,6 @@ from tests.integration.test_cli import (
     one_line_failure,
     side_by_side,
 )
-
-
-@pytest.fixture
-def invoke(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Run]]:
-    """`opledger ARGS` in this process, as in test_cli.py."""
-    monkeypatch.setenv("OPLEDGER_DATABASE_URL", database_url)
-    get_settings.cache_clear()
-
-    def run(*args: str, **env: str) -> Run:
-        get_settings.cache_clear()
-        result = CliRunner().invoke(app, list(args), env=env)
-        return Run(result.exit_code, result.stdout, result.stderr)
-
-    yield run
-    get_settings.cache_clear()
 
 
 def _prepare(ledger: Ledger, key: str, *, workflow: str = "wf-ops", action: str = "") -> str:

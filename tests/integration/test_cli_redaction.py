@@ -5,15 +5,10 @@ responses, evidence details and results: secrets hidden by name and by shape, te
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pytest
-from typer.testing import CliRunner
-
-from opledger.cli.main import app
 from opledger.ledger import Ambiguous, Ledger
-from opledger.settings import get_settings
 from tests.integration.test_cli import Run
 
 #: every key issue 30 saw in clear, each with a value that names where it was
@@ -46,21 +41,6 @@ CLEAR = [
     "ghp_",
     "AKIAIOSF",
 ]
-
-
-@pytest.fixture
-def invoke(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Run]]:
-    """`opledger ARGS` in this process, as in test_cli_ops.py."""
-    monkeypatch.setenv("OPLEDGER_DATABASE_URL", database_url)
-    get_settings.cache_clear()
-
-    def run(*args: str, **env: str) -> Run:
-        get_settings.cache_clear()
-        result = CliRunner().invoke(app, list(args), env=env)
-        return Run(result.exit_code, result.stdout, result.stderr)
-
-    yield run
-    get_settings.cache_clear()
 
 
 def _secret_review(ledger: Ledger, grant: str) -> str:

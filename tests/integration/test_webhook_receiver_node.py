@@ -19,17 +19,15 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from pydantic import SecretStr
 
-from opledger.adapters.webhook import WebhookAdapter, webhook_contract
-from opledger.ledger import Claim, Confirmed, Ledger, Rejected
+from opledger.adapters.webhook import WebhookAdapter
+from opledger.ledger import Claim, Confirmed, Rejected
 from opledger.signatures import HEADER
 
 RECEIVER = Path(__file__).resolve().parents[1] / "webhook_receiver" / "receiver.mjs"
@@ -137,48 +135,6 @@ def tamperer() -> Iterator[Callable[[str, Rewrite], str]]:
         server.shutdown()
         server.server_close()
         thread.join(10)
-
-
-@pytest.fixture
-def claim(ledger: Ledger) -> Claim:
-    """A review notification as the ledger freezes it, claimed for sending."""
-    ledger.grant(tenant="acme", scope=["webhook.*"], granted_by="t", ref="auth_hooks")
-    op = ledger.prepare(
-        tenant="acme",
-        workflow_id="review:op_x",
-        intent_key="review-opened:rev_1",
-        action="webhook.post.v1",
-        target="review-webhook",
-        payload={
-            "event": "review.opened",
-            "review_id": "rev_1",
-            "tenant": "acme",
-            "reason": "unknown after 5 attempts: café ☕",  # non-ASCII bytes are signed too
-        },
-        authorization_ref="auth_hooks",
-    )
-    claimed = ledger.claim(op.id, owner="test")
-    assert claimed is not None
-    return claimed
-
-
-@pytest.fixture
-def adapters() -> Iterator[Callable[..., WebhookAdapter]]:
-    opened: list[WebhookAdapter] = []
-
-    def make(url: str, *secrets: str, clock: Callable[[], float] = time.time) -> WebhookAdapter:
-        adapter = WebhookAdapter(
-            url,
-            contract=webhook_contract(request_timeout=timedelta(seconds=5)),
-            secrets=[SecretStr(s) for s in secrets],
-            clock=clock,
-        )
-        opened.append(adapter)
-        return adapter
-
-    yield make
-    for adapter in opened:
-        adapter.close()
 
 
 def _refused(outcome: object) -> bool:
