@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from .models import Record
 
@@ -91,6 +91,47 @@ class Lookup(Record):
     interval: timedelta = timedelta(seconds=5)
 
 
+class Limits(Record):
+    """How hard the whole fleet may press on the provider, and what its "not now" means.
+
+    The limits are enforced by the ledger before a claim is taken (`Claims.claim`), for
+    every worker at once: an operation waiting for capacity takes no claim, no fence and no
+    attempt. Declare them at or below what the provider allows your account (its documented
+    rate limit), leaving it the room it needs for requests you send from elsewhere.
+    """
+
+    #: calls in flight at once across the fleet (None: no limit). A call whose answer was
+    #: lost (a timeout) keeps its place until its in-flight deadline: it may still run there
+    concurrency: int | None = Field(default=None, gt=0)
+    #: calls started per second across the fleet (None: no limit)
+    rate: float | None = Field(default=None, gt=0)
+    #: calls that may start at once after a quiet spell, within `rate` (a token bucket)
+    burst: int = Field(default=1, gt=0)
+    #: the provider documents that a "not now" answer (HTTP 429, a 503 with Retry-After, or
+    #: one of the adapter's overload codes) executed nothing: such an attempt is recorded as
+    #: not applied. When not documented it is an attempt that may have applied, whose
+    #: answer still says how long to wait; either way it never counts toward `max_attempts`
+    throttle_applies_nothing: bool = False
+    #: how long to wait after a "not now" that names no time (no Retry-After)
+    retry_after_default: timedelta = timedelta(seconds=1)
+    #: the longest wait a provider's Retry-After is taken at its word for
+    retry_after_max: timedelta = timedelta(minutes=10)
+
+    @property
+    def limited(self) -> bool:
+        return self.concurrency is not None or self.rate is not None
+
+    def claim_form(self) -> dict[str, float | int]:
+        """The limits as the claim statement reads them (absent keys: no limit)."""
+        form: dict[str, float | int] = {}
+        if self.concurrency is not None:
+            form["concurrency"] = self.concurrency
+        if self.rate is not None:
+            form["interval_s"] = 1.0 / self.rate
+            form["burst"] = self.burst
+        return form
+
+
 class Contract(Record):
     """Everything the retry decision needs to know about one provider endpoint."""
 
@@ -116,6 +157,8 @@ class Contract(Record):
     #: what one effect is called in a sentence ("email", "payment", "change to the case"):
     #: the review's consequences say what a retry could repeat in these words
     effect: str = "effect"
+    #: how hard the fleet may press on the provider (see `Limits`); none by default
+    limits: Limits = Limits()
     #: where the numbers come from
     source: str = ""
 

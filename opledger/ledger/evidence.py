@@ -34,6 +34,12 @@ KEY_POISONED = "key_poisoned"  #: the provider wants a new key after a failed at
 SERVER_ERROR = "server_error"  #: a 5xx (or a failure the provider reported) after sending
 IN_FLIGHT = "in_flight"  #: the provider refused this attempt: one with the key is executing
 NOT_SENT = "not_sent"  #: provably nothing reached the provider (refused connection, window)
+#: the provider said "not now" (HTTP 429, a 503 with Retry-After, a documented overload
+#: code); `detail["retry_after_s"]` says how long it asked us to wait
+THROTTLED = "throttled"
+#: `detail["why"]` of a NOT_SENT attempt whose connection was never made (refused, timed
+#: out while connecting): a fact about the provider, which its breaker counts
+NO_CONNECTION = "no_connection"
 STATE_CONFLICT = "state_conflict"  #: a refusal our own earlier attempt may have caused
 BINDING_MISMATCH = "binding_mismatch"  #: a receipt that names another key, target or body
 UNBOUND_RESPONSE = "unbound_response"  #: a success that does not show it answers our request
