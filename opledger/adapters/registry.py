@@ -121,8 +121,26 @@ class Registry:
                 lease=lease,
                 in_flight_by_provider=self.in_flight_by_provider(),
                 send_window_by_provider=self.send_window_by_provider(),
+                limits_by_provider=self.limits_by_provider(),
             )
         return terms
+
+    def limits_by_provider(self) -> dict[str, dict[str, float | int]]:
+        """Each limited provider's limits, in the claim statement's form. Where two
+        adapters of one provider declare different limits, the tighter of each wins."""
+        result: dict[str, dict[str, float | int]] = {}
+        for adapter in self._by_action.values():
+            c = adapter.contract
+            form = c.limits.claim_form()
+            if not form:
+                continue
+            merged = result.setdefault(c.provider, {})
+            for name, value in form.items():
+                if name == "interval_s":
+                    merged[name] = max(merged.get(name, value), value)
+                else:
+                    merged[name] = min(merged.get(name, value), value)
+        return result
 
     def in_flight_by_provider(self) -> dict[str, timedelta]:
         """Each provider's longest in-flight time, for the claim's attempt deadline."""

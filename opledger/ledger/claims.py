@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from datetime import timedelta
 from typing import Any, NoReturn
@@ -13,15 +14,18 @@ from sqlalchemy import Connection
 from . import queries as q
 from . import store
 from .base import LedgerBase
+from .contract import Limits
 from .errors import (
     AuthorizationRevoked,
     ForbiddenTransition,
     ForgedFence,
     InvalidInput,
     OperationNotFound,
+    ProviderBusy,
     StaleFence,
 )
 from .evidence import admit, replayed_answer
+from .pressure import pressure_of
 from .ids import (
     check_identifier,
     check_operation_id,
@@ -42,6 +46,8 @@ from .payload_keys import payload_text, seal_result
 from .window import SendWindow, clock
 
 DEFAULT_LEASE = timedelta(seconds=60)
+
+log = logging.getLogger("opledger.ledger")
 
 
 class Claims(LedgerBase):
@@ -141,17 +147,31 @@ class Claims(LedgerBase):
                 "in_flight_map": terms.in_flight_json,
                 "send_window": terms.send_window or self.send_window,
                 "window_map": terms.send_window_json,
+                "limits_map": terms.limits_json,
                 "from_status": from_status.value,
                 "expected_fence": expected_fence,
                 "authorized_by": authorized_by,
                 "reason": reason,
             },
         )
-        if row is None:
+        assert row is not None  # the statement always returns its one row
+        tail = row[_CLAIM_TAIL:]
+        n_at, started_at, deadline_at, send_by, db_now, clear, key_id, sealed = tail[:8]
+        provider, admitted, wait_s, why = tail[8:]
+        if n_at is None:  # not claimed
+            if admitted is False:
+                raise ProviderBusy(
+                    f"{provider} is at capacity for {op_id}: {why}",
+                    op_id=op_id,
+                    provider=provider,
+                    retry_in=timedelta(seconds=float(wait_s)),
+                    why=why,
+                )
             with self._single() as conn:
+                if admitted:  # admitted, then another claimer took the operation first
+                    conn.execute(q.RELEASE_SLOT, {"token": token})
                 self._explain_refused_claim(conn, op_id, from_status, owner)
             return None
-        n_at, started_at, deadline_at, send_by, db_now, clear, key_id, sealed = row[_CLAIM_TAIL:]
         # decrypted here, after the one round trip: the database never sees a key
         canonical = payload_text(self._store.payload_keys, op_id, clear, key_id, sealed)
         if canonical is None:  # purged payloads belong to finished operations only
@@ -194,7 +214,12 @@ class Claims(LedgerBase):
             )
 
     def record_outcome(
-        self, claim: Claim, outcome: Outcome, *, recheck: timedelta = timedelta(0)
+        self,
+        claim: Claim,
+        outcome: Outcome,
+        *,
+        recheck: timedelta = timedelta(0),
+        limits: Limits | None = None,
     ) -> Operation:
         """Record what the provider call produced, conditional on the claim's fence.
 
@@ -204,8 +229,15 @@ class Claims(LedgerBase):
         outcome are still kept (and the record version bumped: it is a new fact), the
         status is not moved, and `StaleFence` is raised; its `status` says where the
         operation stands.
+
+        The same statement reads what the call says about the provider (`pressure_of`):
+        an answered call gives back its concurrency slot and closes an open breaker; a
+        refused connection counts toward the breaker (`limits.breaker_after`); a "not now"
+        pauses the provider for the wait it asked for (within `limits.retry_after_max`).
         """
         outcome = admit(None, claim, outcome)
+        limits = limits or Limits()
+        press = pressure_of(outcome, limits)
         if isinstance(outcome, Confirmed) and outcome.result is not None:
             # the provider's result document is kept sealed like the payload, wherever the
             # outcome is recorded (the attempt's response and the evidence's detail)
@@ -235,11 +267,20 @@ class Claims(LedgerBase):
                 "detail": store.to_json(_detail_of(outcome)),
                 "actor": claim.owner,
                 "reason": _reason_of(outcome),
+                "provider": claim.operation.provider,
+                "release": press.release,
+                "press": press.kind,
+                "pause": press.pause,
+                "press_reason": press.reason,
+                "breaker_after": limits.breaker_after,
+                "probe": limits.probe_every,
+                "probe_max": limits.probe_max,
             },
         )
         assert row is not None  # the statement always returns its one row
+        _announce_breaker(claim.operation.provider, row[-1], press, limits)
         if row[1] is not None:
-            return store.operation_of(row[1:])
+            return store.operation_of(row[1:-1])
         with self._single() as conn:
             self._raise_fenced(conn, claim, evidence_kept=row[0] is not None)
         raise AssertionError("unreachable")  # pragma: no cover
@@ -301,3 +342,18 @@ def _reason_of(outcome: Outcome) -> str:
     if isinstance(outcome, Confirmed):
         return "accepted by provider" if outcome.accepted_only else "provider receipt"
     return f"{outcome.kind}: {outcome.code}"
+
+
+def _announce_breaker(provider: str, breaker: str | None, press: Any, limits: Limits) -> None:
+    """A warning when this outcome opened the provider's breaker, and when it closed it."""
+    if breaker == "opened":
+        log.warning(
+            "%s: %d consecutive refusals to connect; dispatch to it is paused (its breaker "
+            "is open) and one call at a time probes it, the first in %s",
+            provider,
+            limits.breaker_after,
+            limits.probe_every,
+            extra={"provider": provider},
+        )
+    elif breaker == "closed":
+        log.warning("%s answered again: its breaker is closed", provider, extra={"provider": provider})

@@ -116,6 +116,13 @@ class Limits(Record):
     retry_after_default: timedelta = timedelta(seconds=1)
     #: the longest wait a provider's Retry-After is taken at its word for
     retry_after_max: timedelta = timedelta(minutes=10)
+    #: consecutive refusals to connect (across the fleet) that open the provider's breaker:
+    #: dispatch to it pauses, and one call at a time probes it until one is answered
+    breaker_after: int = Field(default=3, gt=0)
+    #: the first probe comes this long after the breaker opened; each refused probe
+    #: doubles the wait, up to `probe_max`
+    probe_every: timedelta = timedelta(seconds=5)
+    probe_max: timedelta = timedelta(minutes=5)
 
     @property
     def limited(self) -> bool:

@@ -102,6 +102,12 @@ class FenceError(LedgerError):
     """The claim no longer (or never did) hold the operation; nothing was moved."""
 
 
+class ProviderBusy(LedgerError):
+    """The operation's provider is at its declared limits, or pushing back (a "not now", an
+    open breaker): no claim was taken, nothing was written. `retry_in` says when to try
+    again, `why` says what holds it back."""
+
+
 class StaleFence(FenceError):
     """A newer claim holds the operation: this claim's writes are refused.
 

@@ -98,6 +98,13 @@ class ClaimTerms(Record):
     send_window: timedelta | None = None
     in_flight_by_provider: dict[str, timedelta] = Field(default_factory=dict)
     send_window_by_provider: dict[str, timedelta] = Field(default_factory=dict)
+    #: each limited provider's limits, as `Limits.claim_form` gives them (none: no limit)
+    limits_by_provider: dict[str, dict[str, float | int]] = Field(default_factory=dict)
+
+    @property
+    def limits_json(self) -> str:
+        """`limits_by_provider` as JSON (the claim statement's form)."""
+        return json.dumps(self.limits_by_provider, sort_keys=True)
 
     @property
     def in_flight_json(self) -> str:

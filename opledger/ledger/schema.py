@@ -167,6 +167,43 @@ queue_guards = Table(
     Column("shallow_since", DateTime(timezone=True)),
 )
 
+# Provider pressure (0015): a provider's concurrency slots, and its rate bucket, breaker
+# and pause; read and written by the functions opledger_admit and opledger_press.
+provider_slots = Table(
+    "provider_slots",
+    metadata,
+    Column("provider", Text, primary_key=True),
+    Column("slot", Integer, primary_key=True),
+    Column(
+        "held_until",
+        DateTime(timezone=True),
+        nullable=False,
+        server_default=text("'-infinity'::timestamp with time zone"),
+    ),
+    Column("claim_token", Text),
+    Column("op_id", Text),
+)
+
+provider_pressure = Table(
+    "provider_pressure",
+    metadata,
+    Column("provider", Text, primary_key=True),
+    Column(
+        "tat",
+        DateTime(timezone=True),
+        nullable=False,
+        server_default=text("'-infinity'::timestamp with time zone"),
+    ),
+    Column("failures", Integer, nullable=False, server_default=text("0")),
+    Column("breaker", Text, nullable=False, server_default=text("'closed'")),
+    Column("probes", Integer, nullable=False, server_default=text("0")),
+    Column("paused_until", DateTime(timezone=True)),
+    Column("paused_since", DateTime(timezone=True)),
+    Column("pause_reason", Text),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    CheckConstraint("breaker IN ('closed', 'open')", name="breaker"),
+)
+
 operation_payloads = Table(
     "operation_payloads",
     metadata,

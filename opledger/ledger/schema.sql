@@ -248,6 +248,35 @@ ALTER TABLE ONLY operation_deps
         REFERENCES operations(id) ON DELETE CASCADE;
 CREATE INDEX ix_operation_deps_dep_id ON operation_deps USING btree (dep_id);
 
+-- A provider's concurrency limit as rows, one per call that may be in flight at once: a
+-- claim takes a free one and holds it until the call answers (or, when its answer was
+-- lost, until its in-flight deadline).
+CREATE TABLE provider_slots (
+    provider text NOT NULL,
+    slot integer NOT NULL,
+    held_until timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    claim_token text,
+    op_id text
+);
+ALTER TABLE ONLY provider_slots ADD CONSTRAINT pk_provider_slots PRIMARY KEY (provider, slot);
+
+-- A provider's rate bucket (GCRA: `tat`, the theoretical arrival time), its consecutive
+-- refusals to connect, its breaker, and the pause that holds claims back (a Retry-After,
+-- an open breaker's next probe) with its reason and since when.
+CREATE TABLE provider_pressure (
+    provider text NOT NULL,
+    tat timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    failures integer DEFAULT 0 NOT NULL,
+    breaker text DEFAULT 'closed'::text NOT NULL,
+    probes integer DEFAULT 0 NOT NULL,
+    paused_until timestamp with time zone,
+    paused_since timestamp with time zone,
+    pause_reason text,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT ck_provider_pressure_breaker CHECK ((breaker = ANY (ARRAY['closed'::text, 'open'::text])))
+);
+ALTER TABLE ONLY provider_pressure ADD CONSTRAINT pk_provider_pressure PRIMARY KEY (provider);
+
 -- The frozen canonical payload (RFC 8785), apart from the operation so it can be purged
 -- after retention while the digest stays.
 -- Either in clear (`canonical`; rows written before a key was configured) or sealed under
@@ -464,6 +493,152 @@ CREATE FUNCTION opledger_notify_settle() RETURNS trigger
     AS $$
 BEGIN
     PERFORM pg_notify('opledger_settle', NEW.id);
+    RETURN NULL;
+END;
+$$;
+
+-- == provider pressure ===================================================================
+
+-- Called by the claim statement before it takes an operation: a paused provider, a full
+-- set of slots or an empty rate bucket refuse the claim with how long to wait and why.
+CREATE FUNCTION opledger_admit(p_provider text, p_limits jsonb, p_token text, p_op_id text, p_hold interval)
+    RETURNS TABLE(admitted boolean, wait_s double precision, why text)
+    LANGUAGE plpgsql
+    SET search_path FROM CURRENT
+    AS $$
+DECLARE
+    p provider_pressure%ROWTYPE;
+    n integer := (p_limits ->> 'concurrency')::integer;
+    step interval := make_interval(secs => (p_limits ->> 'interval_s')::double precision);
+    burst integer := coalesce((p_limits ->> 'burst')::integer, 1);
+    free integer;
+    next_at timestamp with time zone;
+BEGIN
+    SELECT * INTO p FROM provider_pressure WHERE provider = p_provider;
+    -- paused (the provider asked us to wait, or its breaker waits for the next probe)
+    IF p.paused_until > clock_timestamp() THEN
+        RETURN QUERY SELECT false,
+            extract(epoch FROM p.paused_until - clock_timestamp())::double precision,
+            coalesce(p.pause_reason, 'paused');
+        RETURN;
+    END IF;
+    -- concurrency: a free slot, locked until this statement ends
+    IF n IS NOT NULL THEN
+        SELECT s.slot INTO free FROM provider_slots AS s
+        WHERE s.provider = p_provider AND s.slot <= n AND s.held_until <= clock_timestamp()
+        ORDER BY s.slot LIMIT 1 FOR UPDATE SKIP LOCKED;
+        IF free IS NULL
+           AND (SELECT count(*) FROM provider_slots WHERE provider = p_provider AND slot <= n) < n
+        THEN
+            INSERT INTO provider_slots (provider, slot)
+            SELECT p_provider, g FROM generate_series(1, n) AS g ON CONFLICT DO NOTHING;
+            SELECT s.slot INTO free FROM provider_slots AS s
+            WHERE s.provider = p_provider AND s.slot <= n AND s.held_until <= clock_timestamp()
+            ORDER BY s.slot LIMIT 1 FOR UPDATE SKIP LOCKED;
+        END IF;
+        IF free IS NULL THEN
+            SELECT min(held_until) INTO next_at FROM provider_slots
+            WHERE provider = p_provider AND slot <= n;
+            RETURN QUERY SELECT false,
+                least(greatest(extract(epoch FROM next_at - clock_timestamp()), 0.01), 0.05)
+                    ::double precision,
+                format('%s calls in flight, the most allowed', n);
+            RETURN;
+        END IF;
+    END IF;
+    -- rate: a generic cell rate algorithm on one row (burst calls at once, then one a step)
+    IF step IS NOT NULL THEN
+        IF p.provider IS NULL THEN
+            INSERT INTO provider_pressure (provider) VALUES (p_provider) ON CONFLICT DO NOTHING;
+        END IF;
+        UPDATE provider_pressure SET tat = greatest(tat, clock_timestamp()) + step
+        WHERE provider = p_provider AND tat <= clock_timestamp() + step * (burst - 1);
+        IF NOT FOUND THEN
+            SELECT tat - step * (burst - 1) INTO next_at FROM provider_pressure
+            WHERE provider = p_provider;
+            RETURN QUERY SELECT false,
+                greatest(extract(epoch FROM next_at - clock_timestamp()), 0.001)::double precision,
+                format('%s calls a second, the most allowed',
+                       round((1 / extract(epoch FROM step))::numeric, 2));
+            RETURN;
+        END IF;
+    END IF;
+    -- an open breaker lets one call through at a time: the probe
+    IF p.breaker = 'open' THEN
+        UPDATE provider_pressure SET paused_until = clock_timestamp() + p_hold
+        WHERE provider = p_provider AND breaker = 'open'
+          AND (paused_until IS NULL OR paused_until <= clock_timestamp());
+        IF NOT FOUND THEN
+            RETURN QUERY SELECT false, 0.05::double precision, 'a probe is in flight';
+            RETURN;
+        END IF;
+    END IF;
+    IF free IS NOT NULL THEN
+        UPDATE provider_slots
+        SET held_until = clock_timestamp() + p_hold, claim_token = p_token, op_id = p_op_id
+        WHERE provider = p_provider AND slot = free;
+    END IF;
+    RETURN QUERY SELECT true, 0::double precision, NULL::text;
+END;
+$$;
+
+-- Called by the outcome statement: a refused connection counts toward the provider's
+-- breaker, a "not now" pauses the provider, an answer closes the breaker.
+CREATE FUNCTION opledger_press(p_provider text, p_kind text, p_pause interval, p_reason text, p_after integer, p_probe interval, p_probe_max interval)
+    RETURNS text
+    LANGUAGE plpgsql
+    SET search_path FROM CURRENT
+    AS $$
+DECLARE
+    p provider_pressure%ROWTYPE;
+BEGIN
+    IF p_kind = 'answered' THEN
+        SELECT * INTO p FROM provider_pressure WHERE provider = p_provider;
+        IF NOT FOUND OR (p.failures = 0 AND p.breaker = 'closed') THEN
+            RETURN NULL;
+        END IF;
+    ELSIF p_kind NOT IN ('refused', 'throttled') THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO provider_pressure (provider) VALUES (p_provider) ON CONFLICT DO NOTHING;
+    SELECT * INTO p FROM provider_pressure WHERE provider = p_provider FOR UPDATE;
+    IF p_kind = 'answered' THEN
+        -- the provider answered: it is reachable; an open breaker closes
+        UPDATE provider_pressure
+        SET failures = 0, probes = 0, breaker = 'closed', updated_at = now(),
+            paused_until = CASE WHEN p.breaker = 'open' THEN NULL ELSE paused_until END,
+            paused_since = CASE WHEN p.breaker = 'open' THEN NULL ELSE paused_since END,
+            pause_reason = CASE WHEN p.breaker = 'open' THEN NULL ELSE pause_reason END
+        WHERE provider = p_provider;
+        RETURN CASE WHEN p.breaker = 'open' THEN 'closed' END;
+    ELSIF p_kind = 'throttled' THEN
+        -- "not now": nothing starts before the wait it asked for; it answered, so it is up
+        UPDATE provider_pressure
+        SET failures = 0, probes = 0, breaker = 'closed', updated_at = now(),
+            paused_until = greatest(paused_until, clock_timestamp() + p_pause),
+            paused_since = CASE WHEN paused_until > clock_timestamp() AND p.breaker = 'closed'
+                                THEN paused_since ELSE now() END,
+            pause_reason = p_reason
+        WHERE provider = p_provider;
+        RETURN 'paused';
+    ELSIF p.breaker = 'open' THEN
+        -- refused again while open (the probe, or a call claimed before it opened)
+        UPDATE provider_pressure
+        SET failures = failures + 1, probes = probes + 1, updated_at = now(),
+            paused_until = greatest(paused_until,
+                clock_timestamp() + least(p_probe * power(2, p.probes + 1), p_probe_max))
+        WHERE provider = p_provider;
+        RETURN 'open';
+    ELSIF p.failures + 1 >= p_after THEN
+        UPDATE provider_pressure
+        SET failures = failures + 1, probes = 0, breaker = 'open', updated_at = now(),
+            paused_since = now(), paused_until = clock_timestamp() + p_probe,
+            pause_reason = p_reason
+        WHERE provider = p_provider;
+        RETURN 'opened';
+    END IF;
+    UPDATE provider_pressure SET failures = failures + 1, updated_at = now()
+    WHERE provider = p_provider;
     RETURN NULL;
 END;
 $$;

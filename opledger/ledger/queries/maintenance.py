@@ -60,9 +60,13 @@ RELAY_CANDIDATES = text(
     """
     SELECT id, relay_gen FROM operations
     WHERE status = 'prepared' AND waiting_on = 0
+      -- a provider's capacity it waits for (next_check_at on a prepared operation): not
+      -- before then, and then at once
+      AND (next_check_at IS NULL OR next_check_at <= now())
       AND (
         -- its last dependency was just confirmed: nobody has published it yet
         released_at IS NOT NULL
+        OR next_check_at IS NOT NULL
         OR (created_at < now() - :after
             AND coalesce(enqueued_at, created_at)
                 < now() - :after * power(2, least(relay_gen, :max_doublings)))
@@ -75,7 +79,8 @@ RELAY_CANDIDATES = text(
 
 MARK_ENQUEUED = text(
     """
-    UPDATE operations SET enqueued_at = now(), relay_gen = relay_gen + 1, released_at = NULL
+    UPDATE operations SET enqueued_at = now(), relay_gen = relay_gen + 1, released_at = NULL,
+                          next_check_at = NULL
     WHERE id = ANY(:ids) AND status = 'prepared'
     """
 ).bindparams(bindparam("ids", type_=ARRAY(Text)))

@@ -214,6 +214,28 @@ CLAIM = text(
         ) AS in_flight
         FROM operations AS o WHERE o.id = :op_id
     ),
+    -- the provider's limits and pushback (opledger_admit): looked at only for an operation
+    -- this claim could take (`op`'s conditions, read without a lock), so a waiting
+    -- operation costs no claim, fence or attempt, and nothing is taken for one that is not
+    -- claimable. Only the gate's refusal stops `op`: its own conditions stay its guards.
+    ready AS (
+        SELECT r.provider
+        FROM operations AS r JOIN authorizations AS auth ON auth.ref = r.authorization_ref
+        WHERE r.id = :op_id
+          AND r.status = CAST(:from_status AS op_status)
+          AND (r.lease_expires_at IS NULL OR r.lease_expires_at < now())
+          AND (CAST(:expected_fence AS bigint) IS NULL OR r.fence = :expected_fence)
+          AND r.waiting_on = 0
+          AND {grant_active("auth")}
+    ),
+    gate AS (
+        SELECT ready.provider, g.admitted, g.wait_s, g.why
+        FROM ready CROSS JOIN win
+        CROSS JOIN LATERAL opledger_admit(
+            ready.provider, CAST(:limits_map AS jsonb) -> ready.provider, :token, :op_id,
+            win.send_window + win.in_flight
+        ) AS g
+    ),
     op AS (
         UPDATE operations AS o
         SET status = 'dispatching', fence = o.fence + 1,
@@ -230,6 +252,7 @@ CLAIM = text(
           AND (CAST(:expected_fence AS bigint) IS NULL OR o.fence = :expected_fence)
           AND o.waiting_on = 0  -- ordered effects: every dependency confirmed (0008)
           AND a.ref = o.authorization_ref AND {grant_active("a")}
+          AND coalesce((SELECT admitted FROM gate), true)
         RETURNING o.*
     ),
     attempt AS (
@@ -248,10 +271,21 @@ CLAIM = text(
     )
     SELECT {columns_of("op")}, attempt.n AS attempt_n, attempt.started_at AS attempt_started_at,
            attempt.deadline_at AS attempt_deadline_at, attempt.send_by AS attempt_send_by,
-           now() AS db_now, p.canonical, p.key_id, p.sealed
-    FROM op
-    CROSS JOIN attempt
+           now() AS db_now, p.canonical, p.key_id, p.sealed,
+           gate.provider AS gate_provider, gate.admitted, gate.wait_s, gate.why
+    FROM (SELECT 1) AS one
+    LEFT JOIN gate ON true
+    LEFT JOIN (op CROSS JOIN attempt) ON true
     LEFT JOIN operation_payloads AS p ON p.op_id = op.id
+    """
+)
+
+# A claim the gate admitted but that lost its operation to another claimer: the slot it
+# took goes back at once.
+RELEASE_SLOT = text(
+    """
+    UPDATE provider_slots SET held_until = now(), claim_token = NULL, op_id = NULL
+    WHERE claim_token = :token
     """
 )
 
@@ -307,8 +341,21 @@ RECORD_OUTCOME = text(
         SELECT :op_id, attempt.n, :fence, :source, :kind, CAST(:binding AS jsonb),
                CAST(:detail AS jsonb), EXISTS (SELECT 1 FROM op)
         FROM attempt
+    ),
+    -- the call's concurrency slot goes back once it answered (a lost answer keeps it until
+    -- the attempt's in-flight deadline, which it was taken for)
+    slot AS (
+        UPDATE provider_slots SET held_until = now(), claim_token = NULL, op_id = NULL
+        WHERE claim_token = :token AND CAST(:release AS boolean)
+    ),
+    -- what the call says about the provider itself: reachable, refusing, or "not now"
+    pressure AS (
+        SELECT opledger_press(
+            :provider, :press, :pause, :press_reason, :breaker_after, :probe, :probe_max
+        ) AS breaker
     )
-    SELECT (SELECT n FROM attempt) AS attempt_n, {columns_of("op")}
+    SELECT (SELECT n FROM attempt) AS attempt_n, {columns_of("op")},
+           (SELECT breaker FROM pressure) AS breaker
     FROM (SELECT 1) AS one LEFT JOIN op ON true
     """
 )
