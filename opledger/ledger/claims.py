@@ -25,7 +25,6 @@ from .errors import (
     StaleFence,
 )
 from .evidence import admit, replayed_answer
-from .pressure import pressure_of
 from .ids import (
     check_identifier,
     check_operation_id,
@@ -43,6 +42,7 @@ from .models import (
     Status,
 )
 from .payload_keys import payload_text, seal_result
+from .pressure import pressure_of
 from .window import SendWindow, clock
 
 DEFAULT_LEASE = timedelta(seconds=60)
@@ -356,4 +356,6 @@ def _announce_breaker(provider: str, breaker: str | None, press: Any, limits: Li
             extra={"provider": provider},
         )
     elif breaker == "closed":
-        log.warning("%s answered again: its breaker is closed", provider, extra={"provider": provider})
+        log.warning(
+            "%s answered again: its breaker is closed", provider, extra={"provider": provider}
+        )

@@ -87,7 +87,7 @@ def pressure_of(outcome: Outcome, limits: Limits) -> Pressure:
     if code == THROTTLED:
         wait = retry_after(outcome, limits)
         status = outcome.detail.get("status")
-        said = f"HTTP {status}" if status else "a \"not now\""
+        said = f"HTTP {status}" if status else 'a "not now"'
         return Pressure(
             "throttled",
             release=True,

@@ -501,7 +501,9 @@ $$;
 
 -- Called by the claim statement before it takes an operation: a paused provider, a full
 -- set of slots or an empty rate bucket refuse the claim with how long to wait and why.
-CREATE FUNCTION opledger_admit(p_provider text, p_limits jsonb, p_token text, p_op_id text, p_hold interval)
+CREATE FUNCTION opledger_admit(
+    p_provider text, p_limits jsonb, p_token text, p_op_id text, p_hold interval
+)
     RETURNS TABLE(admitted boolean, wait_s double precision, why text)
     LANGUAGE plpgsql
     SET search_path FROM CURRENT
@@ -584,7 +586,10 @@ $$;
 
 -- Called by the outcome statement: a refused connection counts toward the provider's
 -- breaker, a "not now" pauses the provider, an answer closes the breaker.
-CREATE FUNCTION opledger_press(p_provider text, p_kind text, p_pause interval, p_reason text, p_after integer, p_probe interval, p_probe_max interval)
+CREATE FUNCTION opledger_press(
+    p_provider text, p_kind text, p_pause interval, p_reason text, p_after integer,
+    p_probe interval, p_probe_max interval
+)
     RETURNS text
     LANGUAGE plpgsql
     SET search_path FROM CURRENT

@@ -32,7 +32,9 @@ depends_on: str | Sequence[str] | None = None
 # The two functions, as schema.sql spells them (tests/integration/test_schema_sql.py
 # compares their definitions).
 ADMIT = """
-CREATE FUNCTION opledger_admit(p_provider text, p_limits jsonb, p_token text, p_op_id text, p_hold interval)
+CREATE FUNCTION opledger_admit(
+    p_provider text, p_limits jsonb, p_token text, p_op_id text, p_hold interval
+)
     RETURNS TABLE(admitted boolean, wait_s double precision, why text)
     LANGUAGE plpgsql
     SET search_path FROM CURRENT
@@ -115,7 +117,10 @@ $$;
 """
 
 PRESS = """
-CREATE FUNCTION opledger_press(p_provider text, p_kind text, p_pause interval, p_reason text, p_after integer, p_probe interval, p_probe_max interval)
+CREATE FUNCTION opledger_press(
+    p_provider text, p_kind text, p_pause interval, p_reason text, p_after integer,
+    p_probe interval, p_probe_max interval
+)
     RETURNS text
     LANGUAGE plpgsql
     SET search_path FROM CURRENT
@@ -207,9 +212,14 @@ def upgrade() -> None:
         sa.Column("paused_since", sa.DateTime(timezone=True), nullable=True),
         sa.Column("pause_reason", sa.Text(), nullable=True),
         sa.Column(
-            "updated_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False
+            "updated_at",
+            sa.DateTime(timezone=True),
+            server_default=sa.text("now()"),
+            nullable=False,
         ),
-        sa.CheckConstraint("breaker IN ('closed', 'open')", name=op.f("ck_provider_pressure_breaker")),
+        sa.CheckConstraint(
+            "breaker IN ('closed', 'open')", name=op.f("ck_provider_pressure_breaker")
+        ),
         sa.PrimaryKeyConstraint("provider", name=op.f("pk_provider_pressure")),
     )
     op.execute(ADMIT)
