@@ -18,15 +18,16 @@ from .evidence import (
     IDEMPOTENCY_MISMATCH,
     KEY_POISONED,
     LOOKUP,
-    NOT_SENT,
     SERVER_ERROR,
     UNCODED_REFUSAL,
     _code,
-    attempt_codes,
     binds,
     binds_key,
+    counted_attempts,
     our_keys,
+    own_unsent,
     sent_attempts,
+    throttled_until,
 )
 from .models import (
     Attempt,
@@ -141,7 +142,11 @@ def _decide(
     if settled is not None:
         return settled
 
-    busy_until = in_flight_until(contract, attempts, evidence)
+    # Rule 3, and a provider's "not now": nothing is sent before an earlier request may
+    # have finished, nor before the wait the provider asked for has passed.
+    busy_until = _later(
+        in_flight_until(contract, attempts, evidence), throttled_until(contract, evidence)
+    )
     if not sent:
         return _never_sent(contract, operation, attempts, evidence, authorized, busy_until, now)
 
@@ -238,8 +243,10 @@ def _never_sent(
     if busy_until is not None and now < busy_until:  # Rule 3
         return Wait(until=busy_until)
     if operation.status is Status.PREPARED or attempts:
-        by_attempt = attempt_codes(evidence)
-        unsent = sum(1 for a in attempts if by_attempt.get(a.n) == NOT_SENT)
+        # Rule 9 among unsent attempts: those that sent nothing for a reason of our own (a
+        # send window that passed); a provider refusing connections or saying "not now" is
+        # its state, which its breaker and pause hold back (they never send it to a person)
+        unsent = own_unsent(evidence)
         if unsent >= contract.max_attempts:
             return NeedsReview(reason=f"{unsent} attempts, none of which reached the provider")
         return _send(contract, operation)
@@ -330,9 +337,9 @@ def _retry(
         return NeedsReview(
             reason="authorization revoked; the outcome of the last attempt is unknown"
         )
-    sent = sent_attempts(contract, attempts, evidence)
-    if len(sent) >= contract.max_attempts:
-        return NeedsReview(reason=f"{len(sent)} attempts left it unknown")
+    counted = counted_attempts(contract, attempts, evidence)
+    if len(counted) >= contract.max_attempts:
+        return NeedsReview(reason=f"{len(counted)} attempts left it unknown")
     idem = contract.idempotency
     if idem.kind == "none":
         if proven_absent:
@@ -402,3 +409,9 @@ def _hold_or_review(
     if now >= give_up:
         return NeedsReview(reason=reason)
     return HoldUnknown(next_check=min(now + contract.lookup.interval, give_up), reason=reason)
+
+
+def _later(a: datetime | None, b: datetime | None) -> datetime | None:
+    if a is None or b is None:
+        return a or b
+    return max(a, b)

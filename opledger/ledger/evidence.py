@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from .canonical import canonicalize
-from .contract import Contract
+from .contract import Contract, Limits
 from .errors import InvalidInput
 from .models import (
     Ambiguous,
@@ -242,7 +243,57 @@ def sent_attempts(
     request with our key, those it refused because another was executing."""
     codes = attempt_codes(evidence)
     skipped = {NOT_SENT, IN_FLIGHT} if contract.idempotency.concurrent == "conflict" else {NOT_SENT}
+    if contract.limits.throttle_applies_nothing:
+        skipped.add(THROTTLED)
     return [a for a in attempts if codes.get(a.n) not in skipped]
+
+
+def counted_attempts(
+    contract: Contract, attempts: Sequence[Attempt], evidence: Sequence[Evidence]
+) -> list[Attempt]:
+    """The attempts that count toward `max_attempts` (rule 9): those that may have reached
+    the provider, less those it answered with "not now" (THROTTLED), which say nothing of
+    the operation, only of the provider's load."""
+    codes = attempt_codes(evidence)
+    return [a for a in sent_attempts(contract, attempts, evidence) if codes.get(a.n) != THROTTLED]
+
+
+def own_unsent(evidence: Sequence[Evidence]) -> int:
+    """Attempts that provably sent nothing for a reason of our own (a send window that had
+    passed, a temporary refusal of this message): what rule 9 bounds among unsent attempts.
+    A connection the provider never accepted is its state, not the operation's: its
+    breaker counts those (`opledger.ledger.pressure`); a held attempt (no adapter) is
+    bounded by the review policy's time instead."""
+    return sum(
+        1
+        for ev in evidence
+        if ev.source == DISPATCH
+        and ev.attempt_n is not None
+        and _code(ev) == NOT_SENT
+        and ev.detail.get("why") not in (NO_CONNECTION, "no_adapter")
+    )
+
+
+def asked_wait(detail: Mapping[str, Any], limits: Limits) -> timedelta:
+    """How long a "not now" asked us to wait: its Retry-After (`retry_after_s`), else the
+    contract's default, never more than its `retry_after_max`."""
+    asked = detail.get("retry_after_s")
+    if isinstance(asked, int | float) and not isinstance(asked, bool) and asked >= 0:
+        wait = timedelta(seconds=float(asked))
+    else:
+        wait = limits.retry_after_default
+    return min(wait, limits.retry_after_max)
+
+
+def throttled_until(contract: Contract, evidence: Sequence[Evidence]) -> datetime | None:
+    """Until when the provider asked us to send nothing for this operation (its latest
+    "not now" answers' Retry-After), or None."""
+    ends = [
+        ev.recorded_at + asked_wait(ev.detail, contract.limits)
+        for ev in evidence
+        if ev.source == DISPATCH and _code(ev) == THROTTLED
+    ]
+    return max(ends, default=None)
 
 
 def binds_key(evidence: Evidence, keys: frozenset[str]) -> bool:
@@ -290,7 +341,12 @@ def proves(
     if verdict == Verdict.REJECTED:
         return "not applied" if binds(evidence, operation, keys, contract) else "unknown"
     if verdict == Verdict.AMBIGUOUS:
-        return "not applied" if _code(evidence) == NOT_SENT else "unknown"
+        code = _code(evidence)
+        if code == NOT_SENT or (
+            code == THROTTLED and contract is not None and contract.limits.throttle_applies_nothing
+        ):
+            return "not applied"
+        return "unknown"
     if verdict == Verdict.ABSENT and binds_key(evidence, keys):
         earlier = [a.deadline_at for a in attempts if a.started_at <= evidence.recorded_at]
         if all(evidence.recorded_at >= deadline for deadline in earlier):

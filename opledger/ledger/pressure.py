@@ -37,6 +37,7 @@ from .evidence import (
     THROTTLED,
     UNBOUND_RESPONSE,
     UNCODED_REFUSAL,
+    asked_wait,
 )
 from .models import Ambiguous, Outcome
 
@@ -68,24 +69,13 @@ class Pressure:
     reason: str | None = None
 
 
-def retry_after(outcome: Outcome, limits: Limits) -> timedelta:
-    """How long a "not now" asked us to wait: its Retry-After, else the contract's default,
-    never more than `limits.retry_after_max`."""
-    asked = outcome.detail.get("retry_after_s")
-    if isinstance(asked, int | float) and not isinstance(asked, bool) and asked >= 0:
-        wait = timedelta(seconds=float(asked))
-    else:
-        wait = limits.retry_after_default
-    return min(wait, limits.retry_after_max)
-
-
 def pressure_of(outcome: Outcome, limits: Limits) -> Pressure:
     """What `outcome` says about its provider (see the module's docstring)."""
     if not isinstance(outcome, Ambiguous):  # confirmed or rejected: the provider answered
         return Pressure("answered", release=True)
     code = outcome.code
     if code == THROTTLED:
-        wait = retry_after(outcome, limits)
+        wait = asked_wait(outcome.detail, limits)
         status = outcome.detail.get("status")
         said = f"HTTP {status}" if status else 'a "not now"'
         return Pressure(

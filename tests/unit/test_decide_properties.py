@@ -73,6 +73,9 @@ def contracts(draw: st.DrawFn) -> Contract:
             }
         )
     update["response_binds"] = draw(st.sampled_from(["nothing", "key", "key_and_digest"]))
+    update["limits"] = base.limits.model_copy(
+        update={"throttle_applies_nothing": draw(st.booleans())}
+    )
     return base.model_copy(update=update)
 
 
@@ -88,6 +91,7 @@ CODES = [
     "state_conflict",
     "binding_mismatch",
     "uncoded_refusal",
+    "throttled",
 ]
 
 
@@ -106,6 +110,8 @@ def _evidence(
     conflicting: bool,
 ) -> Evidence:
     extra: dict[str, object] = {"code": code, "replayed": replayed}
+    if code == "throttled" and at % 3:
+        extra["retry_after_s"] = (at % 7) * 300.0  # up to 30 min: past the 10 min cap too
     if scope:
         extra["scope"] = scope
     if conflicting:
@@ -224,6 +230,8 @@ def _reached(
     skip_codes = {"not_sent"}
     if contract.idempotency.concurrent == "conflict":
         skip_codes.add("in_flight")
+    if contract.limits.throttle_applies_nothing:
+        skip_codes.add("throttled")
     skipped = {
         ev.attempt_n for ev in evidence_items if ev.source == "dispatch" and _code(ev) in skip_codes
     }
@@ -288,6 +296,17 @@ def test_the_decision_keeps_every_rule(history: History) -> None:  # noqa: C901
                 for ev in evidence_items
                 if ev.source == "dispatch" and _code(ev) == "in_flight"
             )
+        # a provider's "not now": never before the wait it asked for (capped by the
+        # contract), or the contract's default wait when it named none
+        for ev in evidence_items:
+            if ev.source == "dispatch" and _code(ev) == "throttled":
+                asked = ev.detail.get("retry_after_s")
+                wait = (
+                    contract.limits.retry_after_default
+                    if asked is None
+                    else min(timedelta(seconds=float(asked)), contract.limits.retry_after_max)  # type: ignore[arg-type]
+                )
+                assert now >= ev.recorded_at + wait
         if not reached:
             return  # nothing ever reached the provider: sending is a first attempt
         if op.operator_retry_by is not None:
@@ -310,7 +329,13 @@ def test_the_decision_keeps_every_rule(history: History) -> None:  # noqa: C901
         assert "idempotency_mismatch" not in dispatch_codes
         assert "binding_mismatch" not in dispatch_codes
         assert "uncoded_refusal" not in dispatch_codes
-        assert len(reached) < contract.max_attempts
+        # rule 9: "not now" answers say nothing of the operation and are not counted
+        throttled = {
+            ev.attempt_n
+            for ev in evidence_items
+            if ev.source == "dispatch" and _code(ev) == "throttled"
+        }
+        assert len([a for a in reached if a.n not in throttled]) < contract.max_attempts
         idem = contract.idempotency
         if idem.kind == "keyed":
             # rule 4: inside the key's retention window, minus the margin

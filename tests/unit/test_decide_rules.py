@@ -224,3 +224,72 @@ def test_the_review_policy_hands_it_to_a_person_sooner_than_the_contract() -> No
         KEYED_NO_LOOKUP, op, [first], [], grant(), after, ReviewPolicy(after_attempts=1)
     )
     assert isinstance(enough, NeedsReview) and "1 attempts" in enough.reason
+
+
+# -- a provider's pressure: "not now" answers and refused connections ------------------------
+
+THROTTLE_DOCUMENTED = KEYED_STATUS.model_copy(
+    update={"limits": KEYED_STATUS.limits.model_copy(update={"throttle_applies_nothing": True})}
+)
+
+
+def _throttled(n: int, at_s: int, retry_after_s: float | None = None) -> object:
+    detail: dict[str, object] = {"code": "throttled", "status": 429}
+    if retry_after_s is not None:
+        detail["retry_after_s"] = retry_after_s
+    return evidence("ambiguous", source="dispatch", attempt_n=n, at=T0 + at_s * S, **detail)
+
+
+def test_not_now_waits_as_long_as_the_provider_asked_and_never_counts() -> None:
+    op = operation()
+    attempts = [attempt(n, started=T0 + (n - 1) * 100 * S) for n in range(1, 7)]
+    answers = [_throttled(n, (n - 1) * 100 + 1, retry_after_s=30) for n in range(1, 7)]
+    # six "not now" answers, the last at 501 s asking for 30 s: wait until 531 s exactly
+    decision = decide(THROTTLE_DOCUMENTED, op, attempts, answers, grant(), T0 + 520 * S)  # type: ignore[arg-type]
+    assert decision == Wait(until=T0 + 531 * S)
+    # then sent again: six attempts, none of which counts toward the five that ask a person
+    decision = decide(THROTTLE_DOCUMENTED, op, attempts, answers, grant(), T0 + 531 * S)  # type: ignore[arg-type]
+    assert decision == Dispatch(idempotency_key=OP_ID, payload_digest=DIGEST)
+
+
+def test_not_now_without_retry_after_waits_the_contract_default_and_a_huge_one_is_capped() -> None:
+    op, attempts = operation(), [attempt()]
+    bare = _throttled(1, 1)
+    limits = THROTTLE_DOCUMENTED.limits
+    decision = decide(THROTTLE_DOCUMENTED, op, attempts, [bare], grant(), T0 + 1 * S)  # type: ignore[list-item]
+    assert decision == Wait(until=T0 + 1 * S + limits.retry_after_default)
+    huge = _throttled(1, 1, retry_after_s=86400)
+    decision = decide(THROTTLE_DOCUMENTED, op, attempts, [huge], grant(), T0 + 2 * S)  # type: ignore[list-item]
+    assert decision == Wait(until=T0 + 1 * S + limits.retry_after_max)
+
+
+def test_an_undocumented_not_now_may_have_applied_so_the_other_rules_still_hold() -> None:
+    # a provider without dedup that does not document its 429s: the attempt may have run,
+    # so after the wait it asked for a person decides (rule 7), as after any other answer
+    no_dedup = crm_contract(keys=False, lookup="none", request_timeout=10 * S)
+    no_dedup = no_dedup.model_copy(
+        update={"limits": no_dedup.limits.model_copy(update={"throttle_applies_nothing": False})}
+    )
+    op, attempts = operation(), [attempt()]
+    answer = _throttled(1, 1, retry_after_s=5)
+    late = attempts[0].deadline_at + S
+    assert isinstance(decide(no_dedup, op, attempts, [answer], grant(), late), NeedsReview)  # type: ignore[list-item]
+
+
+def test_refused_connections_never_send_an_operation_to_a_person() -> None:
+    # the provider's breaker holds these back; the operation itself is never at fault
+    op = operation()
+    attempts = [attempt(n) for n in range(1, 9)]
+    refused = [
+        evidence("ambiguous", source="dispatch", attempt_n=n, code="not_sent", why="no_connection")
+        for n in range(1, 9)
+    ]
+    decision = decide(NO_DEDUP, op, attempts, refused, grant(), T0 + 2 * S)
+    assert decision == Dispatch(idempotency_key=OP_ID, payload_digest=DIGEST)
+    # while a send window that passed five times is our own slowness: a person looks
+    late = [
+        evidence("ambiguous", source="dispatch", attempt_n=n, code="not_sent", why="window_passed")
+        for n in range(1, 6)
+    ]
+    decision = decide(NO_DEDUP, op, attempts[:5], late, grant(), T0 + 2 * S)
+    assert isinstance(decision, NeedsReview) and "none of which reached" in decision.reason
