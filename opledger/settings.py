@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
+    BaseModel,
+    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
@@ -85,6 +88,18 @@ def _shown(field: str, value: object) -> object:
     return value
 
 
+class ProviderLimits(BaseModel):
+    """A bundled adapter's limits from `OPLEDGER_PROVIDER_LIMITS` (see `Limits`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: int | None = Field(default=None, gt=0)
+    rate: float | None = Field(default=None, gt=0)
+    burst: int = Field(default=1, gt=0)
+    breaker_after: int | None = Field(default=None, gt=0)
+    probe_every_seconds: float | None = Field(default=None, gt=0)
+
+
 class Settings(BaseSettings):
     """Everything configurable. Each field is the environment variable ``OPLEDGER_<NAME>``."""
 
@@ -143,6 +158,20 @@ class Settings(BaseSettings):
     )
     review_after_seconds: float = Field(
         default=24 * 3600.0, gt=0, description="Open a review when unknown for this long."
+    )
+
+    provider_wait_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        description="How long a worker waits in a task for a provider's capacity (its "
+        "declared concurrency and rate, a short Retry-After) before it leaves the operation "
+        "for later and takes the next task.",
+    )
+    provider_limits: dict[str, ProviderLimits] = Field(
+        default_factory=dict,
+        description="Limits for the bundled adapters' providers, as JSON by provider name: "
+        '{"crm": {"concurrency": 4, "rate": 20, "burst": 5}} (your own adapters declare '
+        "theirs in their contract).",
     )
 
     check_backoff_seconds: float = Field(
@@ -303,6 +332,18 @@ class Settings(BaseSettings):
         "provider's response, evidence or a result: ACTION=path,path rules separated by ';' "
         "(e.g. 'crm.*=note,customer.email;stripe.*=metadata').",
     )
+
+    @field_validator("provider_limits", mode="before")
+    @classmethod
+    def _provider_limits(cls, raw: object) -> object:
+        if isinstance(raw, str):
+            try:
+                return json.loads(raw) if raw.strip() else {}
+            except ValueError as exc:
+                raise ValueError(
+                    'not JSON: the form is {"crm": {"concurrency": 4, "rate": 20, "burst": 5}}'
+                ) from exc
+        return raw
 
     @field_validator("max_payload_bytes", mode="before")
     @classmethod

@@ -50,10 +50,11 @@ from .models import (
 from .payload_keys import PayloadKeys, keys_from_environment, parse_payload_keys, seal_result
 from .pgschema import check_schema, ledger_engine, schema_from_environment
 from .prepare import Prepare
+from .providers import Providers
 from .reviews import Reviews
 
 
-class Ledger(Prepare, Claims, Grants, Maintenance, LedgerBase):
+class Ledger(Prepare, Claims, Grants, Maintenance, Providers, LedgerBase):
     """The durable record of intended external effects, on Postgres.
 
     Thread-safe: each call checks a connection out of the engine's pool. Share one Ledger

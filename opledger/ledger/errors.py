@@ -7,6 +7,7 @@ half-written.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 
@@ -106,6 +107,11 @@ class ProviderBusy(LedgerError):
     """The operation's provider is at its declared limits, or pushing back (a "not now", an
     open breaker): no claim was taken, nothing was written. `retry_in` says when to try
     again, `why` says what holds it back."""
+
+    op_id: str
+    provider: str
+    retry_in: timedelta
+    why: str
 
 
 class StaleFence(FenceError):

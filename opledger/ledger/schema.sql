@@ -539,7 +539,7 @@ BEGIN
             ORDER BY s.slot LIMIT 1 FOR UPDATE SKIP LOCKED;
         END IF;
         IF free IS NULL THEN
-            SELECT min(held_until) INTO next_at FROM provider_slots
+            SELECT min(greatest(held_until, clock_timestamp())) INTO next_at FROM provider_slots
             WHERE provider = p_provider AND slot <= n;
             RETURN QUERY SELECT false,
                 least(greatest(extract(epoch FROM next_at - clock_timestamp()), 0.01), 0.05)
@@ -561,7 +561,7 @@ BEGIN
             RETURN QUERY SELECT false,
                 greatest(extract(epoch FROM next_at - clock_timestamp()), 0.001)::double precision,
                 format('%s calls a second, the most allowed',
-                       round((1 / extract(epoch FROM step))::numeric, 2));
+                       round((1 / extract(epoch FROM step))::numeric, 2)::double precision);
             RETURN;
         END IF;
     END IF;
@@ -627,11 +627,11 @@ BEGIN
         WHERE provider = p_provider;
         RETURN 'paused';
     ELSIF p.breaker = 'open' THEN
-        -- refused again while open (the probe, or a call claimed before it opened)
+        -- refused again while open (the probe, or a call claimed before it opened): the
+        -- next probe waits twice as long as the last one did, up to the most
         UPDATE provider_pressure
         SET failures = failures + 1, probes = probes + 1, updated_at = now(),
-            paused_until = greatest(paused_until,
-                clock_timestamp() + least(p_probe * power(2, p.probes + 1), p_probe_max))
+            paused_until = clock_timestamp() + least(p_probe * power(2, p.probes + 1), p_probe_max)
         WHERE provider = p_provider;
         RETURN 'open';
     ELSIF p.failures + 1 >= p_after THEN

@@ -301,6 +301,7 @@ def dispatch(self: OperationTask, op_id: str, gen: int = 0) -> str:
         owner=rt.owner,
         lease=rt.lease,
         reconcile_now=_sibling(self, "opledger.reconcile").delay,
+        wait=timedelta(seconds=settings.provider_wait_seconds),
     ).action
 
 

@@ -9,6 +9,7 @@ through `hooks` (`tasks.hooks`; `HOOKS` by default).
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from opledger.ledger import (
     Ledger,
     Operation,
     Outcome,
+    ProviderBusy,
     SendWindowPassed,
     StaleFence,
     Status,
@@ -35,6 +37,7 @@ from opledger.ledger import (
     UnknownAuthorization,
 )
 from opledger.ledger.consequences import consequences
+from opledger.ledger.contract import Limits
 from opledger.ledger.decide import (
     AskProvider,
     Confirm,
@@ -55,6 +58,10 @@ log = logging.getLogger("opledger.worker")
 
 #: the review policy when the caller names none (the settings' defaults)
 DEFAULT_POLICY = ReviewPolicy()
+
+#: how long a dispatch waits in its task for its provider's room by default
+#: (OPLEDGER_PROVIDER_WAIT_SECONDS)
+DEFAULT_WAIT = timedelta(seconds=2)
 
 #: a held operation (no adapter of this worker serves its action) is tried again after a
 #: quarter of the time it has been open, never sooner than HOLD_MIN nor later than HOLD_MAX
@@ -84,6 +91,9 @@ class Step(StrEnum):
     #: no adapter of this worker serves its action: nothing sent, no review; tried again
     #: later (by whichever worker takes the check), so a worker that serves it resumes it
     HELD = "held"
+    #: its provider had no room (its declared limits, a "not now", an open breaker):
+    #: nothing claimed, nothing sent; tried again when the provider should have room
+    BUSY = "busy"
 
 
 @dataclass(frozen=True)
@@ -135,7 +145,7 @@ def _send(
     with hooks.record(claim.op_id, claim.fence, "provider", provider) as recording:
         recording.outcome(outcome)
         try:
-            op = _save(ledger, claim, outcome)
+            op = _save(ledger, claim, outcome, adapter.contract.limits)
         except StaleFence as exc:
             recording.fenced()
             hooks.fenced_out("outcome")
@@ -168,13 +178,15 @@ def _not_sent(claim: Claim) -> Ambiguous:
     )
 
 
-def _save(ledger: Ledger, claim: Claim, outcome: Outcome, attempts: int = 6) -> Operation:
+def _save(
+    ledger: Ledger, claim: Claim, outcome: Outcome, limits: Limits, attempts: int = 6
+) -> Operation:
     """Record the outcome, riding out a short database outage: the provider already
     acted, so what it said is worth a few seconds of retrying. If the database stays
     away, the lease expires and the sweeper sends the operation to reconciliation."""
     for n in range(attempts):
         try:
-            return ledger.record_outcome(claim, outcome)
+            return ledger.record_outcome(claim, outcome, limits=limits)
         except DatabaseUnavailable:
             if n == attempts - 1:
                 raise
@@ -192,25 +204,72 @@ def dispatch(
     lease: timedelta,
     reconcile_now: ReconcileNow | None = None,
     hooks: Hooks = HOOKS,
+    wait: timedelta = DEFAULT_WAIT,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> StepResult:
     """First dispatch of a prepared operation. A no-op for anything else (redelivery).
     `reconcile_now(op_id)` is called when this worker was fenced out but its outcome was kept
-    on an unknown operation (to reconcile it at once)."""
-    with hooks.claim(op_id) as span:
-        try:
-            claim = ledger.claim(op_id, owner=owner, terms=registry.claim_terms(lease))
-        except AuthorizationRevoked:
-            span.status(Status.CANCELLED)
-            return StepResult(Step.CANCELLED)
-        if claim is None:
-            log.info("dispatch of %s: not claimable (already claimed, finished or unknown)", op_id)
-            return StepResult(Step.NOOP)
-        span.claim(claim)
+    on an unknown operation (to reconcile it at once).
+
+    When its provider has no room (`ProviderBusy`: its declared limits, a "not now", an
+    open breaker), nothing is claimed: the step waits here for up to `wait` in all, trying
+    again as the ledger says room should come; past that it leaves the operation for later
+    (`Ledger.defer`: the relay publishes it again then) and returns `Step.BUSY`."""
+    waited = 0.0
+    while True:
+        with hooks.claim(op_id) as span:
+            try:
+                claim = ledger.claim(op_id, owner=owner, terms=registry.claim_terms(lease))
+            except AuthorizationRevoked:
+                span.status(Status.CANCELLED)
+                return StepResult(Step.CANCELLED)
+            except ProviderBusy as busy:
+                pause = _pause(busy)
+                if waited + pause > wait.total_seconds():
+                    return _defer(ledger, op_id, busy)
+                waited += pause
+                sleep(pause)
+                continue
+            if claim is None:
+                log.info(
+                    "dispatch of %s: not claimable (already claimed, finished or unknown)", op_id
+                )
+                return StepResult(Step.NOOP)
+            span.claim(claim)
+        break
     try:
         adapter = registry.adapter_for(claim.operation.action)
     except UnknownAction:
         return _hold_claimed(ledger, claim)
     return _send(ledger, adapter, claim, reconcile_now, hooks)
+
+
+def _pause(busy: ProviderBusy) -> float:
+    """How long to sleep before asking again: what the ledger said, spread a little so the
+    processes waiting for one provider do not all ask at the same instant."""
+    retry_in = max(float(busy.retry_in.total_seconds()), 0.001)
+    return retry_in * (1 + random.uniform(0, 0.25))
+
+
+def _defer(ledger: Ledger, op_id: str, busy: ProviderBusy) -> StepResult:
+    """Leave a prepared operation whose provider has no room for later; log why once."""
+    until = utcnow() + _spread(busy.retry_in)
+    ledger.defer(op_id, until=until)
+    log.info(
+        "%s waits for %s until %s: %s",
+        op_id,
+        busy.provider,
+        until.isoformat(timespec="seconds"),
+        busy.why,
+        extra={"op_id": op_id, "provider": busy.provider},
+    )
+    return StepResult(Step.BUSY)
+
+
+def _spread(retry_in: timedelta) -> timedelta:
+    """`retry_in` and up to a quarter more: operations that waited for one pause do not all
+    come back in the same instant."""
+    return retry_in * (1 + random.uniform(0, 0.25))
 
 
 def hold_until(op: Operation, now: datetime) -> datetime:
@@ -509,6 +568,12 @@ def _act(
             )
         except AuthorizationRevoked:
             return StepResult(Step.NOOP, ledger.get(op.id), decision)
+        except ProviderBusy as busy:
+            # no room at the provider: the retry is checked again when there should be
+            at = now() + _spread(busy.retry_in)
+            return StepResult(
+                Step.BUSY, ledger.schedule_check(op.id, fence=op.fence, at=at), decision
+            )
         if claim is None:
             span.fenced()
             return StepResult(Step.FENCED, decision=decision)

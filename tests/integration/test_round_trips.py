@@ -14,7 +14,8 @@ import pytest
 from psycopg import pq
 from sqlalchemy import event
 
-from opledger.ledger import Ambiguous, Binding, Confirmed, Ledger
+from opledger.ledger import Ambiguous, Binding, ClaimTerms, Confirmed, Ledger
+from opledger.ledger.contract import Limits
 from tests.intents import prepare
 
 
@@ -77,3 +78,29 @@ def test_the_counter_sees_every_round_trip(traced: tuple[Ledger, WireCounter], g
     counter.start()
     prepare(ledger, "counted")
     assert counter.round_trips() == 4, "\n".join(counter.messages())
+
+
+def test_a_limited_provider_costs_no_extra_round_trip(
+    traced: tuple[Ledger, WireCounter], grant: str
+) -> None:
+    """Its concurrency slot, rate bucket and breaker are taken in the claim statement and
+    given back in the outcome statement: still two round trips."""
+    ledger, counter = traced
+    limits = Limits(concurrency=2, rate=1000, burst=5)
+    terms = ClaimTerms(limits_by_provider={"crm": limits.claim_form()})
+    warm = prepare(ledger, "warm-up")
+    claim = ledger.claim(warm, owner="w", terms=terms)
+    assert claim is not None
+    ledger.record_outcome(claim, Ambiguous(code="t", reason="warm-up"), limits=limits)
+
+    op_id = prepare(ledger, "measured")
+    counter.start()
+    claim = ledger.claim(op_id, owner="w", terms=terms)
+    assert claim is not None
+    ledger.record_outcome(
+        claim,
+        Confirmed(receipt_id="r", binding=Binding(idempotency_key=claim.idempotency_key)),
+        limits=limits,
+    )
+    assert counter.round_trips() == 2, "\n".join(counter.messages())
+    assert [p.in_flight for p in ledger.providers()] == [1]  # only the warm-up's lost answer

@@ -1,0 +1,116 @@
+"""What the ledger knows of each provider's pressure: its pause and breaker, its slots in
+use, and the operations waiting for its capacity; and the deferral of a prepared operation
+whose provider has no room yet.
+
+The state itself is written by the claim and outcome statements (`opledger_admit`,
+`opledger_press`, migration 0015); this part reads it for people (`opledger providers`,
+`opledger ops list`, the console, the metrics) and defers what the gate refused.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import AwareDatetime
+from sqlalchemy import text
+
+from .base import LedgerBase
+from .ids import check_operation_id
+from .models import Record
+
+#: every provider with a row of pressure, a slot or a waiting operation, with its state
+PROVIDERS = text(
+    """
+    WITH waiting AS (
+        SELECT provider, count(*) AS n, min(next_check_at) AS next_at
+        FROM operations
+        WHERE status = 'prepared' AND next_check_at IS NOT NULL
+        GROUP BY provider
+    ),
+    slots AS (
+        SELECT provider, count(*) FILTER (WHERE held_until > now()) AS in_flight
+        FROM provider_slots GROUP BY provider
+    ),
+    names AS (
+        SELECT provider FROM provider_pressure
+        UNION SELECT provider FROM slots
+        UNION SELECT provider FROM waiting
+    )
+    SELECT names.provider, p.breaker, p.failures, p.paused_until, p.paused_since,
+           p.pause_reason, coalesce(slots.in_flight, 0) AS in_flight,
+           coalesce(waiting.n, 0) AS waiting, waiting.next_at, now() AS db_now
+    FROM names
+    LEFT JOIN provider_pressure AS p ON p.provider = names.provider
+    LEFT JOIN slots ON slots.provider = names.provider
+    LEFT JOIN waiting ON waiting.provider = names.provider
+    ORDER BY names.provider
+    """
+)
+
+DEFER = text(
+    """
+    UPDATE operations SET next_check_at = :until, updated_at = now()
+    WHERE id = :op_id AND status = 'prepared'
+    RETURNING id
+    """
+)
+
+
+class ProviderState(Record):
+    """One provider's pressure as the ledger holds it."""
+
+    provider: str
+    #: "open" while refused connections pause dispatch to it (one probe at a time)
+    breaker: str = "closed"
+    #: consecutive refusals to connect, fleet-wide
+    failures: int = 0
+    #: nothing is claimed for it before this instant (a Retry-After, the next probe)
+    paused_until: AwareDatetime | None = None
+    paused_since: AwareDatetime | None = None
+    pause_reason: str | None = None
+    #: calls holding one of its concurrency slots now
+    in_flight: int = 0
+    #: prepared operations waiting for its capacity (deferred by the gate)
+    waiting: int = 0
+    #: the database's time when this was read
+    read_at: AwareDatetime
+
+    @property
+    def paused(self) -> bool:
+        """Whether claims for it are held back now (an open breaker always counts)."""
+        return self.breaker == "open" or (
+            self.paused_until is not None and self.paused_until > self.read_at
+        )
+
+
+class Providers(LedgerBase):
+    """Provider pressure: read for people, and the deferral of what the gate refused."""
+
+    def providers(self) -> list[ProviderState]:
+        """Every provider that has pushed back, holds a slot or has operations waiting."""
+        with self._single() as conn:
+            rows = conn.execute(PROVIDERS).all()
+        return [
+            ProviderState(
+                provider=r.provider,
+                breaker=r.breaker or "closed",
+                failures=r.failures or 0,
+                paused_until=r.paused_until,
+                paused_since=r.paused_since,
+                pause_reason=r.pause_reason,
+                in_flight=r.in_flight,
+                waiting=r.waiting,
+                read_at=r.db_now,
+            )
+            for r in rows
+        ]
+
+    def defer(self, op_id: str, *, until: datetime) -> bool:
+        """Leave a prepared operation for later: its provider had no room for it (its
+        limits, a "not now", an open breaker). No claim, fence or attempt: the relay
+        publishes it again at `until` (`next_check_at` on a prepared operation), and the
+        dispatch that finds room sends it. False when it is no longer prepared."""
+        check_operation_id(op_id)
+        with self._single() as conn:
+            row = conn.execute(DEFER, {"op_id": op_id, "until": until}).one_or_none()
+        return row is not None
