@@ -8,9 +8,13 @@ It never raises a client library's exception upward: every failure becomes an `O
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any, Protocol, runtime_checkable
 
 import httpx
@@ -26,13 +30,15 @@ from opledger.ledger import (
     SendWindow,
     SendWindowPassed,
 )
-from opledger.ledger.contract import Contract, Idempotency, Lookup
+from opledger.ledger.contract import Contract, Idempotency, Limits, Lookup
 from opledger.ledger.evidence import (
     IDEMPOTENCY_MISMATCH,
     IN_FLIGHT,
     KEY_POISONED,
+    NO_CONNECTION,
     NOT_SENT,
     SERVER_ERROR,
+    THROTTLED,
     UNCODED_REFUSAL,
 )
 from opledger.ledger.models import Record, Rejected, Verdict
@@ -40,6 +46,9 @@ from opledger.ledger.models import Record, Rejected, Verdict
 # A lookup's verdicts, for adapters' brevity.
 CONFIRMED, REJECTED = Verdict.CONFIRMED, Verdict.REJECTED
 ABSENT, PENDING, INCONCLUSIVE = Verdict.ABSENT, Verdict.PENDING, Verdict.INCONCLUSIVE
+#: `detail["why"]` of a NOT_SENT attempt that found no free connection in our own client's
+#: pool: a fact about us, not the provider, so its breaker does not count it
+POOL_TIMEOUT = "pool_timeout"
 
 __all__ = [
     "ABSENT",
@@ -49,22 +58,28 @@ __all__ = [
     "IN_FLIGHT",
     "KEY_POISONED",
     "NOT_SENT",
+    "NO_CONNECTION",
     "PENDING",
+    "POOL_TIMEOUT",
     "REJECTED",
     "SERVER_ERROR",
+    "THROTTLED",
     "UNCODED_REFUSAL",
     "Adapter",
     "AdapterExtras",
     "Contract",
     "ErrorCodes",
     "Idempotency",
+    "Limits",
     "Lookup",
     "LookupResult",
     "Verdict",
     "extra",
     "outcome_for_http_error",
     "outcome_for_http_status",
+    "retry_after_seconds",
     "sending",
+    "throttled_outcome",
 ]
 
 
@@ -171,14 +186,22 @@ def outcome_for_http_error(exc: Exception) -> Ambiguous:
     Nothing here is a definitive refusal: a timeout, a reset or a protocol error after the
     request left us says nothing about whether the provider applied it. Only a connection
     that was never made (refused, timed out while connecting, no free connection in the
-    pool) proves that nothing was sent.
+    pool) proves that nothing was sent; its `detail["why"]` tells a connection the provider
+    did not take (`NO_CONNECTION`) from our own pool being full (`POOL_TIMEOUT`).
     """
     if isinstance(exc, SendWindowPassed):  # refused at the wire: no byte left
         return Ambiguous(code=NOT_SENT, reason=str(exc)[:500], detail={"why": "window_passed"})
-    if isinstance(exc, httpx.ConnectTimeout | httpx.ConnectError | httpx.PoolTimeout):
+    if isinstance(exc, httpx.PoolTimeout):
+        return Ambiguous(
+            code=NOT_SENT,
+            reason=f"no free connection in our own pool, nothing sent: {exc!r}"[:500],
+            detail={"why": POOL_TIMEOUT},
+        )
+    if isinstance(exc, httpx.ConnectTimeout | httpx.ConnectError):
         return Ambiguous(
             code=NOT_SENT,
             reason=f"no connection, nothing sent: {type(exc).__name__}: {exc}"[:500],
+            detail={"why": NO_CONNECTION},
         )
     if isinstance(exc, httpx.TimeoutException):
         code = "timeout"
@@ -299,6 +322,10 @@ class ErrorCodes(Record):
     mismatch: frozenset[str] = frozenset()
     #: the key is refused after a failed attempt; a new one is wanted
     poisoned: frozenset[str] = frozenset()
+    #: "not now": the provider is overloaded or our account is over its limit, under
+    #: whatever status it comes (Salesforce answers 403 REQUEST_LIMIT_EXCEEDED); HTTP 429
+    #: and a 503 with Retry-After say so without a code
+    throttled: frozenset[str] = frozenset()
 
 
 #: 4xx statuses that refuse the request itself; without a code we know, they are read as
@@ -319,7 +346,11 @@ def outcome_for_http_status(
     is no refusal: an idempotency layer (the IETF Idempotency-Key draft, the middlewares
     that follow it) answers 409 while a request with the key still executes and 422 when
     the key carries another body, so the first is ambiguous and the second goes to a person.
+    A "not now" (`throttled_outcome`) comes before every code: a 429 is never a refusal.
     """
+    throttled = throttled_outcome(response, codes, provider=provider)
+    if throttled is not None:
+        return throttled
     status, code = response.status_code, error_code(response)
     replayed = response.headers.get("idempotent-replayed") == "true"
     detail: dict[str, object] = {"status": status, "code": code, "replayed": replayed}
@@ -357,6 +388,64 @@ def outcome_for_http_status(
     return Ambiguous(
         code=code or f"http_{status}", reason=f"HTTP {status}", replayed=replayed, detail=detail
     )
+
+
+def throttled_outcome(
+    response: httpx.Response, codes: ErrorCodes, *, provider: str
+) -> Ambiguous | None:
+    """The provider's "not now" as a THROTTLED outcome, or None when `response` is none.
+
+    "Not now" is HTTP 429, a 503 that carries Retry-After (RFC 9110: the service is
+    unavailable for that long), or an error code in `codes.throttled` under any status.
+    `detail["retry_after_s"]` is the wait it asked for (None: it named none), uncapped: the
+    decision caps it with the contract's `Limits.retry_after_max`. A stored answer the
+    provider replays for our key is no "not now": waiting would change nothing, so it is
+    read like any other replayed error.
+    """
+    status, code = response.status_code, error_code(response)
+    if response.headers.get("idempotent-replayed") == "true":
+        return None
+    says_wait = status == 503 and "retry-after" in response.headers
+    if not (status == 429 or says_wait or (code and code in codes.throttled)):
+        return None
+    wait = retry_after_seconds(response)
+    said = f"HTTP {status}" + (f" {code}" if code else "")
+    asked = f"; asked to wait {wait:g} s" if wait is not None else "; no wait named"
+    return Ambiguous(
+        code=THROTTLED,
+        reason=f"{provider} said not now: {said}{asked}"[:500],
+        detail={"status": status, "code": code, "replayed": False, "retry_after_s": wait},
+    )
+
+
+#: delta-seconds (RFC 9110 §10.2.3), and the decimal some providers send ("2.5"); a sign is
+#: accepted so that a negative wait reads as none rather than as garbage
+_DELTA_SECONDS = re.compile(r"[+-]?\d+(?:\.\d+)?")
+
+
+def retry_after_seconds(response: httpx.Response, *, now: datetime | None = None) -> float | None:
+    """How many seconds the response's Retry-After asks us to wait, or None.
+
+    RFC 9110 §10.2.3: delta-seconds or an HTTP-date (its three formats), the date read
+    against `now` (default: the current time). A wait in the past or a negative one is 0;
+    a value that is neither is None. Not capped: the contract's limits do that. The
+    RateLimit-Reset and X-RateLimit-Reset headers are not read: the first is an expired
+    draft's, and providers disagree whether the second is seconds or a Unix time.
+    """
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    value = value.strip()
+    if _DELTA_SECONDS.fullmatch(value):
+        seconds = float(value)
+        return max(0.0, seconds) if math.isfinite(seconds) else None
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, OverflowError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP-date is always GMT (asctime's format names no zone)
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
 def _sent_with_key(response: httpx.Response) -> bool:
@@ -415,11 +504,16 @@ def _message(response: httpx.Response) -> str:
 
 
 def error_code(response: httpx.Response) -> str:
-    """The provider's error code from a JSON error body, '' when there is none."""
+    """The provider's error code from a JSON error body, '' when there is none: `error.code`,
+    a top-level `code`, or the first entry's `errorCode` of a list of errors (Salesforce's
+    REST API answers so)."""
     try:
         body = response.json()
     except ValueError:
         return ""
+    if isinstance(body, list):
+        first = body[0] if body else None
+        return str(first.get("errorCode", "")) if isinstance(first, dict) else ""
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict):
         return str(error.get("code", ""))

@@ -37,6 +37,7 @@ from .base import (
     Contract,
     ErrorCodes,
     Idempotency,
+    Limits,
     Lookup,
     LookupResult,
     error_code,
@@ -75,6 +76,8 @@ CODES = ErrorCodes(
     conflicting_state=frozenset({"case_already_closed"}),
     in_flight=frozenset({"idempotency_key_in_use"}),
     mismatch=frozenset({"idempotency_key_reused"}),
+    # the sandbox CRM's answer (a 429) when the account is over its concurrency or rate
+    throttled=frozenset({"rate_limited"}),
 )
 
 
@@ -97,8 +100,13 @@ def crm_contract(
     conflict_wait: timedelta = timedelta(0),
     response_binds: ResponseBinds = "key_and_digest",
     max_key_length: int | None = None,
+    limits: Limits | None = None,
 ) -> Contract:
-    """The CRM's contract as configured: each protection the provider offers, or not."""
+    """The CRM's contract as configured: each protection the provider offers, or not.
+
+    `limits`: how hard our fleet may press on the account (none by default). Whatever they
+    say, a "not now" applied nothing: the sandbox CRM refuses a request over its limits (or
+    while overloaded) before it reads the key or changes anything."""
     return Contract(
         provider=provider,
         effect="change to the case",
@@ -125,7 +133,9 @@ def crm_contract(
         request_timeout=request_timeout,
         max_in_flight=max_in_flight or request_timeout * 2,
         retention_margin=retention_margin,
-        source="opledger sandbox CRM (Stripe v1-like key semantics)",
+        limits=(limits or Limits()).model_copy(update={"throttle_applies_nothing": True}),
+        source="opledger sandbox CRM (Stripe v1-like key semantics; its limiter answers 429 "
+        "before anything is applied)",
     )
 
 

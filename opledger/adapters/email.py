@@ -29,6 +29,7 @@ from .base import (
     Contract,
     ErrorCodes,
     Idempotency,
+    Limits,
     Lookup,
     LookupResult,
     http_client,
@@ -54,6 +55,8 @@ CODES = ErrorCodes(
     definitive=frozenset({"validation_error", "invalid_idempotency_key", "invalid_json"}),
     in_flight=frozenset({"concurrent_idempotent_requests"}),
     mismatch=frozenset({"invalid_idempotent_request"}),
+    # the sandbox email API's answer (a 429) when the account is over its concurrency or rate
+    throttled=frozenset({"rate_limited"}),
 )
 
 
@@ -66,9 +69,14 @@ def email_contract(
     search_lag: timedelta = timedelta(seconds=30),
     lookup_interval: timedelta = timedelta(seconds=5),
     retention_margin: timedelta = timedelta(minutes=5),
+    limits: Limits | None = None,
 ) -> Contract:
     """The sandbox email API's contract: keys kept in a durable store that replays stored
-    errors, another payload and concurrent requests refused with their own 409 codes."""
+    errors, another payload and concurrent requests refused with their own 409 codes.
+
+    `limits`: how hard our fleet may press on the account (none by default). Whatever they
+    say, a "not now" sent nothing: the sandbox's limiter refuses a request over the
+    account's limits (or while overloaded) before it reads the key or accepts a message."""
     return Contract(
         provider="email",
         effect="email",
@@ -92,8 +100,10 @@ def email_contract(
         request_timeout=request_timeout,
         max_in_flight=max_in_flight or request_timeout * 2,
         retention_margin=retention_margin,
+        limits=(limits or Limits()).model_copy(update={"throttle_applies_nothing": True}),
         source="opledger sandbox email API (Resend-like: 24 h keys, 409 codes; stored errors "
-        "replayed; accepted is not delivered)",
+        "replayed; accepted is not delivered; its limiter answers 429 before anything is "
+        "accepted)",
     )
 
 

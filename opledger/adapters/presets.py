@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from opledger.ledger.contract import Contract, Idempotency, Lookup
+from opledger.ledger.contract import Contract, Idempotency, Limits, Lookup
 
 H = timedelta(hours=1)
 D = timedelta(days=1)
@@ -33,11 +33,15 @@ STRIPE_V1 = Contract(
     lookup=Lookup(kind="search", lag=timedelta(minutes=1)),
     request_timeout=_timeout,
     max_in_flight=_in_flight,
+    # Stripe's rate and concurrency limiters answer 429 before an endpoint starts executing,
+    # and a result is stored under the key only once execution began: a 429 applied nothing
+    limits=Limits(throttle_applies_nothing=True),
     source="Stripe API v1: keys per account, may be pruned after 24 h; once execution began the "
     "first response (400/500 included) is stored and replayed; another payload gets an "
     "idempotency_error; 409 idempotency_key_in_use; keys <= 255 chars; no lookup by key, search "
-    "normally < 1 min behind, up to an hour during outages, lists read-after-write "
-    "(docs.stripe.com idempotent_requests, error-low-level, search)",
+    "normally < 1 min behind, up to an hour during outages, lists read-after-write; 429 from "
+    "the rate and concurrency limiters before execution, never stored under the key "
+    "(docs.stripe.com idempotent_requests, error-low-level, search, rate-limits)",
 )
 
 STRIPE_V2 = Contract(

@@ -35,6 +35,7 @@ from opledger.ledger import (
 from .base import (
     CONFIRMED,
     INCONCLUSIVE,
+    NO_CONNECTION,
     NOT_SENT,
     Contract,
     Idempotency,
@@ -121,6 +122,24 @@ def outcome_for_smtp_error(exc: Exception, *, message_sent: bool = True) -> Outc
     return Ambiguous(code="client_error", reason=text)
 
 
+def outcome_for_smtp_connect_error(exc: Exception) -> Outcome:
+    """Map a failure to open the SMTP session: nothing was sent either way.
+
+    A socket error (refused, unreachable, no such host, a timeout or a TLS failure while
+    connecting) means the server never took the connection: `detail["why"]` says so
+    (NO_CONNECTION), as for HTTP. smtplib turns anything after the connection was made (a
+    4xx or 5xx greeting, a connection closed or silent before its greeting) into an
+    `SMTPException`, which is mapped as before.
+    """
+    if isinstance(exc, OSError) and not isinstance(exc, smtplib.SMTPException):
+        return Ambiguous(
+            code=NOT_SENT,
+            reason=f"no connection, nothing sent: {type(exc).__name__}: {exc}"[:500],
+            detail={"why": NO_CONNECTION},
+        )
+    return outcome_for_smtp_error(exc, message_sent=False)
+
+
 class SmtpAdapter:
     actions = ACTIONS
     payload_schemas: ClassVar[Mapping[str, Mapping[str, Any]]] = {ACTIONS[0]: EMAIL_SCHEMA}
@@ -172,7 +191,7 @@ class SmtpAdapter:
                 self.host, self.port, timeout=self.contract.request_timeout.total_seconds()
             )
         except Exception as exc:  # no connection: nothing was sent
-            return outcome_for_smtp_error(exc, message_sent=False)
+            return outcome_for_smtp_connect_error(exc)
         try:
             try:
                 smtp.ehlo_or_helo_if_needed()

@@ -46,7 +46,7 @@ from opledger.ledger import (
     Outcome,
     Rejected,
 )
-from opledger.ledger.contract import Contract
+from opledger.ledger.contract import Contract, Limits
 from opledger.ledger.evidence import BINDING_MISMATCH
 from opledger.net import api_key_problem
 
@@ -63,6 +63,7 @@ from .base import (
     outcome_for_http_status,
     reuses_connections,
     scoped,
+    throttled_outcome,
 )
 from .presets import STRIPE_V1
 
@@ -168,6 +169,9 @@ CODES = ErrorCodes(
     # our own earlier refund (under another key) may have refunded it already
     conflicting_state=frozenset({"charge_already_refunded"}),
     in_flight=frozenset({"idempotency_key_in_use"}),
+    # Stripe's "not now", both under 429: over the account's rate or concurrency limit, and
+    # an object locked by another request or Stripe process (its libraries retry both)
+    throttled=frozenset({"rate_limit", "lock_timeout"}),
 )
 
 _STATUS_CONFIRMED = {
@@ -185,10 +189,13 @@ def stripe_contract(
     retention_margin: timedelta | None = None,
     lookup_lag: timedelta | None = None,
     lookup_interval: timedelta | None = None,
+    limits: Limits | None = None,
 ) -> Contract:
     """Stripe v1's documented contract (`presets.STRIPE_V1`) as this adapter keeps it.
 
-    Our client's numbers (timeout, in-flight bound, lookup interval) may be set. Stripe's
+    Our client's numbers (timeout, in-flight bound, lookup interval, and `limits`: how hard
+    our fleet may press on the account) may be set; that a 429 applied nothing is Stripe's
+    fact and stays. Stripe's
     own: a retention longer than its 24 h is refused; a shorter lag is accepted (for tests
     against a mock: Stripe's Search can be an hour behind).
     Its answers name our operation (the metadata marker, from which the adapter binds our
@@ -218,6 +225,9 @@ def stripe_contract(
         retention_margin=retention_margin
         if retention_margin is not None
         else min(base.retention_margin, kept / 10),
+        limits=(limits or base.limits).model_copy(
+            update={"throttle_applies_nothing": base.limits.throttle_applies_nothing}
+        ),
         source=base.source
         + "; this adapter: our operation id in metadata, echoed in every answer (so a success "
         "binds our key); lookup = the list read back (read-after-write), Search beyond "
@@ -381,6 +391,9 @@ class StripeAdapter:
                 "should_retry": response.headers.get("stripe-should-retry", ""),
             }
         )
+        throttled = throttled_outcome(response, CODES, provider="Stripe")
+        if throttled is not None:  # before Stripe's own types: a 429 is never a decline
+            return throttled.model_copy(update={"detail": {**throttled.detail, **detail}})
         if code in CODES.in_flight:
             return Ambiguous(
                 code=IN_FLIGHT, reason="a request with this key is executing", detail=detail

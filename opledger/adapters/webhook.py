@@ -36,6 +36,7 @@ from .base import (
     INCONCLUSIVE,
     SERVER_ERROR,
     Contract,
+    ErrorCodes,
     Idempotency,
     Lookup,
     LookupResult,
@@ -43,6 +44,7 @@ from .base import (
     http_client,
     outcome_for_http_error,
     reuses_connections,
+    throttled_outcome,
 )
 
 ACTIONS: tuple[str, ...] = ("webhook.post.v1",)
@@ -133,6 +135,10 @@ class WebhookAdapter:
                 ),
                 detail=detail,
             )
+        # a 429, or a 503 with Retry-After: the receiver asks us to come back later
+        throttled = throttled_outcome(response, ErrorCodes(), provider="the receiver")
+        if throttled is not None:
+            return throttled
         if 400 <= status < 500 and status not in (408, 409, 425, 429):
             return Rejected(code=f"http_{status}", reason="the receiver refused it", detail=detail)
         code = SERVER_ERROR if status >= 500 else f"http_{status}"

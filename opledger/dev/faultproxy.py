@@ -2,7 +2,7 @@
 on request, so a test can lose a provider's answer *after* the provider acted on it.
 
 ```python
-with FaultProxy(("127.0.0.1", upstream_port)) as proxy:   # listens on 127.0.0.1
+with FaultProxy(("127.0.0.1", upstream_port)) as proxy:   # listens on 127.0.0.1, a free port
     proxy.cut_response(after=b"\\r\\n.\\r\\n", times=1)
     proxy.delay_response(2.0, after=b"", times=1)
     proxy.refuse(times=1)
@@ -222,9 +222,13 @@ def _shutdown(sock: socket.socket, how: int) -> None:
 class FaultProxy:
     """A TCP proxy on 127.0.0.1 in front of `upstream` that injects faults on request."""
 
-    def __init__(self, upstream: tuple[str, int], host: str = "127.0.0.1") -> None:
+    def __init__(self, upstream: tuple[str, int], host: str = "127.0.0.1", port: int = 0) -> None:
+        """`port`: where to listen (0: a free port, chosen at each `start`). A fixed port
+        lets a client be pointed at an address that refuses connections until the proxy
+        starts there (the provider comes back); it may be bound again right after `stop`."""
         self.upstream = upstream
         self._host = host
+        self._port = port
         self._listener: socket.socket | None = None
         self._acceptor: threading.Thread | None = None
         self._stop = threading.Event()
@@ -233,7 +237,7 @@ class FaultProxy:
         self._live: list[_Connection] = []
         self._connections = 0
         self._fired_counts: dict[str, int] = {"cut": 0, "delay": 0, "refuse": 0}
-        self.port = 0
+        self.port = port
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -241,8 +245,13 @@ class FaultProxy:
         if self._listener is not None:
             raise RuntimeError("the fault proxy is already running")
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # a fixed port can be bound again while the last run's connections are in TIME_WAIT
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((self._host, 0))
+        try:
+            listener.bind((self._host, self._port))
+        except OSError:  # the fixed port is taken
+            listener.close()
+            raise
         listener.listen(64)
         self._listener = listener
         self.port = listener.getsockname()[1]

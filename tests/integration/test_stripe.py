@@ -621,7 +621,7 @@ def test_the_contract_check_agrees_where_the_mock_shows_it(
             429,
             {"type": "rate_limit_error", "code": "rate_limit"},
             {"Stripe-Should-Retry": "true"},
-            ("ambiguous", "rate_limit"),
+            ("ambiguous", "throttled"),
         ),
         (
             500,

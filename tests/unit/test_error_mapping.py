@@ -180,7 +180,7 @@ def _response(status: int, body: object, **headers: str) -> httpx.Response:
         # own earlier attempt may have caused
         (422, {"message": "case is closed"}, "rejected", "http_422", True),
         (400, {"message": "bad request"}, "rejected", "http_400", True),
-        (429, {"message": "slow down"}, "ambiguous", "http_429", False),
+        (429, {"message": "slow down"}, "ambiguous", "throttled", False),
         (408, {}, "ambiguous", "http_408", False),
         (500, {"message": "oops"}, "ambiguous", "server_error", False),
         (503, {"error": {"code": "case_not_found"}}, "ambiguous", "server_error", False),

@@ -151,7 +151,7 @@ def test_a_client_error_reason_is_kept_to_500_characters(exc: Exception) -> None
         ),
         (_json(422, {"message": "case is closed"}), (422, "", False)),
         (_json(503, {"message": "oops"}, replayed=True), (503, "", True)),
-        (_json(429, {"error": {"code": "slow_down"}}), (429, "slow_down", False)),
+        (_json(408, {"error": {"code": "slow_down"}}), (408, "slow_down", False)),
     ],
     ids=[
         "in_flight",
@@ -161,7 +161,7 @@ def test_a_client_error_reason_is_kept_to_500_characters(exc: Exception) -> None
         "conflicting",
         "bare 4xx",
         "5xx",
-        "429",
+        "408",
     ],
 )
 def test_every_http_outcome_keeps_the_status_the_providers_code_and_whether_it_was_replayed(
@@ -195,7 +195,7 @@ def test_a_conflicting_state_code_is_a_conflicting_refusal_under_any_4xx(status:
     assert (outcome.code, outcome.conflicting_state) == ("case_already_closed", True)
 
 
-@pytest.mark.parametrize("status", [401, 402, 408, 412, 429])
+@pytest.mark.parametrize("status", [401, 402, 408, 412, 425])
 def test_an_unknown_code_outside_the_refusal_statuses_stays_ambiguous(status: int) -> None:
     outcome = _map(_json(status, {"error": {"code": "slow_down"}}))
     assert isinstance(outcome, Ambiguous) and outcome.code == "slow_down"
