@@ -123,7 +123,9 @@ class Sandbox:
 
     def configure(self, account: str | None = None, **settings: Any) -> dict[str, Any]:
         """Switch protections and knobs (see `opledger.dev.sandbox.server.Config`), for one
-        account or (without `account`) for every account without its own settings."""
+        account or (without `account`) for every account without its own settings; e.g.
+        the account's limits on writes: `configure("acme", max_concurrent=2,
+        rate_per_s=20, burst=2)` (0: unlimited)."""
         body = {**settings, **({"account": account} if account is not None else {})}
         return self._post("/_admin/config", body)
 
@@ -136,7 +138,9 @@ class Sandbox:
         delay_s: float = 0.0,
         key: str | None = None,
     ) -> None:
-        """Inject a fault into the next `times` matching requests."""
+        """Inject a fault into the next `times` matching requests (modes:
+        `opledger.dev.sandbox.server.FAULT_MODES`). "overloaded" (CRM and email only)
+        answers a 503 with `Retry-After: <delay_s>` before anything is read or applied."""
         self._post(
             "/_admin/faults",
             {"provider": provider, "mode": mode, "times": times, "delay_s": delay_s, "key": key},
@@ -147,10 +151,24 @@ class Sandbox:
         self._post(f"/_admin/crm/{account}/cases/{case_id}/close_by_other")
 
     def truth(self) -> dict[str, Any]:
-        """Ground truth: effects applied per key and every request received per key."""
+        """Ground truth: effects applied per key (`effects`) and per act (`by_act`), every
+        request admitted per key (`requests`), and per account what its front door
+        admitted and refused (`limited`, see `limited`)."""
         assert self._client is not None, "start the sandbox first"
         result: dict[str, Any] = self._client.get("/_admin/truth").json()
         return result
+
+    def limited(self, account: str) -> dict[str, Any]:
+        """What `account`'s front door did with its write requests (CRM case actions and
+        email sends; one account name's CRM and email share it): `admitted`; `over_limit`
+        (answered 429: `over_concurrency` + `over_rate`); `overloaded` (answered 503 by the
+        "overloaded" fault); `in_flight` now and `max_in_flight` at the peak (admitted
+        requests executing at once); `first_admitted_at` and `last_admitted_at` (Unix
+        times, None before the first). All zero for an account that sent nothing."""
+        from .server import Limiter  # the shape of a report, for an account never seen
+
+        report: dict[str, Any] | None = self.truth()["limited"].get(account)
+        return report if report is not None else Limiter().report()
 
     def by_act(self) -> dict[str, int]:
         """Effects applied per business act, whatever key carried them: a CRM verb on a

@@ -9,9 +9,14 @@ is a switch, so a test can prove that opledger (not the provider) prevented a du
   one with its key executes gets a 409 (switchable);
 - a status API by key (CRM), a search that lags (both), edits by "other users" (CRM);
 - per-request faults: commit then drop the response, commit then answer too late, a 500
-  before or after the commit; SMTP can drop the connection after accepting DATA;
-- ground truth: how many times each effect was applied, and every request per key with
-  its arrival and completion times.
+  before or after the commit, a 503 "overloaded" with Retry-After before anything; SMTP
+  can drop the connection after accepting DATA;
+- per-account limits on the writes (CRM case actions, email sends): requests in flight at
+  once, and a rate with a burst (a token bucket); a request over either gets a 429 with
+  Retry-After before its key is read or anything is applied;
+- ground truth: how many times each effect was applied, every admitted request per key
+  with its arrival and completion times, and per account what its limits admitted and
+  refused.
 
 Run it with `opledger sandbox` or `python -m opledger.dev.sandbox`; tests use
 `opledger.dev.sandbox.Sandbox`. State is in memory and starts empty.
@@ -22,8 +27,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from email import message_from_bytes
 from typing import Any
@@ -42,7 +49,12 @@ FAULT_MODES = (
     "drop_after_data",  # SMTP: the message is accepted, the connection closes before the 250
     "refuse_after_data",  # SMTP: the body is refused for good (554), nothing accepted
     "defer_after_data",  # SMTP: the body is refused for now (451), nothing accepted
+    "overloaded",  # CRM, email: a 503 with Retry-After `delay_s`, before anything is read
 )
+#: the faults that strike at the front door, before the limits, the key and the effect
+FRONT_DOOR = ("overloaded",)
+#: the providers whose writes pass the front door (faults there, per-account limits)
+LIMITED_PROVIDERS = ("crm", "email")
 
 
 @dataclass
@@ -64,6 +76,12 @@ class Config:
     retention_s: float = 24 * 3600.0  #: how long keys are remembered
     search_lag_s: float = 0.0  #: how long until an applied effect shows in search
     processing_s: float = 0.0  #: how long a request executes before it commits
+    #: write requests executing at once; one more gets a 429 (0: unlimited)
+    max_concurrent: int = 0
+    #: write requests admitted per second, with `burst` at once after a quiet spell (a
+    #: token bucket); one more gets a 429 (0: unlimited)
+    rate_per_s: float = 0.0
+    burst: int = 1
 
 
 @dataclass
@@ -73,6 +91,66 @@ class Fault:
     times: int = 1
     delay_s: float = 0.0
     key: str | None = None  #: only requests with this key (None: any)
+
+
+@dataclass
+class Limiter:
+    """One account's front door: a token bucket (`Config.rate_per_s`, `Config.burst`), the
+    write requests in flight, and the ground truth of what it admitted and refused."""
+
+    tokens: float | None = None  #: None: never used, so full
+    refilled: float = 0.0
+    in_flight: int = 0
+    admitted: int = 0
+    over_concurrency: int = 0
+    over_rate: int = 0
+    overloaded: int = 0
+    max_in_flight: int = 0
+    first_admitted_at: float | None = None
+    last_admitted_at: float | None = None
+
+    def admit(self, cfg: Config, now: float) -> float | None:
+        """Admit one request (None: it is now in flight until `release`), or refuse it: the
+        seconds until it could be admitted."""
+        if cfg.max_concurrent > 0 and self.in_flight >= cfg.max_concurrent:
+            self.over_concurrency += 1
+            return 1.0
+        if cfg.rate_per_s > 0:
+            burst = max(1, cfg.burst)
+            if self.tokens is None:
+                self.tokens = float(burst)
+            else:
+                gained = (now - self.refilled) * cfg.rate_per_s
+                self.tokens = min(float(burst), self.tokens + gained)
+            self.refilled = now
+            if self.tokens < 1:
+                self.over_rate += 1
+                return (1 - self.tokens) / cfg.rate_per_s
+            self.tokens -= 1
+        self.in_flight += 1
+        self.admitted += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        if self.first_admitted_at is None:
+            self.first_admitted_at = now
+        self.last_admitted_at = now
+        return None
+
+    def release(self) -> None:
+        """The admitted request finished executing (its answer is about to be sent)."""
+        self.in_flight -= 1
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "admitted": self.admitted,
+            "over_limit": self.over_concurrency + self.over_rate,
+            "over_concurrency": self.over_concurrency,
+            "over_rate": self.over_rate,
+            "overloaded": self.overloaded,
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
+            "first_admitted_at": self.first_admitted_at,
+            "last_admitted_at": self.last_admitted_at,
+        }
 
 
 @dataclass
@@ -112,10 +190,22 @@ class State:
         #: the provider's own durable record of what each key applied: what its status
         #: API answers from, whatever the key store (a cache in front of it) says
         self.applied: dict[tuple[str, str, str], dict[str, Any]] = {}
+        #: each account's front door: one per account name, shared by its CRM and its email
+        #: API as the account's `Config` is
+        self.limiters: dict[str, Limiter] = defaultdict(Limiter)
 
-    def take_fault(self, provider: str, key: str | None) -> Fault | None:
+    def take_fault(
+        self, provider: str, key: str | None, *, front_door: bool = False
+    ) -> Fault | None:
+        """The next armed fault for this request: one of `FRONT_DOOR` at the front door,
+        any other mode after it."""
         for fault in self.faults:
-            if fault.provider == provider and fault.times > 0 and fault.key in (None, key):
+            if (
+                fault.provider == provider
+                and fault.times > 0
+                and fault.key in (None, key)
+                and (fault.mode in FRONT_DOOR) == front_door
+            ):
                 fault.times -= 1
                 return fault
         return None
@@ -149,6 +239,50 @@ def _without_code(payload: dict[str, Any]) -> dict[str, Any]:
 def _error_response(status: int, code: str, message: str = "") -> JSONResponse:
     status, body = _error(status, code, message)
     return JSONResponse(body, status_code=status)
+
+
+def _refusal(cfg: Config, status: int, code: str, message: str, wait: str) -> JSONResponse:
+    """A "not now" from the front door: nothing was read or applied."""
+    _, payload = _error(status, code, message)
+    if not cfg.error_codes:
+        payload = _without_code(payload)
+    return JSONResponse(payload, status_code=status, headers={"Retry-After": wait})
+
+
+def _front_door(request: Request, state: State, provider: str, account: str) -> Response | None:
+    """What answers a write before its key is read: an "overloaded" fault (a 503), or the
+    account's limits (a 429); None when the request is admitted and now in flight."""
+    cfg, limiter = state.config_for(account), state.limiters[account]
+    fault = state.take_fault(provider, request.headers.get("idempotency-key"), front_door=True)
+    if fault is not None:
+        limiter.overloaded += 1
+        return _refusal(cfg, 503, "overloaded", "overloaded, try later", f"{fault.delay_s:g}")
+    wait = limiter.admit(cfg, time.time())
+    if wait is None:
+        return None
+    # as real providers send it: whole seconds, at least one, by when a slot or token is free
+    seconds = max(1, math.ceil(wait))
+    return _refusal(cfg, 429, "rate_limited", "too many requests for this account", str(seconds))
+
+
+async def _limited(
+    request: Request,
+    state: State,
+    provider: str,
+    account: str,
+    handle: Callable[[], Awaitable[Response]],
+) -> Response:
+    """`handle` a write request if the front door admits it. Its place in flight ends when
+    the handler has its answer, before the answer is sent: a client that lets its next
+    request go once it has read the answer is never counted twice."""
+    refused = _front_door(request, state, provider, account)
+    if refused is not None:
+        return refused
+    limiter = state.limiters[account]
+    try:
+        return await handle()
+    finally:
+        limiter.release()
 
 
 class DroppedResponse(Response):
@@ -341,14 +475,20 @@ async def crm_case_action(request: Request) -> Response:
             "request_digest": digest,
         }
 
-    return await _keyed_request(
+    return await _limited(
         request,
         state,
         "crm",
         account,
-        execute,
-        mismatch=(422, "idempotency_key_reused"),
-        conflict=(409, "idempotency_key_in_use"),
+        lambda: _keyed_request(
+            request,
+            state,
+            "crm",
+            account,
+            execute,
+            mismatch=(422, "idempotency_key_reused"),
+            conflict=(409, "idempotency_key_in_use"),
+        ),
     )
 
 
@@ -425,14 +565,20 @@ async def email_send(request: Request) -> Response:
         state.by_act[f"email:{account}:{payload.get('to')}"] += 1
         return 202, {"id": message_id}
 
-    return await _keyed_request(
+    return await _limited(
         request,
         state,
         "email",
         account,
-        execute,
-        mismatch=(409, "invalid_idempotent_request"),
-        conflict=(409, "concurrent_idempotent_requests"),
+        lambda: _keyed_request(
+            request,
+            state,
+            "email",
+            account,
+            execute,
+            mismatch=(409, "invalid_idempotent_request"),
+            conflict=(409, "concurrent_idempotent_requests"),
+        ),
     )
 
 
@@ -482,6 +628,7 @@ async def admin_truth(request: Request) -> Response:
             "effects": dict(STATE.effects),
             "by_act": dict(STATE.by_act),
             "requests": {k: v for k, v in STATE.requests.items()},
+            "limited": {account: lim.report() for account, lim in STATE.limiters.items()},
         }
     )
 
@@ -517,6 +664,10 @@ async def admin_fault(request: Request) -> Response:
     spec = await request.json()
     if spec.get("mode") not in FAULT_MODES:
         return _error_response(400, "unknown_fault", str(spec.get("mode")))
+    if spec["mode"] in FRONT_DOOR and spec.get("provider") not in LIMITED_PROVIDERS:
+        return _error_response(
+            400, "unknown_fault", f"{spec['mode']} strikes only {', '.join(LIMITED_PROVIDERS)}"
+        )
     STATE.faults.append(Fault(**spec))
     return JSONResponse({"ok": True, "pending": len(STATE.faults)})
 
