@@ -98,6 +98,7 @@ class ProviderLimits(BaseModel):
     burst: int = Field(default=1, gt=0)
     breaker_after: int | None = Field(default=None, gt=0)
     probe_every_seconds: float | None = Field(default=None, gt=0)
+    probe_max_seconds: float | None = Field(default=None, gt=0)
 
 
 class Settings(BaseSettings):

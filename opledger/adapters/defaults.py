@@ -91,6 +91,8 @@ def with_limits(contract: Contract, settings: Settings) -> Contract:
     )
     if given.probe_every_seconds is not None:
         update["probe_every"] = timedelta(seconds=given.probe_every_seconds)
+    if given.probe_max_seconds is not None:
+        update["probe_max"] = timedelta(seconds=given.probe_max_seconds)
     limits = Limits.model_validate(contract.limits.model_dump() | update)
     return contract.model_copy(update={"limits": limits})
 

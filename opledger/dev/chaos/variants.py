@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from opledger.adapters.crm import CrmAdapter, crm_contract
-from opledger.adapters.defaults import Timings, add_webhook
+from opledger.adapters.defaults import Timings, add_webhook, with_limits
 from opledger.adapters.email import EmailAdapter, email_contract
 from opledger.adapters.registry import Registry
 from opledger.adapters.smtp import SmtpAdapter, smtp_contract
-from opledger.ledger.contract import Contract
+from opledger.ledger.contract import Contract, Limits
 from opledger.settings import Settings
 
 
@@ -29,19 +29,45 @@ class Kind:
     account: str
     keys: bool
     lookup: Literal["status_api", "search", "none"]
+    #: the provider's limits on this account's writes (concurrency, rate, burst), which
+    #: the contract declares and the sandbox enforces with a 429 and Retry-After
+    limits: Limits | None = None
+
+    @property
+    def provider(self) -> str:
+        return f"crm:{self.account}"
 
     @property
     def action(self) -> str:
         return f"{self.namespace}.close_case.v1"
 
     def sandbox_config(self, settings: Settings) -> dict[str, Any]:
-        return {
+        config: dict[str, Any] = {
             "keys": self.keys,
             "inflight_conflict": False,
             "status_api": self.lookup == "status_api",
             "retention_s": settings.key_retention_seconds,
             "search_lag_s": settings.search_lag_seconds if self.lookup == "search" else 0.0,
         }
+        limits = self.declared(settings)
+        if limits.limited:
+            # the provider's own limits: what the contract declares, with room for the
+            # network's jitter in the burst (calls admitted a few ms apart here may arrive
+            # closer together there)
+            config.update(
+                max_concurrent=limits.concurrency or 0,
+                rate_per_s=limits.rate or 0.0,
+                burst=limits.burst + 2,
+            )
+        return config
+
+    def declared(self, settings: Settings) -> Limits:
+        """The limits this kind's contract declares (`OPLEDGER_PROVIDER_LIMITS` may set
+        others for its provider, as a deployment would)."""
+        base = crm_contract(provider=self.provider)
+        if self.limits is not None:
+            base = base.model_copy(update={"limits": self.limits})
+        return with_limits(base, settings).limits
 
 
 KINDS = (
@@ -49,6 +75,15 @@ KINDS = (
     Kind("keyed", "crmk", "keyed-nolookup", keys=True, lookup="none"),
     Kind("search", "crms", "search-only", keys=False, lookup="search"),
     Kind("no-dedup", "crmn", "no-dedup", keys=False, lookup="none"),
+    # keyed with a status API, behind a rate limiter that answers 429 with Retry-After
+    Kind(
+        "rate-limited",
+        "crml",
+        "rate-limited",
+        keys=True,
+        lookup="status_api",
+        limits=Limits(concurrency=2, rate=20, burst=2, throttle_applies_nothing=True),
+    ),
 )
 #: a provider without deduplication whose status API answers authoritatively by our key:
 #: "absent" after the in-flight deadline allows a retry. Registered beside KINDS (the
@@ -72,9 +107,9 @@ def build_registry(settings: Settings) -> Registry:
                 keys=kind.keys,
                 lookup=kind.lookup,
                 search_lag=t.lag,
-                provider=f"crm:{kind.account}",
+                provider=kind.provider,
                 concurrent="unchecked",  # the sandbox answers no concurrent request with 409
-            ),
+            ).model_copy(update={"limits": kind.declared(settings)}),
         )
         for kind in ALL_KINDS
     ]
