@@ -20,11 +20,12 @@ from contextlib import contextmanager
 
 import pytest
 
-from opledger.dev.chaos.variants import KINDS
+from opledger.dev.chaos.variants import KINDS, provider_limits
 from opledger.dev.faultproxy import FaultProxy
 from opledger.dev.processes import Stack, free_port, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
+from opledger.ledger.contract import Limits
 from opledger.tasks.app import dispatch
 from tests.intents import prepare
 
@@ -57,8 +58,8 @@ def limited_worker(
 ) -> Iterator[None]:
     """The sandbox's rate-limited account enforcing `limits` (with room for jitter in its
     burst), and a worker of `processes` processes whose contract declares them."""
-    env = {**limits_env(**limits)}
-    sandbox.configure(LIMITED.account, **LIMITED.sandbox_config(settings_of({**stack.env, **env})))
+    env = limits_env(**limits)
+    sandbox.configure(LIMITED.account, **provider_limits(Limits.model_validate(limits)))
     with worker_with(stack, concurrency=processes, **env):
         yield
 

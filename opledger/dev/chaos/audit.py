@@ -38,6 +38,9 @@ class Audit:
     dispatches_while_in_flight: int = 0
     #: for each provider (contract kind): operations, how many went to a person, and why
     reviews_by_provider: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: for each rate-limited account: the calls its front door admitted, and those it
+    #: answered "not now" (429: over its concurrency or rate)
+    limited: dict[str, dict[str, int]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
     def count_review(self, history: History, in_review: bool) -> None:
@@ -80,6 +83,11 @@ def in_flight_races(history: History, requests: list[dict[str, Any]]) -> int:
 def audit(ledger: Ledger, truth: dict[str, Any], op_ids: Iterable[str]) -> Audit:
     """Check every invariant the crash windows must keep, for `op_ids`."""
     result = Audit()
+    result.limited = {
+        account: {"admitted": seen["admitted"], "over_limit": seen["over_limit"]}
+        for account, seen in truth.get("limited", {}).items()
+        if seen.get("admitted") or seen.get("over_limit")
+    }
     effects: dict[str, int] = truth.get("effects", {})
     requests: dict[str, list[dict[str, Any]]] = truth.get("requests", {})
     for op_id in op_ids:

@@ -132,6 +132,7 @@ class ChaosResult:
             "seed": self.seed,
             "broker": self.broker,
             "review_share_by_provider": a.reviews_by_provider,
+            "rate_limited_calls": a.limited,
             "problems": a.problems[:20],
         }
 

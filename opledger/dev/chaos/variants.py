@@ -29,9 +29,11 @@ class Kind:
     account: str
     keys: bool
     lookup: Literal["status_api", "search", "none"]
-    #: the provider's limits on this account's writes (concurrency, rate, burst), which
-    #: the contract declares and the sandbox enforces with a 429 and Retry-After
+    #: the limits this account's contract declares (concurrency, rate, burst)
     limits: Limits | None = None
+    #: the limits the sandbox enforces on it with a 429 and Retry-After (default: those
+    #: declared); stricter than declared, the provider says "not now" and is waited out
+    enforced: Limits | None = None
 
     @property
     def provider(self) -> str:
@@ -49,16 +51,9 @@ class Kind:
             "retention_s": settings.key_retention_seconds,
             "search_lag_s": settings.search_lag_seconds if self.lookup == "search" else 0.0,
         }
-        limits = self.declared(settings)
+        limits = self.enforced or self.declared(settings)
         if limits.limited:
-            # the provider's own limits: what the contract declares, with room for the
-            # network's jitter in the burst (calls admitted a few ms apart here may arrive
-            # closer together there)
-            config.update(
-                max_concurrent=limits.concurrency or 0,
-                rate_per_s=limits.rate or 0.0,
-                burst=limits.burst + 2,
-            )
+            config.update(provider_limits(limits))
         return config
 
     def declared(self, settings: Settings) -> Limits:
@@ -83,6 +78,8 @@ KINDS = (
         keys=True,
         lookup="status_api",
         limits=Limits(concurrency=2, rate=20, burst=2, throttle_applies_nothing=True),
+        # the account's plan is smaller than the contract says: 429s, waited out
+        enforced=Limits(concurrency=2, rate=2, burst=1),
     ),
 )
 #: a provider without deduplication whose status API answers authoritatively by our key:
@@ -93,6 +90,16 @@ NO_DEDUP_STATUS = Kind(
 )
 ALL_KINDS = (*KINDS, NO_DEDUP_STATUS)
 EMAIL_ACCOUNT = "mail"
+
+
+def provider_limits(limits: Limits) -> dict[str, Any]:
+    """The sandbox settings that enforce `limits`, with room for the network's jitter in
+    the burst (calls admitted a few ms apart here may arrive closer together there)."""
+    return {
+        "max_concurrent": limits.concurrency or 0,
+        "rate_per_s": limits.rate or 0.0,
+        "burst": limits.burst + 2,
+    }
 
 
 def build_registry(settings: Settings) -> Registry:
