@@ -16,6 +16,7 @@ from . import (  # noqa: F401
     ops,
     payloads,
     processes,
+    providers,
     review,
 )
 from .app import app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Annotated, Any
 
 import typer
@@ -25,10 +26,26 @@ from .app import (
     open_ledger,
 )
 from .provenance import cancel_actor
+from .providers import clock
 from .render import _cell, _when, new_table, records_table
 
 ops_app = typer.Typer(help="Inspect operations.")
 app.add_typer(ops_app, name="ops")
+
+
+def waits_until(op: Operation) -> datetime | None:
+    """When a prepared operation deferred for its provider's room is sent again (its
+    limits, a "not now", an open breaker); None for any other."""
+    return op.next_check_at if op.status is Status.PREPARED else None
+
+
+def status_cell(op: Operation) -> str:
+    """The status, and for a prepared operation deferred for its provider's room, whom it
+    waits for and until when ("prepared, waits for crm until 12:00:03", in UTC)."""
+    until = waits_until(op)
+    if until is None:
+        return op.status.value
+    return f"{op.status.value}, waits for {op.provider} until {clock(until)}"
 
 
 def operations_table(operations: tuple[Operation, ...]) -> Table:
@@ -40,13 +57,13 @@ def operations_table(operations: tuple[Operation, ...]) -> Table:
                 op.tenant,
                 op.action,
                 op.target,
-                op.status.value,
+                status_cell(op),
                 op.fence,
                 _when(op.updated_at),
             )
             for op in operations
         ],
-        keys=("id", "status"),
+        keys=("id",),
     )
 
 
@@ -273,6 +290,13 @@ def ops_show(op_id: str, as_json: JsonOption = False) -> None:
         )
 
 
+def operation_record(op: Operation) -> dict[str, Any]:
+    """`op` as `ops list --json` lists it: the record, and `waits_until`, when a prepared
+    operation deferred for its provider's room is sent again (else null)."""
+    record = op.model_dump(mode="json")
+    return record | {"waits_until": record["next_check_at"] if waits_until(op) else None}
+
+
 #: what `ops list` says under a full page: how to get the next one
 NEXT_PAGE = "more: add --before {last} for the next page"
 
@@ -307,7 +331,7 @@ def ops_list(
         )
     operations, more = found[:limit], len(found) > limit
     if as_json:
-        emit_json([op.model_dump(mode="json") for op in operations])
+        emit_json([operation_record(op) for op in operations])
         return
     console.print(operations_table(operations))
     if more:

@@ -1,7 +1,12 @@
 """The review console's pages: the queue, one review and its resolution, the audit trail,
 an operation, search. Every page acts for the signed-in operator and the tenant in its URL
 (`/t/{tenant}/...`): a tenant the operator does not act for, and another tenant's
-operation, are the same "not found". Every decision goes through `ledger.reviews`."""
+operation, are the same "not found". Every decision goes through `ledger.reviews`.
+
+The queue also names the providers under pressure (`Ledger.providers`): paused by a "not
+now" or an open breaker, with why and since when. How many operations wait for a
+provider's room is counted across every tenant, so only an operator acting for every
+tenant is shown it."""
 
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from opledger.ledger.errors import (
 )
 from opledger.ledger.ids import parse_age
 from opledger.ledger.models import Operation, Status
+from opledger.ledger.providers import Providers, ProviderState
 from opledger.ledger.reviews import Reviews
 
 from .base import ConsoleConfig, Refusal, not_found
@@ -35,7 +41,8 @@ from .web import Pages, ago
 class Routes:
     """The pages' handlers (`Pages.page` / `Pages.form_page` make endpoints of them).
     `publish_retry(op_id)` hands an authorized retry to a worker now (None when published,
-    else why not); without it, the sweep sends it."""
+    else why not); without it, the sweep sends it. `providers()` reads the providers'
+    pressure (`Ledger.providers`); without it, it is read from the reviews' own ledger."""
 
     def __init__(
         self,
@@ -43,9 +50,11 @@ class Routes:
         reviews: Reviews,
         config: ConsoleConfig,
         publish_retry: Callable[[str], str | None] | None,
+        providers: Callable[[], list[ProviderState]] | None = None,
     ) -> None:
         self.pages, self.reviews, self.config = pages, reviews, config
         self.publish_retry = publish_retry
+        self.providers = providers or providers_of(reviews)
 
     def tenant_of(self, auth: Auth, tenant: str) -> str:
         if not auth.operator.can_act_for(tenant):
@@ -56,6 +65,13 @@ class Routes:
         if auth.operator.all_tenants:
             return [t for t, _ in self.reviews.tenants_with_open_reviews()]
         return list(auth.operator.tenants)
+
+    def pressure(self, auth: Auth) -> tuple[list[ProviderState], bool]:
+        """The providers under pressure the queue names, and whether their waiting
+        operations are counted for this operator (fleet-wide counts: every tenant's)."""
+        everyone = auth.operator.all_tenants
+        shown = [p for p in self.providers() if p.paused or (everyone and p.waiting)]
+        return shown, everyone
 
     # -- the queue ----------------------------------------------------------------------
 
@@ -83,11 +99,14 @@ class Routes:
                 counts["reason"][c.reason] = counts["reason"].get(c.reason, 0) + c.n
         rows.sort(key=lambda r: (r.opened_at, r.op_id))
         now = datetime.now(UTC)
+        providers, show_waiting = self.pressure(auth)
         return self.pages.render(
             request,
             "queue.html",
             auth=auth,
             rows=rows,
+            providers=providers,
+            show_waiting=show_waiting,
             counts=counts,
             total=sum(counts["tenant"].values()),
             tenants=mine,
@@ -268,6 +287,12 @@ class Routes:
             tenant=chosen,
             tenants=mine,
         )
+
+
+def providers_of(reviews: Reviews) -> Callable[[], list[ProviderState]]:
+    """`Ledger.providers` of the ledger `reviews` reads (its engine and schema)."""
+    store = reviews._db
+    return Providers(store.engine, schema=store.schema).providers
 
 
 def text_field(form: Any, name: str) -> str | None:

@@ -15,13 +15,20 @@ an index whose size is the backlog, never a count of the whole history.
   workers hold them, nothing is sent, until a worker that serves the action runs. Read
   from the same rows as `opledger_operations`, no statement of its own.
 - `opledger_beat_lock_held`: 1 while a beat holds its advisory lock (`pg_locks`), else 0.
+- Per provider that has pushed back, holds a slot or has operations waiting (one statement,
+  `Ledger.providers`'s): `opledger_provider_paused` 1 while claims for it are held back
+  (an open breaker, or a "not now" still in force), `opledger_provider_paused_since_seconds`
+  when that pause began (unix time; 0 when not paused), `opledger_provider_breaker_open`,
+  `opledger_provider_refusals` (consecutive refused connections, fleet-wide),
+  `opledger_provider_in_flight` (its concurrency slots held now) and
+  `opledger_operations_waiting_capacity` (prepared operations deferred for its room).
 - `opledger_ledger_up`: 1 when the ledger answered this scrape, else 0 (and nothing else).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
@@ -29,6 +36,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import text
 
 from opledger.ledger.pgschema import beat_lock_key, lock_words, schema_from_environment, schema_of
+from opledger.ledger.providers import PROVIDERS, ProviderState
 
 log = logging.getLogger("opledger.metrics")
 
@@ -95,6 +103,7 @@ class LedgerCollector(Collector):
                 reviews, oldest_review = conn.execute(OPEN_REVIEWS).one()
                 estimated = conn.execute(ESTIMATED_ROWS).scalar()
                 beat = conn.execute(BEAT_LOCK_HELD, lock_words(self.beat_lock_key)).scalar()
+                providers = [provider_state(r) for r in conn.execute(PROVIDERS).all()]
         except Exception as exc:  # an unreachable ledger is a metric, not a failed scrape
             log.warning("cannot read the ledger's gauges: %s", exc)
             up.add_metric([], 0)
@@ -159,3 +168,69 @@ class LedgerCollector(Collector):
         )
         lock.add_metric([], 1 if beat else 0)
         yield lock
+        yield from provider_gauges(providers)
+
+
+def provider_state(row: Any) -> ProviderState:
+    """A row of `PROVIDERS` as `Ledger.providers` reads it (its `paused` included)."""
+    return ProviderState(
+        provider=row.provider,
+        breaker=row.breaker or "closed",
+        failures=row.failures or 0,
+        paused_until=row.paused_until,
+        paused_since=row.paused_since,
+        pause_reason=row.pause_reason,
+        in_flight=row.in_flight,
+        waiting=row.waiting,
+        read_at=row.db_now,
+    )
+
+
+#: the provider gauges: name, help, and the value of one provider's state
+PROVIDER_GAUGES: tuple[tuple[str, str, Callable[[ProviderState], float]], ...] = (
+    (
+        "opledger_provider_paused",
+        '1 while claims for the provider are held back (an open breaker, or a "not now" '
+        "still in force), else 0.",
+        lambda p: 1 if p.paused else 0,
+    ),
+    (
+        "opledger_provider_paused_since_seconds",
+        "When the provider's current pause began (unix time); 0 when it is not paused.",
+        lambda p: p.paused_since.timestamp() if p.paused and p.paused_since else 0,
+    ),
+    (
+        "opledger_provider_breaker_open",
+        "1 while the provider's breaker is open (it refused connections; one probe at a "
+        "time), else 0.",
+        lambda p: 1 if p.breaker == "open" else 0,
+    ),
+    (
+        "opledger_provider_refusals",
+        "Consecutive refused connections to the provider, across the fleet.",
+        lambda p: p.failures,
+    ),
+    (
+        "opledger_provider_in_flight",
+        "Calls holding one of the provider's concurrency slots now.",
+        lambda p: p.in_flight,
+    ),
+    (
+        "opledger_operations_waiting_capacity",
+        "Prepared operations deferred until their provider has room (its limits, a "
+        '"not now", an open breaker).',
+        lambda p: p.waiting,
+    ),
+)
+
+
+def provider_gauges(providers: list[ProviderState]) -> Iterator[GaugeMetricFamily]:
+    """One gauge family per `PROVIDER_GAUGES` entry, a series per provider (a zero series
+    labelled "" when there is none, so alerts see them fall)."""
+    for name, doc, value in PROVIDER_GAUGES:
+        gauge = GaugeMetricFamily(name, doc, labels=["provider"])
+        for p in providers:
+            gauge.add_metric([p.provider], float(value(p)))
+        if not providers:
+            gauge.add_metric([""], 0)
+        yield gauge
