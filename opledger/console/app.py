@@ -52,7 +52,7 @@ def create_app(
     sessions = Sessions(accounts, cfg)
     pages = Pages(cfg, sessions)
     signin = SignIn(pages, sessions)
-    r = Routes(pages, ledger.reviews, cfg, publish_retry)
+    r = Routes(pages, ledger.reviews, cfg, publish_retry, ledger.providers)
 
     async def health(request: Request) -> Response:
         return PlainTextResponse("ok")

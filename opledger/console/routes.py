@@ -30,7 +30,7 @@ from opledger.ledger.errors import (
 )
 from opledger.ledger.ids import parse_age
 from opledger.ledger.models import Operation, Status
-from opledger.ledger.providers import Providers, ProviderState
+from opledger.ledger.providers import ProviderState
 from opledger.ledger.reviews import Reviews
 
 from .base import ConsoleConfig, Refusal, not_found
@@ -42,7 +42,7 @@ class Routes:
     """The pages' handlers (`Pages.page` / `Pages.form_page` make endpoints of them).
     `publish_retry(op_id)` hands an authorized retry to a worker now (None when published,
     else why not); without it, the sweep sends it. `providers()` reads the providers'
-    pressure (`Ledger.providers`); without it, it is read from the reviews' own ledger."""
+    pressure (`Ledger.providers`)."""
 
     def __init__(
         self,
@@ -50,11 +50,11 @@ class Routes:
         reviews: Reviews,
         config: ConsoleConfig,
         publish_retry: Callable[[str], str | None] | None,
-        providers: Callable[[], list[ProviderState]] | None = None,
+        providers: Callable[[], list[ProviderState]],
     ) -> None:
         self.pages, self.reviews, self.config = pages, reviews, config
         self.publish_retry = publish_retry
-        self.providers = providers or providers_of(reviews)
+        self.providers = providers
 
     def tenant_of(self, auth: Auth, tenant: str) -> str:
         if not auth.operator.can_act_for(tenant):
@@ -287,12 +287,6 @@ class Routes:
             tenant=chosen,
             tenants=mine,
         )
-
-
-def providers_of(reviews: Reviews) -> Callable[[], list[ProviderState]]:
-    """`Ledger.providers` of the ledger `reviews` reads (its engine and schema)."""
-    store = reviews._db
-    return Providers(store.engine, schema=store.schema).providers
 
 
 def text_field(form: Any, name: str) -> str | None:

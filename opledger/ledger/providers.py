@@ -10,6 +10,7 @@ The state itself is written by the claim and outcome statements (`opledger_admit
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from pydantic import AwareDatetime
 from sqlalchemy import text
@@ -83,6 +84,21 @@ class ProviderState(Record):
         )
 
 
+def provider_state(row: Any) -> ProviderState:
+    """One row of `PROVIDERS` as a `ProviderState`."""
+    return ProviderState(
+        provider=row.provider,
+        breaker=row.breaker or "closed",
+        failures=row.failures or 0,
+        paused_until=row.paused_until,
+        paused_since=row.paused_since,
+        pause_reason=row.pause_reason,
+        in_flight=row.in_flight,
+        waiting=row.waiting,
+        read_at=row.db_now,
+    )
+
+
 class Providers(LedgerBase):
     """Provider pressure: read for people, and the deferral of what the gate refused."""
 
@@ -90,20 +106,7 @@ class Providers(LedgerBase):
         """Every provider that has pushed back, holds a slot or has operations waiting."""
         with self._single() as conn:
             rows = conn.execute(PROVIDERS).all()
-        return [
-            ProviderState(
-                provider=r.provider,
-                breaker=r.breaker or "closed",
-                failures=r.failures or 0,
-                paused_until=r.paused_until,
-                paused_since=r.paused_since,
-                pause_reason=r.pause_reason,
-                in_flight=r.in_flight,
-                waiting=r.waiting,
-                read_at=r.db_now,
-            )
-            for r in rows
-        ]
+        return [provider_state(r) for r in rows]
 
     def defer(self, op_id: str, *, until: datetime) -> bool:
         """Leave a prepared operation for later: its provider had no room for it (its

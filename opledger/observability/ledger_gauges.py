@@ -36,7 +36,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import text
 
 from opledger.ledger.pgschema import beat_lock_key, lock_words, schema_from_environment, schema_of
-from opledger.ledger.providers import PROVIDERS, ProviderState
+from opledger.ledger.providers import PROVIDERS, ProviderState, provider_state
 
 log = logging.getLogger("opledger.metrics")
 
@@ -169,21 +169,6 @@ class LedgerCollector(Collector):
         lock.add_metric([], 1 if beat else 0)
         yield lock
         yield from provider_gauges(providers)
-
-
-def provider_state(row: Any) -> ProviderState:
-    """A row of `PROVIDERS` as `Ledger.providers` reads it (its `paused` included)."""
-    return ProviderState(
-        provider=row.provider,
-        breaker=row.breaker or "closed",
-        failures=row.failures or 0,
-        paused_until=row.paused_until,
-        paused_since=row.paused_since,
-        pause_reason=row.pause_reason,
-        in_flight=row.in_flight,
-        waiting=row.waiting,
-        read_at=row.db_now,
-    )
 
 
 #: the provider gauges: name, help, and the value of one provider's state
