@@ -243,7 +243,7 @@ def _never_sent(
     if busy_until is not None and now < busy_until:  # Rule 3
         return Wait(until=busy_until)
     if operation.status is Status.PREPARED or attempts:
-        # Rule 9 among unsent attempts: those that sent nothing for a reason of our own (a
+        # Rule 13 among unsent attempts: those that sent nothing for a reason of our own (a
         # send window that passed); a provider refusing connections or saying "not now" is
         # its state, which its breaker and pause hold back (they never send it to a person)
         unsent = own_unsent(evidence)

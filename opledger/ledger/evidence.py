@@ -251,7 +251,7 @@ def sent_attempts(
 def counted_attempts(
     contract: Contract, attempts: Sequence[Attempt], evidence: Sequence[Evidence]
 ) -> list[Attempt]:
-    """The attempts that count toward `max_attempts` (rule 9): those that may have reached
+    """The attempts that count toward `max_attempts` (rule 13): those that may have reached
     the provider, less those it answered with "not now" (THROTTLED), which say nothing of
     the operation, only of the provider's load."""
     codes = attempt_codes(evidence)
@@ -260,7 +260,7 @@ def counted_attempts(
 
 def own_unsent(evidence: Sequence[Evidence]) -> int:
     """Attempts that provably sent nothing for a reason of our own (a send window that had
-    passed, a temporary refusal of this message): what rule 9 bounds among unsent attempts.
+    passed, a temporary refusal of this message): what rule 13 bounds among unsent attempts.
     A connection the provider never accepted is its state, not the operation's: its
     breaker counts those (`opledger.ledger.pressure`); a held attempt (no adapter) is
     bounded by the review policy's time instead."""

@@ -338,7 +338,7 @@ assert "case-319" in rows, rows
             "--restart-postgres --chaos-seconds 300 --settle-timeout 900 --json": (CHAOS_TEST,),
         },
     ),
-    "b171e79a52": Shell(
+    "48306138c9": Shell(
         "opledger migrate                      # apply the ledger's migrations",
         long_running=("opledger sandbox --port 8025",),
         covered={

@@ -329,7 +329,7 @@ def test_the_decision_keeps_every_rule(history: History) -> None:  # noqa: C901
         assert "idempotency_mismatch" not in dispatch_codes
         assert "binding_mismatch" not in dispatch_codes
         assert "uncoded_refusal" not in dispatch_codes
-        # rule 9: "not now" answers say nothing of the operation and are not counted
+        # rule 13: "not now" answers say nothing of the operation and are not counted
         throttled = {
             ev.attempt_n
             for ev in evidence_items
