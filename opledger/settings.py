@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Mapping
+from datetime import timedelta
 from functools import lru_cache
 from typing import Literal
 from urllib.parse import urlsplit
@@ -22,6 +23,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from opledger.ledger.canonical import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit
+from opledger.ledger.contract import Limits
 from opledger.ledger.errors import InvalidInput
 from opledger.ledger.payload_keys import KEYS_VARIABLE, PayloadKeysInvalid, parse_payload_keys
 from opledger.ledger.pgschema import DEFAULT_SCHEMA, SCHEMA_VARIABLE, check_schema
@@ -100,6 +102,17 @@ class ProviderLimits(BaseModel):
     probe_every_seconds: float | None = Field(default=None, gt=0)
     probe_max_seconds: float | None = Field(default=None, gt=0)
 
+    def apply(self, limits: Limits) -> Limits:
+        """`limits` with what this setting gives (what it leaves out keeps its value)."""
+        update: dict[str, object] = self.model_dump(
+            include={"concurrency", "rate", "burst", "breaker_after"}, exclude_none=True
+        )
+        if self.probe_every_seconds is not None:
+            update["probe_every"] = timedelta(seconds=self.probe_every_seconds)
+        if self.probe_max_seconds is not None:
+            update["probe_max"] = timedelta(seconds=self.probe_max_seconds)
+        return Limits.model_validate(limits.model_dump() | update)
+
 
 class Settings(BaseSettings):
     """Everything configurable. Each field is the environment variable ``OPLEDGER_<NAME>``."""
@@ -170,9 +183,9 @@ class Settings(BaseSettings):
     )
     provider_limits: dict[str, ProviderLimits] = Field(
         default_factory=dict,
-        description="Limits for the bundled adapters' providers, as JSON by provider name: "
-        '{"crm": {"concurrency": 4, "rate": 20, "burst": 5}} (your own adapters declare '
-        "theirs in their contract).",
+        description="A deployment's limits for its providers, as JSON by provider name: "
+        '{"crm": {"concurrency": 4, "rate": 20, "burst": 5}}; they replace what the '
+        "adapters' contracts declare (every process must give the same).",
     )
 
     check_backoff_seconds: float = Field(

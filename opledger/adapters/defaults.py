@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from opledger.ledger.contract import Contract, Limits
 from opledger.settings import Settings
 
 from .crm import CrmAdapter, crm_contract
@@ -75,26 +74,8 @@ def build_registry(settings: Settings) -> Registry:
     ]
     add_stripe(adapters, settings)
     add_webhook(adapters, settings)
-    for adapter in adapters:
-        adapter.contract = with_limits(adapter.contract, settings)
     return Registry(adapters)
 
-
-def with_limits(contract: Contract, settings: Settings) -> Contract:
-    """`contract` with the limits `OPLEDGER_PROVIDER_LIMITS` gives its provider (what the
-    setting leaves out keeps the contract's own value)."""
-    given = settings.provider_limits.get(contract.provider)
-    if given is None:
-        return contract
-    update: dict[str, Any] = given.model_dump(
-        include={"concurrency", "rate", "burst", "breaker_after"}, exclude_none=True
-    )
-    if given.probe_every_seconds is not None:
-        update["probe_every"] = timedelta(seconds=given.probe_every_seconds)
-    if given.probe_max_seconds is not None:
-        update["probe_max"] = timedelta(seconds=given.probe_max_seconds)
-    limits = Limits.model_validate(contract.limits.model_dump() | update)
-    return contract.model_copy(update={"limits": limits})
 
 
 def smtp_adapter(settings: Settings, t: Timings) -> SmtpAdapter:

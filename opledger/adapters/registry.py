@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from opledger.ledger import ClaimTerms, UnknownAction
-from opledger.ledger.contract import Contract
+from opledger.ledger.contract import Contract, Limits
 from opledger.ledger.ids import LONGEST_KEY, check_action
 from opledger.ledger.intents import check_fields
 from opledger.settings import Settings, SettingsInvalid
@@ -36,6 +36,7 @@ class Registry:
         self._intent_fields: dict[str, tuple[str, ...]] = {}
         self._schemas: dict[str, dict[str, Any]] = {}
         self._descriptions: dict[str, str] = {}
+        self._limits: dict[str, Limits] = {}
         for adapter in adapters:
             self.register(adapter)
 
@@ -125,12 +126,41 @@ class Registry:
             )
         return terms
 
+    @property
+    def providers(self) -> tuple[str, ...]:
+        return tuple(sorted({a.contract.provider for a in self._by_action.values()}))
+
+    def limit(self, provider: str, limits: Limits) -> None:
+        """Enforce `limits` for `provider` instead of what its adapters' contracts declare:
+        a deployment's own numbers (`OPLEDGER_PROVIDER_LIMITS`, which `load_registry`
+        applies). The decision still reads the contract's own facts."""
+        if provider not in self.providers:
+            raise ValueError(
+                f"no adapter serves provider {provider!r} (providers: "
+                f"{', '.join(self.providers) or 'none'})"
+            )
+        self._limits[provider] = limits
+        self._terms.clear()
+
+    def limits_for(self, provider: str) -> Limits:
+        """The limits enforced for `provider`: the deployment's (`limit`), else those its
+        adapters' contracts declare (the first adapter's breaker settings)."""
+        if provider in self._limits:
+            return self._limits[provider]
+        for adapter in self._by_action.values():
+            if adapter.contract.provider == provider:
+                return adapter.contract.limits
+        return Limits()
+
     def limits_by_provider(self) -> dict[str, dict[str, float | int]]:
         """Each limited provider's limits, in the claim statement's form. Where two
-        adapters of one provider declare different limits, the tighter of each wins."""
+        adapters of one provider declare different limits, the tighter of each wins; a
+        deployment's own (`limit`) replace them."""
         result: dict[str, dict[str, float | int]] = {}
         for adapter in self._by_action.values():
             c = adapter.contract
+            if c.provider in self._limits:
+                continue
             form = c.limits.claim_form()
             if not form:
                 continue
@@ -140,6 +170,9 @@ class Registry:
                     merged[name] = max(merged.get(name, value), value)
                 else:
                     merged[name] = min(merged.get(name, value), value)
+        for provider, limits in self._limits.items():
+            if limits.claim_form():
+                result[provider] = limits.claim_form()
         return result
 
     def in_flight_by_provider(self) -> dict[str, timedelta]:
@@ -241,7 +274,20 @@ def load_registry(settings: Settings) -> Registry:
             f"{where}: {named} returned {type(registry).__name__}, not a Registry "
             "(opledger.adapters.registry.Registry)"
         )
+    _apply_limits(registry, settings, where)
     return registry
+
+
+def _apply_limits(registry: Registry, settings: Settings, where: str) -> None:
+    """The deployment's own limits (`OPLEDGER_PROVIDER_LIMITS`) over the contracts'; a
+    provider name no adapter serves is refused (a typo would otherwise limit nothing)."""
+    for provider, given in settings.provider_limits.items():
+        if provider not in registry.providers:
+            raise SettingsInvalid(
+                f"OPLEDGER_PROVIDER_LIMITS names provider {provider!r}, which no adapter of "
+                f"{where} serves (its providers: {', '.join(registry.providers) or 'none'})"
+            )
+        registry.limit(provider, given.apply(registry.limits_for(provider)))
 
 
 def _import(where: str, module_name: str) -> ModuleType:

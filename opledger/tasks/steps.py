@@ -114,6 +114,7 @@ def _send(
     ledger: Ledger,
     adapter: Adapter,
     claim: Claim,
+    limits: Limits,
     reconcile_now: ReconcileNow | None = None,
     hooks: Hooks = HOOKS,
 ) -> StepResult:
@@ -145,7 +146,7 @@ def _send(
     with hooks.record(claim.op_id, claim.fence, "provider", provider) as recording:
         recording.outcome(outcome)
         try:
-            op = _save(ledger, claim, outcome, adapter.contract.limits)
+            op = _save(ledger, claim, outcome, limits)
         except StaleFence as exc:
             recording.fenced()
             hooks.fenced_out("outcome")
@@ -241,7 +242,8 @@ def dispatch(
         adapter = registry.adapter_for(claim.operation.action)
     except UnknownAction:
         return _hold_claimed(ledger, claim)
-    return _send(ledger, adapter, claim, reconcile_now, hooks)
+    limits = registry.limits_for(adapter.contract.provider)
+    return _send(ledger, adapter, claim, limits, reconcile_now, hooks)
 
 
 def _pause(busy: ProviderBusy) -> float:
@@ -578,5 +580,6 @@ def _act(
             span.fenced()
             return StepResult(Step.FENCED, decision=decision)
         span.claim(claim)
-    result = _send(ledger, adapter, claim, reconcile_now, hooks)
+    limits = registry.limits_for(adapter.contract.provider)
+    result = _send(ledger, adapter, claim, limits, reconcile_now, hooks)
     return StepResult(result.action, result.operation, decision)

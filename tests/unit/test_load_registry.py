@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from opledger.adapters.registry import AdaptersInvalid, Registry, load_registry
 from opledger.cli.main import app
-from opledger.settings import NotConfigured, Settings, get_settings
+from opledger.settings import NotConfigured, Settings, SettingsInvalid, get_settings
 
 FACTORY = """
 from opledger.adapters.registry import Registry
@@ -147,3 +147,17 @@ def test_the_command_prints_one_line_and_exits_4(monkeypatch: pytest.MonkeyPatch
     assert run.stderr.count("\n") == 1, run.stderr
     assert "OPLEDGER_ADAPTERS='opledger.adapters.registry:Registry'" in run.stderr
     assert "is a class" in run.stderr and "Traceback" not in run.output
+
+
+def test_provider_limits_replace_the_contracts_and_a_typo_is_refused() -> None:
+    limits = '{"crm": {"concurrency": 4, "rate": 20, "burst": 3, "probe_every_seconds": 1}}'
+    registry = load_registry(Settings.from_environ({"OPLEDGER_PROVIDER_LIMITS": limits}))
+    assert registry.limits_by_provider() == {
+        "crm": {"concurrency": 4, "interval_s": 0.05, "burst": 3}
+    }
+    crm = registry.limits_for("crm")
+    assert crm.probe_every.total_seconds() == 1 and crm.throttle_applies_nothing
+    assert registry.limits_for("email").concurrency is None  # not named: as declared
+    typo = '{"crm ": {"concurrency": 4}}'
+    with pytest.raises(SettingsInvalid, match="names provider 'crm ', which no adapter"):
+        load_registry(Settings.from_environ({"OPLEDGER_PROVIDER_LIMITS": typo}))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from opledger.adapters.crm import CrmAdapter, crm_contract
-from opledger.adapters.defaults import Timings, add_webhook, with_limits
+from opledger.adapters.defaults import Timings, add_webhook
 from opledger.adapters.email import EmailAdapter, email_contract
 from opledger.adapters.registry import Registry
 from opledger.adapters.smtp import SmtpAdapter, smtp_contract
@@ -57,12 +57,11 @@ class Kind:
         return config
 
     def declared(self, settings: Settings) -> Limits:
-        """The limits this kind's contract declares (`OPLEDGER_PROVIDER_LIMITS` may set
-        others for its provider, as a deployment would)."""
-        base = crm_contract(provider=self.provider)
-        if self.limits is not None:
-            base = base.model_copy(update={"limits": self.limits})
-        return with_limits(base, settings).limits
+        """The limits enforced for this kind: its contract's, or those
+        `OPLEDGER_PROVIDER_LIMITS` gives its provider, as a deployment would."""
+        limits = self.limits or crm_contract(provider=self.provider).limits
+        given = settings.provider_limits.get(self.provider)
+        return given.apply(limits) if given is not None else limits
 
 
 KINDS = (
@@ -116,7 +115,8 @@ def build_registry(settings: Settings) -> Registry:
                 search_lag=t.lag,
                 provider=kind.provider,
                 concurrent="unchecked",  # the sandbox answers no concurrent request with 409
-            ).model_copy(update={"limits": kind.declared(settings)}),
+                limits=kind.limits,
+            ),
         )
         for kind in ALL_KINDS
     ]
