@@ -13,7 +13,7 @@ import pytest
 from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.adapters.registry import Registry
 from opledger.dev.sandbox import Sandbox
-from opledger.ledger import Ledger, Status
+from opledger.ledger import Binding, Claim, Confirmed, Ledger, Status
 from opledger.ledger.contract import Limits
 from opledger.tasks import steps
 from opledger.tasks.steps import Step
@@ -115,8 +115,5 @@ def test_a_429_pauses_the_provider_and_the_operation_waits_it_out(
     assert not ledger.history(second).reviews
 
 
-def ledger_confirmation(claim: object) -> object:
-    from opledger.ledger import Binding, Claim, Confirmed
-
-    assert isinstance(claim, Claim)
+def ledger_confirmation(claim: Claim) -> Confirmed:
     return Confirmed(receipt_id="r", binding=Binding(idempotency_key=claim.idempotency_key))
