@@ -211,16 +211,25 @@ CLAIM = text(
                 secs => (CAST(:in_flight_map AS jsonb) ->> o.provider)::double precision
             ),
             :in_flight
-        ) AS in_flight
+        ) AS in_flight,
+        o.provider
         FROM operations AS o WHERE o.id = :op_id
     ),
-    -- the provider's limits and pushback (opledger_admit): looked at only for an operation
+    -- the provider's limits and pushback (opledger_admit): looked at only for a provider
+    -- that has limits or has pushed back (a row of pressure), and only for an operation
     -- this claim could take (`op`'s conditions, read without a lock), so a waiting
     -- operation costs no claim, fence or attempt, and nothing is taken for one that is not
     -- claimable. Only the gate's refusal stops `op`: its own conditions stay its guards.
+    pressed AS (
+        SELECT win.provider FROM win
+        WHERE CAST(:limits_map AS jsonb) ? win.provider
+           OR EXISTS (SELECT 1 FROM provider_pressure AS pp WHERE pp.provider = win.provider)
+    ),
     ready AS (
         SELECT r.provider
-        FROM operations AS r JOIN authorizations AS auth ON auth.ref = r.authorization_ref
+        FROM pressed
+        JOIN operations AS r ON r.provider = pressed.provider
+        JOIN authorizations AS auth ON auth.ref = r.authorization_ref
         WHERE r.id = :op_id
           AND r.status = CAST(:from_status AS op_status)
           AND (r.lease_expires_at IS NULL OR r.lease_expires_at < now())
