@@ -355,13 +355,17 @@ RECORD_OUTCOME = text(
     -- the attempt's in-flight deadline, which it was taken for)
     slot AS (
         UPDATE provider_slots SET held_until = now(), claim_token = NULL, op_id = NULL
-        WHERE claim_token = :token AND CAST(:release AS boolean)
+        WHERE claim_token = :token AND provider = :provider AND CAST(:release AS boolean)
     ),
-    -- what the call says about the provider itself: reachable, refusing, or "not now"
+    -- what the call says about the provider itself: reachable, refusing, or "not now" (an
+    -- answer from a provider that never pushed back changes nothing: no call at all)
     pressure AS (
         SELECT opledger_press(
             :provider, :press, :pause, :press_reason, :breaker_after, :probe, :probe_max
         ) AS breaker
+        WHERE CAST(:press AS text) IN ('refused', 'throttled')
+           OR (CAST(:press AS text) = 'answered'
+               AND EXISTS (SELECT 1 FROM provider_pressure AS pp WHERE pp.provider = :provider))
     )
     SELECT (SELECT n FROM attempt) AS attempt_n, {columns_of("op")},
            (SELECT breaker FROM pressure) AS breaker
