@@ -429,7 +429,7 @@ assert current_app._get_current_object() is theirs
 """,
     ),
     "ebfb315962": Covered("pip install 'opledger[console,metrics,sandbox]'", PIP_QUICKSTART_TEST),
-    "630d428588": NotCode(
+    "3a40f1fd5d": NotCode(
         "opledger/ledger/     the core, one module per part",
         "the directory layout",
     ),
