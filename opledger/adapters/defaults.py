@@ -77,7 +77,6 @@ def build_registry(settings: Settings) -> Registry:
     return Registry(adapters)
 
 
-
 def smtp_adapter(settings: Settings, t: Timings) -> SmtpAdapter:
     """The SMTP adapter; with `OPLEDGER_SMTP_SENT_IMAP_HOST`, it looks an ambiguous send up
     in the mailbox's Sent folder (a search, with the declared lag)."""
