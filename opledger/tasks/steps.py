@@ -114,9 +114,9 @@ def _send(
     ledger: Ledger,
     adapter: Adapter,
     claim: Claim,
-    limits: Limits,
     reconcile_now: ReconcileNow | None = None,
     hooks: Hooks = HOOKS,
+    limits: Limits | None = None,
 ) -> StepResult:
     """Cross the boundary under `claim` and record what came back.
 
@@ -146,7 +146,7 @@ def _send(
     with hooks.record(claim.op_id, claim.fence, "provider", provider) as recording:
         recording.outcome(outcome)
         try:
-            op = _save(ledger, claim, outcome, limits)
+            op = _save(ledger, claim, outcome, limits or adapter.contract.limits)
         except StaleFence as exc:
             recording.fenced()
             hooks.fenced_out("outcome")
@@ -243,7 +243,7 @@ def dispatch(
     except UnknownAction:
         return _hold_claimed(ledger, claim)
     limits = registry.limits_for(adapter.contract.provider)
-    return _send(ledger, adapter, claim, limits, reconcile_now, hooks)
+    return _send(ledger, adapter, claim, reconcile_now, hooks, limits)
 
 
 def _pause(busy: ProviderBusy) -> float:
@@ -581,5 +581,5 @@ def _act(
             return StepResult(Step.FENCED, decision=decision)
         span.claim(claim)
     limits = registry.limits_for(adapter.contract.provider)
-    result = _send(ledger, adapter, claim, limits, reconcile_now, hooks)
+    result = _send(ledger, adapter, claim, reconcile_now, hooks, limits)
     return StepResult(result.action, result.operation, decision)

@@ -304,7 +304,7 @@ def test_the_decision_keeps_every_rule(history: History) -> None:  # noqa: C901
                 wait = (
                     contract.limits.retry_after_default
                     if asked is None
-                    else min(timedelta(seconds=float(asked)), contract.limits.retry_after_max)  # type: ignore[arg-type]
+                    else min(timedelta(seconds=float(asked)), contract.limits.retry_after_max)
                 )
                 assert now >= ev.recorded_at + wait
         if not reached:

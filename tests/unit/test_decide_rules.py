@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,7 @@ from opledger.ledger.decide import (
     Wait,
     decide,
 )
+from opledger.ledger.models import Evidence
 
 from .histories import DIGEST, OP_ID, T0, attempt, evidence, grant, operation
 
@@ -233,8 +235,8 @@ THROTTLE_DOCUMENTED = KEYED_STATUS.model_copy(
 )
 
 
-def _throttled(n: int, at_s: int, retry_after_s: float | None = None) -> object:
-    detail: dict[str, object] = {"code": "throttled", "status": 429}
+def _throttled(n: int, at_s: int, retry_after_s: float | None = None) -> Evidence:
+    detail: dict[str, Any] = {"code": "throttled", "status": 429}
     if retry_after_s is not None:
         detail["retry_after_s"] = retry_after_s
     return evidence("ambiguous", source="dispatch", attempt_n=n, at=T0 + at_s * S, **detail)
@@ -245,10 +247,10 @@ def test_not_now_waits_as_long_as_the_provider_asked_and_never_counts() -> None:
     attempts = [attempt(n, started=T0 + (n - 1) * 100 * S) for n in range(1, 7)]
     answers = [_throttled(n, (n - 1) * 100 + 1, retry_after_s=30) for n in range(1, 7)]
     # six "not now" answers, the last at 501 s asking for 30 s: wait until 531 s exactly
-    decision = decide(THROTTLE_DOCUMENTED, op, attempts, answers, grant(), T0 + 520 * S)  # type: ignore[arg-type]
+    decision = decide(THROTTLE_DOCUMENTED, op, attempts, answers, grant(), T0 + 520 * S)
     assert decision == Wait(until=T0 + 531 * S)
     # then sent again: six attempts, none of which counts toward the five that ask a person
-    decision = decide(THROTTLE_DOCUMENTED, op, attempts, answers, grant(), T0 + 531 * S)  # type: ignore[arg-type]
+    decision = decide(THROTTLE_DOCUMENTED, op, attempts, answers, grant(), T0 + 531 * S)
     assert decision == Dispatch(idempotency_key=OP_ID, payload_digest=DIGEST)
 
 
@@ -256,10 +258,10 @@ def test_not_now_without_retry_after_waits_the_contract_default_and_a_huge_one_i
     op, attempts = operation(), [attempt()]
     bare = _throttled(1, 1)
     limits = THROTTLE_DOCUMENTED.limits
-    decision = decide(THROTTLE_DOCUMENTED, op, attempts, [bare], grant(), T0 + 1 * S)  # type: ignore[list-item]
+    decision = decide(THROTTLE_DOCUMENTED, op, attempts, [bare], grant(), T0 + 1 * S)
     assert decision == Wait(until=T0 + 1 * S + limits.retry_after_default)
     huge = _throttled(1, 1, retry_after_s=86400)
-    decision = decide(THROTTLE_DOCUMENTED, op, attempts, [huge], grant(), T0 + 2 * S)  # type: ignore[list-item]
+    decision = decide(THROTTLE_DOCUMENTED, op, attempts, [huge], grant(), T0 + 2 * S)
     assert decision == Wait(until=T0 + 1 * S + limits.retry_after_max)
 
 
@@ -273,7 +275,7 @@ def test_an_undocumented_not_now_may_have_applied_so_the_other_rules_still_hold(
     op, attempts = operation(), [attempt()]
     answer = _throttled(1, 1, retry_after_s=5)
     late = attempts[0].deadline_at + S
-    assert isinstance(decide(no_dedup, op, attempts, [answer], grant(), late), NeedsReview)  # type: ignore[list-item]
+    assert isinstance(decide(no_dedup, op, attempts, [answer], grant(), late), NeedsReview)
 
 
 def test_refused_connections_never_send_an_operation_to_a_person() -> None:
