@@ -44,7 +44,13 @@ ENV: dict[str, Any] = {
 }
 PROCESSING_S = 2.5
 #: the kinds whose contract allows a retry once the frozen attempt's deadline has passed
-RETRIED = {"crm.close_case.v1", "crmk.close_case.v1", "crmx.close_case.v1", "email.send.v1"}
+RETRIED = {
+    "crm.close_case.v1",
+    "crmk.close_case.v1",
+    "crml.close_case.v1",  # keyed with a status API, behind its limits
+    "crmx.close_case.v1",
+    "email.send.v1",
+}
 
 
 def _ops(ledger: Ledger, tag: str) -> list[str]:
