@@ -172,7 +172,8 @@ class EffectPending(_Result):
     answer (when the wait ran out, or when nothing was waited for)."""
 
     kind: Literal["pending"] = "pending"
-    #: what it waits for: its dependencies, a worker to take it, or the provider's answer
+    #: what it waits for: its dependencies, a worker to take it, or the provider (its answer
+    #: to the attempt under way, or room for it: its limits, a "not now", an outage)
     awaiting: Literal["dependencies", "worker", "provider"]
     #: the same, in words
     waiting_for: str
@@ -591,6 +592,12 @@ def _result_of(history: History, deps: Sequence[Dependency]) -> EffectResult:
         on, waiting = "dependencies", "dependencies: " + "; ".join(_describe(d) for d in blocked)
     elif op.status is Status.DISPATCHING:
         on, waiting = "provider", "the provider's answer to the attempt under way"
+    elif op.next_check_at is not None:  # left for later: its provider had no room
+        on = "provider"
+        waiting = (
+            f"room at {op.provider} (its limits, a \"not now\" or an outage): tried again "
+            f"at {op.next_check_at.isoformat()}"
+        )
     else:
         on, waiting = "worker", "a worker to take it"
     return EffectPending(operation=op, awaiting=on, waiting_for=waiting, blocked_by=blocked)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 import pytest
@@ -509,3 +509,15 @@ def test_an_intent_needs_a_declaration_and_one_key_names_one_act(
             authorization_ref="auth_acme",
             effect_of=lambda args: ("c", {}),
         )
+
+
+def test_an_effect_left_for_later_says_it_waits_for_room_at_its_provider(
+    ledger: Ledger, effects: Effects
+) -> None:
+    pending = _effect(effects, "roomless")
+    assert isinstance(pending, EffectPending) and pending.awaiting == "worker"
+    # the gate refused it (the provider at its limits): no claim, a time to try again
+    ledger.defer(pending.op_id, until=datetime.now(UTC) + timedelta(seconds=30))
+    later = effects.result(pending.op_id)
+    assert isinstance(later, EffectPending) and later.awaiting == "provider"
+    assert later.waiting_for.startswith("room at crm (its limits")
