@@ -595,7 +595,7 @@ def _result_of(history: History, deps: Sequence[Dependency]) -> EffectResult:
     elif op.next_check_at is not None:  # left for later: its provider had no room
         on = "provider"
         waiting = (
-            f"room at {op.provider} (its limits, a \"not now\" or an outage): tried again "
+            f'room at {op.provider} (its limits, a "not now" or an outage): tried again '
             f"at {op.next_check_at.isoformat()}"
         )
     else:

@@ -247,14 +247,13 @@ def dispatch(
 
 
 def _pause(busy: ProviderBusy) -> float:
-    """How long to sleep before asking again: what the ledger said, spread a little so the
-    processes waiting for one provider do not all ask at the same instant."""
-    retry_in = max(float(busy.retry_in.total_seconds()), 0.001)
-    return retry_in * (1 + random.uniform(0, 0.25))
+    """How long to sleep before asking again, in seconds: what the ledger said, spread a
+    little (`_spread`) so the processes waiting for one provider do not all ask at once."""
+    return max(_spread(busy.retry_in).total_seconds(), 0.001)
 
 
 def _defer(ledger: Ledger, op_id: str, busy: ProviderBusy) -> StepResult:
-    """Leave a prepared operation whose provider has no room for later; log why once."""
+    """Leave a prepared operation whose provider has no room for later, and say why."""
     until = utcnow() + _spread(busy.retry_in)
     ledger.defer(op_id, until=until)
     log.info(
