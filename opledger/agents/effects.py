@@ -15,9 +15,10 @@ as evidence of which call asked). Asking for the same act again, whatever new id
 rewording the model chose, returns the operation it recorded and how it stands, never a
 second effect; what the new ask asked differently is named in the result (`differs`) and
 was not sent. Waiting is `LISTEN opledger_settle` (the ledger NOTIFYs in the transaction
-that settles an operation an agent waits on), with a slow poll as the fallback; it returns
-when the operation is final, or when a person holds it (or holds a dependency it waits
-on), or when the time is up. Unknown is never "failed".
+that settles an operation an agent waits on) on one connection per process, however many
+agents wait in it (`opledger.agents.listener`), with a slow poll as the fallback; it
+returns when the operation is final, or when a person holds it (or holds a dependency it
+waits on), or when the time is up. Unknown is never "failed".
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any, Literal
 
-import psycopg
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy.engine import make_url
 
@@ -48,11 +48,10 @@ from opledger.ledger.intents import intent_key as derived_intent_key
 from opledger.ledger.intents import payload_differences
 from opledger.observability import tracing
 
+from .listener import listener_for
+
 log = logging.getLogger("opledger.agents")
 
-#: the channel the ledger NOTIFYs on (`opledger_notify_settle` in ledger/schema.sql); the
-#: payload is the operation id
-CHANNEL = "opledger_settle"
 #: how often a waiter reads the operation again even without a notification
 DEFAULT_POLL = 5.0
 #: how often it reads when LISTEN is not available (a pooler in transaction mode, say)
@@ -424,64 +423,56 @@ class Effects:
     def wait(self, op_id: str, timeout: float) -> EffectResult:
         """Wait up to `timeout` seconds for `op_id` to settle (see `settled`); how it stands.
 
-        Woken by the ledger's NOTIFY (within milliseconds of the settling commit), and
-        reads again every `poll` seconds in case a notification was missed."""
+        Woken through this process's one listening connection (`listener_for`: the
+        ledger's NOTIFY, within milliseconds of the settling commit), and reads again every
+        `poll` seconds in case a notification was missed (every `FALLBACK_POLL` while that
+        connection is down)."""
         if timeout < 0:
             raise InvalidInput("timeout must not be negative", field="timeout")
         deadline = time.monotonic() + timeout
-        try:
-            conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=10)
-        except psycopg.Error as exc:
-            log.warning("cannot LISTEN (%s); polling every %ss instead", exc, FALLBACK_POLL)
-            return self._poll(op_id, deadline)
-        with conn:
-            conn.execute(f"LISTEN {CHANNEL}")
-            self.ledger.watch(op_id)  # after LISTEN: no settle can fall between the two
+        with listener_for(self._dsn).watch({op_id}) as waiter:
+            self.ledger.watch(op_id)  # after the waiter listens: no settle falls between
             result = self.result(op_id)
-            watched = _watched(result)
             published = False
             while not at_rest(result):
+                waiter.watch(_watched(result))
                 published = self._publish_released(result, published)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                _next_notice(conn, watched, min(remaining, self.poll))
+                waiter.wait(min(remaining, self._interval()))
                 result = self.result(op_id)
             return result
 
-    def _poll(self, op_id: str, deadline: float) -> EffectResult:
-        result = self.result(op_id)
-        published = False
-        while not at_rest(result) and time.monotonic() < deadline:
-            published = self._publish_released(result, published)
-            time.sleep(max(0.0, min(FALLBACK_POLL, deadline - time.monotonic())))
-            result = self.result(op_id)
-        return result
-
     async def await_result(self, op_id: str, timeout: float) -> EffectResult:
-        """`wait` for asyncio: LISTEN on an async connection, reads in a worker thread."""
+        """`wait` for asyncio: the same listening connection wakes the task; the reads run
+        in a worker thread."""
         if timeout < 0:
             raise InvalidInput("timeout must not be negative", field="timeout")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
-        async with conn:
-            await conn.execute(f"LISTEN {CHANNEL}")
+        listener = listener_for(self._dsn)
+        waiter = await asyncio.to_thread(listener.watch, {op_id})
+        with waiter:
             await asyncio.to_thread(self.ledger.watch, op_id)
             result = await asyncio.to_thread(self.result, op_id)
-            watched = _watched(result)
             published = False
             while not at_rest(result):
+                waiter.watch(_watched(result))
                 published = self._publish_released(result, published)
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
-                wake = loop.time() + min(remaining, self.poll)
-                async for notice in conn.notifies(timeout=min(remaining, self.poll)):
-                    if notice.payload in watched or loop.time() >= wake:
-                        break
+                await waiter.await_(min(remaining, self._interval()))
                 result = await asyncio.to_thread(self.result, op_id)
             return result
+
+    def _interval(self) -> float:
+        """How long a waiter sleeps at most between two reads: its poll, or the fallback
+        poll while this process is not listening."""
+        if listener_for(self._dsn).listening:
+            return self.poll
+        return min(self.poll, FALLBACK_POLL)
 
     def _publish_released(self, result: EffectResult, published: bool) -> bool:
         """A dependent whose dependencies are all confirmed now is published by its
@@ -510,15 +501,6 @@ def at_rest(result: EffectResult) -> bool:
         d.review_id is not None or d.status in (Status.REJECTED, Status.CANCELLED)
         for d in result.blocked_by
     )
-
-
-def _next_notice(conn: psycopg.Connection[Any], watched: set[str], timeout: float) -> None:
-    """Return at the first notification about a watched operation, or after `timeout`."""
-    end = time.monotonic() + timeout
-    while (left := end - time.monotonic()) > 0:
-        for notice in conn.notifies(timeout=left, stop_after=1):
-            if notice.payload in watched:
-                return
 
 
 def _watched(result: EffectResult) -> set[str]:

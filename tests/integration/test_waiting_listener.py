@@ -1,0 +1,119 @@
+"""Waiting that scales: every agent waiting in a process, in threads and in event loops,
+shares one listening connection to the real Postgres, is woken by the settling commit's
+NOTIFY, and keeps waiting correctly across a lost connection."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+
+from opledger.agents import EffectConfirmed, Effects
+from opledger.agents.listener import CHANNEL, listener_for
+from opledger.ledger import Binding, Confirmed, Ledger, Status
+from tests.conftest import libpq
+from tests.intents import prepare
+
+
+def settle(ledger: Ledger, op_id: str) -> None:
+    claim = ledger.claim(op_id, owner="w")
+    assert claim is not None
+    ledger.record_outcome(
+        claim, Confirmed(receipt_id="r", binding=Binding(idempotency_key=claim.idempotency_key))
+    )
+
+
+def listening_connections(database_url: str) -> int:
+    """Backends of this database whose last statement was our LISTEN."""
+    with psycopg.connect(libpq(database_url), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND query = %s",
+            (f"LISTEN {CHANNEL}",),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.fixture
+def effects(ledger: Ledger, grant: str) -> Effects:
+    return Effects(ledger, publish=lambda _op_id: None, poll=60.0)
+
+
+def test_a_thousand_agents_wait_in_one_event_loop_on_one_connection(
+    ledger: Ledger, effects: Effects, database_url: str
+) -> None:
+    ops = [prepare(ledger, f"many-{i}") for i in range(1000)]
+
+    async def agents() -> list[object]:
+        waiting = [asyncio.create_task(effects.await_result(op, timeout=60)) for op in ops]
+        listener = listener_for(effects._dsn)
+        while listener.waiting() < len(ops):  # every agent registered and reading
+            await asyncio.sleep(0.05)
+        assert listening_connections(database_url) == 1
+        await asyncio.to_thread(lambda: [settle(ledger, op) for op in ops])
+        return list(await asyncio.gather(*waiting))
+
+    started = time.monotonic()
+    results = asyncio.run(agents())
+    assert all(isinstance(r, EffectConfirmed) for r in results)
+    assert time.monotonic() - started < 50  # woken by NOTIFY, not by the 60 s poll
+
+
+def test_agents_in_threads_share_it_too(
+    ledger: Ledger, effects: Effects, database_url: str
+) -> None:
+    ops = [prepare(ledger, f"threads-{i}") for i in range(40)]
+    with ThreadPoolExecutor(len(ops)) as pool:
+        waiting = [pool.submit(effects.wait, op, 60) for op in ops]
+        listener = listener_for(effects._dsn)
+        deadline = time.monotonic() + 20
+        while listener.waiting() < len(ops) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert listening_connections(database_url) == 1
+        for op in ops:
+            settle(ledger, op)
+        results = [w.result(timeout=30) for w in waiting]
+    assert {r.operation.status for r in results} == {Status.CONFIRMED}
+
+
+def test_a_lost_listening_connection_is_replaced_and_nothing_is_missed(
+    ledger: Ledger, effects: Effects, database_url: str
+) -> None:
+    first, second = prepare(ledger, "lost-1"), prepare(ledger, "lost-2")
+    result: list[object] = []
+    waiting = threading.Thread(target=lambda: result.append(effects.wait(first, 30)))
+    waiting.start()
+    listener = listener_for(effects._dsn)
+    deadline = time.monotonic() + 10
+    while listener.waiting() < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # the listening backend goes away (a restart, a pooler, an administrator)
+    with psycopg.connect(libpq(database_url), autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND query = %s",
+            (f"LISTEN {CHANNEL}",),
+        )
+    settle(ledger, first)  # settled while nobody listens: the waiter reads it on reconnect
+    waiting.join(timeout=20)
+    assert not waiting.is_alive() and isinstance(result[0], EffectConfirmed)
+    deadline = time.monotonic() + 10
+    while not listener.listening and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert listener.listening and listening_connections(database_url) == 1
+    # and the new connection wakes the next waiter as the old one did
+    later: list[object] = []
+    waiting = threading.Thread(target=lambda: later.append(effects.wait(second, 30)))
+    waiting.start()
+    while listener.waiting() < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = time.monotonic()
+    settle(ledger, second)
+    waiting.join(timeout=20)
+    assert isinstance(later[0], EffectConfirmed)
+    assert time.monotonic() - started < 10  # woken by NOTIFY, not by the 60 s poll
