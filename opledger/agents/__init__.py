@@ -9,7 +9,6 @@ LangChain.
 """
 
 from .effects import (
-    CHANNEL,
     EffectCancelled,
     EffectConfirmed,
     EffectPending,
@@ -19,6 +18,7 @@ from .effects import (
     EffectUnknown,
     at_rest,
 )
+from .listener import CHANNEL
 
 __all__ = [
     "CHANNEL",

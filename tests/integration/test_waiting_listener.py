@@ -55,7 +55,12 @@ def test_a_thousand_agents_wait_in_one_event_loop_on_one_connection(
         while listener.waiting() < len(ops):  # every agent registered and reading
             await asyncio.sleep(0.05)
         assert listening_connections(database_url) == 1
-        await asyncio.to_thread(lambda: [settle(ledger, op) for op in ops])
+
+        def settle_all() -> None:
+            for op in ops:
+                settle(ledger, op)
+
+        await asyncio.to_thread(settle_all)
         return list(await asyncio.gather(*waiting))
 
     started = time.monotonic()
