@@ -153,6 +153,7 @@ from opledger.adapters.base import (
     Contract,
     ErrorCodes,
     Idempotency,
+    Limits,
     Lookup,
     LookupResult,
     error_code,
@@ -177,6 +178,7 @@ CODES = ErrorCodes(
     in_flight=frozenset(),  # a request with this key is still executing
     mismatch=frozenset(),  # this key was used with another body
     poisoned=frozenset(),  # the key is refused after a failure; a new one is wanted
+    throttled=frozenset(),  # "not now" under another status than 429 (an over-limit code)
 )
 
 
@@ -194,6 +196,10 @@ def __NAME___contract(request_timeout: timedelta = timedelta(seconds=10)) -> Con
         success_proves="applied",
         request_timeout=request_timeout,
         max_in_flight=request_timeout * 2,
+        # TODO: the provider's limits for your account, if any, and whether its 429 is
+        # documented to execute nothing: Limits(concurrency=4, rate=20, burst=5,
+        # throttle_applies_nothing=True)
+        limits=Limits(),
         source="TODO: the documentation each fact comes from",
     )
 
