@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
@@ -12,8 +13,10 @@ from typer.testing import CliRunner
 
 from opledger.adapters.webhook import WebhookAdapter, webhook_contract
 from opledger.cli.main import app
+from opledger.dev.processes import unconfigured_environ
 from opledger.ledger import Claim, Ledger
 from opledger.settings import get_settings
+from tests.conftest import connect_ledger
 from tests.integration.test_cli import Run
 
 
@@ -30,6 +33,17 @@ def invoke(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Calla
 
     yield run
     get_settings.cache_clear()
+
+
+@pytest.fixture
+def env(database_url: str, tmp_path: Path) -> dict[str, str]:
+    """What a console (or CLI) process of a test is started with: no OPLEDGER_ setting of
+    this process's own, the session's database, a state directory of its own; no operator
+    nor sign-in attempt left from another test."""
+    with connect_ledger(database_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE operators, signin_attempts CASCADE")
+    clean = unconfigured_environ()
+    return clean | {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_STATE_DIR": str(tmp_path)}
 
 
 @pytest.fixture

@@ -10,20 +10,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-import pytest
 
-from opledger.dev.processes import free_port, unconfigured_environ
+from opledger.dev.processes import free_port
 from tests.conftest import connect_ledger
 from tests.consoles import PASSWORD, add_operator, console_client, csrf_of, opledger, sign_in
-
-
-@pytest.fixture
-def env(database_url: str, tmp_path: Path) -> dict[str, str]:
-    with connect_ledger(database_url, autocommit=True) as conn:
-        conn.execute("TRUNCATE operators CASCADE")
-    clean = unconfigured_environ()
-    return clean | {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_STATE_DIR": str(tmp_path)}
-
 
 add = add_operator
 

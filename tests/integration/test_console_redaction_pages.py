@@ -9,19 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from opledger.dev.processes import unconfigured_environ
 from opledger.ledger import Ambiguous, Ledger
-from tests.conftest import connect_ledger
 from tests.consoles import add_operator, console_client, sign_in
 from tests.integration.test_cli_redaction import CLEAR, SECRETS, SHAPES
-
-
-@pytest.fixture
-def env(database_url: str, tmp_path: Path) -> dict[str, str]:
-    with connect_ledger(database_url, autocommit=True) as conn:
-        conn.execute("TRUNCATE operators CASCADE")
-    clean = unconfigured_environ()
-    return clean | {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_STATE_DIR": str(tmp_path)}
 
 
 def _in_review(ledger: Ledger, grant: str) -> str:

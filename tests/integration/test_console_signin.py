@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from opledger.dev.processes import free_port, unconfigured_environ
+from opledger.dev.processes import free_port
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger
 from tests.conftest import connect_ledger
@@ -29,14 +29,6 @@ from tests.consoles import (
 )
 
 from .test_reviews import Desk
-
-
-@pytest.fixture
-def env(database_url: str, tmp_path: Path) -> dict[str, str]:
-    with connect_ledger(database_url, autocommit=True) as conn:
-        conn.execute("TRUNCATE operators, signin_attempts CASCADE")
-    clean = unconfigured_environ()
-    return clean | {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_STATE_DIR": str(tmp_path)}
 
 
 def checks_of(database_url: str, name: str) -> int:

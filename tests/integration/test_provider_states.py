@@ -21,14 +21,12 @@ import pytest
 from prometheus_client import generate_latest
 from sqlalchemy import event, text
 
-from opledger.dev.processes import unconfigured_environ
 from opledger.ledger import Ambiguous, Claim, ClaimTerms, Ledger, ProviderBusy
 from opledger.ledger.contract import Limits
 from opledger.ledger.evidence import NO_CONNECTION, NOT_SENT, THROTTLED
 from opledger.ledger.providers import PROVIDERS, ProviderState
 from opledger.ledger.sensitive import scrub_text
 from opledger.observability.server import registry_for
-from tests.conftest import connect_ledger
 from tests.consoles import add_operator, console_client, sign_in
 from tests.integration.test_cli import Run, cli
 from tests.integration.test_cli_redaction import SHAPES
@@ -307,14 +305,6 @@ def test_ops_list_says_which_operations_wait_for_their_provider(
 
 
 # -- the console ---------------------------------------------------------------------------
-
-
-@pytest.fixture
-def env(database_url: str, tmp_path: Path) -> dict[str, str]:
-    with connect_ledger(database_url, autocommit=True) as conn:
-        conn.execute("TRUNCATE operators CASCADE")
-    clean = unconfigured_environ()
-    return clean | {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_STATE_DIR": str(tmp_path)}
 
 
 def provider_rows(page: str) -> dict[str, list[str]]:
