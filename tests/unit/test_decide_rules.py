@@ -295,3 +295,19 @@ def test_refused_connections_never_send_an_operation_to_a_person() -> None:
     ]
     decision = decide(NO_DEDUP, op, attempts[:5], late, grant(), T0 + 2 * S)
     assert isinstance(decision, NeedsReview) and "none of which reached" in decision.reason
+
+
+def test_undocumented_not_now_answers_never_count_toward_the_attempts_either() -> None:
+    # a keyed provider whose key protects a retry, not documenting its 429s: each "not now"
+    # may have applied (so every other rule reads it), yet six of them ask no person
+    keyed = KEYED_NO_LOOKUP.model_copy(
+        update={
+            "limits": KEYED_NO_LOOKUP.limits.model_copy(update={"throttle_applies_nothing": False})
+        }
+    )
+    op = operation()
+    attempts = [attempt(n, started=T0 + (n - 1) * 100 * S) for n in range(1, 7)]
+    answers = [_throttled(n, (n - 1) * 100 + 1, retry_after_s=5) for n in range(1, 7)]
+    later = attempts[-1].deadline_at + S
+    decision = decide(keyed, op, attempts, answers, grant(), later)
+    assert decision == Dispatch(idempotency_key=OP_ID, payload_digest=DIGEST)
