@@ -105,8 +105,6 @@ class Listener:
         self._listening = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
-        #: notifications received and waiters woken, for the curious (and the tests)
-        self.notices = 0
 
     @property
     def listening(self) -> bool:
@@ -186,7 +184,6 @@ class Listener:
     def _pump(self, conn: psycopg.Connection[Any]) -> None:
         while not self._stopped.is_set():
             for notice in conn.notifies(timeout=1.0):
-                self.notices += 1
                 with self._lock:
                     woken = list(self._by_id.get(notice.payload, ()))
                 for waiter in woken:

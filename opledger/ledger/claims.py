@@ -278,7 +278,7 @@ class Claims(LedgerBase):
             },
         )
         assert row is not None  # the statement always returns its one row
-        _announce_breaker(claim.operation.provider, row[-1], press, limits)
+        _announce_breaker(claim.operation.provider, row[-1], limits)
         if row[1] is not None:
             return store.operation_of(row[1:-1])
         with self._single() as conn:
@@ -344,7 +344,7 @@ def _reason_of(outcome: Outcome) -> str:
     return f"{outcome.kind}: {outcome.code}"
 
 
-def _announce_breaker(provider: str, breaker: str | None, press: Any, limits: Limits) -> None:
+def _announce_breaker(provider: str, breaker: str | None, limits: Limits) -> None:
     """A warning when this outcome opened the provider's breaker, and when it closed it."""
     if breaker == "opened":
         log.warning(
