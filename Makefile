@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint typecheck contracts mutate demo chaos bench clean
+.PHONY: test lint typecheck contracts docs wheel mutate demo chaos bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,15 @@ typecheck: $(STAMP)
 
 contracts: $(STAMP)
 	$(BIN)/lint-imports
+
+# The docs site, built strictly: a broken link or reference fails it (mkdocs.yml).
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --quiet --site-dir .site
+
+# The sdist and wheel built, their metadata checked, the wheel installed into a fresh venv
+# outside the checkout and run there.
+wheel: $(STAMP)
+	$(BIN)/python scripts/check_wheel.py
 
 # Two pytest processes (pytest-xdist): the system tests in one, around their shared stack of
 # real processes, the unit and integration tests in the other (tests/conftest.py).
@@ -47,4 +56,4 @@ bench: $(STAMP)
 	$(BIN)/opledger bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .opledger .pytest_cache .mypy_cache .ruff_cache mutants
+	rm -rf $(VENV) .opledger .pytest_cache .mypy_cache .ruff_cache mutants .site dist build
