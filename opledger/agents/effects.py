@@ -16,9 +16,11 @@ rewording the model chose, returns the operation it recorded and how it stands, 
 second effect; what the new ask asked differently is named in the result (`differs`) and
 was not sent. Waiting is `LISTEN opledger_settle` (the ledger NOTIFYs in the transaction
 that settles an operation an agent waits on) on one connection per process, however many
-agents wait in it (`opledger.agents.listener`), with a slow poll as the fallback; it
-returns when the operation is final, or when a person holds it (or holds a dependency it
-waits on), or when the time is up. Unknown is never "failed".
+agents wait in it (`opledger.agents.listener`), with a slow poll as the fallback; the
+answer is read in one statement (`Ledger.answers`), by the listener for every waiter a
+batch of notifications wakes. It returns when the operation is final, or when a person
+holds it (or holds a dependency it waits on), or when the time is up. Unknown is never
+"failed".
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy.engine import make_url
 
 from opledger.ledger import (
+    Answer,
     Asked,
     Dependency,
-    History,
     IntentConflict,
     InvalidInput,
     Ledger,
@@ -48,7 +50,7 @@ from opledger.ledger.intents import intent_key as derived_intent_key
 from opledger.ledger.intents import payload_differences
 from opledger.observability import tracing
 
-from .listener import listener_for
+from .listener import Waiter, listener_for
 
 log = logging.getLogger("opledger.agents")
 
@@ -264,9 +266,13 @@ class Effects:
             authorization_ref,
             after,
             asked_by,
+            publish=timeout is None,
         )
         op_id = asked.operation.id
-        result = self.result(op_id) if timeout is None else self.wait(op_id, timeout)
+        if timeout is None:
+            result = self.result(op_id)
+        else:  # the ask made it NOTIFY (`notify=True`): no `watch` needed
+            result = self._wait(op_id, timeout, publish=_publishable(asked), known=_fresh(asked))
         return self._as_asked(result, asked, payload)
 
     async def aeffect(
@@ -299,12 +305,17 @@ class Effects:
             authorization_ref,
             after,
             asked_by,
+            publish=timeout is None,
         )
         op_id = asked.operation.id
         if timeout is None:
             result = await asyncio.to_thread(self.result, op_id)
         else:
-            result = await self.await_result(op_id, timeout)
+            result = await self._await(
+                op_id, timeout, publish=_publishable(asked), known=_fresh(asked)
+            )
+        if asked.first:
+            return result
         return await asyncio.to_thread(self._as_asked, result, asked, payload)
 
     def intent_of(
@@ -349,7 +360,11 @@ class Effects:
         authorization_ref: str,
         after: Sequence[str | _Result],
         asked_by: str | None,
+        *,
+        publish: bool,
     ) -> Asked:
+        """Ask for the act; with `publish`, also enqueue its dispatch when it is ready
+        (else the caller publishes it once it listens for the answer)."""
         with tracing.prepare(tenant, action) as span:  # the publish span is its child
             asked = self.ledger.ask(
                 tenant=tenant,
@@ -367,7 +382,7 @@ class Effects:
             )
             op = asked.operation
             span.prepared(op)
-            if op.status is Status.PREPARED and not op.waiting_on:
+            if publish and _publishable(asked):
                 self._try_publish(op.id)
         return asked
 
@@ -415,25 +430,50 @@ class Effects:
     # -- reading -----------------------------------------------------------------------
 
     def result(self, op_id: str) -> EffectResult:
-        """How `op_id` stands now, as a result an agent can reason on."""
-        history = self.ledger.history(op_id)
-        deps = self.ledger.dependencies(op_id)
-        return _result_of(history, deps)
+        """How `op_id` stands now, as a result an agent can reason on (one statement)."""
+        return _result_of(self.ledger.answer(op_id))
 
     def wait(self, op_id: str, timeout: float) -> EffectResult:
         """Wait up to `timeout` seconds for `op_id` to settle (see `settled`); how it stands.
 
         Woken through this process's one listening connection (`listener_for`: the
-        ledger's NOTIFY, within milliseconds of the settling commit), and reads again every
-        `poll` seconds in case a notification was missed (every `FALLBACK_POLL` while that
-        connection is down)."""
+        ledger's NOTIFY, within milliseconds of the settling commit), which reads the
+        answer for it; reads again every `poll` seconds in case a notification was missed
+        (every `FALLBACK_POLL` while that connection is down)."""
         if timeout < 0:
             raise InvalidInput("timeout must not be negative", field="timeout")
+        return self._wait(op_id, timeout, watch=True)
+
+    async def await_result(self, op_id: str, timeout: float) -> EffectResult:
+        """`wait` for asyncio: the same listening connection wakes the task (with its
+        answer read); its own reads run in a worker thread."""
+        if timeout < 0:
+            raise InvalidInput("timeout must not be negative", field="timeout")
+        return await self._await(op_id, timeout, watch=True)
+
+    def _waiter(self, op_id: str) -> Waiter:
+        """A waiter on `op_id`, answered by the listener (one statement per batch)."""
+        return listener_for(self._dsn).watch({op_id}, subject=op_id, read=self.ledger.answers)
+
+    def _wait(
+        self,
+        op_id: str,
+        timeout: float,
+        *,
+        watch: bool = False,
+        publish: bool = False,
+        known: EffectResult | None = None,
+    ) -> EffectResult:
+        """The wait: listening first; then `watch` (have it NOTIFY), `publish` (its
+        dispatch), and how it stands (`known` when the caller knows it: just recorded)."""
         deadline = time.monotonic() + timeout
-        with listener_for(self._dsn).watch({op_id}) as waiter:
-            self.ledger.watch(op_id)  # after the waiter listens: no settle falls between
-            result = self.result(op_id)
-            published = False
+        with self._waiter(op_id) as waiter:
+            if watch:
+                self.ledger.watch(op_id)  # after the waiter listens: no settle falls between
+            if publish:
+                self._try_publish(op_id)
+            result = known if known is not None else self.result(op_id)
+            published = publish
             while not at_rest(result):
                 waiter.watch(_watched(result))
                 published = self._publish_released(result, published)
@@ -441,22 +481,29 @@ class Effects:
                 if remaining <= 0:
                     break
                 waiter.wait(min(remaining, self._interval()))
-                result = self.result(op_id)
+                result = self._answered(waiter, op_id)
             return result
 
-    async def await_result(self, op_id: str, timeout: float) -> EffectResult:
-        """`wait` for asyncio: the same listening connection wakes the task; the reads run
-        in a worker thread."""
-        if timeout < 0:
-            raise InvalidInput("timeout must not be negative", field="timeout")
+    async def _await(
+        self,
+        op_id: str,
+        timeout: float,
+        *,
+        watch: bool = False,
+        publish: bool = False,
+        known: EffectResult | None = None,
+    ) -> EffectResult:
+        """`_wait` for asyncio."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        listener = listener_for(self._dsn)
-        waiter = await asyncio.to_thread(listener.watch, {op_id})
+        waiter = await asyncio.to_thread(self._waiter, op_id)
         with waiter:
-            await asyncio.to_thread(self.ledger.watch, op_id)
-            result = await asyncio.to_thread(self.result, op_id)
-            published = False
+            if watch:
+                await asyncio.to_thread(self.ledger.watch, op_id)
+            if publish:
+                await asyncio.to_thread(self._try_publish, op_id)
+            result = known if known is not None else await asyncio.to_thread(self.result, op_id)
+            published = publish
             while not at_rest(result):
                 waiter.watch(_watched(result))
                 published = self._publish_released(result, published)
@@ -464,8 +511,18 @@ class Effects:
                 if remaining <= 0:
                     break
                 await waiter.await_(min(remaining, self._interval()))
-                result = await asyncio.to_thread(self.result, op_id)
+                answer = waiter.answer()
+                if answer is not None:
+                    result = _result_of(answer)
+                else:
+                    result = await asyncio.to_thread(self.result, op_id)
             return result
+
+    def _answered(self, waiter: Waiter, op_id: str) -> EffectResult:
+        """How `op_id` stands after a wake: the answer the listener read for it, else read
+        now (a poll, or a wake of everyone after the listener reconnected)."""
+        answer = waiter.answer()
+        return _result_of(answer) if answer is not None else self.result(op_id)
 
     def _interval(self) -> float:
         """How long a waiter sleeps at most between two reads: its poll, or the fallback
@@ -536,12 +593,28 @@ def _ids(after: Iterable[str | _Result]) -> tuple[str, ...]:
     return tuple(ids)
 
 
-def _result_of(history: History, deps: Sequence[Dependency]) -> EffectResult:
-    op = history.operation
-    last = history.transitions[-1].reason if history.transitions else op.status.value
+def _publishable(asked: Asked) -> bool:
+    """Whether the asked operation is ready for a worker (prepared, waiting on nothing)."""
+    op = asked.operation
+    return op.status is Status.PREPARED and not op.waiting_on
+
+
+def _fresh(asked: Asked) -> EffectResult | None:
+    """How an operation this ask has just recorded stands, without reading it again:
+    prepared, waiting for a worker (nothing else can have moved it before its dispatch
+    is published). None for anything else (asked before, or waiting on dependencies)."""
+    if not (asked.first and _publishable(asked)):
+        return None
+    return EffectPending(
+        operation=asked.operation, awaiting="worker", waiting_for="a worker to take it"
+    )
+
+
+def _result_of(answer: Answer) -> EffectResult:
+    op = answer.operation
+    last = answer.last_reason if answer.last_reason is not None else op.status.value
+    detail = answer.settled_detail
     if op.status is Status.CONFIRMED:
-        applied = [e for e in history.evidence if e.applied and e.verdict == "confirmed"]
-        detail = applied[-1].detail if applied else {}
         data = detail.get("result")
         return EffectConfirmed(
             operation=op,
@@ -550,8 +623,6 @@ def _result_of(history: History, deps: Sequence[Dependency]) -> EffectResult:
             data=data if isinstance(data, dict) else {},
         )
     if op.status is Status.REJECTED:
-        applied = [e for e in history.evidence if e.applied and e.verdict == "rejected"]
-        detail = applied[-1].detail if applied else {}
         return EffectRejected(
             operation=op,
             code=detail.get("code"),
@@ -560,7 +631,7 @@ def _result_of(history: History, deps: Sequence[Dependency]) -> EffectResult:
     if op.status is Status.CANCELLED:
         return EffectCancelled(operation=op, reason=last)
     if op.status is Status.UNKNOWN:
-        review = history.open_review
+        review = answer.open_review
         if review is not None:
             waiting = f"a person: review {review.id} ({review.reason})"
         elif op.next_check_at is not None:
@@ -568,7 +639,7 @@ def _result_of(history: History, deps: Sequence[Dependency]) -> EffectResult:
         else:
             waiting = "evidence: a check is under way"
         return EffectUnknown(operation=op, review=review, waiting_for=waiting)
-    blocked = tuple(d for d in deps if d.blocking)
+    blocked = tuple(d for d in answer.dependencies if d.blocking)
     on: Literal["dependencies", "worker", "provider"]
     if blocked:
         on, waiting = "dependencies", "dependencies: " + "; ".join(_describe(d) for d in blocked)

@@ -16,6 +16,13 @@ before any waiter registers (`watch` waits for it), so no settle can fall betwee
 and the wait. When the connection is lost, every waiter is woken to read again (what it
 missed), and the thread reconnects with a growing pause; while it is down, waiters fall
 back on their own polling interval. After a fork the child gets a listener of its own.
+
+A waiter may name the operation it answers for (`subject`) and how to read answers
+(`read`: many operations in one statement, `Ledger.answers`). Then the thread reads the
+answers of every waiter a batch of notifications woke, one statement per batch, before it
+wakes them: a woken waiter finds its answer (`Waiter.answer`) and reads nothing itself. So
+however many agents wait in a process, waiting costs it two connections: the listening one
+and the one the thread reads on.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import psycopg
@@ -39,21 +46,38 @@ CONNECT_WAIT = 5.0
 RECONNECT_MIN, RECONNECT_MAX = 0.2, 5.0
 
 
+#: reads how many operations stand in one statement: answers by id (`Ledger.answers`)
+Read = Callable[[Iterable[str]], Mapping[str, Any]]
+
+
 class Waiter:
     """One agent's wait: the operations it watches, woken when a notification names one
     (or when the listener lost notifications and everyone must read again)."""
 
-    def __init__(self, listener: Listener, ids: set[str]) -> None:
+    def __init__(
+        self, listener: Listener, ids: set[str], subject: str | None, read: Read | None
+    ) -> None:
         self._listener = listener
         self.ids = set(ids)
+        #: the operation this waiter is answered for, and how the listener reads answers
+        self.subject = subject
+        self.read = read
+        self._answer: Any = None
         self._event = threading.Event()
         self._loops: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    def answer(self) -> Any:
+        """The subject's answer the listener read when it last woke this waiter (once),
+        or None: then read it yourself."""
+        answer, self._answer = self._answer, None
+        return answer
 
     def watch(self, ids: Iterable[str]) -> None:
         """Watch `ids` too (the dependencies a pending operation turned out to wait on)."""
         self._listener._add(self, set(ids) - self.ids)
 
-    def wake(self) -> None:
+    def wake(self, answer: Any = None) -> None:
+        self._answer = answer
         self._event.set()
         for loop, event in list(self._loops):
             loop.call_soon_threadsafe(event.set)
@@ -105,18 +129,26 @@ class Listener:
         self._listening = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
+        #: a waiter may have read while nobody listened (a lost connection, a slow first
+        #: one): the next connection wakes every waiter to read again
+        self._unheard = False
 
     @property
     def listening(self) -> bool:
         return self._listening.is_set()
 
-    def watch(self, ids: Iterable[str]) -> Waiter:
+    def watch(
+        self, ids: Iterable[str], *, subject: str | None = None, read: Read | None = None
+    ) -> Waiter:
         """A waiter on `ids`, registered once the connection listens (up to CONNECT_WAIT
-        seconds; past that it is registered all the same and relies on its own polling)."""
+        seconds; past that it is registered all the same and relies on its own polling).
+        With `subject` and `read`, the listener reads `subject`'s answer with `read` when a
+        notification wakes the waiter (`Waiter.answer`)."""
         self._start()
-        waiter = Waiter(self, set())
+        waiter = Waiter(self, set(), subject, read)
         self._add(waiter, set(ids))
         if not self._listening.wait(CONNECT_WAIT):
+            self._unheard = True  # it reads before anyone listens: wake it once we do
             log.warning("not listening for settles yet; the waiter polls until it is")
         return waiter
 
@@ -169,13 +201,16 @@ class Listener:
                 with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     self._listening.set()
-                    self._wake_all()  # whatever settled while nobody listened: read again
+                    if self._unheard:  # whatever settled while nobody listened: read again
+                        self._unheard = False
+                        self._wake_all()
                     pause = RECONNECT_MIN
                     self._pump(conn)
             except psycopg.Error as exc:
                 if self._listening.is_set():
                     log.warning("the settle listener lost its connection (%s); reconnecting", exc)
             self._listening.clear()
+            self._unheard = True
             self._wake_all()
             if self._stopped.wait(pause):
                 return
@@ -183,11 +218,32 @@ class Listener:
 
     def _pump(self, conn: psycopg.Connection[Any]) -> None:
         while not self._stopped.is_set():
-            for notice in conn.notifies(timeout=1.0):
-                with self._lock:
-                    woken = list(self._by_id.get(notice.payload, ()))
-                for waiter in woken:
-                    waiter.wake()
+            # what one read of the socket brings (every notification already received),
+            # then what arrived meanwhile: one batch, its answers read together
+            batch = list(conn.notifies(timeout=1.0, stop_after=1))
+            if batch:
+                batch.extend(conn.notifies(timeout=0))
+                self._deliver({notice.payload for notice in batch})
+
+    def _deliver(self, ids: set[str]) -> None:
+        """Wake the waiters watching any of `ids`, each with its subject's answer read
+        first: one `read` per reader for the whole batch."""
+        with self._lock:
+            woken = {w for op_id in ids for w in self._by_id.get(op_id, ())}
+        by_read: dict[Read, list[Waiter]] = {}
+        for waiter in woken:
+            if waiter.read is not None and waiter.subject is not None:
+                by_read.setdefault(waiter.read, []).append(waiter)
+            else:
+                waiter.wake()
+        for read, waiters in by_read.items():
+            try:
+                found = read({w.subject for w in waiters if w.subject is not None})
+            except Exception as exc:  # the waiters read for themselves
+                log.warning("could not read the answers of %d waiters: %s", len(waiters), exc)
+                found = {}
+            for waiter in waiters:
+                waiter.wake(found.get(waiter.subject) if waiter.subject is not None else None)
 
 
 _listeners: dict[tuple[int, str], Listener] = {}

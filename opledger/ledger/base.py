@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -20,6 +21,7 @@ from .ids import (
     check_operation_id,
 )
 from .models import (
+    Answer,
     History,
     Operation,
 )
@@ -107,6 +109,23 @@ class LedgerBase:
         if value is None:
             self.get(op_id)
         return value
+
+    def answers(self, op_ids: Iterable[str]) -> dict[str, Answer]:
+        """How each of `op_ids` stands, as an agent waiting on it is answered, read in one
+        statement (one round trip): by id, without the ids that name no operation."""
+        ids = sorted({check_operation_id(op_id) for op_id in op_ids})
+        if not ids:
+            return {}
+        with self._single() as conn:
+            rows = conn.execute(q.SELECT_ANSWERS, {"ids": ids}).all()
+        return {row.id: self._store.answer(row) for row in rows}
+
+    def answer(self, op_id: str) -> Answer:
+        """How `op_id` stands, as an agent waiting on it is answered (`answers`)."""
+        found = self.answers([op_id]).get(op_id)
+        if found is None:
+            raise OperationNotFound(f"no operation {op_id}", op_id=op_id)
+        return found
 
     def history(self, op_id: str) -> History:
         """Everything recorded about `op_id`: attempts, evidence, transitions and reviews."""

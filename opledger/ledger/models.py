@@ -373,6 +373,22 @@ class History(Record):
         return status.final or (status is Status.UNKNOWN and self.open_review is not None)
 
 
+class Answer(Record):
+    """How one operation stands, as an agent waiting on it is answered (`Ledger.answers`):
+    the operation and what an answer says beside its status, read in one statement."""
+
+    operation: Operation
+    #: why its status last changed (its newest transition's reason), if it ever changed
+    last_reason: str | None
+    #: the detail of the applied evidence that settled it (confirmed or rejected; empty
+    #: otherwise), its provider's result document opened when it was sealed
+    settled_detail: dict[str, Any]
+    #: the review a person holds it with, if one is open
+    open_review: Review | None
+    #: the operations it runs after, as they stand now
+    dependencies: tuple[Dependency, ...]
+
+
 class Ask(Record):
     """One ask of an intent (`Ledger.ask`): who asked, and what it asked differently.
 

@@ -33,7 +33,17 @@ from .errors import (
     OperationNotFound,
     SchemaMissing,
 )
-from .models import Attempt, Authorization, Evidence, History, Operation, Review, Transition
+from .models import (
+    Answer,
+    Attempt,
+    Authorization,
+    Dependency,
+    Evidence,
+    History,
+    Operation,
+    Review,
+    Transition,
+)
 from .payload_keys import PayloadKeys, open_result, payload_text
 from .pgschema import schema_from_environment, schema_of, search_path, use_schema
 
@@ -389,6 +399,23 @@ class Store:
         if result is kept["result"]:
             return fact
         return fact.model_copy(update={field: {**kept, "result": result}})
+
+    def answer(self, row: Any) -> Answer:
+        """The answer a `queries.SELECT_ANSWERS` row gives (its result document opened)."""
+        m = row._mapping
+        detail = m["settled_detail"] or {}
+        if "result" in detail:  # as `opened` does for a history's evidence
+            result = open_result(self.payload_keys, m["id"], detail["result"])
+            if result is not detail["result"]:
+                detail = {**detail, "result": result}
+        review = m["open_review"]
+        return Answer(
+            operation=operation(row),
+            last_reason=m["last_reason"],
+            settled_detail=detail,
+            open_review=None if review is None else Review.model_validate(review),
+            dependencies=tuple(Dependency.model_validate(d) for d in m["dependencies"] or ()),
+        )
 
     def history(self, conn: Connection, op_id: str) -> History:
         """Everything recorded about `op_id`, read on `conn` (its transaction's view)."""

@@ -7,14 +7,18 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
+from sqlalchemy.engine import make_url
 
-from opledger.agents import EffectConfirmed, Effects
+from opledger.agents import EffectCancelled, EffectConfirmed, Effects
 from opledger.agents.listener import CHANNEL, listener_for
-from opledger.ledger import Binding, Confirmed, Ledger, Status
+from opledger.ledger import Answer, Binding, Confirmed, Ledger, Status
+from opledger.ledger import queries as q
+from opledger.ledger.pgschema import ledger_engine
 from tests.conftest import libpq
 from tests.intents import prepare
 
@@ -122,3 +126,74 @@ def test_a_lost_listening_connection_is_replaced_and_nothing_is_missed(
     waiting.join(timeout=20)
     assert isinstance(later[0], EffectConfirmed)
     assert time.monotonic() - started < 10  # woken by NOTIFY, not by the 60 s poll
+
+
+def test_woken_agents_are_answered_a_batch_at_a_time_on_two_connections(
+    ledger: Ledger, grant: str, database_url: str
+) -> None:
+    """300 agents in one event loop, on a ledger whose pool holds one connection: the
+    listener reads the answers of every waiter a batch of notifications woke in one
+    statement, so no woken agent reads for itself, and the process never holds more than
+    two connections (the listening one and the pool's one)."""
+    name = "opledger-waiters-test"
+    url = make_url(database_url).update_query_dict({"application_name": name})
+    engine = ledger_engine(
+        url.render_as_string(hide_password=False),
+        schema=ledger.schema,
+        pool_size=1,
+        max_overflow=0,
+    )
+    narrow = Ledger(engine, schema=ledger.schema)
+    listener_reads: list[int] = []
+    own_reads: list[int] = []
+    answers = narrow.answers
+
+    def counted(op_ids: Iterable[str]) -> dict[str, Answer]:
+        ids = list(op_ids)
+        on_listener = threading.current_thread().name == "opledger-settle-listener"
+        (listener_reads if on_listener else own_reads).append(len(ids))
+        return answers(ids)
+
+    narrow.answers = counted  # type: ignore[method-assign]
+    effects = Effects(narrow, publish=lambda _op_id: None, poll=60.0)
+    ops = [prepare(ledger, f"batch-{i}") for i in range(300)]
+    peak = [0]
+    stop = threading.Event()
+
+    def sample() -> None:
+        with psycopg.connect(libpq(database_url), autocommit=True) as conn:
+            while not stop.is_set():
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                    (name,),
+                ).fetchone()
+                assert row is not None
+                peak[0] = max(peak[0], int(row[0]))
+                stop.wait(0.02)
+
+    async def agents() -> list[object]:
+        waiting = [asyncio.create_task(effects.await_result(op, timeout=60)) for op in ops]
+        listener = listener_for(effects._dsn)
+        while listener.waiting() < len(ops) or len(own_reads) < len(ops):
+            await asyncio.sleep(0.05)
+
+        def cancel_all() -> None:  # one transaction: every NOTIFY arrives at its commit
+            with ledger.engine.begin() as conn:
+                for op in ops:
+                    conn.execute(q.CANCEL, {"op_id": op, "actor": "test", "reason": "batch"})
+
+        await asyncio.to_thread(cancel_all)
+        return list(await asyncio.gather(*waiting))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        results = asyncio.run(agents())
+    finally:
+        stop.set()
+        sampler.join()
+        engine.dispose()
+    assert all(isinstance(r, EffectCancelled) for r in results)
+    assert len(own_reads) == len(ops)  # each agent's first read, none after its wake
+    assert sum(listener_reads) == len(ops) and len(listener_reads) <= 10, listener_reads
+    assert 1 <= peak[0] <= 2, peak[0]

@@ -139,6 +139,38 @@ SELECT_DEPENDENCIES = text(
 
 WATCH = text("UPDATE operations SET notify_settle = true WHERE id = :op_id AND NOT notify_settle")
 
+# How operations stand, as an agent waiting on them is answered (`Ledger.answers`), in one
+# statement: each with why its status last changed, the detail of the evidence that settled
+# it (confirmed or rejected), the review a person holds it with, and its dependencies as
+# they stand (each with the review holding it). Each part is the newest row by its op_id
+# index, so the cost does not grow with the ledger.
+SELECT_ANSWERS = text(
+    f"""
+    SELECT {columns_of("o")},
+        (SELECT t.reason FROM transitions AS t WHERE t.op_id = o.id
+         ORDER BY t.id DESC LIMIT 1) AS last_reason,
+        (SELECT e.detail FROM evidence AS e
+         WHERE o.status IN ('confirmed', 'rejected') AND e.op_id = o.id AND e.applied
+           AND e.verdict = o.status::text
+         ORDER BY e.id DESC LIMIT 1) AS settled_detail,
+        (SELECT to_jsonb(r) FROM (
+            SELECT id, op_id, reason, opened_at, snapshot, resolution, resolved_by,
+                   resolved_at, note, notified_at
+            FROM reviews WHERE op_id = o.id AND resolved_at IS NULL
+            ORDER BY id DESC LIMIT 1) AS r) AS open_review,
+        (SELECT jsonb_agg(jsonb_build_object(
+                    'op_id', d.id, 'action', d.action, 'target', d.target,
+                    'status', d.status, 'reason', d.change_reason,
+                    'review_id', dr.id, 'review_reason', dr.reason) ORDER BY d.id)
+         FROM operation_deps AS od
+         JOIN operations AS d ON d.id = od.dep_id
+         LEFT JOIN reviews AS dr ON dr.op_id = d.id AND dr.resolved_at IS NULL
+         WHERE od.op_id = o.id) AS dependencies
+    FROM operations AS o
+    WHERE o.id = ANY(:ids)
+    """
+).bindparams(bindparam("ids", type_=ARRAY(Text)))
+
 # The frozen payload's row: in clear (`canonical`), or sealed under `key_id` (decrypted in
 # Python: the database never sees a key).
 SELECT_PAYLOAD = text(
