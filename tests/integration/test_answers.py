@@ -1,0 +1,114 @@
+"""`Ledger.answers`: how operations stand, read in one statement, says exactly what their
+whole history says (the real Postgres), for each state an agent can be answered in:
+prepared, waiting on dependencies (one held by a person), confirmed with a sealed result,
+rejected, unknown with and without a review, cancelled."""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from opledger.ledger import (
+    Ambiguous,
+    Answer,
+    Binding,
+    Confirmed,
+    Ledger,
+    MalformedOperationId,
+    OperationNotFound,
+    Rejected,
+)
+from tests.intents import prepare
+
+RESULT = {"ticket": "T-9931", "owner": "Quinlan"}
+
+
+def expected(ledger: Ledger, op_id: str) -> Answer:
+    """The answer as the history and the dependencies (several statements) give it."""
+    history = ledger.history(op_id)
+    op = history.operation
+    settled = [e for e in history.evidence if e.applied and e.verdict == op.status.value]
+    return Answer(
+        operation=op,
+        last_reason=history.transitions[-1].reason if history.transitions else None,
+        settled_detail=settled[-1].detail if settled else {},
+        open_review=history.open_review,
+        dependencies=ledger.dependencies(op_id),
+    )
+
+
+@pytest.fixture
+def sealing(ledger: Ledger, database_url: str, grant: str) -> Iterator[Ledger]:
+    key = f"k1:{base64.b64encode(os.urandom(32)).decode()}"
+    sealed = Ledger.from_url(database_url, pool_size=1, payload_keys=key)
+    yield sealed
+    sealed.engine.dispose()
+
+
+def test_the_answers_say_what_the_histories_say(sealing: Ledger) -> None:
+    ledger = sealing
+    ops: dict[str, str] = {}
+
+    ops["prepared"] = prepare(ledger, "prepared")
+
+    ops["confirmed"] = prepare(ledger, "confirmed")
+    claim = ledger.claim(ops["confirmed"], owner="w")
+    assert claim is not None
+    binding = Binding(idempotency_key=claim.idempotency_key, target=claim.operation.target)
+    ledger.record_outcome(claim, Confirmed(receipt_id="r1", binding=binding, result=RESULT))
+    # later evidence of the same verdict settles nothing: the answer keeps the settling one
+    ledger.record_evidence(
+        ops["confirmed"],
+        source="lookup",
+        verdict="confirmed",
+        binding=binding,
+        detail={"result": {**RESULT, "n": 2}},
+    )
+
+    ops["rejected"] = prepare(ledger, "rejected")
+    claim = ledger.claim(ops["rejected"], owner="w")
+    assert claim is not None
+    ledger.record_outcome(claim, Rejected(code="case_not_found", reason="no such case"))
+
+    ops["unknown"] = prepare(ledger, "unknown")
+    claim = ledger.claim(ops["unknown"], owner="w")
+    assert claim is not None
+    ledger.record_outcome(claim, Ambiguous(code="timeout", reason="no answer"))
+
+    ops["held"] = prepare(ledger, "held")
+    claim = ledger.claim(ops["held"], owner="w")
+    assert claim is not None
+    ledger.record_outcome(claim, Ambiguous(code="timeout", reason="no answer"))
+    held = ledger.get(ops["held"])
+    assert ledger.open_review(held.id, fence=held.fence, reason="no lookup") is not None
+
+    ops["waiting"] = prepare(ledger, "waiting", after=[ops["held"], ops["confirmed"]])
+    ops["cancelled"] = prepare(ledger, "cancelled", after=[ops["rejected"]])
+
+    answers = ledger.answers([*ops.values(), "op_00000000000000000000000000"])
+    assert set(answers) == set(ops.values())  # an id naming nothing is left out
+    for state, op_id in ops.items():
+        assert answers[op_id] == expected(ledger, op_id), state
+    assert answers[ops["confirmed"]].settled_detail["result"] == RESULT  # opened
+    assert answers[ops["rejected"]].settled_detail["code"] == "case_not_found"
+    assert answers[ops["held"]].open_review is not None
+    assert answers[ops["unknown"]].open_review is None
+    waiting = answers[ops["waiting"]].dependencies
+    assert [d.op_id for d in waiting] == sorted([ops["held"], ops["confirmed"]])
+    assert {d.op_id: d.review_id is not None for d in waiting} == {
+        ops["held"]: True,
+        ops["confirmed"]: False,
+    }
+    assert answers[ops["cancelled"]].operation.status.value == "cancelled"
+    assert ledger.answer(ops["prepared"]) == answers[ops["prepared"]]
+
+
+def test_a_missing_or_malformed_id_is_refused(ledger: Ledger) -> None:
+    with pytest.raises(OperationNotFound):
+        ledger.answer("op_00000000000000000000000000")
+    with pytest.raises(MalformedOperationId):
+        ledger.answers(["op_1", "'; DROP TABLE operations; --"])
+    assert ledger.answers([]) == {}
