@@ -1,11 +1,15 @@
-"""README.md as a test: every fenced block runs as written, or says why it does not.
+"""README.md and the docs as a test: every fenced block of every page runs as written, or
+says why it does not.
 
-Each block is known to `BLOCKS` by a short hash of its text, so editing a block makes this
-test fail until someone has looked at how the new text is verified (the failure prints the
-new key). A block's verdict is one of:
+The pages are README.md and every page of the docs site (docs/**/*.md). Each block is
+known to `BLOCKS` by a short hash of its text, whatever page it is on (a block moved from
+one page to another keeps its verdict), so editing a block makes this test fail until
+someone has looked at how the new text is verified (the failure prints the page, the line
+and the new key). A block's verdict is one of:
 
-- `Python`: run in README order in one namespace, like a notebook session (a later block
-  uses what an earlier one defined), in a process of its own whose environment names the
+- `Python`: run in page order in one namespace per page, like a notebook session (a later
+  block uses what an earlier one defined on the same page, as its reader would), the
+  pages one after the other in one process of its own whose environment names the
   suite's services: the session's migrated test database (its tables emptied first), a
   Redis database of its own for the broker, the sandbox providers. `then` holds this
   test's own checks of what the block did; they see the namespace, never change it.
@@ -19,9 +23,11 @@ new key). A block's verdict is one of:
   and tests/unit/test_compose.py for `docker compose up` (no Docker engine here, and it
   would start services of its own). Placeholders such as `op_01J...` are replaced by
   values from the fixtures, declared in `substitute` so the substitution is visible.
-- `NotCode`: sample output, the directory layout.
-- `Covered`: a whole block another named test runs as written, where this one cannot (the
-  pip quick start, in a fresh virtualenv with the package installed from a clone).
+- `NotCode`: sample output, the directory layout, a file's format.
+- `Covered`: a whole block another named test runs as written, or checks word for word
+  against a file it runs, where this one cannot (the pip quick start, in a fresh
+  virtualenv with the package installed from a clone; the adapter guide's excerpts of
+  examples/adapter_tickets.py).
 
 Nothing here starts a service of its own: no `OPLEDGER_DEV`, every URL is the fixtures'.
 The blocks run side by side (each CLI start costs a second or two of CPU), and a command
@@ -60,6 +66,7 @@ from opledger.ledger import Ambiguous, Ledger
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+DOCS = REPO / "docs"
 BIN = Path(sys.executable).parent  # the virtualenv's bin: `opledger`, `python`
 SCRIPT_TIMEOUT = 90.0  # seconds one block's commands may take
 LONG_RUNNING_GRACE = 20.0  # seconds a long-running process has to get ready
@@ -77,7 +84,16 @@ READY = {
 }
 
 
-# -- the README's blocks ------------------------------------------------------------------
+# -- the pages' blocks -------------------------------------------------------------------
+
+
+def pages() -> list[Path]:
+    """README.md, then every page of the docs site in path order."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def page_name(path: Path) -> str:
+    return str(path.relative_to(REPO))
 
 
 @dataclass(frozen=True)
@@ -108,7 +124,12 @@ class Command:
 class Block:
     line: int  # the line of the opening fence
     lang: str
-    text: str
+    text: str  # as the reader copies it: the fence's own indentation removed
+    page: str = "README.md"
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
 
     @property
     def key(self) -> str:
@@ -130,31 +151,40 @@ class Block:
             if not line.rstrip().endswith("\\"):
                 commands.append(Command("\n".join(pending)))
                 pending = []
-        assert not pending, f"README.md:{self.line}: a continuation line ends the block"
+        assert not pending, f"{self.where}: a continuation line ends the block"
         return commands
 
 
-FENCE = re.compile(r"^```(\S*)\s*$")
+FENCE = re.compile(r"^( *)```(\S*)\s*$")
 
 
-def readme_blocks(text: str | None = None) -> list[Block]:
-    """Every fenced block of README.md (```python, ```sh, unlabelled), in order."""
-    lines = (README.read_text() if text is None else text).splitlines()
+def page_blocks(path: Path = README, text: str | None = None) -> list[Block]:
+    """Every fenced block of one page (```python, ```sh, unlabelled, indented in a list
+    too), in order."""
+    lines = (path.read_text() if text is None else text).splitlines()
+    page = page_name(path)
     blocks: list[Block] = []
-    opened: tuple[int, str] | None = None
+    opened: tuple[int, str, int] | None = None  # line, language, indentation
     body: list[str] = []
     for n, line in enumerate(lines, start=1):
         fence = FENCE.match(line)
         if opened is None:
             if fence:
-                opened, body = (n, fence.group(1)), []
+                opened, body = (n, fence.group(2), len(fence.group(1))), []
         elif line.strip() == "```":
-            blocks.append(Block(opened[0], opened[1], "\n".join(body)))
+            blocks.append(Block(opened[0], opened[1], "\n".join(body), page))
             opened = None
         else:
-            body.append(line)
-    assert opened is None, f"README.md:{opened[0]}: a fence is never closed"
+            indent = opened[2]
+            assert not line[:indent].strip(), f"{page}:{n}: a line left of its fence"
+            body.append(line[indent:])
+    assert opened is None, f"{page}:{opened[0]}: a fence is never closed"
     return blocks
+
+
+def all_blocks() -> list[Block]:
+    """Every page's blocks, page after page."""
+    return [block for path in pages() for block in page_blocks(path)]
 
 
 # -- how each block is verified -----------------------------------------------------------
@@ -223,6 +253,18 @@ SESSIONS = "test_password_sign_in_csrf_sessions_that_expire_and_disabling"
 CONSOLE_BROWSER = (
     "tests/system/test_console_browser.py::"
     "test_sign_in_open_the_queue_and_a_crash_review_resolve_it_and_see_the_audit_row"
+)
+ADAPTER_GUIDE = "tests/integration/test_adapter_guide.py"
+#: the guide's Python blocks are examples/adapter_tickets.py, whole and in excerpts word for
+#: word, which the guide's tests run against a Tickets server of their own
+ADAPTER_EXCERPT = f"{ADAPTER_GUIDE}::test_the_guide_shows_the_example_file_as_it_is"
+MCP_GATEWAY_TESTS = (
+    "tests/system/test_mcp_gateway.py::test_a_call_whose_answer_was_lost_is_reissued_and_the_case_is_updated_once",
+    "tests/system/test_mcp_gateway.py::test_the_example_agent_closes_and_emails_once_however_often_it_runs",
+)
+MCP_PROXY_TESTS = (
+    "tests/system/test_mcp_proxy.py::test_a_lost_answer_of_the_upstream_is_unknown_and_goes_to_a_person_after_one_call",
+    "tests/system/test_mcp_proxy.py::test_a_confirmed_call_asked_again_is_answered_and_not_repeated",
 )
 OUTBOX_TABLE = "case_closures"  # the outbox example creates it in the ledger's database
 #: checks after a block that published `op`: its message is queued, the operation prepared
@@ -338,7 +380,7 @@ assert "case-319" in rows, rows
             "--restart-postgres --chaos-seconds 300 --settle-timeout 900 --json": (CHAOS_TEST,),
         },
     ),
-    "48306138c9": Shell(
+    "436b4c2e02": Shell(
         "opledger migrate                      # apply the ledger's migrations",
         long_running=("opledger sandbox --port 8025",),
         covered={
@@ -429,9 +471,93 @@ assert current_app._get_current_object() is theirs
 """,
     ),
     "ebfb315962": Covered("pip install 'opledger[console,metrics,sandbox]'", PIP_QUICKSTART_TEST),
-    "3a40f1fd5d": NotCode(
+    "67788a092f": NotCode(
         "opledger/ledger/     the core, one module per part",
         "the directory layout",
+    ),
+    # -- docs/architecture.md
+    "45d73e7b57": NotCode("opledger.cli          the `opledger` command", "the layers"),
+    "582f3258fb": NotCode("api            Ledger, composed of the parts", "the ledger's layers"),
+    # -- docs/adapters.md
+    "62bea7c34c": Shell("opledger adapter new tickets --dir myapp"),
+    "0a1c91b3f8": Covered("def tickets_contract(", ADAPTER_EXCERPT),
+    "b8da4e7907": Covered("#: the provider's error codes", ADAPTER_EXCERPT),
+    "dcf3463ed8": Covered("    def __init__(", ADAPTER_EXCERPT),
+    "74b409446e": Covered("    def dispatch(self, claim: Claim)", ADAPTER_EXCERPT),
+    "e5a4171c0c": Covered("def _confirmed(response: httpx.Response)", ADAPTER_EXCERPT),
+    "ea137a960b": Covered("    def lookup(self, operation: Operation", ADAPTER_EXCERPT),
+    "5502e9d46f": Covered("class TicketsAdapter:", ADAPTER_EXCERPT),
+    "9d2d435688": Covered("    def search_hint(self, operation", ADAPTER_EXCERPT),
+    "02702d44b9": Covered("def build_registry(settings: Settings)", ADAPTER_EXCERPT),
+    "0a9d094578": Covered('"""An adapter for Tickets', ADAPTER_EXCERPT),
+    "d96ebbb200": Shell(
+        "export OPLEDGER_ADAPTERS=examples.adapter_tickets:build_registry",
+        # a Tickets server at that URL, and the example importable: the guide's test runs
+        # the contract check with this very setting against a server of its own
+        covered={
+            "opledger check": (
+                "tests/integration/test_startup_checks.py::test_check_reports_every_part_and_passes_on_a_good_setup",
+                "tests/unit/test_load_registry.py::test_the_example_factory_says_what_it_misses",
+            ),
+            "opledger contract check tickets.open.v1": (
+                f"{ADAPTER_GUIDE}::test_contract_check_agrees_with_a_server_that_keeps_the_promises",
+            ),
+        },
+    ),
+    # -- docs/email-evidence.md
+    "bf237802f9": NotCode(
+        "searched the folder 'Sent'", "a lookup's evidence, as a reviewer reads it"
+    ),
+    # -- docs/mcp.md
+    "3a2df2da27": NotCode("workflow_id = mcp:<agent>:<run>", "how a call's intent is keyed"),
+    "64b3c1f71f": Shell("opledger mcp token --agent onboarding --tenant acme"),
+    "4da155b573": Shell(
+        "OPLEDGER_MCP_CLIENTS=mcp-clients.json opledger mcp serve --port 8765",
+        # servers until stopped; the stdio one needs a client on its other end
+        covered={
+            "OPLEDGER_MCP_CLIENTS=mcp-clients.json opledger mcp serve --port 8765": (
+                MCP_GATEWAY_TESTS
+            ),
+            "OPLEDGER_MCP_CLIENTS=mcp-clients.json OPLEDGER_MCP_TOKEN=... opledger mcp serve "
+            "--transport stdio": (
+                "tests/integration/test_mcp_stdio.py::test_stdio_serves_the_caller_its_token_names",
+            ),
+        },
+    ),
+    "9053811b13": NotCode('{"url": "http://127.0.0.1:9000/mcp"', "the upstream file's format"),
+    "2e386fa293": Shell(
+        "export OPLEDGER_ADAPTERS=opledger.mcp.upstream:build_registry",
+        # an upstream MCP server behind upstream.json: the proxy's system tests run a
+        # worker with this registry and the proxy in front of an MCP SDK server
+        covered={
+            "opledger worker &": MCP_PROXY_TESTS,
+            "opledger mcp proxy --port 8766": MCP_PROXY_TESTS,
+        },
+    ),
+    # -- docs/webhooks.md
+    "24bcd652d0": NotCode("POST /your/path HTTP/1.1", "a request as the receiver gets it"),
+    "2890f30fcd": Covered(
+        '"""Verify an opledger review webhook',
+        "tests/integration/test_webhook_signatures.py::test_the_docs_show_the_example_receiver_as_it_is",
+    ),
+    # -- docs/benchmarks.md
+    "a0549272e1": NotCode("claim    Execution 0.58 ms", "a query plan's summary"),
+    "b9fb268cff": Shell(
+        "opledger chaos --ops 10000 --seed 2026",
+        covered={
+            "opledger chaos --ops 10000 --seed 2026 --workers 2 --kill-every 2 --redis-restarts 4 "
+            "--restart-postgres --chaos-seconds 600 --settle-timeout 1800 --json": (CHAOS_TEST,)
+        },
+    ),
+    "56208f3334": Shell(
+        "make bench",
+        covered={
+            "make bench": (BENCH_TEST,),
+            ".venv/bin/opledger bench --backlog-only --backlog 20000": (BENCH_TEST,),
+            ".venv/bin/opledger bench --quick --json": (BENCH_TEST,),
+            ".venv/bin/opledger bench --concurrency 4": (BENCH_TEST,),
+            ".venv/bin/opledger bench --backlog 0 --concurrencies 0 --tenants 0": (BENCH_TEST,),
+        },
     ),
 }
 
@@ -439,11 +565,11 @@ assert current_app._get_current_object() is theirs
 def verdict_of(block: Block) -> Verdict:
     verdict = BLOCKS.get(block.key)
     assert verdict is not None, (
-        f"README.md:{block.line}: a new README block needs a way to be tested: add "
+        f"{block.where}: a new block needs a way to be tested: add "
         f"{block.key!r} (```{block.lang}, first line {block.first!r}) to BLOCKS in "
         f"{Path(__file__).name}"
     )
-    assert block.first.startswith(verdict.first), (block.line, verdict.first, block.first)
+    assert block.first.startswith(verdict.first), (block.where, verdict.first, block.first)
     return verdict
 
 
@@ -586,9 +712,9 @@ def plan(block: Block, verdict: Shell, values: Mapping[str, str]) -> Plan:
     commands = block.commands()
     texts = [c.text for c in commands]
     for name in (*verdict.long_running, *verdict.covered):
-        assert name in texts, f"README.md:{block.line}: BLOCKS names {name!r}, not in the block"
+        assert name in texts, f"{block.where}: BLOCKS names {name!r}, not in the block"
     for placeholder, _ in verdict.substitute:
-        assert placeholder in block.text, f"README.md:{block.line}: no {placeholder!r} to replace"
+        assert placeholder in block.text, f"{block.where}: no {placeholder!r} to replace"
 
     def substituted(command: Command) -> Command:
         raw = command.raw
@@ -607,15 +733,17 @@ def plan(block: Block, verdict: Shell, values: Mapping[str, str]) -> Plan:
     )
 
 
-#: runs the Python blocks in one namespace, README line numbers in any traceback
+#: runs each page's Python blocks in one namespace of that page's own, pages one after the
+#: other, the page's line numbers in any traceback
 DRIVER = r"""
 import json, sys, traceback
 
-ns = {"__name__": "__main__"}
+namespaces = {}
 for block in json.load(open(sys.argv[1])):
-    where = f"README.md:{block['line']}"
+    where = f"{block['page']}:{block['line']}"
+    ns = namespaces.setdefault(block["page"], {"__name__": "__main__"})
     try:
-        exec(compile("\n" * block["line"] + block["text"], "README.md", "exec"), ns)
+        exec(compile("\n" * block["line"] + block["text"], block["page"], "exec"), ns)
     except BaseException:
         print(f"{where}: the block failed as written", file=sys.stderr)
         traceback.print_exc()
@@ -699,31 +827,36 @@ def values(ledger: Ledger) -> dict[str, str]:
 
 
 def test_every_block_is_known_and_every_entry_is_a_block() -> None:
-    blocks = readme_blocks()
-    assert blocks, "README.md has no code blocks?"
+    assert page_blocks(README), "README.md has no code blocks?"
+    assert len(pages()) > 1, "no docs pages?"
+    blocks = all_blocks()
     unknown = [b for b in blocks if b.key not in BLOCKS]
     assert not unknown, "\n".join(
-        f"README.md:{b.line}: a new README block needs a way to be tested: add "
+        f"{b.where}: a new block needs a way to be tested: add "
         f"{b.key!r} (```{b.lang}, first line {b.first!r}) to BLOCKS"
         for b in unknown
     )
     stale = set(BLOCKS) - {b.key for b in blocks}
-    assert not stale, f"BLOCKS names blocks README.md no longer has: {sorted(stale)}"
+    assert not stale, f"BLOCKS names blocks no page has any more: {sorted(stale)}"
     for block in blocks:
         verdict = verdict_of(block)
         if block.lang == "python":
-            assert isinstance(verdict, Python | Covered), block.line
+            assert isinstance(verdict, Python | Covered), block.where
         elif isinstance(verdict, Shell):
-            assert block.lang == "sh", block.line
+            assert block.lang == "sh", block.where
 
 
 def test_the_extraction_finds_every_kind_of_fence() -> None:
-    text = "a\n```python\nx = 1\n```\n\n```sh\necho a \\\n  b  # c\n# d\n```\n```\nout\n```\n"
-    blocks = readme_blocks(text)
-    assert [(b.line, b.lang, b.text) for b in blocks] == [
-        (2, "python", "x = 1"),
-        (6, "sh", "echo a \\\n  b  # c\n# d"),
-        (11, "", "out"),
+    text = (
+        "a\n```python\nx = 1\n```\n\n```sh\necho a \\\n  b  # c\n# d\n```\n```\nout\n```\n"
+        "- a list item:\n\n  ```\n  in the list\n    indented more\n  ```\n"
+    )
+    blocks = page_blocks(DOCS / "page.md", text)
+    assert [(b.where, b.lang, b.text) for b in blocks] == [
+        ("docs/page.md:2", "python", "x = 1"),
+        ("docs/page.md:6", "sh", "echo a \\\n  b  # c\n# d"),
+        ("docs/page.md:11", "", "out"),
+        ("docs/page.md:16", "", "in the list\n  indented more"),
     ]
     assert [c.text for c in blocks[1].commands()] == ["echo a b"]
 
@@ -732,8 +865,8 @@ def test_the_python_blocks_run_in_order_in_one_session(
     readme_env: dict[str, str], ledger: Ledger, tmp_path: Path
 ) -> None:
     blocks = [
-        {"line": b.line, "text": b.text, "then": verdict.then}
-        for b in readme_blocks()
+        {"page": b.page, "line": b.line, "text": b.text, "then": verdict.then}
+        for b in all_blocks()
         if isinstance(verdict := verdict_of(b), Python)
     ]
     (tmp_path / "blocks.json").write_text(json.dumps(blocks))
@@ -760,20 +893,21 @@ def test_the_shell_blocks_run_as_written(
     """Every block's commands and every long-running process, side by side."""
     jobs: list[tuple[Callable[[str, str, dict[str, str], Path], Outcome], str, str, Path]] = []
     seen: set[str] = set()
-    for block in readme_blocks():
+    for block in all_blocks():
         verdict = verdict_of(block)
         if not isinstance(verdict, Shell):
             continue
         steps = plan(block, verdict, values)
-        here = tmp_path / f"block{block.line}"
+        here = tmp_path / block.page.replace("/", "_") / f"block{block.line}"
         script = [c.raw for c in steps.run if c.text not in seen]
         seen.update(c.text.removesuffix(" &") for c in steps.run)
         if script:
-            jobs.append((run_script, f"README.md:{block.line}", "\n".join(script), here))
+            jobs.append((run_script, block.where, "\n".join(script), here))
         for n, command in enumerate(steps.long_running):
             if command.text in seen:
                 continue  # an earlier block runs it, in the background
-            where = f"README.md:{block.line} (long-running)"
+            seen.add(command.text)
+            where = f"{block.where} (long-running)"
             jobs.append((run_long, where, command.raw, here / f"long{n}"))
     jobs.sort(key=lambda job: -len(job[2].splitlines()))  # the longest script first
     with ThreadPoolExecutor(max_workers=LANES) as pool:
@@ -786,19 +920,21 @@ def test_the_shell_blocks_run_as_written(
 
 def test_covered_commands_name_real_tests_and_still_parse() -> None:
     values = dict.fromkeys(("op", "port", "flower_port", "flower_password"), "1")
-    for block in readme_blocks():
+    for block in all_blocks():
         verdict = verdict_of(block)
         if isinstance(verdict, Covered):
-            assert names_a_test(verdict.test), f"README.md:{block.line}: no test {verdict.test}"
+            assert names_a_test(verdict.test), f"{block.where}: no test {verdict.test}"
             continue
         if not isinstance(verdict, Shell):
             continue
         for key, command in plan(block, verdict, values).covered:
             for node in verdict.covered[key]:
-                assert names_a_test(node), f"README.md:{block.line}: {key!r}: no test {node}"
+                assert names_a_test(node), f"{block.where}: {key!r}: no test {node}"
             words = command.program
-            if words[0] == "opledger":
-                parses(words)
+            if words[-1] == "&":  # started in the background: the shell's, not an argument
+                words = words[:-1]
+            if words[0] == "opledger" or words[0].endswith("/bin/opledger"):
+                parses(["opledger", *words[1:]])
             elif words[:2] == ["python", "examples/langgraph_onboarding.py"]:
                 example = subprocess.run(
                     [sys.executable, str(REPO / words[1]), *words[2:], "--help"],
@@ -809,8 +945,8 @@ def test_covered_commands_name_real_tests_and_still_parse() -> None:
             elif words[0] == "make":
                 dry = make_dry_run(*words[1:])
                 assert dry.returncode == 0, (key, dry.stderr)
-                if words[1:] == ["demo"]:  # what the demo's test runs
-                    assert "bin/opledger demo" in dry.stdout, dry.stdout
+                if words[1:] in (["demo"], ["bench"]):  # what the demo's and bench's tests run
+                    assert f"bin/opledger {words[1]}" in dry.stdout, dry.stdout
 
 
 def test_make_test_runs_lint_types_contracts_and_the_suite() -> None:
@@ -831,10 +967,11 @@ def test_make_test_runs_lint_types_contracts_and_the_suite() -> None:
 
 
 def test_every_setting_is_in_the_configuration_table() -> None:
-    """Each setting a process reads is a row of the README's configuration table."""
+    """Each setting a process reads is a row of the configuration reference's table."""
     from opledger.settings import Settings
 
-    rows = [line for line in README.read_text().splitlines() if line.startswith("| `OPLEDGER_")]
+    reference = DOCS / "configuration.md"
+    rows = [line for line in reference.read_text().splitlines() if line.startswith("| `OPLEDGER_")]
     listed = " ".join(rows)
     variables = [f"OPLEDGER_{name.upper()}" for name in Settings.model_fields]
     assert [v for v in variables if f"`{v}`" not in listed] == []
