@@ -1,7 +1,7 @@
 """The retry decision: a pure function of the contract, the history and the time.
 
 No I/O and no clock reads: everything it needs is passed in, so it can be tested over
-generated histories. Each rule of the design is marked where it is applied.
+generated histories. Each numbered rule (docs/rules.md) is marked where it is applied.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""One hand-written case per contract fact and per rule it feeds (the README's retry rules
-1-3, 10, 11).
+"""One hand-written case per contract fact and per rule it feeds (docs/rules.md,
+rules 1-3, 10, 11).
 
 Each test states what a real provider does, and what the decision must then do.
 """

@@ -1,6 +1,6 @@
 """The retry decision at the edges of its rules (what `make mutate` asks of decide.py).
 
-Each test states a numbered rule of the retry decision (README.md), or what a helper's docstring
+Each test states a numbered rule of the retry decision (docs/rules.md), or what a helper's docstring
 promises, at the exact point where it switches: a deadline is the first instant nothing is in
 flight, a limit is the last value allowed, the latest answer is the one that counts. NeedsReview
 reasons are read by a person, so where a test checks one it checks that the reason names the cause.

@@ -1,6 +1,5 @@
 """Property tests: over generated histories and every contract, the decision never breaks
-a numbered rule of the retry decision (README.md, "Provider contracts and the retry
-decision")."""
+a numbered rule of the retry decision (docs/rules.md)."""
 
 from __future__ import annotations
 

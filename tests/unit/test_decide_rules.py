@@ -1,5 +1,5 @@
-"""One hand-written case per rule of the retry decision (the numbered rules in README.md,
-"Provider contracts and the retry decision")."""
+"""One hand-written case per rule of the retry decision (the numbered rules of
+docs/rules.md)."""
 
 from __future__ import annotations
 

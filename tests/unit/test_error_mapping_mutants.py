@@ -1,7 +1,7 @@
 """The adapters' error mapping, branch by branch (what `make mutate` asks of base.py).
 
-What the mapping promises (base.py docstrings, and the retry rules in README.md's "Provider
-contracts and the retry decision"): a client error is never a refusal, and only a connection never
+What the mapping promises (base.py docstrings, and the numbered retry rules of docs/rules.md):
+a client error is never a refusal, and only a connection never
 made proves nothing was sent; an HTTP error is read by the provider's error code first, then by its
 status, and every outcome keeps the provider's answer for the record; a 5xx is never a refusal.
 Kept-alive connections are used only where a same-key retry is protected.

@@ -2,8 +2,8 @@
 
 An agent closes case-318 in the CRM and emails the account owner: two operations. The
 demo runs that story on real parts (Postgres, Redis, Celery workers and beat, sandbox
-providers over HTTP and SMTP), then breaks it at each crash window of the design — killing
-worker processes for real — and shows, per scenario, what was broken, how each operation
+providers over HTTP and SMTP), then breaks it at each crash window (docs/crash-testing.md)
+— killing worker processes for real — and shows, per scenario, what was broken, how each operation
 ended, how many times the provider applied it, and whether a person was asked to decide.
 
 Without OPLEDGER_DATABASE_URL / OPLEDGER_BROKER_URL it starts an embedded Postgres and an

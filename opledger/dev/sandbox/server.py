@@ -1,7 +1,8 @@
 """Simulated providers as real servers: a CRM and an email API over HTTP, and SMTP.
 
-They behave like the real providers in the design notes, and every protection they offer
-is a switch, so a test can prove that opledger (not the provider) prevented a duplicate:
+They behave like the real providers the contracts describe (docs/contracts.md), and every
+protection they offer is a switch, so a test can prove that opledger (not the provider)
+prevented a duplicate:
 
 - idempotency keys per account with a retention window; the first response is stored and
   replayed, a 500 included (as Stripe's v1 API does); another payload under a used key is
