@@ -111,21 +111,26 @@ class LedgerBase:
         return value
 
     def answers(self, op_ids: Iterable[str]) -> dict[str, Answer]:
-        """How each of `op_ids` stands, as an agent waiting on it is answered, read in one
-        statement (one round trip): by id, without the ids that name no operation."""
+        """How each of `op_ids` stands, as agents waiting on them are answered, read in one
+        statement: by id, without the ids that name no operation. For one thread reading
+        for many waiters (the settle listener's): a prepared statement on a connection kept
+        for it (`Store.hot_rows`), one round trip."""
         ids = sorted({check_operation_id(op_id) for op_id in op_ids})
         if not ids:
             return {}
-        with self._single() as conn:
-            rows = conn.execute(q.SELECT_ANSWERS, {"ids": ids}).all()
-        return {row.id: self._store.answer(row) for row in rows}
+        rows = self._store.hot_rows(q.SELECT_ANSWERS, {"ids": ids})
+        answers = (self._store.answer(row) for row in rows)
+        return {answer.operation.id: answer for answer in answers}
 
     def answer(self, op_id: str) -> Answer:
-        """How `op_id` stands, as an agent waiting on it is answered (`answers`)."""
-        found = self.answers([op_id]).get(op_id)
-        if found is None:
+        """How `op_id` stands, as an agent waiting on it is answered (`answers`), read in
+        one statement on the pool's connections (any number of threads)."""
+        check_operation_id(op_id)
+        with self._single() as conn:
+            row = conn.execute(q.SELECT_ANSWERS, {"ids": [op_id]}).one_or_none()
+        if row is None:
             raise OperationNotFound(f"no operation {op_id}", op_id=op_id)
-        return found
+        return self._store.answer(tuple(row))
 
     def history(self, op_id: str) -> History:
         """Everything recorded about `op_id`: attempts, evidence, transitions and reviews."""

@@ -283,9 +283,18 @@ class Store:
         self._hot = _HotConnections(engine)
 
     def hot(self, statement: TextClause, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
-        """Run one of the worker's hot statements and return its first row (a tuple).
+        """The first row `hot_rows` gives, or None."""
+        rows = self.hot_rows(statement, params, first=True)
+        return rows[0] if rows else None
 
-        The claim and the outcome run once per operation, so they skip SQLAlchemy's
+    def hot_rows(
+        self, statement: TextClause, params: Mapping[str, Any], *, first: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """Run one of the hot statements and return its rows (tuples; only the first with
+        `first`).
+
+        The claim and the outcome run once per operation (and an agent's answer once per
+        wake), so they skip SQLAlchemy's
         per-execution work (result metadata, events, execution contexts, the pool's reset
         on return): a connection kept for them alone, in autocommit, runs the statement
         (one round trip, one synchronously committed transaction) as a server-side
@@ -299,7 +308,12 @@ class Store:
             raise _driver_error(exc, invalidated=False) from _frameless(exc)
         conn = held.conn
         try:
-            row: tuple[Any, ...] | None = conn.execute(sql, params, prepare=True).fetchone()
+            cursor = conn.execute(sql, params, prepare=True)
+            if first:
+                row = cursor.fetchone()
+                rows: list[tuple[Any, ...]] = [] if row is None else [row]
+            else:
+                rows = cursor.fetchall()
         except psycopg.Error as exc:
             broken = conn.broken or conn.closed
             if broken:
@@ -311,7 +325,7 @@ class Store:
             self._hot.discard(held)  # interrupted mid-statement: its state is unknown
             raise
         self._hot.give(held)
-        return row
+        return rows
 
     def dispose(self) -> None:
         """Drop pooled connections (in a forked child; never share them across fork)."""
@@ -400,21 +414,22 @@ class Store:
             return fact
         return fact.model_copy(update={field: {**kept, "result": result}})
 
-    def answer(self, row: Any) -> Answer:
-        """The answer a `queries.SELECT_ANSWERS` row gives (its result document opened)."""
-        m = row._mapping
-        detail = m["settled_detail"] or {}
+    def answer(self, values: Sequence[Any]) -> Answer:
+        """The answer a `queries.SELECT_ANSWERS` row (a tuple) gives, its result document
+        opened."""
+        op = operation_of(values)
+        last_reason, detail, review, dependencies = values[len(q.OPERATION_COLUMNS) :]
+        detail = detail or {}
         if "result" in detail:  # as `opened` does for a history's evidence
-            result = open_result(self.payload_keys, m["id"], detail["result"])
+            result = open_result(self.payload_keys, op.id, detail["result"])
             if result is not detail["result"]:
                 detail = {**detail, "result": result}
-        review = m["open_review"]
         return Answer(
-            operation=operation(row),
-            last_reason=m["last_reason"],
+            operation=op,
+            last_reason=last_reason,
             settled_detail=detail,
             open_review=None if review is None else Review.model_validate(review),
-            dependencies=tuple(Dependency.model_validate(d) for d in m["dependencies"] or ()),
+            dependencies=tuple(Dependency.model_validate(d) for d in dependencies or ()),
         )
 
     def history(self, conn: Connection, op_id: str) -> History:
