@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: test lint typecheck contracts docs wheel mutate demo chaos bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml opledger/__init__.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
@@ -34,7 +34,7 @@ wheel: $(STAMP)
 # Two pytest processes (pytest-xdist): the system tests in one, around their shared stack of
 # real processes, the unit and integration tests in the other (tests/conftest.py).
 TEST_JOBS ?= 2
-test: lint typecheck contracts
+test: lint typecheck contracts docs wheel
 	$(BIN)/pytest -n $(TEST_JOBS) --dist loadgroup $(PYTEST_ARGS)
 
 # Mutation testing of the retry decision, canonical payloads and the adapters' error mapping
