@@ -24,3 +24,23 @@ class BenchConfig:
 
 
 QUICK = BenchConfig(tasks=2_000, sizes=(10_000, 100_000), prepares=500, repeats=3, backlog=3_000)
+
+
+@dataclass
+class AgentsConfig:
+    """How big `opledger bench --agents` is."""
+
+    #: concurrent agents (threads in the bench process) in part 1, one count after another
+    agent_counts: tuple[int, ...] = (1, 10, 100)
+    seconds: float = 5.0  #: each timed round
+    warmup: float = 1.0  #: before each round, the same agents, untimed
+    rounds: int = 2  #: timed rounds per side at each count, interleaved with the other side's
+    concurrency: int = 4  #: processes of the opledger worker
+    wait: float = 30.0  #: what each `effect(..., wait=)` waits at most
+    #: part 2: operations settled per drain, and in the drains with waiters as many agents
+    #: waiting (one on each) from the bench process
+    waiters: int = 1_000
+    settle_rounds: int = 2  #: drains without waiters and with, interleaved (pairs)
+
+
+AGENTS_QUICK = AgentsConfig(seconds=2.0, warmup=0.5, rounds=1, waiters=300, settle_rounds=1)
