@@ -37,6 +37,8 @@ def _rounded(value: Any) -> Any:
         return round(value, 3)
     if isinstance(value, dict):
         return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
     return value
 
 
