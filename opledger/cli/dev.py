@@ -301,10 +301,42 @@ def bench(
             help="Tenant counts to spread the ledger's drain over, e.g. 1,10,100 (0: none)."
         ),
     ] = None,
+    agents: Annotated[
+        bool,
+        typer.Option(
+            "--agents",
+            help="Instead: effect() latency beside DBOS (the bench extra), and many waiters.",
+        ),
+    ] = False,
+    agent_counts: Annotated[
+        str | None, typer.Option(help="With --agents: concurrent agents, e.g. 1,10,100.")
+    ] = None,
+    round_seconds: Annotated[
+        float | None, typer.Option(help="With --agents: seconds of each timed round.")
+    ] = None,
+    rounds: Annotated[
+        int | None, typer.Option(help="With --agents: timed rounds per side at each count.")
+    ] = None,
+    waiters: Annotated[
+        int | None,
+        typer.Option(help="With --agents: operations per settle drain, and agents waiting."),
+    ] = None,
 ) -> None:
     """Measure the ledger beside bare Celery (throughput ratio, CPU per operation, round
     trips, sweep cost), and a backlog behind a slow provider drained with and without
-    relay and sweep."""
+    relay and sweep. With --agents: effect() latency beside DBOS Transact's one-step
+    workflow, and settles with and without many agents waiting in one process."""
+    if agents:
+        _bench_agents(
+            quick=quick,
+            as_json=as_json,
+            concurrency=concurrency,
+            agent_counts=agent_counts,
+            round_seconds=round_seconds,
+            rounds=rounds,
+            waiters=waiters,
+        )
+        return
     from opledger.dev.bench import run_bench
 
     config = _bench_config(
@@ -396,6 +428,132 @@ def _print_bench(result: dict[str, Any], config: BenchConfig) -> None:
     for size, plans in result.get("sweep_plans", {}).items():
         for name, plan in plans.items():
             console.print(f"[dim]{size} {name}: {plan}[/dim]")
+
+
+def _bench_agents(
+    *,
+    quick: bool,
+    as_json: bool,
+    concurrency: int | None,
+    agent_counts: str | None,
+    round_seconds: float | None,
+    rounds: int | None,
+    waiters: int | None,
+) -> None:
+    """`opledger bench --agents`: one JSON object or a table; exit 1 if any effect or
+    waiter was not answered confirmed."""
+    import dataclasses
+
+    from opledger.dev.bench import AGENTS_QUICK, AgentsConfig
+
+    try:
+        from opledger.dev.bench.agents import run_agents
+    except ImportError as exc:  # DBOS is in the bench extra
+        console.print(
+            f"the agents bench needs the bench extra ({exc.name} is missing): "
+            "pip install 'opledger[bench]'",
+            style="red",
+            markup=False,
+        )
+        raise typer.Exit(4) from exc
+    config = AGENTS_QUICK if quick else AgentsConfig()
+    changes: dict[str, Any] = {
+        "concurrency": concurrency,
+        "seconds": round_seconds,
+        "rounds": rounds,
+        "waiters": waiters,
+    }
+    config = dataclasses.replace(
+        config, **{k: v for k, v in changes.items() if v is not None and v > 0}
+    )
+    if agent_counts is not None:
+        counts = tuple(c for c in _counts("--agent-counts", agent_counts) if c)
+        if not counts:
+            raise typer.BadParameter("--agent-counts needs at least one count above 0")
+        config = dataclasses.replace(config, agent_counts=counts)
+    if config.seconds > 10 * 60 or config.waiters > 100_000:
+        raise typer.BadParameter("a round of at most 600 s, at most 100000 waiters")
+    err = Console(stderr=True)
+    with _interruptible(err):
+        result = run_agents(config, progress=lambda m: err.print(f"[dim]{m}[/dim]"))
+    if as_json:
+        print(json.dumps(result))
+    else:
+        _print_agents(result)
+    if result["errors_count"]:
+        if not as_json:
+            for line in result["errors"][:10]:
+                console.print(line, style="red", markup=False)
+        raise typer.Exit(1)
+
+
+def _print_agents(result: dict[str, Any]) -> None:
+    """Each agent count's two sides and ratios, then the settles, beside the targets."""
+    table = Table(
+        "agents",
+        "side",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "effects/s",
+        "xacts/effect",
+        "peak conns",
+        "call→confirmed ms",
+        "confirmed→return ms",
+        title="effect() latency, opledger beside DBOS (one run, rounds interleaved)",
+    )
+    for n, row in result["by_agents"].items():
+        for side in ("opledger", "dbos"):
+            r = row[side]
+            table.add_row(
+                n,
+                side,
+                *(
+                    _cell(r.get(k))
+                    for k in (
+                        "p50_ms",
+                        "p95_ms",
+                        "p99_ms",
+                        "effects_s",
+                        "xacts_per_effect",
+                        "peak_connections",
+                        "start_to_confirmed_ms",
+                        "confirmed_to_return_ms",
+                    )
+                ),
+            )
+    console.print(table)
+    ratios = Table("measure", "value", "target")
+    for n, row in result["by_agents"].items():
+        target_time = "<= 1.0" if n == "10" else ""
+        ratios.add_row(
+            f"p50 ratio at {n} agents (opledger/DBOS)", _cell(row["ratio_p50"]), target_time
+        )
+        ratios.add_row(
+            f"p99 ratio at {n} agents (opledger/DBOS)", _cell(row["ratio_p99"]), target_time
+        )
+        ratios.add_row(
+            f"effects/s ratio at {n} agents (opledger/DBOS)",
+            _cell(row["ratio_effects_s"]),
+            ">= 1.0" if n == "100" else "",
+        )
+    settles = result["settles"]
+    ratios.add_row("settles/s without waiters", _cell(settles["settles_s_without"]), "")
+    ratios.add_row(f"settles/s with {settles['ops']} waiters", _cell(settles["settles_s_with"]), "")
+    ratios.add_row("settles ratio (with/without)", _cell(settles["ratio"]), ">= 0.9")
+    ratios.add_row(
+        "waiters answered confirmed", _cell(settles["waiters_answered"]), f"= {settles['ops']}"
+    )
+    ratios.add_row("seconds for the waiters to park", _cell(settles["waiters_ready_s"]), "")
+    ratios.add_row(
+        "peak connections for waiting", _cell(settles["waiting_connections_peak"]), "<= 2"
+    )
+    ratios.add_row("errors", str(result["errors_count"]), "= 0")
+    console.print(ratios)
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
 
 
 def _counts(option: str, text: str) -> list[int]:
