@@ -82,3 +82,62 @@ def test_a_tiny_bench_run(own_env: dict[str, str]) -> None:
     assert result["backlog_drain_ops_s"] > 0 and result["backlog_drain_off_ops_s"] > 0
     assert result["backlog_duplicates"] == 0
     assert result["backlog_wipe_settled"] == 200
+
+
+@pytest.mark.timeout(300)
+def test_a_tiny_agents_bench_run(own_env: dict[str, str]) -> None:
+    """`opledger bench --agents` on a tiny run: both sides answered every effect, DBOS ran,
+    every waiter was answered, and the counts are there (timings are reported only)."""
+    waiters = 50
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "opledger.cli",
+            "bench",
+            "--agents",
+            "--json",
+            "--agent-counts",
+            "1,3",
+            "--round-seconds",
+            "1",
+            "--rounds",
+            "1",
+            "--waiters",
+            str(waiters),
+            "--concurrency",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=own_env,
+    )
+    # an effect answered otherwise than confirmed (on either side) or a waiter left
+    # unanswered is an error, and an error fails the run
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(run.stdout)
+    assert result["errors"] == [] and result["errors_count"] == 0
+    assert result["agent_counts"] == [1, 3] and result["concurrency"] == 2
+    assert set(result["by_agents"]) == {"1", "3"}
+    for n, row in result["by_agents"].items():
+        for side in ("opledger", "dbos"):
+            measured = row[side]
+            assert measured["effects"] > 0, (n, side)  # DBOS ran too
+            assert measured["xacts_per_effect"] > 0, (n, side)
+            assert measured["peak_connections"] > 0, (n, side)
+            for key in ("p50_ms", "p95_ms", "p99_ms", "effects_s"):
+                assert measured[key] > 0, (n, side, key)
+        for key in ("start_to_confirmed_ms", "confirmed_to_return_ms"):
+            assert key in row["opledger"], (n, key)
+        for key in ("ratio_p50", "ratio_p99", "ratio_effects_s"):
+            assert row[key] > 0, (n, key)
+    assert set(result["idle_xacts_s"]) == {"opledger", "dbos"}
+    settles = result["settles"]
+    assert settles["ops"] == waiters
+    assert settles["waiters_answered"] == waiters
+    assert settles["settles_s_without"] > 0 and settles["settles_s_with"] > 0
+    assert settles["ratio"] > 0
+    # the bench process waits on one listening connection, whatever the number of waiters
+    # (the target is at most 2); 0 would mean the monitor missed it
+    assert 1 <= settles["waiting_connections_peak"] <= 2
