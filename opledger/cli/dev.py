@@ -276,7 +276,8 @@ def bench(
     ] = False,
     as_json: JsonFlag = False,
     concurrency: Annotated[
-        int | None, typer.Option(help="Worker processes for both runs (default: cores).")
+        int | None,
+        typer.Option(help="Worker processes for both runs (default: cores; 4 with --agents)."),
     ] = None,
     tasks: Annotated[int | None, typer.Option(help="Tasks per throughput run.")] = None,
     sizes: Annotated[
