@@ -16,6 +16,7 @@ from .base import LedgerBase
 from .canonical import canonicalize
 from .errors import (
     AuthorizationRevoked,
+    DatabaseUnavailable,
     DependencyCycle,
     IntentConflict,
     IntentFieldsUndeclared,
@@ -203,6 +204,32 @@ class Prepare(LedgerBase):
             notify=notify,
             ask={"asked_by": asked_by, "actor": actor} if asking else None,
         )
+        values: dict[str, Any] = {
+            **intent,
+            "action": action,
+            "target": target,
+            "provider": provider,
+            "payload_digest": frozen.digest,
+            "payload_size": frozen.size,
+            "authorization_ref": authorization_ref,
+            "actor": actor,
+            "waiting_on": 0,
+            "notify_settle": notify,
+            "traceparent": traceparent,
+            "asked_by": asked_by,
+            "record_ask": asking,
+        }
+        if session is None and not deps:
+            # a new intent under a good grant: recorded in one statement (one round trip);
+            # anything else takes the full path below, which says what it was. So does a
+            # kept connection found broken (a restarted server): the insert is of an intent,
+            # so the full path finds it if it did commit.
+            try:
+                fresh = self._insert_granted(values, frozen.text)
+            except DatabaseUnavailable:
+                fresh = None
+            if fresh is not None:
+                return Asked(operation=fresh, first=True)
         with self._tx(session) as conn:
             grant = conn.execute(q.SELECT_AUTHORIZATION, {"ref": authorization_ref}).one_or_none()
             try:
@@ -222,25 +249,29 @@ class Prepare(LedgerBase):
                 blocking, doomed = self._lock_dependencies(conn, tenant, deps)
             op_id = new_operation_id()
             values = {
+                **values,
                 "id": op_id,
-                **intent,
-                "action": action,
-                "target": target,
-                "provider": provider,
-                "payload_digest": frozen.digest,
-                "payload_size": frozen.size,
-                "authorization_ref": authorization_ref,
                 "idempotency_key": op_id,
-                # sealed under the current key (if any); the digest above is the clear text's
+                # sealed under the current key (if any); the digest is the clear text's
                 **sealed_columns(self._store.payload_keys, op_id, frozen.text),
-                "actor": actor,
                 "waiting_on": blocking,
-                "notify_settle": notify,
-                "traceparent": traceparent,
-                "asked_by": asked_by,
-                "record_ask": asking,
             }
             return self._insert(conn, values, deps, doomed, same)
+
+    def _insert_granted(self, values: dict[str, Any], canonical: str) -> Operation | None:
+        """The new operation, inserted in one statement if its grant allows it and its
+        intent is new (`queries.INSERT_GRANTED_OPERATION`); None otherwise."""
+        op_id = new_operation_id()
+        row = self._store.hot(
+            q.INSERT_GRANTED_OPERATION,
+            {
+                **values,
+                "id": op_id,
+                "idempotency_key": op_id,
+                **sealed_columns(self._store.payload_keys, op_id, canonical),
+            },
+        )
+        return None if row is None else store.operation_of(row)
 
     def _recorded(
         self, conn: Connection, intent: dict[str, str], same: _SameIntent

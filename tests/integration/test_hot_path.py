@@ -15,7 +15,7 @@ from sqlalchemy import create_engine
 from opledger.ledger import Binding, Confirmed, DatabaseUnavailable, Ledger, Status
 from opledger.ledger.migrate import sqlalchemy_url
 from tests.conftest import libpq
-from tests.intents import prepare
+from tests.intents import intent, prepare
 
 APP = "opledger-hot-path-test"  #: our own ledger's connections, told apart from the suite's
 
@@ -60,17 +60,32 @@ def _hot_backends(database_url: str, expect: int | None = None) -> list[int]:
 def test_a_broken_connection_is_unavailable_then_replaced(
     own_ledger: Ledger, database_url: str, grant: str
 ) -> None:
-    assert _confirm(own_ledger, prepare(own_ledger, "first")) is Status.CONFIRMED
+    first, op_id = prepare(own_ledger, "first"), prepare(own_ledger, "second")
+    assert _confirm(own_ledger, first) is Status.CONFIRMED
     pids = _hot_backends(database_url, expect=1)
-    assert len(pids) == 1, "one connection ran both statements"
+    assert len(pids) == 1, "one connection ran every statement"
     with psycopg.connect(libpq(database_url), autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
-    op_id = prepare(own_ledger, "second")
     with pytest.raises(DatabaseUnavailable):
         own_ledger.claim(op_id, owner="w")
     # the broken connection was closed, not given back: the next call opens a new one
     assert _confirm(own_ledger, op_id) is Status.CONFIRMED
     assert _hot_backends(database_url) not in ([], pids)
+
+
+def test_a_prepare_that_finds_its_connection_broken_takes_the_full_path(
+    own_ledger: Ledger, database_url: str, grant: str
+) -> None:
+    """An intent's one-statement insert on a broken kept connection (a restarted server)
+    is not an error for the caller: the full path records it (or finds it recorded)."""
+    assert _confirm(own_ledger, prepare(own_ledger, "first")) is Status.CONFIRMED
+    [pid] = _hot_backends(database_url, expect=1)  # the kept connection, idle
+    with psycopg.connect(libpq(database_url), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    op = own_ledger.prepare(**intent("second"))
+    assert own_ledger.get(op.id).status is Status.PREPARED
+    assert own_ledger.payload(op.id) is not None
+    assert _confirm(own_ledger, op.id) is Status.CONFIRMED
 
 
 def test_a_forked_child_never_uses_its_parents_connection(

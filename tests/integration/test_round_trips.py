@@ -70,14 +70,29 @@ def test_claim_and_outcome_are_two_round_trips(
     assert counter.round_trips() == 2, "\n".join(counter.messages())
 
 
-def test_the_counter_sees_every_round_trip(traced: tuple[Ledger, WireCounter], grant: str) -> None:
-    """The instrument itself: prepare runs in a transaction (BEGIN, grant check, insert,
-    COMMIT), so the counter must see four."""
+def test_a_new_intent_under_a_good_grant_is_one_round_trip(
+    traced: tuple[Ledger, WireCounter], grant: str
+) -> None:
+    """The agent's side of an effect: the grant checked, the operation, its frozen payload
+    and its ask inserted, in one statement."""
     ledger, counter = traced
     prepare(ledger, "warm-up")
     counter.start()
-    prepare(ledger, "counted")
-    assert counter.round_trips() == 4, "\n".join(counter.messages())
+    op_id = prepare(ledger, "counted")
+    assert counter.round_trips() == 1, "\n".join(counter.messages())
+    assert ledger.payload(op_id) is not None and ledger.get(op_id).status.value == "prepared"
+
+
+def test_the_counter_sees_every_round_trip(traced: tuple[Ledger, WireCounter], grant: str) -> None:
+    """The instrument itself: a prepare that runs after another operation takes the full
+    transaction (BEGIN, grant check, the intent looked up, dependency lock, insert,
+    dependency rows, COMMIT), so the counter must see seven."""
+    ledger, counter = traced
+    warm = prepare(ledger, "warm-up")
+    prepare(ledger, "warm-up-after", after=[warm])
+    counter.start()
+    prepare(ledger, "counted", after=[warm])
+    assert counter.round_trips() == 7, "\n".join(counter.messages())
 
 
 def test_a_limited_provider_costs_no_extra_round_trip(

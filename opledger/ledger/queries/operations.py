@@ -37,19 +37,25 @@ REVOKE_AUTHORIZATION = text(
     """
 )
 
-INSERT_OPERATION = text(
-    f"""
+_OPERATION_VALUES = """
+    :id, :tenant, :workflow_id, :intent_key, :action, :target, :provider,
+    :payload_digest, :payload_size, :authorization_ref, :idempotency_key,
+    :actor, 'prepared', :waiting_on, :notify_settle, :traceparent
+"""
+
+
+def _inserting(rows: str) -> TextClause:
+    """The insert of a new operation (its row from `rows`) with its frozen payload and its
+    ask, in one statement; nothing when the intent is already recorded."""
+    return text(
+        f"""
     WITH ins AS (
         INSERT INTO operations (
             id, tenant, workflow_id, intent_key, action, target, provider,
             payload_digest, payload_size, authorization_ref, idempotency_key,
             changed_by, change_reason, waiting_on, notify_settle, traceparent
         )
-        VALUES (
-            :id, :tenant, :workflow_id, :intent_key, :action, :target, :provider,
-            :payload_digest, :payload_size, :authorization_ref, :idempotency_key,
-            :actor, 'prepared', :waiting_on, :notify_settle, :traceparent
-        )
+        {rows}
         ON CONFLICT (tenant, workflow_id, intent_key) DO NOTHING
         RETURNING *
     ),
@@ -63,6 +69,27 @@ INSERT_OPERATION = text(
         WHERE CAST(:record_ask AS boolean)
     )
     SELECT {columns_of("ins")} FROM ins
+    """
+    )
+
+
+INSERT_OPERATION = _inserting(f"VALUES ({_OPERATION_VALUES})")
+
+# The same insert when the grant allows it, checked in the statement itself (the tenant's,
+# active, a scope pattern covering the action: `*` any run of characters, `.` itself, as
+# `grants._check_grant` reads them): a new intent under a good grant is recorded in one
+# round trip. Nothing inserted (no such grant, another tenant's, revoked, out of scope, or
+# the intent already recorded) sends the ask down the full path, which says which it was.
+INSERT_GRANTED_OPERATION = _inserting(
+    f"""
+    SELECT {_OPERATION_VALUES}
+    FROM authorizations AS a
+    WHERE a.ref = :authorization_ref AND a.tenant = :tenant AND {grant_active("a")}
+      AND EXISTS (
+          SELECT 1 FROM unnest(a.scope) AS p
+          WHERE CAST(:action AS text)
+                ~ ('^' || replace(replace(p, '.', '[.]'), '*', '.*') || '$')
+      )
     """
 )
 
