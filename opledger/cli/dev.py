@@ -277,7 +277,7 @@ def bench(
     as_json: JsonFlag = False,
     concurrency: Annotated[
         int | None,
-        typer.Option(help="Worker processes for both runs (default: cores; 4 with --agents)."),
+        typer.Option(help="Worker processes for every run (default: one per core)."),
     ] = None,
     tasks: Annotated[int | None, typer.Option(help="Tasks per throughput run.")] = None,
     sizes: Annotated[

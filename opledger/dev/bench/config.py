@@ -35,7 +35,8 @@ class AgentsConfig:
     seconds: float = 5.0  #: each timed round
     warmup: float = 1.0  #: before each round, the same agents, untimed
     rounds: int = 2  #: timed rounds per side at each count, interleaved with the other side's
-    concurrency: int = 4  #: processes of the opledger worker
+    #: processes of the opledger worker: as `opledger worker` starts by default, one per core
+    concurrency: int = os.cpu_count() or 2
     wait: float = 30.0  #: what each `effect(..., wait=)` waits at most
     #: part 2: operations settled per drain, and in the drains with waiters as many agents
     #: waiting (one on each) from the bench process
