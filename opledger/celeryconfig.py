@@ -1,6 +1,6 @@
 """Every Celery setting opledger relies on, read from the `OPLEDGER_` environment.
 
-Why each one (the README's "Running with Celery" and docs/architecture.md say more):
+Why each one (docs/celery.md and docs/architecture.md say more):
 - acks late + prefetch 1: a message is acknowledged only after its task ran, and a worker
   holds one at a time (one per queue on quorum queues, which have no global prefetch); a
   killed child leaves its row `dispatching` (reject_on_worker_lost stays False: the

@@ -264,7 +264,7 @@ def _print_demo_summary(summary: dict[str, Any], keep: bool, started: float) -> 
     console.print(
         "The same story told by an agent: examples/langgraph_onboarding.py runs it as a "
         "LangGraph graph whose thread is killed, replayed and forked without repeating an "
-        'effect (README, "Agents").'
+        "effect (docs/agents.md)."
     )
     return style == "green"
 

@@ -187,7 +187,7 @@ def metrics(
             style="red",
             markup=False,
         )
-        raise typer.Exit(4)  # a missing setting: operational, as the README's table says
+        raise typer.Exit(4)  # a missing setting: operational, as docs/cli.md's exit codes say
     from opledger.ledger.pgschema import ledger_engine
 
     engine = ledger_engine(

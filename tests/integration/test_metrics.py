@@ -129,5 +129,5 @@ def test_the_command_never_runs_without_a_password(
         result = CliRunner().invoke(cli, ["metrics", "--port", "0"])
     finally:
         get_settings.cache_clear()
-    assert result.exit_code == 4  # a missing setting (README: exit 4), not usage
+    assert result.exit_code == 4  # a missing setting (docs/cli.md: exit 4), not usage
     assert "OPLEDGER_FLOWER_PASSWORD" in result.stderr

@@ -75,7 +75,7 @@ PUBLISH = textwrap.dedent(
 def test_publishing_to_a_broker_that_is_down_raises_one_short_error(
     ledger: Ledger, grant: str, database_url: str
 ) -> None:
-    """Published by hand (`publish_dispatch`, as the README shows): the caller learns the
+    """Published by hand (`publish_dispatch`, as docs/celery.md shows): the caller learns the
     broker is down in one line that says the operation is recorded and sent later, not in
     a hundred lines of the transport's frames."""
     env = {

@@ -66,7 +66,7 @@ def test_on_rabbitmq_depth_comes_from_a_passive_declare_and_generations_drop_not
         assert rabbit_vhost.queued("dispatch") == 3
         assert queue_depth(app, "reconcile") == 0
         # Generations live in Redis only: on RabbitMQ nothing is recorded, nothing dropped
-        # (a superseded duplicate costs one refused claim instead; see the README).
+        # (a superseded duplicate costs one refused claim instead; see docs/celery.md).
         generations = Generations(rabbit_vhost.url, ttl_s=60)
         generations.published("dispatch", [("op_probe0", 5)])
         assert not generations.superseded("dispatch", "op_probe0", 1)

@@ -165,7 +165,7 @@ def test_sign_in_open_the_queue_and_a_crash_review_resolve_it_and_see_the_audit_
     assert "closed by the agent (0)" in payload and "tok_secret" not in payload
     assert "customer.token" in d.find_element(By.ID, "hidden-fields").text
     # every run takes the screenshot; OPLEDGER_UPDATE_SCREENSHOT=1 puts it in docs/ (the
-    # README's copy), so a plain run leaves the checkout unchanged
+    # copy docs/console.md shows), so a plain run leaves the checkout unchanged
     shot = (
         SCREENSHOT if os.environ.get("OPLEDGER_UPDATE_SCREENSHOT") else tmp_path / SCREENSHOT.name
     )
