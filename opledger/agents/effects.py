@@ -639,7 +639,7 @@ def _result_of(answer: Answer) -> EffectResult:
         else:
             waiting = "evidence: a check is under way"
         return EffectUnknown(operation=op, review=review, waiting_for=waiting)
-    blocked = tuple(d for d in answer.dependencies if d.blocking)
+    blocked = answer.blocked_by
     on: Literal["dependencies", "worker", "provider"]
     if blocked:
         on, waiting = "dependencies", "dependencies: " + "; ".join(_describe(d) for d in blocked)

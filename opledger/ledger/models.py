@@ -383,10 +383,10 @@ class Answer(Record):
     #: the detail of the applied evidence that settled it (confirmed or rejected; empty
     #: otherwise), its provider's result document opened when it was sealed
     settled_detail: dict[str, Any]
-    #: the review a person holds it with, if one is open
+    #: while it is unknown, the review a person holds it with, if one is open
     open_review: Review | None
-    #: the operations it runs after, as they stand now
-    dependencies: tuple[Dependency, ...]
+    #: while it waits on dependencies (prepared), those not confirmed yet, as they stand
+    blocked_by: tuple[Dependency, ...]
 
 
 class Ask(Record):

@@ -1,5 +1,6 @@
 """`Ledger.answers`: how operations stand, read in one statement, says exactly what their
-whole history says (the real Postgres), for each state an agent can be answered in:
+whole history says where the answer needs it (the real Postgres), for each state an agent
+can be answered in:
 prepared, waiting on dependencies (one held by a person), confirmed with a sealed result,
 rejected, unknown with and without a review, cancelled."""
 
@@ -20,6 +21,7 @@ from opledger.ledger import (
     MalformedOperationId,
     OperationNotFound,
     Rejected,
+    Status,
 )
 from tests.intents import prepare
 
@@ -31,12 +33,13 @@ def expected(ledger: Ledger, op_id: str) -> Answer:
     history = ledger.history(op_id)
     op = history.operation
     settled = [e for e in history.evidence if e.applied and e.verdict == op.status.value]
+    waiting = op.status is Status.PREPARED
     return Answer(
         operation=op,
         last_reason=history.transitions[-1].reason if history.transitions else None,
         settled_detail=settled[-1].detail if settled else {},
-        open_review=history.open_review,
-        dependencies=ledger.dependencies(op_id),
+        open_review=history.open_review if op.status is Status.UNKNOWN else None,
+        blocked_by=tuple(d for d in ledger.dependencies(op_id) if d.blocking and waiting),
     )
 
 
@@ -96,12 +99,8 @@ def test_the_answers_say_what_the_histories_say(sealing: Ledger) -> None:
     assert answers[ops["rejected"]].settled_detail["code"] == "case_not_found"
     assert answers[ops["held"]].open_review is not None
     assert answers[ops["unknown"]].open_review is None
-    waiting = answers[ops["waiting"]].dependencies
-    assert [d.op_id for d in waiting] == sorted([ops["held"], ops["confirmed"]])
-    assert {d.op_id: d.review_id is not None for d in waiting} == {
-        ops["held"]: True,
-        ops["confirmed"]: False,
-    }
+    [blocked] = answers[ops["waiting"]].blocked_by  # the confirmed dependency blocks nothing
+    assert blocked.op_id == ops["held"] and blocked.review_id is not None
     assert answers[ops["cancelled"]].operation.status.value == "cancelled"
     assert ledger.answer(ops["prepared"]) == answers[ops["prepared"]]
 

@@ -167,15 +167,16 @@ SELECT_DEPENDENCIES = text(
 WATCH = text("UPDATE operations SET notify_settle = true WHERE id = :op_id AND NOT notify_settle")
 
 # How operations stand, as an agent waiting on them is answered (`Ledger.answers`), in one
-# statement: each with why its status last changed, the detail of the evidence that settled
-# it (confirmed or rejected), the review a person holds it with, and its dependencies as
-# they stand (each with the review holding it). Each part is the newest row by its op_id
-# index, so the cost does not grow with the ledger.
+# statement: each with why its status last changed (`change_reason`: every statement that
+# sets it changes the status or the fence, so it is the newest transition's reason); once
+# confirmed or rejected, the detail of the evidence that settled it; while unknown, the
+# review a person holds it with; while it waits on dependencies (prepared, `waiting_on`
+# above 0), those not confirmed yet, each with the review holding it. A part the status
+# rules out is not looked up (a one-time filter); the others are found by op_id indexes.
 SELECT_ANSWERS = text(
     f"""
     SELECT {columns_of("o")},
-        (SELECT t.reason FROM transitions AS t WHERE t.op_id = o.id
-         ORDER BY t.id DESC LIMIT 1) AS last_reason,
+        o.change_reason AS last_reason,
         (SELECT e.detail FROM evidence AS e
          WHERE o.status IN ('confirmed', 'rejected') AND e.op_id = o.id AND e.applied
            AND e.verdict = o.status::text
@@ -183,7 +184,8 @@ SELECT_ANSWERS = text(
         (SELECT to_jsonb(r) FROM (
             SELECT id, op_id, reason, opened_at, snapshot, resolution, resolved_by,
                    resolved_at, note, notified_at
-            FROM reviews WHERE op_id = o.id AND resolved_at IS NULL
+            FROM reviews
+            WHERE o.status = 'unknown' AND op_id = o.id AND resolved_at IS NULL
             ORDER BY id DESC LIMIT 1) AS r) AS open_review,
         (SELECT jsonb_agg(jsonb_build_object(
                     'op_id', d.id, 'action', d.action, 'target', d.target,
@@ -192,7 +194,8 @@ SELECT_ANSWERS = text(
          FROM operation_deps AS od
          JOIN operations AS d ON d.id = od.dep_id
          LEFT JOIN reviews AS dr ON dr.op_id = d.id AND dr.resolved_at IS NULL
-         WHERE od.op_id = o.id) AS dependencies
+         WHERE o.status = 'prepared' AND o.waiting_on > 0 AND od.op_id = o.id
+           AND d.status <> 'confirmed') AS blocked_by
     FROM operations AS o
     WHERE o.id = ANY(:ids)
     """
