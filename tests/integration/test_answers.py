@@ -111,3 +111,24 @@ def test_a_missing_or_malformed_id_is_refused(ledger: Ledger) -> None:
     with pytest.raises(MalformedOperationId):
         ledger.answers(["op_1", "'; DROP TABLE operations; --"])
     assert ledger.answers([]) == {}
+
+
+def test_the_listeners_reads_are_planned_once(
+    ledger: Ledger, database_url: str, grant: str
+) -> None:
+    """Prepared on a kept connection, the answers' statement runs on its generic plan:
+    Postgres would otherwise plan it afresh on each read (a custom plan every time)."""
+    op_id = prepare(ledger, "planned")
+    own = Ledger.from_url(database_url, pool_size=1)  # its kept connection is this test's
+    try:
+        for _ in range(12):
+            assert set(own.answers([op_id])) == {op_id}
+        held = own._store._hot.take()
+        rows = held.conn.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%%AS blocked_by%%'"
+        ).fetchall()
+        own._store._hot.give(held)
+    finally:
+        own.engine.dispose()
+    assert rows == [(12, 0)], rows
