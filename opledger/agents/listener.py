@@ -64,7 +64,7 @@ class Waiter:
         self.read = read
         self._answer: Any = None
         self._event = threading.Event()
-        self._loops: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+        self._loops: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[bool]]] = []
 
     def answer(self) -> Any:
         """The subject's answer the listener read when it last woke this waiter (once),
@@ -79,8 +79,8 @@ class Waiter:
     def wake(self, answer: Any = None) -> None:
         self._answer = answer
         self._event.set()
-        for loop, event in list(self._loops):
-            loop.call_soon_threadsafe(event.set)
+        for loop, woken in list(self._loops):
+            loop.call_soon_threadsafe(_resolve, woken, True)
 
     def wait(self, timeout: float) -> bool:
         """Block until woken or `timeout` seconds passed; True when woken. Clears the wake."""
@@ -89,24 +89,25 @@ class Waiter:
         return woken
 
     async def await_(self, timeout: float) -> bool:
-        """`wait` for asyncio: the listener's thread wakes this task's loop."""
+        """`wait` for asyncio: the listener's thread wakes this task's loop (a future of
+        the loop's, resolved from that thread; the timeout resolves it otherwise)."""
         loop = asyncio.get_running_loop()
-        event = asyncio.Event()
-        entry = (loop, event)
+        woken = loop.create_future()
+        entry = (loop, woken)
         self._loops.append(entry)
+        timer = None
         try:
             if self._event.is_set():
-                woken = True
+                result = True
             else:
-                try:
-                    await asyncio.wait_for(event.wait(), timeout)
-                    woken = True
-                except TimeoutError:
-                    woken = False
+                timer = loop.call_later(timeout, _resolve, woken, False)
+                result = await woken
         finally:
+            if timer is not None:
+                timer.cancel()
             self._loops.remove(entry)
         self._event.clear()
-        return woken
+        return result
 
     def close(self) -> None:
         self._listener._remove(self)
@@ -116,6 +117,11 @@ class Waiter:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def _resolve(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():  # woken and timed out at once, or cancelled: the first wins
+        future.set_result(value)
 
 
 class Listener:
