@@ -32,9 +32,11 @@ class AgentsConfig:
 
     #: concurrent agents (threads in the bench process) in part 1, one count after another
     agent_counts: tuple[int, ...] = (1, 10, 100)
-    seconds: float = 5.0  #: each timed round
+    seconds: float = 3.0  #: each timed round
     warmup: float = 1.0  #: before each round, the same agents, untimed
-    rounds: int = 2  #: timed rounds per side at each count, interleaved with the other side's
+    #: timed rounds per side at each count, interleaved with the other side's: this shared
+    #: machine's speed drifts by a quarter within minutes, so short rounds, many times
+    rounds: int = 4
     #: processes of the opledger worker: as `opledger worker` starts by default, one per core
     concurrency: int = os.cpu_count() or 2
     wait: float = 30.0  #: what each `effect(..., wait=)` waits at most
@@ -44,4 +46,4 @@ class AgentsConfig:
     settle_rounds: int = 2  #: drains without waiters and with, interleaved (pairs)
 
 
-AGENTS_QUICK = AgentsConfig(seconds=2.0, warmup=0.5, rounds=1, waiters=300, settle_rounds=1)
+AGENTS_QUICK = AgentsConfig(seconds=1.5, warmup=0.5, rounds=2, waiters=300, settle_rounds=1)
