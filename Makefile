@@ -24,7 +24,7 @@ contracts: $(STAMP)
 
 # The docs site, built strictly: a broken link or reference fails it (mkdocs.yml).
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --quiet --site-dir .site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
 
 # The sdist and wheel built, their metadata checked, the wheel installed into a fresh venv
 # outside the checkout and run there.

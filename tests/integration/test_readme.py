@@ -231,6 +231,7 @@ PIP_QUICKSTART_TEST = (
 DEMO_TEST = "tests/system/test_demo.py::test_the_demo_runs_from_a_clean_clone_with_zero_duplicates"
 CHAOS_TEST = "tests/system/test_chaos.py::test_ci_sized_chaos_run_keeps_every_invariant"
 BENCH_TEST = "tests/system/test_bench_smoke.py::test_a_tiny_bench_run"
+AGENTS_BENCH_TEST = "tests/system/test_bench_smoke.py::test_a_tiny_agents_bench_run"
 
 LANGGRAPH_TEST = (
     "tests/system/test_langgraph_onboarding.py::"
@@ -549,10 +550,12 @@ assert current_app._get_current_object() is theirs
             "--restart-postgres --chaos-seconds 600 --settle-timeout 1800 --json": (CHAOS_TEST,)
         },
     ),
-    "56208f3334": Shell(
+    "31585465d1": Shell(
         "make bench",
         covered={
             "make bench": (BENCH_TEST,),
+            ".venv/bin/opledger bench --agents": (AGENTS_BENCH_TEST,),
+            ".venv/bin/opledger bench --agents --quick": (AGENTS_BENCH_TEST,),
             ".venv/bin/opledger bench --backlog-only --backlog 20000": (BENCH_TEST,),
             ".venv/bin/opledger bench --quick --json": (BENCH_TEST,),
             ".venv/bin/opledger bench --concurrency 4": (BENCH_TEST,),
