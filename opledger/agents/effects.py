@@ -451,9 +451,15 @@ class Effects:
             raise InvalidInput("timeout must not be negative", field="timeout")
         return await self._await(op_id, timeout, watch=True)
 
-    def _waiter(self, op_id: str) -> Waiter:
-        """A waiter on `op_id`, answered by the listener (one statement per batch)."""
-        return listener_for(self._dsn).watch({op_id}, subject=op_id, read=self.ledger.answers)
+    def _waiter(self, op_id: str, publish: bool = False) -> Waiter:
+        """A waiter on `op_id`, answered by the listener (one statement per batch); with
+        `publish`, the dispatch is published as soon as the waiter is registered."""
+        return listener_for(self._dsn).watch(
+            {op_id},
+            subject=op_id,
+            read=self.ledger.answers,
+            then=(lambda: self._try_publish(op_id)) if publish else None,
+        )
 
     def _wait(
         self,
@@ -464,15 +470,14 @@ class Effects:
         publish: bool = False,
         known: EffectResult | None = None,
     ) -> EffectResult:
-        """The wait: listening first; then `watch` (have it NOTIFY), `publish` (its
-        dispatch), and how it stands (`known` when the caller knows it: just recorded)."""
+        """The wait: its waiter registered first, then its dispatch published (`publish`);
+        `watch` has it NOTIFY; how it stands is `known` when the caller knows it (just
+        recorded, and the listener was listening before the dispatch went out), else read."""
         deadline = time.monotonic() + timeout
-        with self._waiter(op_id) as waiter:
+        with self._waiter(op_id, publish) as waiter:
             if watch:
                 self.ledger.watch(op_id)  # after the waiter listens: no settle falls between
-            if publish:
-                self._try_publish(op_id)
-            result = known if known is not None else self.result(op_id)
+            result = known if known is not None and waiter.heard else self.result(op_id)
             published = publish
             while not at_rest(result):
                 waiter.watch(_watched(result))
@@ -496,13 +501,14 @@ class Effects:
         """`_wait` for asyncio."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        waiter = await asyncio.to_thread(self._waiter, op_id)
+        waiter = await asyncio.to_thread(self._waiter, op_id, publish)
         with waiter:
             if watch:
                 await asyncio.to_thread(self.ledger.watch, op_id)
-            if publish:
-                await asyncio.to_thread(self._try_publish, op_id)
-            result = known if known is not None else await asyncio.to_thread(self.result, op_id)
+            if known is None or not waiter.heard:
+                result = await asyncio.to_thread(self.result, op_id)
+            else:
+                result = known
             published = publish
             while not at_rest(result):
                 waiter.watch(_watched(result))

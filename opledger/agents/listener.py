@@ -63,6 +63,9 @@ class Waiter:
         self.subject = subject
         self.read = read
         self._answer: Any = None
+        #: whether every notification about `ids` reaches it: the connection was listening
+        #: when it was registered (`Listener.watch`)
+        self.heard = False
         self._event = threading.Event()
         self._loops: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[bool]]] = []
 
@@ -144,16 +147,29 @@ class Listener:
         return self._listening.is_set()
 
     def watch(
-        self, ids: Iterable[str], *, subject: str | None = None, read: Read | None = None
+        self,
+        ids: Iterable[str],
+        *,
+        subject: str | None = None,
+        read: Read | None = None,
+        then: Callable[[], object] | None = None,
     ) -> Waiter:
-        """A waiter on `ids`, registered once the connection listens (up to CONNECT_WAIT
-        seconds; past that it is registered all the same and relies on its own polling).
-        With `subject` and `read`, the listener reads `subject`'s answer with `read` when a
-        notification wakes the waiter (`Waiter.answer`)."""
+        """A waiter on `ids`, returned once the connection listens (up to CONNECT_WAIT
+        seconds; past that all the same, and it relies on its own polling). With `subject`
+        and `read`, the listener reads `subject`'s answer with `read` when a notification
+        wakes the waiter (`Waiter.answer`). `then` runs once the waiter is registered,
+        before any wait for the connection (an agent publishes its dispatch there).
+
+        `Waiter.heard` says whether the connection was listening when the waiter was
+        registered: if not, a settle may have come before it did, and only a read after
+        `watch` returns can tell."""
         self._start()
         waiter = Waiter(self, set(), subject, read)
         self._add(waiter, set(ids))
-        if not self._listening.wait(CONNECT_WAIT):
+        waiter.heard = self._listening.is_set()
+        if then is not None:
+            then()
+        if not waiter.heard and not self._listening.wait(CONNECT_WAIT):
             self._unheard = True  # it reads before anyone listens: wake it once we do
             log.warning("not listening for settles yet; the waiter polls until it is")
         return waiter

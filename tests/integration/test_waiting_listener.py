@@ -203,3 +203,46 @@ def test_woken_agents_are_answered_a_batch_at_a_time_on_two_connections(
     assert len(own_reads) == len(ops)  # each agent's first read, none after its wake
     assert sum(listener_reads) == len(ops) and len(listener_reads) <= 10, listener_reads
     assert 1 <= peak[0] <= 3, peak[0]
+
+
+def test_without_a_listening_connection_the_dispatch_goes_out_at_once_and_polls_answer(
+    ledger: Ledger, grant: str, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that cannot LISTEN (a pooler in transaction mode): the agent's dispatch is
+    published as soon as its waiter is registered, not after the wait for the connection,
+    and the agent learns the settle by reading (it may have come before anyone listened)."""
+    from opledger.agents import listener as listening
+
+    name = "opledger-never-listens-test"
+    url = make_url(database_url).update_query_dict({"application_name": name})
+    engine = ledger_engine(url.render_as_string(hide_password=False), schema=ledger.schema)
+    unheard = Ledger(engine, schema=ledger.schema, actions=ledger.actions)
+    monkeypatch.setattr(listening, "CONNECT_WAIT", 1.0)
+    monkeypatch.setattr(
+        listening.Listener, "_run", lambda self: self._stopped.wait()
+    )  # never connects
+    published: list[float] = []
+    started = time.monotonic()
+
+    def publish(op_id: str) -> None:
+        published.append(time.monotonic() - started)
+        settle(ledger, op_id)  # a fast worker: settled before anyone could listen
+
+    effects = Effects(unheard, publish=publish, poll=60.0)
+    try:
+        result = effects.effect(
+            tenant="acme",
+            run="never-listens",
+            action="crm.close_case.v1",
+            target="case-1",
+            payload={"note": "x"},
+            authorization_ref=grant,
+            intent_key="close",
+            wait=10,
+        )
+    finally:
+        listener_for(effects._dsn).stop()
+        engine.dispose()
+    assert published and published[0] < 0.5, published  # before the 1 s wait for LISTEN
+    assert isinstance(result, EffectConfirmed)  # read, not waited for
+    assert time.monotonic() - started < 5  # not the 60 s poll
