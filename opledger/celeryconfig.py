@@ -13,7 +13,7 @@ Why each one (docs/celery.md and docs/architecture.md say more):
 from __future__ import annotations
 
 from opledger.queues import queues_of
-from opledger.redis_transport import transport_for
+from opledger.redis_transport import keep_one_client_per_channel
 from opledger.settings import DEFAULT_BROKER_URL, UNCONFIGURED_BROKER_URL, get_settings
 from opledger.tasks import beat
 from opledger.tasks.integrate import GUARANTEES
@@ -28,9 +28,9 @@ broker_url = _settings.broker_url or (
     DEFAULT_BROKER_URL if _settings.dev else UNCONFIGURED_BROKER_URL
 )
 broker_connection_retry_on_startup = True
-# kombu's Redis transport with one Redis client per channel, not one per message
-# (opledger.redis_transport); kombu's own for any other broker
-broker_transport = transport_for(broker_url)
+# kombu's Redis channels keep one Redis client each, not one per message and event
+# (opledger.redis_transport)
+keep_one_client_per_channel()
 
 # The settings opledger's guarantees rest on (`tasks.integrate.GUARANTEES`, which says why
 # each; `register(app)` refuses an app that differs in one).

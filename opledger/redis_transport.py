@@ -1,18 +1,20 @@
-"""kombu's Redis transport, with one Redis client per channel instead of one per message.
+"""One Redis client per kombu channel instead of one per message.
 
 kombu's Redis channel builds a fresh `redis.Redis` client for each message it puts on a
 queue and each event it publishes (`Channel.conn_or_acquire`). With redis-py 5 and later
 that object alone costs about 0.3 ms of CPU to build (its table of response callbacks), and
 a task pays it several times: the dispatch message and its "task-sent" event where it is
 published, the "received", "started" and "succeeded" events and the acknowledgement in the
-worker. This transport keeps one client per channel, over the channel's own connection
-pool (a redis-py client may be shared between threads: each command takes a connection
-from the pool), and builds another only when that pool was replaced (a reconnect).
-Everything else is kombu's.
+worker. `Channel` keeps one client per channel, over the channel's own connection pool (a
+redis-py client may be shared between threads: each command takes a connection from the
+pool), and builds another only when that pool was replaced (a reconnect). Everything else
+is kombu's.
 
-opledger's own Celery app uses it for `redis://` and `rediss://` brokers
-(`broker_transport`, from `transport_for`); an app of your own opts in with the same
-setting: `app.conf.broker_transport = "opledger.redis_transport:Transport"`.
+`keep_one_client_per_channel()` makes kombu's Redis transport use it; opledger's Celery
+configuration calls it when it loads (`opledger.celeryconfig`), so it holds in every
+process that runs or publishes opledger's tasks, for every Redis broker connection in that
+process. The transport's name, URLs and everything a tool reads from them (Flower's broker
+page, the worker's "Connected to redis://" line) stay kombu's.
 """
 
 from __future__ import annotations
@@ -20,11 +22,6 @@ from __future__ import annotations
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
-
-#: the broker URL schemes kombu serves with its Redis transport (not Sentinel)
-REDIS_SCHEMES = ("redis", "rediss")
-#: what `broker_transport` names for them
-TRANSPORT = "opledger.redis_transport:Transport"
 
 
 class Channel(kombu_redis.Channel):
@@ -40,12 +37,7 @@ class Channel(kombu_redis.Channel):
         return kept
 
 
-class Transport(kombu_redis.Transport):
-    Channel = Channel
-
-
-def transport_for(broker_url: str | None) -> str | None:
-    """The `broker_transport` for a broker at `broker_url`: this module's for Redis,
-    else None (kombu's own, from the URL's scheme)."""
-    scheme = (broker_url or "").split(":", 1)[0]
-    return TRANSPORT if scheme in REDIS_SCHEMES else None
+def keep_one_client_per_channel() -> None:
+    """Have kombu's Redis transport open `Channel`s from now on (idempotent)."""
+    if not issubclass(kombu_redis.Transport.Channel, Channel):
+        kombu_redis.Transport.Channel = Channel

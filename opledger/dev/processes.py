@@ -70,10 +70,7 @@ def use_broker(app: Any, url: str) -> None:
         return  # same broker (perhaps restarted): its pools reconnect by themselves
     import kombu.pools
 
-    from opledger.redis_transport import transport_for
-
     app.conf.broker_url = url
-    app.conf.broker_transport = transport_for(url)  # as opledger.celeryconfig chooses it
     # The app's pool is kombu's process-wide pool for that broker: closing it alone would
     # leave a closed pool in kombu's registry for the next switch back to that URL.
     kombu.pools.reset()  # type: ignore[no-untyped-call]

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from kombu.entity import Exchange, Queue
 
 from opledger.queues import is_amqp, queues_of
+from opledger.redis_transport import keep_one_client_per_channel
 from opledger.settings import NotConfigured, get_settings
 
 from . import beat
@@ -183,7 +184,8 @@ def register(app: Any) -> Any:
     attribute, `conf.update`, `config_from_object`): beat gets opledger's scheduler
     (`opledger.tasks.beat:Scheduler`, which waits out a broker refusing its first
     connection) and `broker_channel_error_retry` is turned on (a channel error restarts
-    the worker's consumer instead of ending the worker).
+    the worker's consumer instead of ending the worker). kombu's Redis channels keep one
+    Redis client each from then on, in the whole process (`opledger.redis_transport`).
 
     Returns `app`. Call it where you configure your app, before its worker or beat starts.
     Raises `AppMisconfigured` (one line naming the setting) when the app would break one of
@@ -208,6 +210,7 @@ def register(app: Any) -> Any:
     # the agent API, the outbox) use it from any thread.
     app.set_current()
     opledger.tasks.app.use_for_publishing(app)
+    keep_one_client_per_channel()
     return app
 
 

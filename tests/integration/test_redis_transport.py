@@ -1,48 +1,52 @@
-"""opledger's Redis transport on a real Redis: every message and event reaches the broker
-as with kombu's own, over one Redis client per channel (kombu's builds one per message),
-and publishing goes on across a broker restart."""
+"""kombu's Redis channels with one Redis client each (`opledger.redis_transport`), on a
+real Redis: every message and event reaches the broker as with kombu's own channels, over
+one client per channel (kombu's builds one per message and per event), the broker URL
+stays `redis://` for what reads it (the worker's log, Flower), and publishing goes on
+across a broker restart."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 from celery import Celery
+from kombu.transport import redis as kombu_redis
 
 from opledger.dev.processes import PrivateRedis
-from opledger.redis_transport import TRANSPORT, transport_for
-
-
-def test_the_transport_is_chosen_for_redis_urls_only() -> None:
-    assert transport_for("redis://127.0.0.1:6379/0") == TRANSPORT
-    assert transport_for("rediss://cache.example:6380/1") == TRANSPORT
-    assert transport_for("amqp://guest@localhost//") is None
-    assert transport_for("sentinel://127.0.0.1:26379") is None
-    assert transport_for(None) is None
+from opledger.redis_transport import Channel, keep_one_client_per_channel
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Any:
+def broker(tmp_path: Path) -> Iterator[PrivateRedis]:
     server = PrivateRedis(tmp_path)
     server.start()
     yield server
     server.kill()
 
 
-def _app(url: str, transport: str | None) -> Celery:
+def _app(url: str) -> Celery:
     app = Celery("transport-test", set_as_current=False)
     app.conf.broker_url = url
-    app.conf.broker_transport = transport
     app.conf.task_send_sent_event = True  # an event per message: the fanout publish too
     return app
 
 
-@pytest.mark.parametrize("transport", [TRANSPORT, None])
+def test_opledgers_celery_configuration_keeps_one_client_per_channel() -> None:
+    import opledger.celeryconfig  # noqa: F401 - what every opledger process loads
+
+    assert kombu_redis.Transport.Channel is Channel
+    keep_one_client_per_channel()  # again: nothing changes
+    assert kombu_redis.Transport.Channel is Channel
+
+
+@pytest.mark.parametrize("kept", [True, False])
 def test_messages_and_events_reach_redis_over_one_client(
-    broker: PrivateRedis, transport: str | None, monkeypatch: pytest.MonkeyPatch
+    broker: PrivateRedis, kept: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(kombu_redis.Transport, "Channel", Channel if kept else kombu_redis.Channel)
     built: list[int] = []
     init = redis.Redis.__init__
 
@@ -50,31 +54,34 @@ def test_messages_and_events_reach_redis_over_one_client(
         built.append(1)
         init(self, *args, **kwargs)
 
-    app = _app(broker.url, transport)
+    app = _app(broker.url)
     app.send_task("t.noop", (0,))  # the connection and its channel set up
     events = redis.Redis.from_url(broker.url).pubsub()  # type: ignore[no-untyped-call]
     events.psubscribe("*celeryev*")
-    monkeypatch.setattr(redis.Redis, "__init__", counted)
-    for n in range(50):
-        app.send_task("t.noop", (n,))
-    monkeypatch.undo()
+    with monkeypatch.context() as counting:
+        counting.setattr(redis.Redis, "__init__", counted)
+        for n in range(50):
+            app.send_task("t.noop", (n,))
     assert broker.queued("celery") == 51
     sent = 0
     while events.get_message(timeout=1.0) is not None:
         sent += 1
     assert sent >= 50  # the task-sent events (and the subscription's confirmation)
-    if transport == TRANSPORT:
+    if kept:
         assert len(built) == 0  # the channel's client, kept since the first message
     else:
         assert len(built) >= 100  # kombu's own: one per message and one per event
+    with app.connection_for_write() as conn:
+        assert conn.as_uri().startswith("redis://")  # what Flower and the log read
 
 
-def test_publishing_goes_on_after_the_broker_restarts(broker: PrivateRedis) -> None:
-    app = _app(broker.url, TRANSPORT)
+def test_publishing_goes_on_after_the_broker_restarts(
+    broker: PrivateRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kombu_redis.Transport, "Channel", Channel)
+    app = _app(broker.url)
     app.send_task("t.noop", (0,))
     broker.restart()  # nothing kept on disk: the queue is empty again
-    with app.connection_for_write() as conn:
-        conn.ensure_connection(max_retries=5)
     for n in range(3):
         app.send_task("t.noop", (n,), retry=True)
     assert broker.queued("celery") == 3
