@@ -22,19 +22,20 @@ typecheck: $(STAMP)
 contracts: $(STAMP)
 	$(BIN)/lint-imports
 
-# The docs site, built strictly: a broken link or reference fails it (mkdocs.yml).
+# The docs site, built strictly: a broken link or reference fails it (mkdocs.yml). `make
+# test` builds it too (tests/integration/test_docs_site.py), beside the other tests.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
 
 # The sdist and wheel built, their metadata checked, the wheel installed into a fresh venv
-# outside the checkout and run there.
+# outside the checkout and run there (in `make test` too: tests/system/test_wheel.py).
 wheel: $(STAMP)
 	$(BIN)/python scripts/check_wheel.py
 
 # Two pytest processes (pytest-xdist): the system tests in one, around their shared stack of
 # real processes, the unit and integration tests in the other (tests/conftest.py).
 TEST_JOBS ?= 2
-test: lint typecheck contracts docs wheel
+test: lint typecheck contracts
 	$(BIN)/pytest -n $(TEST_JOBS) --dist loadgroup $(PYTEST_ARGS)
 
 # Mutation testing of the retry decision, canonical payloads and the adapters' error mapping

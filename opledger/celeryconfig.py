@@ -12,8 +12,7 @@ Why each one (docs/celery.md and docs/architecture.md say more):
 
 from __future__ import annotations
 
-from opledger.queues import queues_of
-from opledger.redis_transport import keep_one_client_per_channel
+from opledger.queues import keep_one_client_per_channel, queues_of
 from opledger.settings import DEFAULT_BROKER_URL, UNCONFIGURED_BROKER_URL, get_settings
 from opledger.tasks import beat
 from opledger.tasks.integrate import GUARANTEES

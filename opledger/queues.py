@@ -16,6 +16,23 @@ if TYPE_CHECKING:  # kombu is imported when the queues are built, not by the CLI
 
 QUEUES = ("dispatch", "reconcile", "maintenance", "notifications")
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+#: the broker URL schemes kombu serves with its Redis transport (not Sentinel), and the
+#: transport opledger has serve them (`keep_one_client_per_channel`)
+REDIS_SCHEMES = ("redis", "rediss")
+REDIS_TRANSPORT = "opledger.redis_transport:Transport"
+
+
+def keep_one_client_per_channel() -> None:
+    """Have kombu serve Redis brokers with `opledger.redis_transport` from now on: one
+    Redis client per channel instead of one per message and event (idempotent; imports
+    nothing but kombu's table of transports)."""
+    from kombu import transport
+
+    for scheme in REDIS_SCHEMES:
+        if transport.TRANSPORT_ALIASES.get(scheme) != REDIS_TRANSPORT:
+            transport.TRANSPORT_ALIASES[scheme] = REDIS_TRANSPORT
+            # a class kombu resolved for the name before (nothing in opledger's processes)
+            getattr(transport, "_transport_cache", {}).pop(scheme, None)
 
 
 def is_amqp(broker_url: str | None) -> bool:

@@ -1,4 +1,4 @@
-"""One Redis client per kombu channel instead of one per message.
+"""kombu's Redis transport with one Redis client per channel instead of one per message.
 
 kombu's Redis channel builds a fresh `redis.Redis` client for each message it puts on a
 queue and each event it publishes (`Channel.conn_or_acquire`). With redis-py 5 and later
@@ -10,11 +10,13 @@ redis-py client may be shared between threads: each command takes a connection f
 pool), and builds another only when that pool was replaced (a reconnect). Everything else
 is kombu's.
 
-`keep_one_client_per_channel()` makes kombu's Redis transport use it; opledger's Celery
-configuration calls it when it loads (`opledger.celeryconfig`), so it holds in every
-process that runs or publishes opledger's tasks, for every Redis broker connection in that
-process. The transport's name, URLs and everything a tool reads from them (Flower's broker
-page, the worker's "Connected to redis://" line) stay kombu's.
+`keep_one_client_per_channel()` has kombu serve `redis://` and `rediss://` with this
+`Transport`; opledger's Celery configuration calls it when it loads (`opledger.celeryconfig`)
+and so does `opledger.tasks.register(app)`, so it holds in every process that runs or
+publishes opledger's tasks, for every Redis broker connection in that process. The
+transport is still named `redis` (URLs, the worker's "Connected to redis://" line and
+Flower's broker page read that), and this module — with redis-py, which imports
+OpenTelemetry when it is installed — is imported only when a Redis connection is made.
 """
 
 from __future__ import annotations
@@ -37,7 +39,5 @@ class Channel(kombu_redis.Channel):
         return kept
 
 
-def keep_one_client_per_channel() -> None:
-    """Have kombu's Redis transport open `Channel`s from now on (idempotent)."""
-    if not issubclass(kombu_redis.Transport.Channel, Channel):
-        kombu_redis.Transport.Channel = Channel
+class Transport(kombu_redis.Transport):
+    Channel = Channel

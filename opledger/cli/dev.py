@@ -322,6 +322,14 @@ def bench(
         int | None,
         typer.Option(help="With --agents: operations per settle drain, and agents waiting."),
     ] = None,
+    stats_wait: Annotated[
+        float | None,
+        typer.Option(
+            help="With --agents: seconds idle backends get to report their transactions "
+            "before they are counted (default 11: Postgres keeps an idle backend's counts "
+            "up to 10 s; less counts fewer)."
+        ),
+    ] = None,
 ) -> None:
     """Measure the ledger beside bare Celery (throughput ratio, CPU per operation, round
     trips, sweep cost), and a backlog behind a slow provider drained with and without
@@ -336,6 +344,7 @@ def bench(
             round_seconds=round_seconds,
             rounds=rounds,
             waiters=waiters,
+            stats_wait=stats_wait,
         )
         return
     from opledger.dev.bench import run_bench
@@ -440,6 +449,7 @@ def _bench_agents(
     round_seconds: float | None,
     rounds: int | None,
     waiters: int | None,
+    stats_wait: float | None,
 ) -> None:
     """`opledger bench --agents`: one JSON object or a table; exit 1 if any effect or
     waiter was not answered confirmed."""
@@ -463,6 +473,7 @@ def _bench_agents(
         "seconds": round_seconds,
         "rounds": rounds,
         "waiters": waiters,
+        "stats_wait": stats_wait,
     }
     config = dataclasses.replace(
         config, **{k: v for k, v in changes.items() if v is not None and v > 0}

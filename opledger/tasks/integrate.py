@@ -28,8 +28,7 @@ from urllib.parse import urlsplit
 
 from kombu.entity import Exchange, Queue
 
-from opledger.queues import is_amqp, queues_of
-from opledger.redis_transport import keep_one_client_per_channel
+from opledger.queues import is_amqp, keep_one_client_per_channel, queues_of
 from opledger.settings import NotConfigured, get_settings
 
 from . import beat

@@ -278,7 +278,7 @@ assert ledger.get(op.id).status is Status.PREPARED
 """
 
 BLOCKS: dict[str, Verdict] = {
-    "21fbacf3b6": Shell(
+    "7674286402": Shell(
         "make demo    # creates .venv",
         covered={
             "make demo": (DEMO_TEST,),

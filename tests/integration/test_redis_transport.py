@@ -1,7 +1,7 @@
-"""kombu's Redis channels with one Redis client each (`opledger.redis_transport`), on a
-real Redis: every message and event reaches the broker as with kombu's own channels, over
-one client per channel (kombu's builds one per message and per event), the broker URL
-stays `redis://` for what reads it (the worker's log, Flower), and publishing goes on
+"""kombu's Redis transport with one Redis client per channel (`opledger.redis_transport`),
+on a real Redis: every message and event reaches the broker as with kombu's own, over one
+client per channel (kombu's builds one per message and per event), the transport is still
+named `redis` for what reads the URL (the worker's log, Flower), and publishing goes on
 across a broker restart."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from kombu.transport import redis as kombu_redis
+from kombu import transport
 
 from opledger.dev.processes import PrivateRedis
-from opledger.redis_transport import Channel, keep_one_client_per_channel
+from opledger.queues import REDIS_TRANSPORT, keep_one_client_per_channel
+from opledger.redis_transport import Transport
 
 
 @pytest.fixture
@@ -37,16 +38,22 @@ def _app(url: str) -> Celery:
 def test_opledgers_celery_configuration_keeps_one_client_per_channel() -> None:
     import opledger.celeryconfig  # noqa: F401 - what every opledger process loads
 
-    assert kombu_redis.Transport.Channel is Channel
+    assert transport.TRANSPORT_ALIASES["redis"] == REDIS_TRANSPORT
+    assert transport.TRANSPORT_ALIASES["rediss"] == REDIS_TRANSPORT
     keep_one_client_per_channel()  # again: nothing changes
-    assert kombu_redis.Transport.Channel is Channel
+    assert transport.get_transport_cls("redis") is Transport
+
+
+def _served_by(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    monkeypatch.setitem(transport.TRANSPORT_ALIASES, "redis", path)
+    monkeypatch.delitem(transport._transport_cache, "redis", raising=False)
 
 
 @pytest.mark.parametrize("kept", [True, False])
 def test_messages_and_events_reach_redis_over_one_client(
     broker: PrivateRedis, kept: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(kombu_redis.Transport, "Channel", Channel if kept else kombu_redis.Channel)
+    _served_by(monkeypatch, REDIS_TRANSPORT if kept else "kombu.transport.redis:Transport")
     built: list[int] = []
     init = redis.Redis.__init__
 
@@ -72,13 +79,14 @@ def test_messages_and_events_reach_redis_over_one_client(
     else:
         assert len(built) >= 100  # kombu's own: one per message and one per event
     with app.connection_for_write() as conn:
+        assert isinstance(conn.transport, Transport) == kept
         assert conn.as_uri().startswith("redis://")  # what Flower and the log read
 
 
 def test_publishing_goes_on_after_the_broker_restarts(
     broker: PrivateRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(kombu_redis.Transport, "Channel", Channel)
+    _served_by(monkeypatch, REDIS_TRANSPORT)
     app = _app(broker.url)
     app.send_task("t.noop", (0,))
     broker.restart()  # nothing kept on disk: the queue is empty again

@@ -107,6 +107,9 @@ def test_a_tiny_agents_bench_run(own_env: dict[str, str]) -> None:
             str(waiters),
             "--concurrency",
             "2",
+            # backends report within about a second while busy: enough for counts above 0
+            "--stats-wait",
+            "1.5",
         ],
         capture_output=True,
         text=True,

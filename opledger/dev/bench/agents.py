@@ -88,10 +88,6 @@ LABELLED = (WORKER_NAME, POOL_NAME, POLL_NAME, MONITOR_NAME)
 SAMPLE_EVERY = 0.2
 #: the waiters are parked once the ledger's pool has run no statement for this long
 QUIET_S = 0.5
-#: A backend reports its transaction counts at most once a second, and once idle may keep
-#: them up to 10 s (Postgres 15's statistics): a count read this long after every agent
-#: stopped holds all they did.
-STATS_IDLE_S = 11.0
 #: how long the idle rate of transactions is measured for
 IDLE_RATE_S = 5.0
 
@@ -347,7 +343,7 @@ class _Sides:
     def idle_rates(self) -> dict[str, float]:
         """Each database's transactions per second with nothing to do, once every backend
         reported what it did (which part 1 then subtracts); `opledger` and `dbos`."""
-        time.sleep(STATS_IDLE_S)
+        time.sleep(self.cfg.stats_wait)
         before = {db: self.monitor.transactions(db) for db in self.idle}
         time.sleep(IDLE_RATE_S)
         for db in self.idle:
@@ -399,7 +395,7 @@ class _Sides:
                 calls = self._round(n, call, datname, sides[name])
                 if name == "opledger":
                     self._breakdown(calls, sides[name])
-        time.sleep(STATS_IDLE_S)
+        time.sleep(self.cfg.stats_wait)
         elapsed = time.monotonic() - started
         for name, db in datnames.items():
             spent = self.monitor.transactions(db) - before[name]

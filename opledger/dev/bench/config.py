@@ -44,6 +44,9 @@ class AgentsConfig:
     #: waiting (one on each) from the bench process
     waiters: int = 1_000
     settle_rounds: int = 2  #: drains without waiters and with, interleaved (pairs)
+    #: how long every backend is left idle before the transactions are counted: Postgres
+    #: 15 keeps an idle backend's counts up to 10 s (less counts fewer)
+    stats_wait: float = 11.0
 
 
 AGENTS_QUICK = AgentsConfig(seconds=1.5, warmup=0.5, rounds=2, waiters=300, settle_rounds=1)
