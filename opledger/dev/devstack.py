@@ -146,8 +146,11 @@ class EmbeddedPostgres:
         return int((self.pgdata / "postmaster.pid").read_text().split()[0])
 
 
-def scratch_database(server_url: str, prefix: str) -> tuple[str, Callable[[], None]]:
-    """A new, migrated ledger database on `server_url`, and the function that drops it."""
+def scratch_database(
+    server_url: str, prefix: str, *, migrate: bool = True
+) -> tuple[str, Callable[[], None]]:
+    """A new database on `server_url`, a migrated ledger unless `migrate` is False (an
+    empty one, for another tool to make its schema in), and the function that drops it."""
     import uuid
 
     import psycopg
@@ -161,7 +164,8 @@ def scratch_database(server_url: str, prefix: str) -> tuple[str, Callable[[], No
     with psycopg.connect(libpq, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     url = server.set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
+    if migrate:
+        upgrade(url)
 
     def drop() -> None:
         with psycopg.connect(libpq, autocommit=True) as conn:

@@ -52,7 +52,6 @@ import statistics
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,14 +63,14 @@ from sqlalchemy.engine import Engine, make_url
 
 from opledger.agents import EffectConfirmed, Effects
 from opledger.dev import devstack
-from opledger.dev.processes import PrivateRedis, Stack, unconfigured_environ, use_broker, wait_until
+from opledger.dev.processes import PrivateRedis, Stack, use_broker, wait_until
 from opledger.ledger import Ledger
 from opledger.ledger.pgschema import search_path
 from opledger.settings import Settings
 
 from .apps import ACTION, build_registry
 from .config import AgentsConfig
-from .run import _rounded
+from .run import _rounded, worker_env
 from .throughput import _empty_ledger, _Poll, prepare_many
 
 #: Every connection of the run to the ledger's database carries one of these names but the
@@ -106,19 +105,15 @@ def run_agents(
         server_url = devstack.postgres_url()
         url, drop = devstack.scratch_database(server_url, "opledger_agents")
         cleanup.callback(drop)
-        dbos_url, drop_dbos = _empty_database(server_url, "opledger_agents_dbos")
+        # empty: DBOS makes its own schema in it
+        dbos_url, drop_dbos = devstack.scratch_database(
+            server_url, "opledger_agents_dbos", migrate=False
+        )
         cleanup.callback(drop_dbos)
         redis = PrivateRedis(work)
         cleanup.callback(redis.kill)
         redis.start()
-        env = unconfigured_environ()
-        env.update(
-            OPLEDGER_DATABASE_URL=_named(url, WORKER_NAME),
-            OPLEDGER_BROKER_URL=redis.url,
-            OPLEDGER_ADAPTERS="opledger.dev.bench:build_registry",
-            OPLEDGER_STATE_DIR=str(work),
-            PYTHONUNBUFFERED="1",
-        )
+        env = worker_env(_named(url, WORKER_NAME), redis.url, work)
         stack = Stack(env, work, name="agents")
         cleanup.callback(stack.stop_all)
         use_broker(app, redis.url)
@@ -158,21 +153,6 @@ def run_agents(
 
 
 # -- set-up ---------------------------------------------------------------------------
-
-
-def _empty_database(server_url: str, prefix: str) -> tuple[str, Callable[[], None]]:
-    """A new, empty database on `server_url` (DBOS makes its own schema in it), and the
-    function that drops it. (`devstack.scratch_database` makes a migrated ledger.)"""
-    server = make_url(server_url)
-    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(_libpq(server_url), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-
-    def drop() -> None:
-        with psycopg.connect(_libpq(server_url), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    return server.set(database=name).render_as_string(hide_password=False), drop
 
 
 def _libpq(url: str, **query: str) -> str:

@@ -42,6 +42,20 @@ def _rounded(value: Any) -> Any:
     return value
 
 
+def worker_env(database_url: str, broker_url: str, work: Path) -> dict[str, str]:
+    """The environment the bench's workers run in: its database and broker, the instant
+    adapter (`opledger.dev.bench:build_registry`), `work` as their state directory."""
+    env = unconfigured_environ()
+    env.update(
+        OPLEDGER_DATABASE_URL=database_url,
+        OPLEDGER_BROKER_URL=broker_url,
+        OPLEDGER_ADAPTERS="opledger.dev.bench:build_registry",
+        OPLEDGER_STATE_DIR=str(work),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
 def run_bench(
     cfg: BenchConfig, *, progress: Callable[[str], None] = lambda _m: None
 ) -> dict[str, Any]:
@@ -59,14 +73,7 @@ def run_bench(
         redis = PrivateRedis(work)
         cleanup.callback(redis.kill)
         redis.start()
-        env = unconfigured_environ()
-        env.update(
-            OPLEDGER_DATABASE_URL=url,
-            OPLEDGER_BROKER_URL=redis.url,
-            OPLEDGER_ADAPTERS="opledger.dev.bench:build_registry",
-            OPLEDGER_STATE_DIR=str(work),
-            PYTHONUNBUFFERED="1",
-        )
+        env = worker_env(url, redis.url, work)
         stack = Stack(env, work)
         cleanup.callback(stack.stop_all)
         ledger = Ledger.from_url(url, actions=build_registry(Settings.from_environ(env)))
