@@ -34,6 +34,17 @@ console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
 
+def missing_extra(what: str, extra: str, module: str | None) -> typer.Exit:
+    """Say in one line on stderr that `what` needs the `extra` extra (`module` is missing)
+    and how to install it; the exit (4, operational) to raise."""
+    err_console.print(
+        f"{what} needs the {extra} extra ({module} is missing): pip install 'opledger[{extra}]'",
+        style="red",
+        markup=False,
+    )
+    return typer.Exit(4)
+
+
 def _print_version(value: bool) -> None:
     if value:
         typer.echo(f"opledger {package_version('opledger')}")

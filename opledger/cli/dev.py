@@ -16,6 +16,7 @@ from rich.table import Table
 from .app import (
     app,
     console,
+    missing_extra,
 )
 
 if TYPE_CHECKING:
@@ -41,13 +42,7 @@ def sandbox(
     try:
         from opledger.dev.sandbox.__main__ import serve
     except ImportError as exc:  # a production install: the servers are an extra
-        console.print(
-            f"the sandbox needs the sandbox extra ({exc.name} is missing): "
-            "pip install 'opledger[sandbox]'",
-            style="red",
-            markup=False,
-        )
-        raise typer.Exit(4) from exc
+        raise missing_extra("the sandbox", "sandbox", exc.name) from exc
 
     serve(host, port, smtp_port)
 
@@ -458,15 +453,10 @@ def _bench_agents(
     from opledger.dev.bench import AGENTS_QUICK, AgentsConfig
 
     try:
+        import opledger.dev.bench.agents_dbos  # noqa: F401 - DBOS itself, which run_agents imports late
         from opledger.dev.bench.agents import run_agents
     except ImportError as exc:  # DBOS is in the bench extra
-        console.print(
-            f"the agents bench needs the bench extra ({exc.name} is missing): "
-            "pip install 'opledger[bench]'",
-            style="red",
-            markup=False,
-        )
-        raise typer.Exit(4) from exc
+        raise missing_extra("the agents bench", "bench", exc.name) from exc
     config = AGENTS_QUICK if quick else AgentsConfig()
     changes: dict[str, Any] = {
         "concurrency": concurrency,

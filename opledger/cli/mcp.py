@@ -13,7 +13,7 @@ from opledger.mcp.clients import Caller, Clients, add_client
 from opledger.mcp.upstream import Upstream, load_upstream
 from opledger.settings import NotConfigured, get_settings
 
-from .app import app, err_console, open_ledger
+from .app import app, err_console, missing_extra, open_ledger
 
 mcp_app = typer.Typer(help="The MCP gateway: the adapters' actions as MCP tools, each call once.")
 app.add_typer(mcp_app, name="mcp")
@@ -35,13 +35,7 @@ def _clients() -> Clients:
 def _require_extra() -> None:
     for name in ("mcp", "uvicorn", "jsonschema"):
         if importlib.util.find_spec(name) is None:
-            err_console.print(
-                f"opledger mcp serve: the MCP gateway needs the mcp extra ({name} is "
-                "missing): pip install 'opledger[mcp]'",
-                style="red",
-                markup=False,
-            )
-            raise typer.Exit(4)
+            raise missing_extra("opledger mcp serve: the MCP gateway", "mcp", name)
 
 
 TransportOption = Annotated[

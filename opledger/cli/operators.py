@@ -19,6 +19,7 @@ from .app import (
     console,
     emit_json,
     err_console,
+    missing_extra,
     open_ledger,
 )
 from .render import _when, records_table
@@ -37,13 +38,7 @@ def require_console_extra(command: str) -> None:
 
     for name in CONSOLE_MODULES:
         if importlib.util.find_spec(name) is None:
-            err_console.print(
-                f"opledger: {command}: the review console needs the console extra ({name} "
-                "is missing): pip install 'opledger[console]'",
-                style="red",
-                markup=False,
-            )
-            raise typer.Exit(4)
+            raise missing_extra(f"opledger: {command}: the review console", "console", name)
 
 
 OPERATOR_HINT = "opledger operator add NAME --tenant TENANT --by YOU"

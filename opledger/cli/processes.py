@@ -16,6 +16,7 @@ from .app import (
     database_url,
     ensure_services,
     err_console,
+    missing_extra,
     preflight,
     state_dir,
 )
@@ -172,13 +173,7 @@ def metrics(
     try:
         from opledger.observability.server import make_server
     except ImportError as exc:  # a production install without the extra
-        err_console.print(
-            f"opledger metrics: needs the metrics extra ({exc.name} is missing): "
-            "pip install 'opledger[metrics]'",
-            style="red",
-            markup=False,
-        )
-        raise typer.Exit(4) from None
+        raise missing_extra("opledger metrics:", "metrics", exc.name) from None
     settings = get_settings()
     if not settings.flower_password:
         err_console.print(
