@@ -91,26 +91,29 @@ def _shown(field: str, value: object) -> object:
 
 
 class ProviderLimits(BaseModel):
-    """A bundled adapter's limits from `OPLEDGER_PROVIDER_LIMITS` (see `Limits`)."""
+    """A provider's limits from `OPLEDGER_PROVIDER_LIMITS` (see `Limits`): each key given
+    replaces the contract's value, each key left out keeps it."""
 
     model_config = ConfigDict(extra="forbid")
 
     concurrency: int | None = Field(default=None, gt=0)
     rate: float | None = Field(default=None, gt=0)
-    burst: int = Field(default=1, gt=0)
+    burst: int | None = Field(default=None, gt=0)
     breaker_after: int | None = Field(default=None, gt=0)
     probe_every_seconds: float | None = Field(default=None, gt=0)
     probe_max_seconds: float | None = Field(default=None, gt=0)
+    retry_after_default_seconds: float | None = Field(default=None, ge=0)
+    retry_after_max_seconds: float | None = Field(default=None, ge=0)
 
     def apply(self, limits: Limits) -> Limits:
         """`limits` with what this setting gives (what it leaves out keeps its value)."""
-        update: dict[str, object] = self.model_dump(
-            include={"concurrency", "rate", "burst", "breaker_after"}, exclude_none=True
-        )
-        if self.probe_every_seconds is not None:
-            update["probe_every"] = timedelta(seconds=self.probe_every_seconds)
-        if self.probe_max_seconds is not None:
-            update["probe_max"] = timedelta(seconds=self.probe_max_seconds)
+        given = self.model_dump(exclude_none=True)
+        update: dict[str, object] = {
+            key.removesuffix("_seconds"): timedelta(seconds=value)
+            if key.endswith("_seconds")
+            else value
+            for key, value in given.items()
+        }
         return Limits.model_validate(limits.model_dump() | update)
 
 

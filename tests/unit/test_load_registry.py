@@ -6,14 +6,23 @@ from __future__ import annotations
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from opledger.adapters.registry import AdaptersInvalid, Registry, load_registry
 from opledger.cli.main import app
-from opledger.settings import NotConfigured, Settings, SettingsInvalid, get_settings
+from opledger.ledger.contract import Limits
+from opledger.settings import (
+    NotConfigured,
+    ProviderLimits,
+    Settings,
+    SettingsInvalid,
+    get_settings,
+)
 
 FACTORY = """
 from opledger.adapters.registry import Registry
@@ -161,3 +170,17 @@ def test_provider_limits_replace_the_contracts_and_a_typo_is_refused() -> None:
     typo = '{"crm ": {"concurrency": 4}}'
     with pytest.raises(SettingsInvalid, match="names provider 'crm ', which no adapter"):
         load_registry(Settings.from_environ({"OPLEDGER_PROVIDER_LIMITS": typo}))
+
+
+def test_provider_limits_keep_what_they_leave_out() -> None:
+    declared = Limits(concurrency=2, rate=20, burst=5, throttle_applies_nothing=True)
+    one_key = ProviderLimits.model_validate({"concurrency": 4}).apply(declared)
+    assert one_key == declared.model_copy(update={"concurrency": 4})  # the burst stays 5
+    waits = ProviderLimits.model_validate(
+        {"retry_after_default_seconds": 30, "retry_after_max_seconds": 120, "probe_max_seconds": 9}
+    ).apply(declared)
+    assert waits.retry_after_default == timedelta(seconds=30)
+    assert waits.retry_after_max == timedelta(seconds=120)
+    assert waits.probe_max == timedelta(seconds=9) and waits.burst == 5
+    with pytest.raises(ValidationError):
+        ProviderLimits.model_validate({"retry_after_default": 30})  # the key names its unit
