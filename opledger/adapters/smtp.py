@@ -15,6 +15,7 @@ after the declared search lag. Without a Sent folder there is no lookup at all.
 
 from __future__ import annotations
 
+import re
 import smtplib
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -37,8 +38,10 @@ from .base import (
     INCONCLUSIVE,
     NO_CONNECTION,
     NOT_SENT,
+    THROTTLED,
     Contract,
     Idempotency,
+    Limits,
     Lookup,
     LookupResult,
 )
@@ -54,9 +57,15 @@ def smtp_contract(
     max_in_flight: timedelta | None = None,
     sent_search_lag: timedelta | None = None,
     lookup_interval: timedelta = timedelta(seconds=5),
+    limits: Limits | None = None,
 ) -> Contract:
     """SMTP's contract. The in-flight bound defaults to RFC 5321's 10-minute wait for the
     reply to DATA; a relay you run yourself may promise less.
+
+    A server's "not now" (`smtp_not_now`) is a 4yz reply: by RFC 5321 §4.2.1 the server
+    took nothing, so it applies nothing. SMTP names no wait, so the provider is left alone
+    for `limits.retry_after_default`: a minute unless `limits` says otherwise (a relay's
+    connection and rate limits count over a minute, as Postfix's anvil does).
 
     `sent_search_lag`: the adapter searches a Sent folder (`SentFolder`), whose copy of a
     message may appear this long after the send's in-flight deadline; the lookup is then a
@@ -74,7 +83,42 @@ def smtp_contract(
         success_proves="accepted",
         request_timeout=request_timeout,
         max_in_flight=max_in_flight or max(request_timeout, timedelta(minutes=10)),
+        limits=(limits or Limits(retry_after_default=timedelta(minutes=1))).model_copy(
+            update={"throttle_applies_nothing": True}
+        ),
         source=source,
+    )
+
+
+#: RFC 3463 enhanced status codes that speak of the server rather than the message: 4.3.x
+#: (the mail system: not accepting messages, out of resources), 4.4.5 (system congestion)
+#: and 4.7.x (security and policy: rate limits, too many connections, greylisting)
+_SERVER_BUSY = re.compile(r"4\.(3\.\d{1,3}|4\.5|7\.\d{1,3})(?!\d)")
+#: reply codes that say so by themselves: 421, the service is not available (RFC 5321
+#: §3.8, §4.2.3), and 454, a temporary failure of the server's own (TLS, authentication;
+#: Amazon SES answers its sending-rate limit with it)
+_NOT_NOW_CODES = frozenset({421, 454})
+
+
+def smtp_not_now(code: int, reply: bytes | str) -> Ambiguous | None:
+    """An SMTP server's "not now" as a THROTTLED outcome, or None when the reply is none.
+
+    "Not now" is a 421 or a 454, or any 4yz reply whose enhanced status code (RFC 3463) is
+    4.3.x, 4.4.5 or 4.7.x: the server, not this message, refuses for the moment. Other 4yz
+    replies (a full mailbox, 4.2.2; a busy one) refuse this message for now, and rule 13
+    bounds how often it is tried again. Nothing was accepted either way (RFC 5321 §4.2.1).
+    SMTP has no Retry-After: the wait is the contract's `Limits.retry_after_default`.
+    """
+    if not 400 <= code < 500:
+        return None
+    text = (reply.decode("utf-8", "replace") if isinstance(reply, bytes) else reply).strip()
+    enhanced = _SERVER_BUSY.match(text)
+    if code not in _NOT_NOW_CODES and enhanced is None:
+        return None
+    return Ambiguous(
+        code=THROTTLED,
+        reason=f"the SMTP server said not now: {code} {text}"[:500],
+        detail={"smtp_code": code, "replayed": False, "retry_after_s": None},
     )
 
 
@@ -91,12 +135,13 @@ def outcome_for_smtp_error(exc: Exception, *, message_sent: bool = True) -> Outc
     did not take custody either way.
     """
     text = f"{type(exc).__name__}: {exc}"[:500]
+    replies = _replies(exc)
+    for code, reply in replies:
+        not_now = smtp_not_now(code, reply)
+        if not_now is not None:
+            return not_now
     if isinstance(exc, smtplib.SMTPRecipientsRefused | smtplib.SMTPSenderRefused):
-        codes = (
-            [c for c, _ in exc.recipients.values()]
-            if isinstance(exc, smtplib.SMTPRecipientsRefused)
-            else [exc.smtp_code]
-        )
+        codes = [c for c, _ in replies]
         if all(500 <= c < 600 for c in codes):
             return Rejected(code="smtp_refused", reason=str(exc)[:500], detail={"codes": codes})
         return Ambiguous(
@@ -120,6 +165,15 @@ def outcome_for_smtp_error(exc: Exception, *, message_sent: bool = True) -> Outc
     if isinstance(exc, smtplib.SMTPException | OSError):
         return Ambiguous(code="connection_lost", reason=text)
     return Ambiguous(code="client_error", reason=text)
+
+
+def _replies(exc: Exception) -> list[tuple[int, bytes | str]]:
+    """The server's replies an smtplib exception carries (code, text), if any."""
+    if isinstance(exc, smtplib.SMTPRecipientsRefused):
+        return list(exc.recipients.values())
+    if isinstance(exc, smtplib.SMTPResponseException):  # SMTPSenderRefused among them
+        return [(exc.smtp_code, exc.smtp_error)]
+    return []
 
 
 def outcome_for_smtp_connect_error(exc: Exception) -> Outcome:

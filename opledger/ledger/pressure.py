@@ -76,8 +76,8 @@ def pressure_of(outcome: Outcome, limits: Limits) -> Pressure:
     code = outcome.code
     if code == THROTTLED:
         wait = asked_wait(outcome.detail, limits)
-        status = outcome.detail.get("status")
-        said = f"HTTP {status}" if status else 'a "not now"'
+        status, smtp = outcome.detail.get("status"), outcome.detail.get("smtp_code")
+        said = f"HTTP {status}" if status else f"SMTP {smtp}" if smtp else 'a "not now"'
         return Pressure(
             "throttled",
             release=True,

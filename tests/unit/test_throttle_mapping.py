@@ -35,7 +35,12 @@ from opledger.adapters.base import (
 from opledger.adapters.crm import crm_contract
 from opledger.adapters.email import email_contract
 from opledger.adapters.presets import PRESETS, STRIPE_V1
-from opledger.adapters.smtp import outcome_for_smtp_connect_error
+from opledger.adapters.smtp import (
+    outcome_for_smtp_connect_error,
+    outcome_for_smtp_error,
+    smtp_contract,
+    smtp_not_now,
+)
 from opledger.adapters.stripe import stripe_contract
 from opledger.adapters.webhook import WebhookAdapter, webhook_contract
 from opledger.dev.faultproxy import FaultProxy
@@ -303,8 +308,8 @@ def test_an_smtp_server_that_refuses_the_connection_is_not_sent_for_want_of_one(
     assert outcome.detail == {"why": NO_CONNECTION}
 
 
-def test_an_smtp_server_that_answers_421_at_once_took_the_connection() -> None:
-    """A temporary refusal in the greeting is the server's answer, mapped as before."""
+def test_an_smtp_server_that_answers_421_at_once_took_the_connection_and_said_not_now() -> None:
+    """A 421 greeting is the server's answer (it took the connection): its "not now"."""
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
@@ -323,5 +328,62 @@ def test_an_smtp_server_that_answers_421_at_once_took_the_connection() -> None:
         else:
             pytest.fail("a 421 greeting did not fail the connection")
         thread.join(5)
-    assert isinstance(outcome, Ambiguous) and outcome.code == NOT_SENT
-    assert outcome.detail.get("why") != NO_CONNECTION and outcome.detail.get("code") == 421
+    assert isinstance(outcome, Ambiguous) and outcome.code == THROTTLED
+    assert outcome.detail == {"smtp_code": 421, "replayed": False, "retry_after_s": None}
+    assert "421 4.3.2 too busy" in outcome.reason
+
+
+@pytest.mark.parametrize(
+    ("code", "reply"),
+    [
+        (421, b"4.7.0 mail.test Error: too many connections from 127.0.0.1"),  # Postfix
+        (421, b"Service not available, closing transmission channel"),  # no enhanced code
+        (450, b"4.7.1 Error: too much mail from 127.0.0.1"),  # Postfix's message rate
+        (451, b"4.7.1 Greylisted, please try again later"),
+        (451, b"4.7.500 Server busy. Please try again later"),  # Exchange Online
+        (452, b"4.3.1 Insufficient system storage"),
+        (452, b"4.4.5 System congestion"),
+        (454, b"Throttling failure: Maximum sending rate exceeded."),  # Amazon SES
+        (450, "4.7.28 rate limited"),  # the reply as text
+    ],
+)
+def test_an_smtp_server_busy_or_limiting_us_says_not_now(code: int, reply: bytes | str) -> None:
+    outcome = smtp_not_now(code, reply)
+    assert outcome is not None and outcome.code == THROTTLED
+    assert outcome.detail["smtp_code"] == code and outcome.detail["retry_after_s"] is None
+    for exc in (
+        smtplib.SMTPSenderRefused(code, reply, "s@x"),  # type: ignore[arg-type]
+        smtplib.SMTPRecipientsRefused({"a@b": (code, reply)}),  # type: ignore[dict-item]
+        smtplib.SMTPDataError(code, reply),
+        smtplib.SMTPConnectError(code, reply),
+    ):
+        for sent in (False, True):
+            mapped = outcome_for_smtp_error(exc, message_sent=sent)
+            assert isinstance(mapped, Ambiguous) and mapped.code == THROTTLED, exc
+
+
+@pytest.mark.parametrize(
+    ("code", "reply"),
+    [
+        (452, b"4.2.2 Mailbox full"),  # this recipient, not the server
+        (450, b"4.2.1 Mailbox busy"),
+        (451, b"Requested action aborted: local error in processing"),
+        (451, b"4.70.1 no such class"),  # not an enhanced code RFC 3463 knows
+        (450, b"later 4.7.1"),  # the enhanced code comes first or not at all
+        (550, b"5.7.1 Relaying denied"),  # a permanent refusal
+        (250, b"2.0.0 OK"),
+    ],
+)
+def test_other_smtp_replies_are_no_not_now(code: int, reply: bytes) -> None:
+    assert smtp_not_now(code, reply) is None
+    mapped = outcome_for_smtp_error(smtplib.SMTPDataError(code, reply), message_sent=False)
+    assert not (isinstance(mapped, Ambiguous) and mapped.code == THROTTLED)
+
+
+def test_the_smtp_contract_says_a_not_now_applied_nothing_and_waits_a_minute() -> None:
+    limits = smtp_contract().limits
+    assert limits.throttle_applies_nothing
+    assert limits.retry_after_default == timedelta(minutes=1)
+    own = smtp_contract(limits=Limits(concurrency=2, retry_after_default=timedelta(seconds=5)))
+    assert own.limits.throttle_applies_nothing and own.limits.concurrency == 2
+    assert own.limits.retry_after_default == timedelta(seconds=5)
