@@ -194,9 +194,11 @@ service lmtp {{
 
 class MailServers:
     """Postfix (SMTP on `smtp_port`) and dovecot (IMAP on `imap_port`, IMAPS on
-    `imaps_port`) from one temporary directory. Use as a context manager."""
+    `imaps_port`) from one temporary directory. Use as a context manager. `postfix_main`:
+    more lines for postfix's main.cf (a limit the test wants the server to enforce)."""
 
-    def __init__(self) -> None:
+    def __init__(self, postfix_main: str = "") -> None:
+        self.postfix_main = postfix_main
         self.smtp_port, self.imap_port, self.imaps_port, self.lmtp_port = _free_ports(4)
         self.host = "127.0.0.1"
         self.user = "opledger"
@@ -288,7 +290,7 @@ class MailServers:
             (p / sub).mkdir(parents=True)
         os.chown(p / "data", pwd.getpwnam("postfix").pw_uid, -1)
         (p / "main.cf").write_text(
-            POSTFIX_MAIN.format(root=p, lmtp_port=self.lmtp_port, sender=SENDER)
+            POSTFIX_MAIN.format(root=p, lmtp_port=self.lmtp_port, sender=SENDER) + self.postfix_main
         )
         (p / "master.cf").write_text(POSTFIX_MASTER.format(smtp_port=self.smtp_port))
         started = self._postfix("start")
@@ -404,8 +406,8 @@ def _alive(pidfile: Path) -> bool:
 
 
 @contextmanager
-def mailservers() -> Iterator[MailServers]:
+def mailservers(postfix_main: str = "") -> Iterator[MailServers]:
     """Postfix and dovecot for the block, after `require_mailservers`."""
     require_mailservers()
-    with MailServers() as servers:
+    with MailServers(postfix_main) as servers:
         yield servers
