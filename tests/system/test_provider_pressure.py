@@ -18,11 +18,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from opledger.dev.chaos.variants import KINDS, provider_limits
 from opledger.dev.faultproxy import FaultProxy
-from opledger.dev.processes import Stack, free_port, wait_until
+from opledger.dev.processes import Proc, Stack, free_port, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.ledger.contract import Limits
@@ -62,6 +64,34 @@ def limited_worker(
     sandbox.configure(LIMITED.account, **provider_limits(Limits.model_validate(limits)))
     with worker_with(stack, concurrency=processes, **env):
         yield
+
+
+@contextmanager
+def metrics_server(stack: Stack) -> Iterator[str]:
+    """`opledger metrics` on a port of its own; its URL."""
+    port, password = free_port(), "scrape-pressure"
+    server = Proc(
+        "metrics-pressure",
+        ["metrics", "--port", str(port)],
+        {**stack.env, "OPLEDGER_FLOWER_PASSWORD": password},
+        stack.workdir / "metrics-pressure.log",
+    )
+    try:
+        wait_until(lambda: "opledger metrics on" in server.output(), 30, "opledger metrics")
+        yield f"http://opledger:{password}@127.0.0.1:{port}/metrics"
+    finally:
+        server.stop()
+
+
+def provider_gauges(url: str, provider: str) -> dict[str, float]:
+    """The scraped gauges labelled with `provider`, by name."""
+    body = httpx.get(url, timeout=5).text
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+        if s.labels.get("provider") == provider and s.name.startswith("opledger_provider_")
+    }
 
 
 def applied_once(sandbox: Sandbox, ops: list[str]) -> None:
@@ -143,7 +173,7 @@ def test_a_provider_refusing_connections_pauses_dispatch_and_nothing_goes_to_rev
         ),
     }
     sandbox.configure(KEYED.account, **KEYED.sandbox_config(settings_of(running.env)))
-    with worker_with(running, concurrency=2, **env):
+    with worker_with(running, concurrency=2, **env), metrics_server(running) as metrics:
         ops = backlog(sys_ledger, 20, "down", action=KEYED.action)
 
         def breaker_open() -> bool:
@@ -152,9 +182,16 @@ def test_a_provider_refusing_connections_pauses_dispatch_and_nothing_goes_to_rev
             )
 
         wait_until(breaker_open, 30, "the provider's breaker to open")
+        opened_at = time.time()
         # refused far longer than five attempts' worth of checks (2 s apart here)
         time.sleep(15)
         assert breaker_open()
+        # the metrics say which provider is paused, and since when
+        gauges = provider_gauges(metrics, provider)
+        assert gauges["opledger_provider_breaker_open"] == 1, gauges
+        assert gauges["opledger_provider_paused"] == 1, gauges
+        since = gauges["opledger_provider_paused_since_seconds"]
+        assert opened_at - 30 < since <= opened_at + 1, (since, opened_at)
         for op_id in ops:
             history = sys_ledger.history(op_id)
             assert not history.reviews, history.reviews
@@ -168,5 +205,7 @@ def test_a_provider_refusing_connections_pauses_dispatch_and_nothing_goes_to_rev
             statuses = settled(sys_ledger, ops, timeout=60)
             assert set(statuses.values()) == {Status.CONFIRMED}
             assert not breaker_open()
+            gauges = provider_gauges(metrics, provider)
+            assert gauges["opledger_provider_breaker_open"] == 0, gauges
     applied_once(sandbox, ops)
     assert all(not sys_ledger.history(op_id).reviews for op_id in ops)
