@@ -278,11 +278,12 @@ def asked_wait(detail: Mapping[str, Any], limits: Limits) -> timedelta:
     """How long a "not now" asked us to wait: its Retry-After (`retry_after_s`), else the
     contract's default, never more than its `retry_after_max`."""
     asked = detail.get("retry_after_s")
+    most = limits.retry_after_max
     if isinstance(asked, int | float) and not isinstance(asked, bool) and asked >= 0:
-        wait = timedelta(seconds=float(asked))
-    else:
-        wait = limits.retry_after_default
-    return min(wait, limits.retry_after_max)
+        # capped as a number first: a wait too long for a timedelta (a date in the year
+        # 3000000) is still the longest one taken at its word
+        return timedelta(seconds=min(float(asked), most.total_seconds()))
+    return min(limits.retry_after_default, most)
 
 
 def throttled_until(contract: Contract, evidence: Sequence[Evidence]) -> datetime | None:

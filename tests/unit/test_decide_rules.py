@@ -260,9 +260,10 @@ def test_not_now_without_retry_after_waits_the_contract_default_and_a_huge_one_i
     limits = THROTTLE_DOCUMENTED.limits
     decision = decide(THROTTLE_DOCUMENTED, op, attempts, [bare], grant(), T0 + 1 * S)
     assert decision == Wait(until=T0 + 1 * S + limits.retry_after_default)
-    huge = _throttled(1, 1, retry_after_s=86400)
-    decision = decide(THROTTLE_DOCUMENTED, op, attempts, [huge], grant(), T0 + 2 * S)
-    assert decision == Wait(until=T0 + 1 * S + limits.retry_after_max)
+    for too_long in (86400, 1e300, float("inf")):  # beyond what a timedelta holds, too
+        huge = _throttled(1, 1, retry_after_s=too_long)
+        decision = decide(THROTTLE_DOCUMENTED, op, attempts, [huge], grant(), T0 + 2 * S)
+        assert decision == Wait(until=T0 + 1 * S + limits.retry_after_max)
 
 
 def test_an_undocumented_not_now_may_have_applied_so_the_other_rules_still_hold() -> None:
