@@ -167,7 +167,7 @@ queue_guards = Table(
     Column("shallow_since", DateTime(timezone=True)),
 )
 
-# Provider pressure (0015): a provider's concurrency slots, and its rate bucket, breaker
+# Provider pressure (0015, 0016): a provider's concurrency slots, and its rate bucket, breaker
 # and pause; read and written by the functions opledger_admit and opledger_press.
 provider_slots = Table(
     "provider_slots",
@@ -201,6 +201,8 @@ provider_pressure = Table(
     Column("paused_since", DateTime(timezone=True)),
     Column("pause_reason", Text),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    # the claim token of an open breaker's probe in flight (0016)
+    Column("probe_token", Text),
     CheckConstraint("breaker IN ('closed', 'open')", name="breaker"),
 )
 

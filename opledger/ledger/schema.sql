@@ -272,6 +272,7 @@ CREATE TABLE provider_pressure (
     paused_until timestamp with time zone,
     paused_since timestamp with time zone,
     pause_reason text,
+    probe_token text,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT ck_provider_pressure_breaker CHECK ((breaker = ANY (ARRAY['closed'::text, 'open'::text])))
 );
@@ -565,9 +566,11 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    -- an open breaker lets one call through at a time: the probe
+    -- an open breaker lets one call through at a time: the probe (its claim token kept,
+    -- so that only its refusal moves the next probe)
     IF p.breaker = 'open' THEN
-        UPDATE provider_pressure SET paused_until = clock_timestamp() + p_hold
+        UPDATE provider_pressure SET paused_until = clock_timestamp() + p_hold,
+            probe_token = p_token
         WHERE provider = p_provider AND breaker = 'open'
           AND (paused_until IS NULL OR paused_until <= clock_timestamp());
         IF NOT FOUND THEN
@@ -585,10 +588,11 @@ END;
 $$;
 
 -- Called by the outcome statement: a refused connection counts toward the provider's
--- breaker, a "not now" pauses the provider, an answer closes the breaker.
+-- breaker, a "not now" pauses the provider, an answer closes the breaker. `p_token`: the
+-- call's claim token (NULL from a statement that names none: read as the probe's).
 CREATE FUNCTION opledger_press(
     p_provider text, p_kind text, p_pause interval, p_reason text, p_after integer,
-    p_probe interval, p_probe_max interval
+    p_probe interval, p_probe_max interval, p_token text DEFAULT NULL
 )
     RETURNS text
     LANGUAGE plpgsql
@@ -610,7 +614,7 @@ BEGIN
     IF p_kind = 'answered' THEN
         -- the provider answered: it is reachable; an open breaker closes
         UPDATE provider_pressure
-        SET failures = 0, probes = 0, breaker = 'closed', updated_at = now(),
+        SET failures = 0, probes = 0, breaker = 'closed', updated_at = now(), probe_token = NULL,
             paused_until = CASE WHEN p.breaker = 'open' THEN NULL ELSE paused_until END,
             paused_since = CASE WHEN p.breaker = 'open' THEN NULL ELSE paused_since END,
             pause_reason = CASE WHEN p.breaker = 'open' THEN NULL ELSE pause_reason END
@@ -618,26 +622,34 @@ BEGIN
         RETURN CASE WHEN p.breaker = 'open' THEN 'closed' END;
     ELSIF p_kind = 'throttled' THEN
         -- "not now": nothing starts before the wait it asked for; it answered, so it is up
+        -- (an open breaker's pause was the probe's hold, which the answer ends)
         UPDATE provider_pressure
-        SET failures = 0, probes = 0, breaker = 'closed', updated_at = now(),
-            paused_until = greatest(paused_until, clock_timestamp() + p_pause),
+        SET failures = 0, probes = 0, breaker = 'closed', updated_at = now(), probe_token = NULL,
+            paused_until = CASE WHEN p.breaker = 'open' THEN clock_timestamp() + p_pause
+                                ELSE greatest(paused_until, clock_timestamp() + p_pause) END,
             paused_since = CASE WHEN paused_until > clock_timestamp() AND p.breaker = 'closed'
                                 THEN paused_since ELSE now() END,
             pause_reason = p_reason
         WHERE provider = p_provider;
         RETURN 'paused';
+    ELSIF p.breaker = 'open' AND p_token IS DISTINCT FROM p.probe_token AND p_token IS NOT NULL
+    THEN
+        -- refused late, by a call claimed before the breaker opened: one more refusal; the
+        -- probe in flight and the next probe's time stay as they are
+        UPDATE provider_pressure SET failures = failures + 1, updated_at = now()
+        WHERE provider = p_provider;
+        RETURN 'open';
     ELSIF p.breaker = 'open' THEN
-        -- refused again while open (the probe, or a call claimed before it opened): the
-        -- next probe waits twice as long as the last one did, up to the most
+        -- the probe refused: the next one waits twice as long as the last did, up to the most
         UPDATE provider_pressure
-        SET failures = failures + 1, probes = probes + 1, updated_at = now(),
+        SET failures = failures + 1, probes = probes + 1, updated_at = now(), probe_token = NULL,
             paused_until = clock_timestamp() + least(p_probe * power(2, p.probes + 1), p_probe_max)
         WHERE provider = p_provider;
         RETURN 'open';
     ELSIF p.failures + 1 >= p_after THEN
         UPDATE provider_pressure
         SET failures = failures + 1, probes = 0, breaker = 'open', updated_at = now(),
-            paused_since = now(), paused_until = clock_timestamp() + p_probe,
+            probe_token = NULL, paused_since = now(), paused_until = clock_timestamp() + p_probe,
             pause_reason = p_reason
         WHERE provider = p_provider;
         RETURN 'opened';

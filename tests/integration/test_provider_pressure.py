@@ -156,6 +156,48 @@ def test_refused_connections_open_the_breaker_and_one_probe_closes_it(
     take(ledger, prepare(ledger, "f"), t)
 
 
+def test_late_refusals_of_calls_claimed_before_the_breaker_opened_move_no_probe(
+    ledger: Ledger, grant: str
+) -> None:
+    """Calls already in flight when the breaker opens come back refused one by one: each
+    counts as a refusal, but neither delays the first probe nor lets a second one start."""
+    limits = Limits(breaker_after=3, probe_every=timedelta(seconds=0.5))
+    t = terms()
+    in_flight = [take(ledger, prepare(ledger, f"early-{n}"), t) for n in range(8)]
+    for claim in in_flight[:3]:
+        ledger.record_outcome(claim, refused(), limits=limits)  # the breaker opens
+    time.sleep(0.6)
+    probe = take(ledger, prepare(ledger, "probe"), t)  # the first probe, on time
+    for claim in in_flight[3:]:  # refused late, while the probe is in flight
+        ledger.record_outcome(claim, refused(), limits=limits)
+    (state,) = ledger.providers()
+    assert state.breaker == "open" and state.failures == 8
+    with pytest.raises(ProviderBusy):  # the probe's hold stands: no second probe
+        ledger.claim(prepare(ledger, "second"), owner="w", terms=t)
+    ledger.record_outcome(probe, refused(), limits=limits)  # the probe itself: the wait doubles
+    (state,) = ledger.providers()
+    assert state.paused_until is not None  # the first doubling: 1 s, not 2**6 probes' worth
+    wait = state.paused_until - state.read_at
+    assert timedelta(seconds=0.8) < wait <= timedelta(seconds=1), wait
+
+
+def test_a_probe_answered_not_now_pauses_only_for_the_wait_asked(
+    ledger: Ledger, grant: str
+) -> None:
+    limits = Limits(breaker_after=1, probe_every=timedelta(seconds=0.2))
+    t = terms()
+    ledger.record_outcome(take(ledger, prepare(ledger, "a"), t), refused(), limits=limits)
+    time.sleep(0.3)
+    probe = take(ledger, prepare(ledger, "probe"), t)  # held for its send window and more
+    throttled = Ambiguous(code=THROTTLED, reason="HTTP 429", detail={"retry_after_s": 0.5})
+    ledger.record_outcome(probe, throttled, limits=limits)
+    (state,) = ledger.providers()
+    assert state.breaker == "closed" and state.paused_until is not None
+    assert state.paused_until - state.read_at <= timedelta(seconds=0.5)
+    time.sleep(0.6)
+    take(ledger, prepare(ledger, "after"), t)
+
+
 def test_an_answer_between_refusals_starts_the_count_again(ledger: Ledger, grant: str) -> None:
     limits = Limits(breaker_after=2)
     t = terms()

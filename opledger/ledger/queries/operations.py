@@ -423,7 +423,8 @@ RECORD_OUTCOME = text(
     -- answer from a provider that never pushed back changes nothing: no call at all)
     pressure AS (
         SELECT opledger_press(
-            :provider, :press, :pause, :press_reason, :breaker_after, :probe, :probe_max
+            :provider, :press, :pause, :press_reason, :breaker_after, :probe, :probe_max,
+            :token
         ) AS breaker
         WHERE CAST(:press AS text) IN ('refused', 'throttled')
            OR (CAST(:press AS text) = 'answered'
