@@ -89,6 +89,9 @@ operations = Table(
     # Publish generations: how often the relay re-published it, how many checks were
     # handed to reconcile. Carried in the message, so a superseded duplicate is dropped.
     Column("relay_gen", Integer, nullable=False, server_default=text("0")),
+    # Re-publications of a message presumed lost since its last publish that was due (a
+    # provider's wait ended, a dependency was confirmed): each doubles the relay's wait (0016)
+    Column("relay_lost", Integer, nullable=False, server_default=text("0")),
     Column("check_gen", Integer, nullable=False, server_default=text("0")),
     Column("operator_retry_by", Text),
     # Who made the last status or fence change, and why: the audit trigger copies them

@@ -138,6 +138,7 @@ CREATE TABLE operations (
     enqueued_at timestamp with time zone,
     operator_retry_by text,
     relay_gen integer DEFAULT 0 NOT NULL,
+    relay_lost integer DEFAULT 0 NOT NULL,
     check_gen integer DEFAULT 0 NOT NULL,
     changed_by text,
     change_reason text,

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy import text
 
 from opledger.ledger import (
     Ambiguous,
@@ -247,3 +248,25 @@ def test_a_deferred_operation_is_relayed_when_its_wait_ends_not_before(
     assert published == [op_id]  # due now, however recently it was created
     assert ledger.get(op_id).next_check_at is None
     assert not ledger.defer(take(ledger, op_id, terms()).op_id, until=now)  # claimed: not prepared
+
+
+def test_waiting_for_a_provider_does_not_slow_the_relay_of_a_lost_message(
+    ledger: Ledger, grant: str
+) -> None:
+    op_id = prepare(ledger, "deferred")
+    generations: list[int] = []
+    for _ in range(5):  # deferred for its provider five times, each publish due
+        assert ledger.defer(op_id, until=datetime.now(UTC) - timedelta(seconds=1))
+        ledger.relay(older_than=timedelta(hours=1), publish=lambda _i, g: generations.append(g))
+    assert generations == [1, 2, 3, 4, 5]
+    # its last message is lost: published again after the relay's wait, not 2**4 times it
+    with ledger.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE operations SET created_at = now() - interval '2 minutes',"
+                " enqueued_at = now() - interval '0.3 seconds' WHERE id = :id"
+            ),
+            {"id": op_id},
+        )
+    ledger.relay(older_than=timedelta(seconds=0.2), publish=lambda _i, g: generations.append(g))
+    assert generations[5:] == [6]

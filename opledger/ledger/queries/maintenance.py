@@ -53,9 +53,10 @@ DUE_CHECKS = text(
 
 # Prepared operations whose message is plausibly lost: nobody claimed them for `after`
 # since their last publish, and each re-publication doubles that wait (capped), so an
-# operation whose message is merely late is not published again and again. One waiting on
-# a dependency is never published; one whose last dependency was confirmed is published at
-# once (its earlier messages found it waiting and were dropped).
+# operation whose message is merely late is not published again and again; a publish that
+# was due (a provider's wait ended, a dependency was confirmed) starts the doubling again.
+# One waiting on a dependency is never published; one whose last dependency was confirmed
+# is published at once (its earlier messages found it waiting and were dropped).
 RELAY_CANDIDATES = text(
     """
     SELECT id, relay_gen FROM operations
@@ -69,7 +70,7 @@ RELAY_CANDIDATES = text(
         OR next_check_at IS NOT NULL
         OR (created_at < now() - :after
             AND coalesce(enqueued_at, created_at)
-                < now() - :after * power(2, least(relay_gen, :max_doublings)))
+                < now() - :after * power(2, least(relay_lost, :max_doublings)))
       )
     ORDER BY created_at
     LIMIT :limit
@@ -80,7 +81,11 @@ RELAY_CANDIDATES = text(
 MARK_ENQUEUED = text(
     """
     UPDATE operations SET enqueued_at = now(), relay_gen = relay_gen + 1, released_at = NULL,
-                          next_check_at = NULL
+                          next_check_at = NULL,
+                          -- a publish that was due (a provider's wait ended, a dependency
+                          -- was confirmed) starts the lost-message backoff again
+                          relay_lost = CASE WHEN released_at IS NULL AND next_check_at IS NULL
+                                            THEN relay_lost + 1 ELSE 0 END
     WHERE id = ANY(:ids) AND status = 'prepared'
     """
 ).bindparams(bindparam("ids", type_=ARRAY(Text)))

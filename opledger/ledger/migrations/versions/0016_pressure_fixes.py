@@ -1,4 +1,5 @@
-"""provider pressure: the probe knows itself
+"""provider pressure, fixed: the probe knows itself, and waiting for a provider does not
+slow the relay down
 
 An open breaker lets one call through at a time (the probe). Until now every refusal that
 came back while it was open moved the next probe, so calls claimed before the breaker
@@ -13,6 +14,11 @@ now" kept the provider paused for the rest of the probe's hold.
   that closes an open breaker pauses the provider for the wait it asked for. A statement
   that names no token (a worker of the previous version, during an upgrade) is read as
   the probe's, as before.
+- `operations.relay_lost`: the relay's lost-message backoff doubled with every publish
+  (`relay_gen`), so an operation deferred a few times for its provider's room had its
+  message, once lost, published again only after 16 times the relay's wait. It now
+  doubles with each re-publication of a message presumed lost, and a publish that was due
+  (a provider's wait ended, a dependency confirmed) starts it again.
 
 Revision ID: 0016
 Revises: 0015
@@ -199,6 +205,10 @@ $$;
 
 def upgrade() -> None:
     op.add_column("provider_pressure", sa.Column("probe_token", sa.Text(), nullable=True))
+    op.add_column(
+        "operations",
+        sa.Column("relay_lost", sa.Integer(), server_default=sa.text("0"), nullable=False),
+    )
     op.execute(ADMIT)
     op.execute(f"DROP FUNCTION {OLD_PRESS}")
     op.execute(PRESS)
@@ -220,3 +230,4 @@ def downgrade() -> None:
     op.execute(previous.PRESS)
     op.execute(previous.ADMIT.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
     op.drop_column("provider_pressure", "probe_token")
+    op.drop_column("operations", "relay_lost")
