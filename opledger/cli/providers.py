@@ -4,9 +4,11 @@ in flight and operations waiting for its room."""
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from rich.table import Table
 from rich.text import Text
 
@@ -14,7 +16,10 @@ from opledger.ledger.providers import ProviderState
 from opledger.ledger.sensitive import scrub_text
 
 from .app import JsonOption, app, console, emit_json, open_ledger
+from .provenance import cancel_actor
 from .render import _when, records_table
+
+log = logging.getLogger(__name__)
 
 #: what `opledger providers` says when no provider is under any pressure
 NONE_UNDER_PRESSURE = "no provider has pushed back, holds a slot or has operations waiting"
@@ -54,9 +59,18 @@ def provider_record(p: ProviderState) -> dict[str, Any]:
     return record
 
 
-@app.command("providers")
-def providers(as_json: JsonOption = False) -> None:
+providers_app = typer.Typer(
+    help="Each provider's pressure: paused or not and why, refusals, in flight, waiting.",
+    invoke_without_command=True,
+)
+app.add_typer(providers_app, name="providers")
+
+
+@providers_app.callback()
+def providers(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """Each provider's pressure: paused or not and why, refusals, in flight, waiting."""
+    if ctx.invoked_subcommand is not None:
+        return
     with open_ledger() as ledger:
         states = ledger.providers()
     if as_json:
@@ -66,3 +80,26 @@ def providers(as_json: JsonOption = False) -> None:
         console.print(Text(NONE_UNDER_PRESSURE))
         return
     console.print(providers_table(states))
+
+
+@providers_app.command("reset")
+def providers_reset(
+    provider: Annotated[
+        str, typer.Argument(help="The provider, as `opledger providers` names it.")
+    ],
+    operator: Annotated[str | None, typer.Option(help="Your name, for the log.")] = None,
+) -> None:
+    """Forget a provider's pressure: its pause, open breaker, refusals and rate bucket.
+
+    For a provider that is back before its next probe, was renamed, or whose waiting
+    operations were all cancelled while its breaker was open (nothing else closes a breaker
+    no call reaches). Calls in flight keep their slots; the next refusals open the breaker
+    again."""
+    with open_ledger() as ledger:
+        actor = cancel_actor(ledger, operator)
+        forgotten = ledger.forget_provider(provider)
+    if not forgotten:
+        console.print(Text(f"{provider}: nothing to forget"))
+        return
+    log.warning("provider %s: pressure forgotten by %s", provider, actor)
+    console.print(Text(f"reset: {provider}'s pause, breaker and refusals forgotten, by {actor}"))

@@ -16,6 +16,7 @@ from pydantic import AwareDatetime
 from sqlalchemy import text
 
 from .base import LedgerBase
+from .errors import InvalidInput
 from .ids import check_operation_id
 from .models import Record
 
@@ -53,6 +54,22 @@ DEFER = text(
     UPDATE operations SET next_check_at = :until, updated_at = now()
     WHERE id = :op_id AND status = 'prepared'
     RETURNING id
+    """
+)
+
+
+#: a provider's pressure forgotten: its pause, breaker, refusals and rate bucket (its row),
+#: and the slots no call holds; a slot a call in flight holds stays until it answers
+FORGET_PROVIDER = text(
+    """
+    WITH pressure AS (
+        DELETE FROM provider_pressure WHERE provider = :provider RETURNING provider
+    ),
+    slots AS (
+        DELETE FROM provider_slots WHERE provider = :provider AND held_until <= now()
+        RETURNING slot
+    )
+    SELECT (SELECT count(*) FROM pressure) AS pressure, (SELECT count(*) FROM slots) AS slots
     """
 )
 
@@ -107,6 +124,19 @@ class Providers(LedgerBase):
         with self._single() as conn:
             rows = conn.execute(PROVIDERS).all()
         return [provider_state(r) for r in rows]
+
+    def forget_provider(self, provider: str) -> bool:
+        """Forget what the ledger holds of `provider`'s pressure: its pause, open breaker,
+        refusals in a row and rate bucket, and the slots no call holds (for a provider that
+        is back, or renamed, or whose operations were all cancelled while its breaker was
+        open: nothing else closes a breaker no call reaches). Calls in flight keep their
+        slots; operations waiting for it are published again at their time. False when
+        there was nothing to forget. The next refusals open the breaker again."""
+        if not provider or len(provider) > 200:
+            raise InvalidInput(f"no provider {provider!r}: a name of 1 to 200 characters")
+        with self._single() as conn:
+            row = conn.execute(FORGET_PROVIDER, {"provider": provider}).one()
+        return bool(row.pressure or row.slots)
 
     def defer(self, op_id: str, *, until: datetime) -> bool:
         """Leave a prepared operation for later: its provider had no room for it (its

@@ -277,6 +277,35 @@ def test_opledger_providers_says_when_nothing_is_under_pressure(
     assert invoke("providers", "--json").json() == []
 
 
+def test_opledger_providers_reset_forgets_a_breaker_no_call_reaches(
+    ledger: Ledger, grant: str, invoke: Callable[..., Run]
+) -> None:
+    held = take(  # a call in flight, holding the one slot
+        ledger,
+        prepare(ledger, "in-flight", action="crm.close_case.v1"),
+        ClaimTerms(limits_by_provider={"crm": {"concurrency": 1}}),
+    )
+    open_breaker(ledger)  # its waiting operations were all cancelled: no probe will come
+    with pytest.raises(ProviderBusy, match="refusing connections"):
+        ledger.claim(prepare(ledger, "next"), owner="w", terms=ClaimTerms())
+    said = invoke("providers", "reset", "crm", "--operator", "alice")
+    assert said.code == 0, said.err
+    assert said.out.startswith("reset: crm's pause, breaker and refusals forgotten, by alice (")
+    states = {p.provider: p for p in ledger.providers()}
+    assert states["crm"].breaker == "closed" and not states["crm"].paused
+    assert states["crm"].failures == 0 and states["crm"].in_flight == 1  # its call still holds
+    limited = ClaimTerms(limits_by_provider={"crm": {"concurrency": 1}})
+    with pytest.raises(ProviderBusy, match="calls in flight"):  # the held slot was kept
+        ledger.claim(prepare(ledger, "over"), owner="w", terms=limited)
+    take(ledger, prepare(ledger, "after"))  # unlimited: claimed at once
+    ledger.record_outcome(held, Ambiguous(code=NOT_SENT, reason="x"), limits=BREAKER)
+    again = invoke("providers", "reset", "crm")
+    assert again.code == 0 and "forgotten" in again.out, again.err  # the free slot's row
+    nothing = invoke("providers", "reset", "crm")
+    assert nothing.code == 0 and nothing.out == "crm: nothing to forget\n"
+    assert invoke("providers", "reset", "").code != 0
+
+
 def test_ops_list_says_which_operations_wait_for_their_provider(
     pressed: Pressed, invoke: Callable[..., Run]
 ) -> None:
