@@ -9,6 +9,7 @@ statements themselves.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -23,6 +24,7 @@ from opledger.ledger import (
     ClaimTerms,
     Confirmed,
     Ledger,
+    LedgerError,
     ProviderBusy,
     Status,
 )
@@ -197,6 +199,16 @@ def test_a_probe_answered_not_now_pauses_only_for_the_wait_asked(
     assert state.paused_until - state.read_at <= timedelta(seconds=0.5)
     time.sleep(0.6)
     take(ledger, prepare(ledger, "after"), t)
+
+
+def test_a_refusal_reported_twice_counts_once(ledger: Ledger, grant: str) -> None:
+    limits = Limits(breaker_after=2)
+    claim = take(ledger, prepare(ledger, "twice"), terms())
+    ledger.record_outcome(claim, refused(), limits=limits)
+    with contextlib.suppress(LedgerError):  # the same report again (a retried commit)
+        ledger.record_outcome(claim, refused(), limits=limits)
+    (state,) = ledger.providers()
+    assert state.failures == 1 and state.breaker == "closed"
 
 
 def test_an_answer_between_refusals_starts_the_count_again(ledger: Ledger, grant: str) -> None:

@@ -426,9 +426,12 @@ RECORD_OUTCOME = text(
             :provider, :press, :pause, :press_reason, :breaker_after, :probe, :probe_max,
             :token
         ) AS breaker
-        WHERE CAST(:press AS text) IN ('refused', 'throttled')
-           OR (CAST(:press AS text) = 'answered'
-               AND EXISTS (SELECT 1 FROM provider_pressure AS pp WHERE pp.provider = :provider))
+        -- once per call: a report repeated (a retried commit) finds its attempt closed
+        WHERE EXISTS (SELECT 1 FROM attempt)
+          AND (CAST(:press AS text) IN ('refused', 'throttled')
+               OR (CAST(:press AS text) = 'answered'
+                   AND EXISTS (SELECT 1 FROM provider_pressure AS pp
+                               WHERE pp.provider = :provider)))
     )
     SELECT (SELECT n FROM attempt) AS attempt_n, {columns_of("op")},
            (SELECT breaker FROM pressure) AS breaker
