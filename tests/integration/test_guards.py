@@ -504,6 +504,15 @@ PROBES: Sequence[Probe] = (
 )
 
 
+@pytest.fixture(autouse=True)
+def _no_provider_pressure(session_ledger: Ledger) -> None:
+    """These tests share the database untruncated, isolated by workflow and grant; a
+    provider's pause is fleet-wide, so one an earlier test left (a 429 waited out) would
+    refuse their claims: forgotten first."""
+    for state in session_ledger.providers():
+        session_ledger.forget_provider(state.provider)
+
+
 def _name(probe: Probe) -> str:
     return probe.__name__.removeprefix("probe_")
 
