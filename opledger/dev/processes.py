@@ -393,13 +393,23 @@ class Stack:
         self.workers[name] = proc
         return proc
 
-    def start_beat(self) -> Proc:
+    def start_beat(self, *, wait: bool = False) -> Proc:
+        """Start beat. `wait`: return once it is past its startup checks (Celery's banner
+        printed), and raise if it died before (a broker refusing it, say)."""
         if self.beat is not None:
             self.beat.kill()
-        self.beat = Proc(
+        beat = self.beat = Proc(
             "beat", ["beat", "--loglevel", "INFO"], self.env, self.workdir / f"{self.name}-beat.log"
         )
-        return self.beat
+        if wait:
+            wait_until(
+                lambda: "celery beat v" in beat.output() or beat.proc.poll() is not None,
+                60,
+                "beat to start",
+            )
+            if beat.proc.poll() is not None:
+                raise AssertionError(f"beat died:\n{beat.output()[-3000:]}")
+        return beat
 
     def kill_worker(self, name: str = "w1") -> None:
         self.workers.pop(name).kill()
