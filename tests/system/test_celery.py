@@ -14,7 +14,7 @@ from opledger.ledger import Ledger, Status
 from opledger.tasks.app import dispatch
 from tests.intents import prepare
 
-from .conftest import settled
+from .conftest import settled, worker_with
 
 pytestmark = pytest.mark.system
 
@@ -77,35 +77,36 @@ def test_a_stalled_worker_is_fenced_out_and_its_late_outcome_kept(
     running: Stack, sys_ledger: Ledger, sandbox: Sandbox
 ) -> None:
     sandbox.configure(processing_s=0.8)
-    op_id = prepare(sys_ledger, "close")
-    dispatch.delay(op_id)
-    wait_until(lambda: requests_for(sandbox, op_id), 15, "the provider to receive the call")
-    stalled = running.workers["w1"]
-    stalled.signal(signal.SIGSTOP)
-    try:
-        helper = running.start_worker("w2")
-        # the lease (3 s) expires, the sweep fences the stalled worker out, w2 reconciles
-        wait_until(
-            lambda: sys_ledger.get(op_id).status is Status.CONFIRMED,
-            30,
-            "reconciliation by the second worker",
-        )
-    finally:
-        stalled.signal(signal.SIGCONT)
-    fence_after = sys_ledger.get(op_id).fence
+    # one pool process, busy with this call when it is stopped: a second one could be
+    # stopped mid-sweep, holding the maintenance locks every other worker's sweep waits for
+    with worker_with(running, "stalled", concurrency=1) as stalled:
+        op_id = prepare(sys_ledger, "close")
+        dispatch.delay(op_id)
+        wait_until(lambda: requests_for(sandbox, op_id), 15, "the provider to receive the call")
+        stalled.signal(signal.SIGSTOP)
+        try:
+            helper = running.start_worker("w2")
+            # the lease (3 s) expires, the sweep fences the stalled worker out, w2 reconciles
+            wait_until(
+                lambda: sys_ledger.get(op_id).status is Status.CONFIRMED,
+                30,
+                "reconciliation by the second worker",
+            )
+        finally:
+            stalled.signal(signal.SIGCONT)
+        fence_after = sys_ledger.get(op_id).fence
 
-    def late_evidence() -> bool:
-        return any(
-            e.source == "dispatch" and not e.applied for e in sys_ledger.history(op_id).evidence
-        )
+        def late_evidence() -> bool:
+            return any(
+                e.source == "dispatch" and not e.applied for e in sys_ledger.history(op_id).evidence
+            )
 
-    wait_until(late_evidence, 20, "the stalled worker's late outcome")
+        wait_until(late_evidence, 20, "the stalled worker's late outcome")
     after = sys_ledger.get(op_id)
     assert after.status is Status.CONFIRMED and after.fence == fence_after
     late = [e for e in sys_ledger.history(op_id).evidence if e.source == "dispatch"]
     assert [(e.fence, e.applied) for e in late] == [(1, False)]
     assert sandbox.effects(f"crm:{op_id}") == 1
-    running.kill_worker("w2")
     assert isinstance(helper, Proc)
 
 
