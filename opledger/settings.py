@@ -191,6 +191,21 @@ class Settings(BaseSettings):
         "adapters' contracts declare (every process must give the same).",
     )
 
+    switch_suspect_seconds: float = Field(
+        default=3600.0,
+        ge=0,
+        description="After a ledger switch (a failover to a standby, a restore), operations "
+        "prepared for this long are never first-dispatched blind: each is looked up by its "
+        "key, sent again under the key the provider deduplicates, or held for a person, "
+        "since it may be an act asked again whose first record the switch lost.",
+    )
+    require_sync_standby: bool = Field(
+        default=False,
+        description="Strict mode: workers claim nothing while the ledger's commits do not "
+        "wait for an attached synchronous standby (a failover could then lose claims and "
+        "outcomes); `opledger check` reports it as a warning.",
+    )
+
     check_backoff_seconds: float = Field(
         default=30.0,
         gt=0,

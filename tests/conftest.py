@@ -65,8 +65,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.xdist_group("system" if shared else "fast"))
 
 
-#: every table of the ledger's schema, emptied before each test that takes `ledger`
-TABLES = ", ".join(f'"{SCHEMA}".{table.name}' for table in reversed(metadata.sorted_tables))
+#: the ledger's own identity (its key namespace, its epochs), made by the migration and kept:
+#: a test's switches are undone instead (`truncate_all` keeps epoch 0 only)
+KEPT = ("ledger_identity", "ledger_epochs")
+
+#: every other table of the ledger's schema, emptied before each test that takes `ledger`
+TABLES = ", ".join(
+    f'"{SCHEMA}".{table.name}'
+    for table in reversed(metadata.sorted_tables)
+    if table.name not in KEPT
+)
 
 
 def truncate_all(database_url: str, attempts: int = 5) -> None:
@@ -77,6 +85,11 @@ def truncate_all(database_url: str, attempts: int = 5) -> None:
         try:
             with psycopg.connect(libpq(database_url), autocommit=True) as conn:
                 conn.execute(f"TRUNCATE {TABLES}")
+                conn.execute(f'DELETE FROM "{SCHEMA}".ledger_epochs WHERE epoch > 0')
+                conn.execute(  # a test that made the server look switched puts it back
+                    f'UPDATE "{SCHEMA}".ledger_epochs SET timeline = "{SCHEMA}".opledger_timeline(),'
+                    " suspect_until = NULL WHERE epoch = 0"
+                )
             return
         except psycopg.errors.DeadlockDetected:
             if attempt == attempts - 1:

@@ -97,6 +97,9 @@ def _checks(  # noqa: C901
                     yield schema
                     if schema.ok and registry is not None:
                         yield _actions_served(engine, registry)
+                    if schema.ok:
+                        yield _replication(engine, settings)
+                        yield from _switches(engine, settings.database_schema)
                     yield _beat_lock(engine, settings.database_schema)
             finally:
                 engine.dispose()
@@ -394,6 +397,62 @@ def _actions_served(engine: Any, registry: Any) -> Check:
         "OPLEDGER_REVIEW_AFTER_SECONDS, a person is asked",
         warning=True,
     )
+
+
+def _replication(engine: Any, settings: Settings) -> Check:
+    """What a failover of the ledger's database could lose: a warning unless its commits
+    wait for an attached synchronous standby (the workers refuse to claim then, in strict
+    mode)."""
+    from opledger.ledger import Ledger
+
+    try:
+        replication = Ledger(engine, schema=settings.database_schema).replication()
+    except Exception as exc:  # one line is what a person needs
+        return Check("replication", False, f"not read: {exc}", warning=True)
+    if replication.durable_on_failover:
+        return Check("replication", True, replication.summary())
+    strict = settings.require_sync_standby
+    detail = replication.summary() + (
+        "; OPLEDGER_REQUIRE_SYNC_STANDBY is set: workers claim nothing until a synchronous "
+        "standby is attached"
+        if strict
+        else "; see docs/production.md, High availability"
+    )
+    return Check("replication", False, detail, warning=True)
+
+
+def _switches(engine: Any, schema: str) -> Iterator[Check]:
+    """The ledger's last switch (a failover, a restore) and the providers' answers it kept
+    for claims it no longer knew (orphan receipts)."""
+    from opledger.ledger import Ledger
+
+    try:
+        ledger = Ledger(engine, schema=schema)
+        newest = ledger.epochs(limit=1)
+        unmatched = ledger.orphan_receipts(unmatched=True, limit=1000)
+    except Exception as exc:  # one line is what a person needs
+        yield Check("ledger epoch", False, f"not read: {exc}", warning=True)
+        return
+    epoch = newest[0] if newest else None
+    if epoch is None or not epoch.is_switch:
+        yield Check("ledger epoch", True, "no switch recorded (epoch 0)")
+    else:
+        yield Check(
+            "ledger epoch",
+            True,
+            f"epoch {epoch.epoch} since {epoch.began_at.isoformat(timespec='seconds')}: "
+            f"{epoch.kind} switch, {epoch.reason}; {epoch.quarantined} operation(s) "
+            "quarantined (`opledger switches` tells more)",
+            warning=False,
+        )
+    if unmatched:
+        yield Check(
+            "orphan receipts",
+            False,
+            f"{len(unmatched)} provider answer(s) to claims the ledger forgot are not tied to "
+            "an operation yet (`opledger switches orphans`)",
+            warning=True,
+        )
 
 
 def _beat_lock(engine: Any, schema: str) -> Check:

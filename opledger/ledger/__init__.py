@@ -10,6 +10,7 @@ from .claims import DEFAULT_LEASE
 from .errors import (
     AuthorizationError,
     AuthorizationRevoked,
+    ClaimForgotten,
     ContradictsEvidence,
     DatabaseUnavailable,
     DependencyCycle,
@@ -30,6 +31,7 @@ from .errors import (
     PayloadTooDeep,
     PayloadTooLarge,
     ProviderBusy,
+    Quarantined,
     RetryNeedsAcknowledgement,
     RetryNeedsNewKey,
     ReviewAlreadyResolved,
@@ -70,12 +72,14 @@ from .models import (
 )
 from .resolution import Resolution
 from .reviews import ReviewView
+from .switches import DEFAULT_SUSPECT_WINDOW, LedgerEpoch, OrphanReceipt, Replication
 from .window import SendWindow
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
     "DEFAULT_LEASE",
     "DEFAULT_MAX_PAYLOAD_BYTES",
+    "DEFAULT_SUSPECT_WINDOW",
     "FINAL_STATUSES",
     "ActionResolver",
     "Ambiguous",
@@ -89,6 +93,7 @@ __all__ = [
     "Binding",
     "CanonicalPayload",
     "Claim",
+    "ClaimForgotten",
     "ClaimTerms",
     "Confirmed",
     "ContradictsEvidence",
@@ -108,10 +113,12 @@ __all__ = [
     "InvalidIdentifier",
     "InvalidInput",
     "Ledger",
+    "LedgerEpoch",
     "LedgerError",
     "MalformedOperationId",
     "Operation",
     "OperationNotFound",
+    "OrphanReceipt",
     "OutOfScope",
     "Outcome",
     "PayloadNotCanonicalizable",
@@ -119,7 +126,9 @@ __all__ = [
     "PayloadTooLarge",
     "PrefixResolver",
     "ProviderBusy",
+    "Quarantined",
     "Rejected",
+    "Replication",
     "Resolution",
     "RetryNeedsAcknowledgement",
     "RetryNeedsNewKey",

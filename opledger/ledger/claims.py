@@ -13,10 +13,11 @@ from sqlalchemy import Connection
 
 from . import queries as q
 from . import store
-from .base import LedgerBase
 from .contract import Limits
 from .errors import (
     AuthorizationRevoked,
+    ClaimForgotten,
+    DatabaseUnavailable,
     ForbiddenTransition,
     ForgedFence,
     InvalidInput,
@@ -43,6 +44,7 @@ from .models import (
 )
 from .payload_keys import payload_text, seal_result
 from .pressure import pressure_of
+from .switches import Switches
 from .window import SendWindow, clock
 
 DEFAULT_LEASE = timedelta(seconds=60)
@@ -50,7 +52,12 @@ DEFAULT_LEASE = timedelta(seconds=60)
 log = logging.getLogger("opledger.ledger")
 
 
-class Claims(LedgerBase):
+#: how often a statement that found the ledger switched is run again once the switch is
+#: recorded (another switch in between is the only reason for a second time)
+_SWITCH_RETRIES = 3
+
+
+class Claims(Switches):
     """The worker's path: `claim` (fence + 1, lease, attempt row) and `record_outcome`,
     each one autocommitted statement."""
 
@@ -136,28 +143,38 @@ class Claims(LedgerBase):
         # Read before the statement leaves: the database's now() is later than this moment,
         # so the window measured from here never ends after send_by.
         opened = clock()
-        row = self._store.hot(
-            q.CLAIM,
-            {
-                "op_id": op_id,
-                "owner": owner,
-                "token": token,
-                "lease": lease,
-                "in_flight": terms.in_flight or lease,
-                "in_flight_map": terms.in_flight_json,
-                "send_window": terms.send_window or self.send_window,
-                "window_map": terms.send_window_json,
-                "limits_map": terms.limits_json,
-                "from_status": from_status.value,
-                "expected_fence": expected_fence,
-                "authorized_by": authorized_by,
-                "reason": reason,
-            },
-        )
-        assert row is not None  # the statement always returns its one row
-        tail = row[_CLAIM_TAIL:]
+        params = {
+            "op_id": op_id,
+            "owner": owner,
+            "token": token,
+            "lease": lease,
+            "in_flight": terms.in_flight or lease,
+            "in_flight_map": terms.in_flight_json,
+            "send_window": terms.send_window or self.send_window,
+            "window_map": terms.send_window_json,
+            "limits_map": terms.limits_json,
+            "from_status": from_status.value,
+            "expected_fence": expected_fence,
+            "authorized_by": authorized_by,
+            "reason": reason,
+        }
+        for _ in range(_SWITCH_RETRIES):
+            row = self._store.hot(q.CLAIM, params | self._seen())
+            assert row is not None  # the statement always returns its one row
+            tail = row[_CLAIM_TAIL:]
+            epoch, timeline, flushed, fresh, suspect = tail[12:]
+            if fresh:
+                break
+            # the ledger went back since this process saw it: nothing was claimed; the
+            # switch is recorded (every open operation quarantined) before anything else
+            self._switched(owner, terms)
+        else:
+            raise DatabaseUnavailable(f"the ledger kept switching while claiming {op_id}")
+        self._saw(epoch, timeline, flushed)
         n_at, started_at, deadline_at, send_by, db_now, clear, key_id, sealed = tail[:8]
-        provider, admitted, wait_s, why = tail[8:]
+        provider, admitted, wait_s, why = tail[8:12]
+        if suspect:
+            raise self._quarantine(op_id, owner, terms)
         if n_at is None:  # not claimed
             if admitted is False:
                 raise ProviderBusy(
@@ -189,6 +206,7 @@ class Claims(LedgerBase):
             payload=json.loads(canonical),
             payload_canonical=canonical,
             operation=operation,
+            epoch=epoch,
             window=SendWindow(op_id=op_id, send_by=send_by, length=send_by - db_now, opened=opened),
         )
 
@@ -251,55 +269,72 @@ class Claims(LedgerBase):
             if isinstance(outcome, Confirmed)
             else Binding(idempotency_key=claim.idempotency_key)
         )
-        row = self._store.hot(
-            q.RECORD_OUTCOME,
-            {
-                "op_id": claim.op_id,
-                "fence": claim.fence,
-                "token": claim.token,
-                "kind": outcome.kind,
-                "response": outcome.model_dump_json(),
-                "to_status": to_status.value,
-                "receipt_id": outcome.receipt_id if isinstance(outcome, Confirmed) else None,
-                "recheck": recheck,
-                "source": EvidenceSource.DISPATCH.value,
-                "binding": binding.model_dump_json(exclude_none=True),
-                "detail": store.to_json(_detail_of(outcome)),
-                "actor": claim.owner,
-                "reason": _reason_of(outcome),
-                "provider": claim.operation.provider,
-                "release": press.release,
-                "press": press.kind,
-                "pause": press.pause,
-                "press_reason": press.reason,
-                "breaker_after": limits.breaker_after,
-                "probe": limits.probe_every,
-                "probe_max": limits.probe_max,
-            },
-        )
-        assert row is not None  # the statement always returns its one row
+        params = {
+            "op_id": claim.op_id,
+            "fence": claim.fence,
+            "token": claim.token,
+            "kind": outcome.kind,
+            "response": outcome.model_dump_json(),
+            "to_status": to_status.value,
+            "receipt_id": outcome.receipt_id if isinstance(outcome, Confirmed) else None,
+            "recheck": recheck,
+            "source": EvidenceSource.DISPATCH.value,
+            "binding": binding.model_dump_json(exclude_none=True),
+            "detail": store.to_json(_detail_of(outcome)),
+            "actor": claim.owner,
+            "reason": _reason_of(outcome),
+            "provider": claim.operation.provider,
+            "release": press.release,
+            "press": press.kind,
+            "pause": press.pause,
+            "press_reason": press.reason,
+            "breaker_after": limits.breaker_after,
+            "probe": limits.probe_every,
+            "probe_max": limits.probe_max,
+        }
+        for _ in range(_SWITCH_RETRIES):
+            row = self._store.hot(q.RECORD_OUTCOME, params | self._seen())
+            assert row is not None  # the statement always returns its one row
+            epoch, timeline, flushed, fresh = row[-4:]
+            if fresh:
+                break
+            # nothing was written: the switch is recorded first (the operation quarantined),
+            # then the outcome is kept as whatever the ledger now makes of this claim
+            self._switched(claim.owner, None)
+        else:
+            raise DatabaseUnavailable(f"the ledger kept switching while saving {claim.op_id}")
+        self._saw(epoch, timeline, flushed)
+        row = row[:-4]
         _announce_breaker(claim.operation.provider, row[-1], limits)
         if row[1] is not None:
             return store.operation_of(row[1:-1])
         with self._single() as conn:
-            self._raise_fenced(conn, claim, evidence_kept=row[0] is not None)
+            self._raise_fenced(
+                conn,
+                claim,
+                evidence_kept=row[0] is not None,
+                orphan={
+                    "verdict": outcome.kind,
+                    "binding": binding,
+                    "detail": params["detail"],
+                },
+            )
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _raise_fenced(self, conn: Connection, claim: Claim, *, evidence_kept: bool) -> NoReturn:
+    def _raise_fenced(
+        self, conn: Connection, claim: Claim, *, evidence_kept: bool, orphan: dict[str, Any]
+    ) -> NoReturn:
         state = conn.execute(
             q.FENCE_STATE, {"op_id": claim.op_id, "fence": claim.fence}
         ).one_or_none()
-        if state is None:
-            raise OperationNotFound(f"no operation {claim.op_id}", op_id=claim.op_id)
-        genuine = state.attempt_token is not None and secrets.compare_digest(
-            state.attempt_token, claim.token
+        genuine = (
+            state is not None
+            and state.attempt_token is not None
+            and secrets.compare_digest(state.attempt_token, claim.token)
         )
         if not genuine:
-            raise ForgedFence(
-                f"claim on {claim.op_id} with fence {claim.fence} was not issued by the ledger",
-                op_id=claim.op_id,
-                fence=claim.fence,
-            )
+            self._orphaned(claim, missing=state is None, orphan=orphan)
+        assert state is not None
         raise StaleFence(
             f"claim on {claim.op_id} with fence {claim.fence} no longer holds it "
             f"(fence is {state.fence}, status {state.status})"
@@ -309,6 +344,63 @@ class Claims(LedgerBase):
             current_fence=state.fence,
             evidence_kept=evidence_kept,
             status=state.status,
+        )
+
+    def _orphaned(self, claim: Claim, *, missing: bool, orphan: dict[str, Any]) -> NoReturn:
+        """An outcome for a claim the ledger has no record of: kept as an orphan receipt,
+        never dropped, and said loudly. A claim issued in an earlier epoch was forgotten by
+        a switch (`ClaimForgotten`; the receipt becomes its operation's evidence where the
+        operation is known); one the ledger never issued is refused as before
+        (`ForgedFence`, or `OperationNotFound`), its receipt kept for a person only."""
+        current = self._store.witness.epoch
+        forgotten = claim.epoch is not None and 0 <= claim.epoch < current
+        why = "operation missing" if missing else "claim missing"
+        receipt, tied_to, status = self._keep_orphan(
+            claim,
+            verdict=orphan["verdict"],
+            binding=orphan["binding"],
+            detail=orphan["detail"],
+            forgotten=forgotten,
+            why=why,
+        )
+        what = f"claim on {claim.op_id} with fence {claim.fence}"
+        if forgotten:
+            log.error(
+                "the ledger has no record of the %s (issued in epoch %s, the ledger is in "
+                "epoch %d since a switch): the provider's answer (%s) is kept as orphan "
+                "receipt %d%s",
+                "operation" if missing else "claim",
+                claim.epoch,
+                current,
+                orphan["verdict"],
+                receipt,
+                f", evidence of {tied_to}" if tied_to else ", until its act is asked again",
+                extra={"op_id": claim.op_id, "fence": claim.fence, "orphan_receipt": receipt},
+            )
+            raise ClaimForgotten(
+                f"{what} was issued in epoch {claim.epoch} and a switch took it back; its "
+                f"outcome was kept as orphan receipt {receipt}",
+                op_id=claim.op_id,
+                fence=claim.fence,
+                orphan_id=receipt,
+                evidence_kept=tied_to is not None,
+                status=status,
+                current_fence=None,
+            )
+        log.error(
+            "an outcome for a %s the ledger never issued (%s) was kept as orphan receipt %d",
+            what,
+            why,
+            receipt,
+            extra={"op_id": claim.op_id, "fence": claim.fence, "orphan_receipt": receipt},
+        )
+        if missing:
+            raise OperationNotFound(f"no operation {claim.op_id}", op_id=claim.op_id)
+        raise ForgedFence(
+            f"{what} was not issued by the ledger",
+            op_id=claim.op_id,
+            fence=claim.fence,
+            orphan_id=receipt,
         )
 
 

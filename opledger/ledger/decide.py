@@ -17,6 +17,7 @@ from .evidence import (
     DISPATCH,
     IDEMPOTENCY_MISMATCH,
     KEY_POISONED,
+    LEDGER_SWITCH,
     LOOKUP,
     SERVER_ERROR,
     UNCODED_REFUSAL,
@@ -123,7 +124,22 @@ def decide(
         and now - min(a.started_at for a in attempts) > policy.after
     ):
         return NeedsReview(reason=f"still unknown {human(policy.after)} after the first attempt")
-    return decision
+    return _naming_switch(decision, evidence)
+
+
+def _naming_switch(decision: Decision, evidence: Sequence[Evidence]) -> Decision:
+    """A person asked to decide about an operation a ledger switch quarantined is told so:
+    the attempt the ledger may have forgotten is why nothing automatic can settle it."""
+    if not isinstance(decision, NeedsReview):
+        return decision
+    switches = [ev for ev in evidence if ev.source == DISPATCH and _code(ev) == LEDGER_SWITCH]
+    if not switches:
+        return decision
+    switch = switches[-1].detail.get("switch")
+    return NeedsReview(
+        reason=f"ledger switch #{switch}: the ledger may have forgotten an attempt, and "
+        f"{decision.reason}"
+    )
 
 
 def _decide(

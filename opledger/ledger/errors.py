@@ -125,6 +125,19 @@ class ForgedFence(FenceError):
     """This claim was never issued by the ledger for this operation."""
 
 
+class ClaimForgotten(StaleFence):
+    """The ledger has no record of this claim, or of its operation, although it issued it in
+    an earlier epoch: a switch (a failover to a standby that was behind, a restore) took it
+    back. The outcome it reported was kept as an orphan receipt (`orphan_id`), tied to its
+    operation as evidence where the operation is known; never dropped."""
+
+
+class Quarantined(LedgerError):
+    """The operation was not claimed: the ledger may have forgotten an earlier ask or
+    attempt of its act (a switch), so it went to `unknown`, where its provider's evidence
+    decides (a lookup by its key, a same-key retry the provider deduplicates) or a person."""
+
+
 class FenceWentBack(FenceError):
     """A write would have lowered an operation's fence; the database refused it."""
 

@@ -41,6 +41,10 @@ THROTTLED = "throttled"
 #: `detail["why"]` of a NOT_SENT attempt whose connection was never made (refused, timed
 #: out while connecting): a fact about the provider, which its breaker counts
 NO_CONNECTION = "no_connection"
+#: an attempt the ledger may have forgotten: a switch (a failover to a standby that was
+#: behind, a restore) took back what it knew after the operation's last change it kept
+#: (`opledger.ledger.switches`); it may have been sent, under the operation's key
+LEDGER_SWITCH = "ledger_switch"
 STATE_CONFLICT = "state_conflict"  #: a refusal our own earlier attempt may have caused
 BINDING_MISMATCH = "binding_mismatch"  #: a receipt that names another key, target or body
 UNBOUND_RESPONSE = "unbound_response"  #: a success that does not show it answers our request

@@ -1,7 +1,10 @@
-"""Opaque operation ids and the checks every caller-supplied identifier goes through."""
+"""Opaque operation ids, idempotency keys derived from the intent, and the checks every
+caller-supplied identifier goes through."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import unicodedata
 from datetime import timedelta
@@ -13,14 +16,49 @@ from .errors import InvalidIdentifier, InvalidInput, MalformedOperationId, Unkno
 OP_ID_RE = re.compile(r"^op_[0-9A-HJKMNP-TV-Z]{26}$")
 ACTION_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+\.v[1-9][0-9]*$")
 MAX_IDENTIFIER_LENGTH = 200
-#: the longest idempotency key opledger sends: an operation id, or one with an operator's
-#: new-key suffix (".k" and the attempt number, up to 999 attempts)
-LONGEST_KEY = len("op_") + 26 + len(".k999")
+KEY_PREFIX = "opk_"
+#: the longest idempotency key opledger sends: a key derived from the intent ("opk_" and 26
+#: characters; an operation recorded before keys were derived kept its id, one shorter),
+#: with an operator's new-key suffix (".k" and the attempt number, up to 999 attempts)
+LONGEST_KEY = len(KEY_PREFIX) + 26 + len(".k999")
+#: Crockford's base 32, as ULIDs spell it (no I, L, O, U)
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
 def new_operation_id() -> str:
     """A fresh opaque, time-ordered id: 'op_' + ULID. Never derived from customer data."""
     return f"op_{ULID()}"
+
+
+def intent_idempotency_key(
+    namespace: str, *, tenant: str, workflow_id: str, action: str, intent_key: str
+) -> str:
+    """The idempotency key a provider sees for an intent: "opk_" and 26 characters of
+    Crockford base 32 (130 bits of a SHA-256), derived from the ledger's key namespace, the
+    tenant, the run, the action and the intent key, and from nothing else.
+
+    The same intent always gets the same key, so an act asked again after the ledger lost
+    its record (a failover to a standby that was behind, a restore) reaches the provider
+    under the key it already saw. Opaque: no customer data can be read back from it. The
+    namespace is the ledger's own (`ledger_identity`), so two ledgers sharing one provider
+    account never share a key."""
+    parts = json.dumps(
+        ["opledger intent key v1", namespace, tenant, workflow_id, action, intent_key],
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+    number = int.from_bytes(hashlib.sha256(parts.encode()).digest()[:17], "big") >> 6
+    letters = []
+    for _ in range(26):
+        number, digit = divmod(number, 32)
+        letters.append(_CROCKFORD[digit])
+    return KEY_PREFIX + "".join(reversed(letters))
+
+
+def new_key_for(key: str, attempt: int) -> str:
+    """The key of an operator's retry "with a new key" as attempt `attempt`: the operation's
+    own key (never an earlier new key) with ".k" and the attempt's number."""
+    return f"{key.split('.k', 1)[0]}.k{attempt}"
 
 
 def check_operation_id(value: object) -> str:

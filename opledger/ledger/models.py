@@ -40,6 +40,8 @@ ALLOWED_TRANSITIONS: frozenset[tuple[Status, Status]] = frozenset(
     {
         (Status.PREPARED, Status.DISPATCHING),
         (Status.PREPARED, Status.CANCELLED),
+        # quarantined after a ledger switch: an attempt the ledger forgot may have been made
+        (Status.PREPARED, Status.UNKNOWN),
         (Status.DISPATCHING, Status.CONFIRMED),
         (Status.DISPATCHING, Status.REJECTED),
         (Status.DISPATCHING, Status.UNKNOWN),
@@ -161,6 +163,10 @@ class Claim(Record):
     payload_canonical: str
     #: the operation as the claim left it (dispatching, leased to `owner`)
     operation: Operation
+    #: the ledger's epoch the claim was issued in (None: not issued by a ledger); an
+    #: outcome for a claim of an earlier epoch the ledger no longer knows is kept as an
+    #: orphan receipt, never dropped
+    epoch: int | None = None
     #: the send-by window on this process's clock; checked right before bytes leave. A
     #: claim built by hand (a contract probe, not issued by a ledger) has none to enforce.
     window: SendWindow = Field(default_factory=SendWindow.unbounded, exclude=True, repr=False)

@@ -30,6 +30,7 @@ from .ids import (
     check_key,
     check_operation_id,
     evidence_text,
+    intent_idempotency_key,
     new_operation_id,
 )
 from .intents import check_fields
@@ -198,6 +199,15 @@ class Prepare(LedgerBase):
         provider = self.actions.provider_for(action)
         frozen = canonicalize(payload, max_bytes=self.max_payload_bytes)
         intent = {"tenant": tenant, "workflow_id": workflow_id, "intent_key": intent_key}
+        # derived from the intent, never random: asked again after the ledger lost its
+        # record (a failover, a restore), the act reaches the provider under the same key
+        key = intent_idempotency_key(
+            self._store.key_namespace(),
+            tenant=tenant,
+            workflow_id=workflow_id,
+            action=action,
+            intent_key=intent_key,
+        )
         same = _SameIntent(
             asked=(action, target, frozen.digest, authorization_ref),
             deps=deps,
@@ -218,6 +228,7 @@ class Prepare(LedgerBase):
             "traceparent": traceparent,
             "asked_by": asked_by,
             "record_ask": asking,
+            "idempotency_key": key,
         }
         if session is None and not deps:
             # a new intent under a good grant: recorded in one statement (one round trip);
@@ -251,7 +262,6 @@ class Prepare(LedgerBase):
             values = {
                 **values,
                 "id": op_id,
-                "idempotency_key": op_id,
                 # sealed under the current key (if any); the digest is the clear text's
                 **sealed_columns(self._store.payload_keys, op_id, frozen.text),
                 "waiting_on": blocking,
@@ -267,7 +277,6 @@ class Prepare(LedgerBase):
             {
                 **values,
                 "id": op_id,
-                "idempotency_key": op_id,
                 **sealed_columns(self._store.payload_keys, op_id, canonical),
             },
         )

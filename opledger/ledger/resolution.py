@@ -13,6 +13,7 @@ from .consequences import consequences
 from .contract import Contract
 from .errors import InvalidInput, RetryNeedsAcknowledgement, RetryNeedsNewKey
 from .evidence import binds, our_keys
+from .ids import new_key_for
 from .models import Attempt, Evidence, EvidenceSource, History, Operation, Verdict
 from .risk import retention_risk
 
@@ -69,7 +70,7 @@ def retry_terms(
 ) -> tuple[str | None, bool]:
     """The new key, if any, and whether the retry's risk was acknowledged; raises when
     a retry that could repeat the effect was not acknowledged."""
-    key = f"{op.id}.k{len(attempts) + 1}" if new_key else None
+    key = new_key_for(op.idempotency_key, len(attempts) + 1) if new_key else None
     if contract is None:
         if new_key:
             return key, True

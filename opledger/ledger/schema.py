@@ -409,3 +409,72 @@ signin_attempts = Table(
 )
 Index("ix_signin_attempts_operator_at", signin_attempts.c.operator, signin_attempts.c.at)
 Index("ix_signin_attempts_address_at", signin_attempts.c.address, signin_attempts.c.at)
+
+# Where the ledger has run (migration 0017): epoch 0 is the database it was migrated on;
+# each later one a switch some process saw (another timeline, or a step back), with the
+# fence floor open operations were raised to and the window in which asks are not sent
+# blind (`opledger.ledger.switches`).
+ledger_epochs = Table(
+    "ledger_epochs",
+    metadata,
+    Column("epoch", BigInteger, primary_key=True, autoincrement=False),
+    Column("kind", Text, nullable=False),
+    Column("timeline", Integer),
+    Column("previous_timeline", Integer),
+    Column("began_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("lsn", Text),
+    Column("seen_lsn", Text),
+    Column("detected_by", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("fence_floor", BigInteger, nullable=False, server_default=text("0")),
+    Column("quarantined", Integer, nullable=False, server_default=text("0")),
+    Column("suspect_until", DateTime(timezone=True)),
+    Column("ended_by", Text),
+    CheckConstraint("kind IN ('initial', 'timeline', 'rewind')", name="kind"),
+)
+
+# The namespace mixed into every idempotency key derived from an intent (migration 0017).
+ledger_identity = Table(
+    "ledger_identity",
+    metadata,
+    Column("id", Integer, primary_key=True, server_default=text("1"), autoincrement=False),
+    Column("key_namespace", Text, nullable=False, server_default=text("(gen_random_uuid())::text")),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    CheckConstraint("id = 1", name="one_row"),
+)
+
+# A provider's answer to a claim the ledger has no record of (migration 0017), kept.
+orphan_receipts = Table(
+    "orphan_receipts",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("received_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("op_id", Text, nullable=False),
+    Column("tenant", Text, nullable=False),
+    Column("workflow_id", Text, nullable=False),
+    Column("intent_key", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("target", Text, nullable=False),
+    Column("payload_digest", Text, nullable=False),
+    Column("idempotency_key", Text, nullable=False),
+    Column("fence", BigInteger, nullable=False),
+    Column("attempt_n", Integer),
+    Column("claim_epoch", BigInteger),
+    Column("ledger_epoch", BigInteger),
+    Column("forgotten", Boolean, nullable=False),
+    Column("why", Text, nullable=False),
+    Column("reported_by", Text, nullable=False),
+    Column("verdict", Text, nullable=False),
+    Column("binding", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("matched_op_id", Text),
+    Column("matched_at", DateTime(timezone=True)),
+)
+Index(
+    "ix_orphan_receipts_intent",
+    orphan_receipts.c.tenant,
+    orphan_receipts.c.workflow_id,
+    orphan_receipts.c.intent_key,
+    postgresql_where=text("matched_op_id IS NULL AND forgotten"),
+)
+Index("ix_orphan_receipts_op_id", orphan_receipts.c.op_id)

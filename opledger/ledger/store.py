@@ -25,6 +25,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from . import queries as q
+from .epochs import Witness
 from .errors import (
     DatabaseUnavailable,
     FenceWentBack,
@@ -64,7 +65,13 @@ _TRIGGER_ERRORS: dict[str, type[LedgerError]] = {
 
 #: server errors that say "try again": serialization failure, deadlock, shutting down or
 #: starting up, too many connections (class 08, connection exceptions, counts too)
-_TRANSIENT_STATES = frozenset({"40001", "40P01", "57P01", "57P02", "57P03", "53300"})
+#: a read-only server (25006: a standby, or a primary demoted under us) counts too: the
+#: connection is dropped and the next one finds the primary (a multi-host URL with
+#: target_session_attrs=read-write)
+_TRANSIENT_STATES = frozenset({"40001", "40P01", "57P01", "57P02", "57P03", "53300", "25006"})
+#: errors after which a kept connection is closed rather than kept: a read-only server, one
+#: shutting down or crashed
+_RECYCLE = frozenset({"25006", "57P01", "57P02", "57P03"})
 #: what a server that refuses a connection says when it is only restarting or busy
 _TRANSIENT_FATAL = ("starting up", "shutting down", "too many", "recovery mode", "terminating")
 #: undefined table, column or function: the schema is not (fully) migrated
@@ -296,6 +303,22 @@ class Store:
         self.engine = engine
         self._auto = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._hot = _HotConnections(engine)
+        #: what this process has seen of the ledger's database (its epoch, timeline, WAL)
+        self.witness = Witness()
+        self._key_namespace: str | None = None
+
+    def key_namespace(self) -> str:
+        """The ledger's key namespace (`ledger_identity`), read once: it never changes."""
+        if self._key_namespace is None:
+            with self.statement() as conn:
+                found = conn.execute(q.SELECT_KEY_NAMESPACE).scalar_one_or_none()
+            if found is None:
+                raise SchemaMissing(
+                    "the ledger has no key namespace (ledger_identity is empty): "
+                    "run `opledger migrate`"
+                )
+            self._key_namespace = str(found)
+        return self._key_namespace
 
     def hot(self, statement: TextClause, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
         """The first row `hot_rows` gives, or None."""
@@ -330,7 +353,9 @@ class Store:
             else:
                 rows = cursor.fetchall()
         except psycopg.Error as exc:
-            broken = conn.broken or conn.closed
+            # a server that is read-only (a standby) or going away keeps nothing for us:
+            # the connection goes, and the next one is made anew (on the new primary)
+            broken = conn.broken or conn.closed or getattr(exc, "sqlstate", None) in _RECYCLE
             if broken:
                 self._hot.discard(held)
             else:

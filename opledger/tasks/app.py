@@ -43,6 +43,7 @@ from opledger.settings import UNCONFIGURED_BROKER_URL, Settings, get_settings
 
 from . import backlog, crashpoints, steps
 from .notices import review_opened
+from .steps import utcnow
 
 log = logging.getLogger("opledger.tasks")
 
@@ -74,6 +75,25 @@ class Runtime:
 
 
 _runtime: Runtime | None = None
+
+#: how long a worker trusts what it read of the ledger's replication (strict mode)
+REPLICATION_TTL_S = 5.0
+_replication_read: tuple[float, str | None] = (-REPLICATION_TTL_S, None)
+
+
+def unreplicated(rt: Runtime) -> str | None:
+    """Strict mode (`OPLEDGER_REQUIRE_SYNC_STANDBY`): why nothing may be claimed now (the
+    ledger's commits do not wait for an attached synchronous standby, so a failover could
+    lose the claim), or None. Read at most every few seconds; off: always None."""
+    global _replication_read
+    if not rt.settings.require_sync_standby:
+        return None
+    read_at, why = _replication_read
+    if time.monotonic() - read_at >= REPLICATION_TTL_S:
+        replication = rt.ledger.replication()
+        why = None if replication.durable_on_failover else replication.summary()
+        _replication_read = (time.monotonic(), why)
+    return why
 
 #: the app that publishes opledger's tasks from code outside a worker: opledger's own, or
 #: the one `register(app)` was given
@@ -152,6 +172,7 @@ def runtime() -> Runtime:
             schema=settings.database_schema,
             payload_keys=settings.payload_keys or "",
         )
+        ledger.suspect_window = timedelta(seconds=settings.switch_suspect_seconds)
         _runtime = Runtime(settings=settings, ledger=ledger, registry=registry, owner=_owner())
         lease = timedelta(seconds=settings.lease_seconds)
         for action in registry.actions:
@@ -294,6 +315,11 @@ def dispatch(self: OperationTask, op_id: str, gen: int = 0) -> str:
     if _superseded(self, "dispatch", op_id, int(gen), settings.relay_after_seconds):
         return "superseded"
     rt = runtime()
+    held = unreplicated(rt)
+    if held is not None:
+        rt.ledger.defer(op_id, until=utcnow() + timedelta(seconds=settings.sweep_interval_seconds))
+        log.warning("%s not claimed (OPLEDGER_REQUIRE_SYNC_STANDBY): %s", op_id, held)
+        return "held"
     return steps.dispatch(
         rt.ledger,
         rt.registry,
@@ -317,6 +343,10 @@ def reconcile(self: OperationTask, op_id: str, gen: int = 0) -> str:
     if gen and _superseded(self, "check", op_id, int(gen), settings.check_backoff_seconds):
         return "superseded"
     rt = runtime()
+    held = unreplicated(rt)
+    if held is not None:  # checked again when the sweep hands it out next
+        log.warning("%s not reconciled (OPLEDGER_REQUIRE_SYNC_STANDBY): %s", op_id, held)
+        return "held"
     return steps.reconcile(
         rt.ledger,
         rt.registry,
@@ -338,6 +368,10 @@ def sweep(self: OperationTask) -> dict[str, int]:
     enough to fall due a second time."""
     started = time.perf_counter()
     rt = runtime()
+    # a failover or a restore is noticed here even when no claim or outcome is being
+    # written: the switch is recorded, and every open operation quarantined, before the
+    # sweep moves anything
+    rt.ledger.check_switch(by=rt.owner, terms=rt.registry.claim_terms(rt.lease))
     backoff = timedelta(seconds=rt.settings.check_backoff_seconds)
     expired = rt.ledger.expire_leases(limit=rt.settings.sweep_batch, backoff=timedelta(0))
     queue = queue_of("opledger.reconcile", self.app)

@@ -30,6 +30,7 @@ from opledger.ledger import (
     Operation,
     Outcome,
     ProviderBusy,
+    Quarantined,
     SendWindowPassed,
     StaleFence,
     Status,
@@ -94,6 +95,9 @@ class Step(StrEnum):
     #: its provider had no room (its declared limits, a "not now", an open breaker):
     #: nothing claimed, nothing sent; tried again when the provider should have room
     BUSY = "busy"
+    #: the ledger may have forgotten an earlier ask or attempt of it (a switch): nothing
+    #: claimed or sent; it is unknown, and its provider's evidence decides (else a person)
+    QUARANTINED = "quarantined"
 
 
 @dataclass(frozen=True)
@@ -224,6 +228,10 @@ def dispatch(
             except AuthorizationRevoked:
                 span.status(Status.CANCELLED)
                 return StepResult(Step.CANCELLED)
+            except Quarantined:
+                if reconcile_now is not None:
+                    reconcile_now(op_id)
+                return StepResult(Step.QUARANTINED, ledger.get(op_id))
             except ProviderBusy as busy:
                 pause = _pause(busy)
                 if waited + pause > wait.total_seconds():

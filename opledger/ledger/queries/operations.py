@@ -7,6 +7,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import Text
 
 from .columns import AUTH_COLUMNS, columns_of, grant_active
+from .epochs import FRESH
 
 INSERT_AUTHORIZATION: TextClause = text(
     f"""
@@ -261,7 +262,12 @@ SELECT_REVIEWS = text(
 # so no retry starts while a late sender could still be sending.
 CLAIM = text(
     f"""
-    WITH win AS (
+    WITH {FRESH},
+    -- a first claim the ledger may have forgotten an ask of is not taken: quarantined
+    suspect AS (
+        SELECT true WHERE CAST(:from_status AS text) = 'prepared' AND opledger_suspect(:op_id)
+    ),
+    win AS (
         SELECT coalesce(
             make_interval(
                 secs => (CAST(:window_map AS jsonb) ->> o.provider)::double precision
@@ -298,6 +304,7 @@ CLAIM = text(
           AND (CAST(:expected_fence AS bigint) IS NULL OR r.fence = :expected_fence)
           AND r.waiting_on = 0
           AND {grant_active("auth")}
+          AND (SELECT ok FROM fresh) AND NOT EXISTS (SELECT 1 FROM suspect)
     ),
     gate AS (
         SELECT ready.provider, g.admitted, g.wait_s, g.why
@@ -324,6 +331,7 @@ CLAIM = text(
           AND o.waiting_on = 0  -- ordered effects: every dependency confirmed (0008)
           AND a.ref = o.authorization_ref AND {grant_active("a")}
           AND coalesce((SELECT admitted FROM gate), true)
+          AND (SELECT ok FROM fresh) AND NOT EXISTS (SELECT 1 FROM suspect)
         RETURNING o.*
     ),
     attempt AS (
@@ -343,8 +351,10 @@ CLAIM = text(
     SELECT {columns_of("op")}, attempt.n AS attempt_n, attempt.started_at AS attempt_started_at,
            attempt.deadline_at AS attempt_deadline_at, attempt.send_by AS attempt_send_by,
            now() AS db_now, p.canonical, p.key_id, p.sealed,
-           gate.provider AS gate_provider, gate.admitted, gate.wait_s, gate.why
-    FROM (SELECT 1) AS one
+           gate.provider AS gate_provider, gate.admitted, gate.wait_s, gate.why,
+           fresh.epoch, fresh.timeline, fresh.flushed, fresh.ok,
+           EXISTS (SELECT 1 FROM suspect) AS suspect
+    FROM fresh
     LEFT JOIN gate ON true
     LEFT JOIN (op CROSS JOIN attempt) ON true
     LEFT JOIN operation_payloads AS p ON p.op_id = op.id
@@ -375,7 +385,8 @@ CLAIM_REFUSAL = text(
 # fact too: it bumps record_version (`late`), so a review shown before it is stale.
 RECORD_OUTCOME = text(
     f"""
-    WITH attempt AS (
+    WITH {FRESH},
+    attempt AS (
         UPDATE attempts
         SET finished_at = now(), outcome = :kind, response = CAST(:response AS jsonb)
         -- the claim token is checked twice on purpose, here and on the operation below:
@@ -383,6 +394,9 @@ RECORD_OUTCOME = text(
         -- keeps it off the attempt (test_guards.py, the forged_token probes)
         WHERE op_id = :op_id AND fence = :fence AND claim_token = :token
           AND finished_at IS NULL
+          -- nothing is written on a ledger that went back since the process last saw it:
+          -- the switch is recorded (and the operation quarantined) first
+          AND (SELECT ok FROM fresh)
         RETURNING n
     ),
     op AS (
@@ -434,8 +448,9 @@ RECORD_OUTCOME = text(
                                WHERE pp.provider = :provider)))
     )
     SELECT (SELECT n FROM attempt) AS attempt_n, {columns_of("op")},
-           (SELECT breaker FROM pressure) AS breaker
-    FROM (SELECT 1) AS one LEFT JOIN op ON true
+           (SELECT breaker FROM pressure) AS breaker,
+           fresh.epoch, fresh.timeline, fresh.flushed, fresh.ok
+    FROM fresh LEFT JOIN op ON true
     """
 )
 
