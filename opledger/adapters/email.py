@@ -108,8 +108,9 @@ def email_contract(
 
 
 def marker_for(operation: Operation) -> str:
-    """The deterministic marker carried by the message: our operation id, nothing else."""
-    return operation.id
+    """The deterministic marker carried by the message: the operation's marker (its first
+    key, derived from the intent: the same for the act asked again after a lost record)."""
+    return operation.marker
 
 
 class EmailAdapter:

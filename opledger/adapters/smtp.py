@@ -2,7 +2,8 @@
 
 SMTP has no deduplication: a 250 after DATA is custody (accepted), and a connection lost
 after DATA leaves the send ambiguous. The Message-ID is deterministic (derived from the
-operation id) and the message carries the digest of its frozen payload
+operation's marker, its first key: the same for the act asked again after the ledger lost
+its record) and the message carries the digest of its frozen payload
 (`X-Opledger-Payload-Digest`), but no server dedupes on either.
 
 Where the mailbox provider files a copy of what was submitted in a Sent folder (most
@@ -123,7 +124,7 @@ def smtp_not_now(code: int, reply: bytes | str) -> Ambiguous | None:
 
 
 def message_id_for(operation: Operation) -> str:
-    return f"<{operation.id}@opledger>"
+    return f"<{operation.marker}@opledger>"
 
 
 def outcome_for_smtp_error(exc: Exception, *, message_sent: bool = True) -> Outcome:

@@ -10,7 +10,9 @@ key as `Idempotency-Key`, scoped to the account of the secret key; keys may be p
 24 h old; once execution began, the first response (a 400, a 402 decline or a 500 too) is
 stored and replayed with `Idempotent-Replayed: true`; another body under a used key is an
 `idempotency_error`; a request while another with the key executes is a 409
-`idempotency_key_in_use`. Every object we create carries our operation id in
+`idempotency_key_in_use`. Every object we create carries the operation's marker
+(its first key, derived from the intent: the same for the act asked again after the ledger
+lost its record; the operation id for operations recorded before keys were derived) in
 `metadata[opledger_op]` (and a payment its target in `metadata[opledger_target]`): Stripe
 echoes metadata in every answer, so a success names the operation it answers.
 
@@ -229,8 +231,8 @@ def stripe_contract(
             update={"throttle_applies_nothing": base.limits.throttle_applies_nothing}
         ),
         source=base.source
-        + "; this adapter: our operation id in metadata, echoed in every answer (so a success "
-        "binds our key); lookup = the list read back (read-after-write), Search beyond "
+        + "; this adapter: the operation's marker in metadata, echoed in every answer (so a "
+        "success binds our key); lookup = the list read back (read-after-write), Search beyond "
         f"{LIST_PAGE * LIST_PAGES} objects",
     )
     return Contract.model_validate(values)
@@ -454,7 +456,7 @@ class StripeAdapter:
                 )
             page = response.json()
             data = [o for o in page.get("data", []) if isinstance(o, dict)]
-            found += [o for o in data if _marker(o) == operation.id]
+            found += [o for o in data if _marker(o) == operation.marker]
             pages += 1
             if not page.get("has_more") or not data:
                 complete = True
@@ -465,11 +467,13 @@ class StripeAdapter:
             source = "search"  # too many to read: Stripe's search, which lags
             response = self._client.get(
                 f"{self.base_url}{path}/search",
-                params={"query": f"metadata['{OP_MARKER}']:'{operation.id}'", "limit": "10"},
+                params={"query": f"metadata['{OP_MARKER}']:'{operation.marker}'", "limit": "10"},
                 headers=self._headers(),
             )
             if response.status_code == 200:
-                found = [o for o in response.json().get("data", []) if _marker(o) == operation.id]
+                found = [
+                    o for o in response.json().get("data", []) if _marker(o) == operation.marker
+                ]
         return self._verdict(operation, found, source, pages)
 
     def _verdict(
@@ -516,7 +520,7 @@ class StripeAdapter:
 
     def search_hint(self, operation: Operation) -> str | None:
         """What to search for in the Stripe dashboard (or its Search API)."""
-        return f"metadata['{OP_MARKER}']:'{operation.id}'"
+        return f"metadata['{OP_MARKER}']:'{operation.marker}'"
 
     def contract_probe(self, variant: int) -> tuple[str, str, dict[str, Any]]:
         """What `opledger contract check` sends (test mode only): a charge of Stripe's test
@@ -542,7 +546,7 @@ def request_for(op: Operation, payload: Mapping[str, Any]) -> tuple[str, list[tu
     reserved = sorted(k for k in user_meta if str(k).startswith("opledger_"))
     if reserved:
         raise ValueError(f"metadata keys starting with opledger_ are reserved: {reserved}")
-    metadata = {**user_meta, OP_MARKER: op.id}
+    metadata = {**user_meta, OP_MARKER: op.marker}
     if op.action == REFUND:
         field = "payment_intent" if op.target.startswith("pi_") else "charge"
         params: dict[str, Any] = {field: op.target}
@@ -632,7 +636,7 @@ def _contradiction(
 ) -> str | None:
     """What in Stripe's object says it is not the answer to `op`'s request, or None."""
     marker = _marker(obj)
-    if marker != op.id:
+    if marker != op.marker:
         return f"it names operation {marker!r}" if marker else "it carries no operation marker"
     if payload is not None:
         for name in ("amount", "currency"):

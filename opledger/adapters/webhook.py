@@ -3,7 +3,7 @@
 A generic webhook receiver promises nothing about duplicates unless you know it does: by
 default the contract has no deduplication and no lookup, so an ambiguous delivery goes to
 review rather than being sent twice. Every request carries an Idempotency-Key (the
-operation id), so a receiver that deduplicates can say so
+operation's key), so a receiver that deduplicates can say so
 (`OPLEDGER_REVIEW_WEBHOOK_DEDUPLICATES=true`) and get same-key retries.
 
 With secrets, every request is signed (`Opledger-Signature`, docs/webhooks.md): an HMAC of

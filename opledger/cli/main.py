@@ -18,6 +18,7 @@ from . import (  # noqa: F401
     processes,
     providers,
     review,
+    switches,
 )
 from .app import app
 

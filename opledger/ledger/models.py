@@ -86,6 +86,16 @@ class Operation(Record):
     created_at: AwareDatetime
     updated_at: AwareDatetime
 
+    @property
+    def marker(self) -> str:
+        """What an adapter marks the effect with, to find it again (a Message-ID, a
+        metadata field): the operation's first idempotency key, derived from its intent.
+        The same across an operator's new-key retries, and for the act asked again after
+        the ledger lost its record (a failover, a restore), whose new operation has another
+        id. An operation recorded before keys were derived has its id as its key, and so
+        as its marker."""
+        return self.idempotency_key.split(".k", 1)[0]
+
 
 class ClaimTerms(Record):
     """How long a claim holds its operation and how long its attempt may take.

@@ -198,6 +198,10 @@ class Switches(LedgerBase):
 
     #: operations prepared up to this long after a switch are not first-dispatched blind
     suspect_window: timedelta = DEFAULT_SUSPECT_WINDOW
+    #: every claim of the fleet waits for a synchronous standby (strict mode,
+    #: `OPLEDGER_REQUIRE_SYNC_STANDBY`): a promotion then lost nothing, and quarantines
+    #: nothing (a restore still does)
+    claims_synchronous: bool = False
 
     # -- what the hot statements check --------------------------------------------------
 
@@ -257,6 +261,7 @@ class Switches(LedgerBase):
                     "holds": holds,
                     "hold": hold,
                     "suspect": self.suspect_window,
+                    "lossless": self.claims_synchronous,
                 },
             ).one()
         epoch = store.record(LedgerEpoch, row)

@@ -22,6 +22,12 @@ an index whose size is the backlog, never a count of the whole history.
   `opledger_provider_refusals` (consecutive refused connections, fleet-wide),
   `opledger_provider_in_flight` (its concurrency slots held now) and
   `opledger_operations_waiting_capacity` (prepared operations deferred for its room).
+- The ledger's own durability (`opledger switches`): `opledger_ledger_epoch` (0 until a
+  failover or a restore was noticed), `opledger_ledger_switch_timestamp_seconds` (when the
+  newest switch was recorded, unix time; 0 when none), `opledger_orphan_receipts_unmatched`
+  (providers' answers to claims the ledger forgot, not tied to an operation yet) and
+  `opledger_ledger_sync_standbys` (synchronous standbys the ledger's commits wait for: 0
+  means a failover can lose committed work; -1 when the role may not see them).
 - `opledger_ledger_up`: 1 when the ledger answered this scrape, else 0 (and nothing else).
 """
 
@@ -58,6 +64,22 @@ OPEN_REVIEWS = text(
 )
 ESTIMATED_ROWS = text(
     "SELECT GREATEST(reltuples, 0)::bigint FROM pg_class WHERE oid = 'operations'::regclass"
+)
+DURABILITY = text(
+    """
+    SELECT (SELECT epoch FROM ledger_epochs ORDER BY epoch DESC LIMIT 1),
+           (SELECT coalesce(EXTRACT(EPOCH FROM max(began_at)), 0) FROM ledger_epochs
+            WHERE kind <> 'initial'),
+           (SELECT count(*) FROM orphan_receipts WHERE matched_op_id IS NULL AND forgotten),
+           CASE WHEN current_setting('synchronous_standby_names') = ''
+                     OR current_setting('synchronous_commit') NOT IN
+                        ('on', 'remote_write', 'remote_apply') THEN 0
+                WHEN EXISTS (SELECT 1 FROM pg_stat_replication WHERE sync_state IS NULL)
+                     AND NOT EXISTS (SELECT 1 FROM pg_stat_replication
+                                     WHERE sync_state IN ('sync', 'quorum')) THEN -1
+                ELSE (SELECT count(*) FROM pg_stat_replication
+                      WHERE sync_state IN ('sync', 'quorum')) END
+    """
 )
 BEAT_LOCK_HELD = text(
     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
@@ -104,6 +126,7 @@ class LedgerCollector(Collector):
                 estimated = conn.execute(ESTIMATED_ROWS).scalar()
                 beat = conn.execute(BEAT_LOCK_HELD, lock_words(self.beat_lock_key)).scalar()
                 providers = [provider_state(r) for r in conn.execute(PROVIDERS).all()]
+                durability = conn.execute(DURABILITY).one()
         except Exception as exc:  # an unreachable ledger is a metric, not a failed scrape
             log.warning("cannot read the ledger's gauges: %s", exc)
             up.add_metric([], 0)
@@ -168,6 +191,7 @@ class LedgerCollector(Collector):
         )
         lock.add_metric([], 1 if beat else 0)
         yield lock
+        yield from durability_gauges(*durability)
         yield from provider_gauges(providers)
 
 
@@ -218,4 +242,37 @@ def provider_gauges(providers: list[ProviderState]) -> Iterator[GaugeMetricFamil
             gauge.add_metric([p.provider], float(value(p)))
         if not providers:
             gauge.add_metric([""], 0)
+        yield gauge
+
+
+def durability_gauges(
+    epoch: int, switched_at: float, orphans: int, sync_standbys: int
+) -> Iterator[GaugeMetricFamily]:
+    """The ledger's epoch, its newest switch, its unmatched orphan receipts and the
+    synchronous standbys its commits wait for."""
+    for name, doc, value in (
+        (
+            "opledger_ledger_epoch",
+            "The ledger's epoch: 0 until a failover or a restore was noticed, +1 each.",
+            epoch,
+        ),
+        (
+            "opledger_ledger_switch_timestamp_seconds",
+            "When the newest failover or restore was recorded (unix time); 0 when none.",
+            switched_at,
+        ),
+        (
+            "opledger_orphan_receipts_unmatched",
+            "Providers' answers to claims the ledger forgot, not tied to an operation yet.",
+            orphans,
+        ),
+        (
+            "opledger_ledger_sync_standbys",
+            "Synchronous standbys the ledger's commits wait for (0: a failover can lose "
+            "committed claims and outcomes; -1: the role may not see them).",
+            sync_standbys,
+        ),
+    ):
+        gauge = GaugeMetricFamily(name, doc)
+        gauge.add_metric([], float(value or 0))
         yield gauge

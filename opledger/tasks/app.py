@@ -173,6 +173,7 @@ def runtime() -> Runtime:
             payload_keys=settings.payload_keys or "",
         )
         ledger.suspect_window = timedelta(seconds=settings.switch_suspect_seconds)
+        ledger.claims_synchronous = settings.require_sync_standby
         _runtime = Runtime(settings=settings, ledger=ledger, registry=registry, owner=_owner())
         lease = timedelta(seconds=settings.lease_seconds)
         for action in registry.actions:

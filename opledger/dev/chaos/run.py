@@ -24,6 +24,7 @@ import psycopg
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
+from opledger.adapters.smtp import message_id_for
 from opledger.dev import devstack
 from opledger.dev.processes import (
     PrivateBroker,
@@ -33,7 +34,7 @@ from opledger.dev.processes import (
     use_broker,
 )
 from opledger.dev.sandbox import Sandbox
-from opledger.ledger import DatabaseUnavailable, Ledger
+from opledger.ledger import DatabaseUnavailable, Ledger, Operation
 from opledger.settings import Settings
 
 from .audit import Audit, audit
@@ -182,12 +183,13 @@ def _intent(rng: random.Random, i: int) -> dict[str, Any]:
     }
 
 
-def _inject_fault(sandbox: Sandbox, rng: random.Random, op_id: str, action: str) -> None:
-    if action.startswith("email.smtp"):
-        sandbox.fault("smtp", "drop_after_data", key=f"<{op_id}@opledger>")
+def _inject_fault(sandbox: Sandbox, rng: random.Random, op: Operation) -> None:
+    """A fault waiting for `op`'s request: matched by its key (its Message-ID over SMTP)."""
+    if op.action.startswith("email.smtp"):
+        sandbox.fault("smtp", "drop_after_data", key=message_id_for(op))
         return
-    provider = "email" if action.startswith("email.") else "crm"
-    sandbox.fault(provider, rng.choice(HTTP_FAULTS), key=op_id, delay_s=1.5)
+    provider = "email" if op.action.startswith("email.") else "crm"
+    sandbox.fault(provider, rng.choice(HTTP_FAULTS), key=op.idempotency_key, delay_s=1.5)
 
 
 def run_chaos(
@@ -345,7 +347,7 @@ class _Publisher:
         )
         self.op_ids.append(op.id)
         if faulty:
-            _inject_fault(rig.sandbox, self.rng, op.id, intent["action"])
+            _inject_fault(rig.sandbox, self.rng, op)
         with contextlib.suppress(Exception):  # a broker restarting: the relay finds it
             dispatch.delay(op.id)
 

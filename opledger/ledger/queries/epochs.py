@@ -29,7 +29,7 @@ RECORD_SWITCH = text(
            kind <> 'initial' AND began_at = now() AS made
     FROM opledger_switch(
         :by, CAST(:seen_epoch AS bigint), CAST(:seen_timeline AS integer),
-        CAST(:seen_lsn AS pg_lsn), CAST(:holds AS jsonb), :hold, :suspect)
+        CAST(:seen_lsn AS pg_lsn), CAST(:holds AS jsonb), :hold, :suspect, :lossless)
     """
 )
 

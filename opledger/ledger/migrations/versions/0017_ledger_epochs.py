@@ -262,10 +262,12 @@ $$;
 -- than its last epoch says, or is behind what the calling process saw of it (an older
 -- epoch, or its WAL position back on the same timeline: a restore). If so, a new epoch is
 -- recorded, with its fence floor and its suspicion window, and every open operation is
--- quarantined (`opledger_quarantine`); either way the newest epoch is returned.
+-- quarantined (`opledger_quarantine`); either way the newest epoch is returned. A promotion
+-- the caller knows lost nothing (`p_lossless`: every claim waited for the synchronous
+-- standby that was promoted) is recorded, and nothing is quarantined.
 CREATE FUNCTION opledger_switch(
     p_by text, p_seen_epoch bigint, p_seen_timeline integer, p_seen_lsn pg_lsn,
-    p_holds jsonb, p_hold interval, p_suspect interval
+    p_holds jsonb, p_hold interval, p_suspect interval, p_lossless boolean
 )
     RETURNS SETOF ledger_epochs
     LANGUAGE plpgsql
@@ -314,9 +316,17 @@ BEGIN
         now() + p_suspect
     )
     RETURNING * INTO made;
-    UPDATE ledger_epochs
-    SET quarantined = opledger_quarantine(NULL, made.epoch, p_by, p_holds, p_hold)
-    WHERE epoch = made.epoch;
+    IF p_lossless AND what = 'timeline' THEN
+        UPDATE ledger_epochs
+        SET suspect_until = NULL,
+            reason = reason || '; nothing quarantined: every claim waited for a synchronous '
+                               'standby (OPLEDGER_REQUIRE_SYNC_STANDBY)'
+        WHERE epoch = made.epoch;
+    ELSE
+        UPDATE ledger_epochs
+        SET quarantined = opledger_quarantine(NULL, made.epoch, p_by, p_holds, p_hold)
+        WHERE epoch = made.epoch;
+    END IF;
     RETURN QUERY SELECT * FROM ledger_epochs WHERE epoch = made.epoch;
 END;
 $$;
@@ -427,7 +437,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute(PREVIOUS_GUARD)
     op.execute(
-        "DROP FUNCTION opledger_switch(text, bigint, integer, pg_lsn, jsonb, interval, interval)"
+        "DROP FUNCTION opledger_switch(text, bigint, integer, pg_lsn, jsonb, interval, interval, "
+        "boolean)"
     )
     op.execute("DROP FUNCTION opledger_quarantine(text, bigint, text, jsonb, interval)")
     op.execute("DROP FUNCTION opledger_epoch_check(bigint, integer, pg_lsn, boolean)")
