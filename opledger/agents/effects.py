@@ -33,7 +33,6 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy.engine import make_url
 
 from opledger.ledger import (
     Answer,
@@ -45,6 +44,7 @@ from opledger.ledger import (
     Operation,
     Review,
     Status,
+    dsn,
 )
 from opledger.ledger.intents import intent_key as derived_intent_key
 from opledger.ledger.intents import payload_differences
@@ -215,8 +215,7 @@ class Effects:
         self.ledger = ledger
         self._publish = publish if publish is not None else _default_publish
         self.poll = poll
-        url = make_url(ledger.engine.url).set(drivername="postgresql")
-        self._dsn = url.render_as_string(hide_password=False)
+        self._dsn = dsn.conninfo(ledger.engine.url)  # every host the engine's URL names
 
     # -- recording ---------------------------------------------------------------------
 

@@ -41,6 +41,10 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _safe_url(url: str) -> str:
+    from opledger.ledger import dsn
+
+    if dsn.is_postgres(url):  # several hosts too, which SQLAlchemy's URL cannot hold
+        return dsn.redacted(url)
     try:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # not even a URL: say so without repeating it (it may hold a secret)
@@ -98,13 +102,19 @@ def describe(exc: BaseException) -> tuple[int, str] | None:
     anything else (a bug, raised as it is)."""
     from sqlalchemy.exc import ArgumentError, DBAPIError
 
-    from opledger.ledger import DatabaseUnavailable, LedgerError, SchemaMissing
+    from opledger.ledger import DatabaseUnavailable, InvalidInput, LedgerError, SchemaMissing, dsn
     from opledger.settings import NotConfigured
 
     if isinstance(exc, SchemaMissing):
         return OPERATIONAL, f"{_one_line(exc)} against {_database()}"
     if isinstance(exc, DatabaseUnavailable):
         return OPERATIONAL, f"{_one_line(exc)}: check {_database()} and that Postgres is running"
+    if isinstance(exc, InvalidInput) and exc.fields.get("field") == dsn.FIELD:
+        # a setting, not a refusal; its reason never repeats the URL (nor its password)
+        return (
+            OPERATIONAL,
+            f"OPLEDGER_DATABASE_URL is not a usable database URL: {exc.fields['reason']}",
+        )
     if isinstance(exc, LedgerError):
         return REFUSED, f"refused: {_one_line(exc)}"
     if isinstance(exc, NotConfigured):

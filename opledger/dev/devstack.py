@@ -96,15 +96,15 @@ def ledger_database_url(database: str = "opledger") -> str:
     if configured:
         return configured
     import psycopg
-    from sqlalchemy.engine import make_url
 
-    server = make_url(postgres_url())
-    libpq = server.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(libpq, autocommit=True) as conn:
+    from opledger.ledger import dsn
+
+    server = dsn.parse(postgres_url())
+    with psycopg.connect(server.conninfo(), autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone()
         if not exists:
             conn.execute(f'CREATE DATABASE "{database}"')
-    return server.set(database=database).render_as_string(hide_password=False)
+    return server.with_database(database).url()
 
 
 class EmbeddedPostgres:
@@ -154,16 +154,16 @@ def scratch_database(
     import uuid
 
     import psycopg
-    from sqlalchemy.engine import make_url
 
+    from opledger.ledger import dsn
     from opledger.ledger.migrate import upgrade
 
-    server = make_url(server_url)
-    libpq = server.set(drivername="postgresql").render_as_string(hide_password=False)
+    server = dsn.parse(server_url)  # several hosts too: libpq picks the one to create on
+    libpq = server.conninfo()
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(libpq, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    url = server.set(database=name).render_as_string(hide_password=False)
+    url = server.with_database(name).url()
     if migrate:
         upgrade(url)
 

@@ -18,8 +18,9 @@ import weakref
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL
 
+from . import dsn
 from .errors import InvalidInput
 
 #: the schema a ledger lives in when nothing says otherwise
@@ -98,17 +99,16 @@ def schema_of(engine: Engine) -> str | None:
     return _USED.get(id(engine))
 
 
-def sqlalchemy_url(url: str) -> str:
-    """Normalize a Postgres URL to the psycopg 3 driver SQLAlchemy should use."""
-    parsed = make_url(url)
-    if parsed.drivername in ("postgresql", "postgres", "postgresql+psycopg2"):
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    return parsed.render_as_string(hide_password=False)
+def sqlalchemy_url(url: str | URL) -> str:
+    """A Postgres URL in any spelling `dsn.parse` reads (several hosts included) as the
+    SQLAlchemy URL of the psycopg 3 driver."""
+    return dsn.parse(url).sqlalchemy_url()
 
 
-def ledger_engine(url: str, *, schema: str, **options: Any) -> Engine:
-    """A SQLAlchemy engine on the ledger's database whose connections use `schema`."""
-    engine = create_engine(sqlalchemy_url(url), **options)
+def ledger_engine(url: str | URL, *, schema: str, **options: Any) -> Engine:
+    """A SQLAlchemy engine on the ledger's database whose connections use `schema`.
+    `url` is any spelling `dsn.parse` reads."""
+    engine = create_engine(dsn.parse(url).sqlalchemy(), **options)
     use_schema(engine, schema)
     return engine
 

@@ -46,8 +46,8 @@ import psycopg
 from celery.beat import PersistentScheduler
 from celery.schedules import schedule
 from kombu.exceptions import OperationalError
-from sqlalchemy.engine import make_url
 
+from opledger.ledger import dsn
 from opledger.ledger.pgschema import beat_lock_key
 
 log = logging.getLogger("opledger.beat")
@@ -104,9 +104,7 @@ class BeatLockTaken(RuntimeError):
 class BeatLock:
     def __init__(self, url: str, *, schema: str, check_every: float = 2.0) -> None:
         self._key = beat_lock_key(schema)  # one beat per ledger, whatever else the database holds
-        self._libpq = (
-            make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-        )
+        self._libpq = dsn.conninfo(url)  # every host of the URL, in libpq's own terms
         self._check_every = check_every
         self._stop = threading.Event()
         self._conn = self._take()
