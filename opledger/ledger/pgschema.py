@@ -18,7 +18,7 @@ import weakref
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, ExceptionContext
 
 from . import dsn
 from .errors import InvalidInput
@@ -105,10 +105,33 @@ def sqlalchemy_url(url: str | URL) -> str:
     return dsn.parse(url).sqlalchemy_url()
 
 
+#: what a server says when a connection to it is of no more use: it is read-only (a
+#: standby, or a primary demoted to one: 25006), or shutting down, crashed or not yet
+#: accepting connections (57P01, 57P02, 57P03); such a connection is closed, never reused
+RECYCLE_STATES = frozenset({"25006", "57P01", "57P02", "57P03"})
+
+
+def must_recycle(error: BaseException | None) -> bool:
+    """Whether `error` (a psycopg error) says its connection is to be closed and another
+    opened: `RECYCLE_STATES`. A new one lands where libpq's host list and
+    `target_session_attrs` lead it (the promoted primary, with `read-write`)."""
+    return getattr(error, "sqlstate", None) in RECYCLE_STATES
+
+
+def recycle_read_only(context: ExceptionContext) -> None:
+    """`handle_error`: an error of `RECYCLE_STATES` counts as a disconnect, so the pool
+    invalidates the connection (and the pool's other connections, opened before it) and
+    the next checkout opens a fresh one rather than reusing one on a read-only server."""
+    if must_recycle(context.original_exception):
+        context.is_disconnect = True
+
+
 def ledger_engine(url: str | URL, *, schema: str, **options: Any) -> Engine:
     """A SQLAlchemy engine on the ledger's database whose connections use `schema`.
-    `url` is any spelling `dsn.parse` reads."""
+    `url` is any spelling `dsn.parse` reads; a connection that finds its server
+    read-only or shutting down is recycled (`recycle_read_only`)."""
     engine = create_engine(dsn.parse(url).sqlalchemy(), **options)
+    event.listen(engine, "handle_error", recycle_read_only)
     use_schema(engine, schema)
     return engine
 

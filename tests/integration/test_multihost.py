@@ -1,9 +1,12 @@
 """A primary and its standby in one URL, against the real Postgres: every spelling of a
 multi-host URL takes every process past a dead first host (127.0.0.1:1) to the live one
 (the library, `opledger migrate` and `opledger check`, the beat's lock, the agents'
-LISTEN connection).
+LISTEN connection), and a connection whose server turns out read-only is recycled, never
+used again.
 
-There is one server here, so "a restart" is `pg_terminate_backend` (57P01).
+There is one server here, so "the standby" is a connection made read-only in a `connect`
+event, which answers a write as a standby does (SQLSTATE 25006), and "a restart" is
+`pg_terminate_backend` (57P01).
 """
 
 from __future__ import annotations
@@ -12,15 +15,17 @@ import functools
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.exc import DBAPIError
 
 from opledger.agents import Effects
 from opledger.agents.listener import CHANNEL, listener_for
-from opledger.ledger import Ledger, dsn
-from opledger.ledger.pgschema import beat_lock_key, lock_words
+from opledger.ledger import DatabaseUnavailable, Ledger, Status, dsn
+from opledger.ledger.pgschema import beat_lock_key, ledger_engine, lock_words
 from opledger.tasks.beat import BeatLock, BeatLockTaken
 from tests.conftest import SCHEMA, PostgresServer, libpq
 from tests.integration.test_cli import cli, side_by_side
@@ -244,3 +249,94 @@ def hear_settles(ledger: Ledger, database_url: str, conninfo: str, url: str, nam
             terminate(database_url, pid)
             wait_for(functools.partial(listening_anew, database_url, application, pid))
             wait_for(lambda: listener.listening)
+
+
+# -- a connection on a read-only server ---------------------------------------------------
+
+
+class Standby:
+    """While `on`, every connection `engine` opens answers like a standby (each of its
+    transactions read-only: a write is refused with 25006), as the server a connection
+    reached before a promotion would; `opened` lists the backends, `read_only` those."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.on = True
+        self.opened: list[int] = []
+        self.read_only: list[int] = []
+        event.listen(engine, "connect", self._connect)
+
+    def _connect(self, dbapi_connection: Any, _record: Any) -> None:
+        pid = dbapi_connection.info.backend_pid
+        self.opened.append(pid)
+        if self.on:
+            self.read_only.append(pid)
+            autocommit = dbapi_connection.autocommit
+            dbapi_connection.autocommit = True
+            dbapi_connection.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+            dbapi_connection.autocommit = autocommit
+
+
+def backends_alive(database_url: str, pids: list[int]) -> int:
+    with psycopg.connect(libpq(database_url), autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [pids])
+        found = row.fetchone()
+    return int(found[0]) if found else 0
+
+
+@pytest.mark.parametrize("multihost", [False, True], ids=["one host", "dead host first"])
+def test_a_pooled_connection_that_meets_a_read_only_server_is_invalidated(
+    database_url: str, multihost: bool
+) -> None:
+    url = spellings(database_url)["netloc"] if multihost else database_url
+    engine = ledger_engine(url, schema=SCHEMA, pool_size=1, max_overflow=0)
+    standby = Standby(engine)
+    try:
+        with pytest.raises(DBAPIError) as caught, engine.begin() as conn:
+            conn.execute(text("CREATE TEMP TABLE standby_probe (x int)"))
+        assert getattr(caught.value.orig, "sqlstate", None) == "25006"
+        assert caught.value.connection_invalidated  # counted as a disconnect
+        # the read-only connection is closed, not back in the pool
+        wait_for(lambda: backends_alive(database_url, standby.read_only) == 0, 10)
+        standby.on = False  # the host list now leads to the primary
+        with engine.begin() as conn:  # the next checkout is a fresh connection
+            conn.execute(text("CREATE TEMP TABLE standby_probe (x int)"))
+            pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+            read_only = conn.exec_driver_sql("SHOW transaction_read_only").scalar_one()
+        assert pid not in standby.read_only and pid == standby.opened[-1]
+        assert read_only == "off"
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("call", ["grant", "claim"])
+def test_a_ledger_on_a_read_only_server_is_unavailable_then_writes_on_a_fresh_connection(
+    ledger: Ledger, grant: str, database_url: str, call: str
+) -> None:
+    """Through the ledger's own calls (a grant on the engine's pool, a claim on the
+    connections the store keeps for it): the write that meets the read-only server is
+    `DatabaseUnavailable` (retryable, as a worker's task retries it), and once the host
+    list leads elsewhere the same ledger writes, never failing on that connection again."""
+    op = prepare(ledger, "read-only-claim")
+    engine = ledger_engine(database_url, schema=SCHEMA, pool_size=1, max_overflow=0)
+    standby = Standby(engine)
+    other = Ledger(engine, schema=SCHEMA)
+
+    def write() -> object:
+        if call == "grant":
+            return other.grant(tenant="acme", scope=["crm.*"], granted_by="t", ref="auth_ro")
+        return other.claim(op, owner="w-read-only")
+
+    try:
+        with pytest.raises(DatabaseUnavailable) as caught:
+            write()
+        assert "read-only transaction" in str(caught.value)
+        wait_for(lambda: backends_alive(database_url, standby.read_only) == 0, 10)
+        standby.on = False
+        assert write() is not None
+        # ground truth, read through the session's own ledger
+        if call == "grant":
+            assert ledger.authorization("auth_ro").ref == "auth_ro"
+        else:
+            assert ledger.get(op).status == Status.DISPATCHING
+    finally:
+        engine.dispose()
