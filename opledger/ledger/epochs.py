@@ -41,9 +41,11 @@ class Witness:
     def params(self) -> dict[str, Any]:
         """What a statement checks the database against (`queries.epochs.FRESH`)."""
         with self._lock:
+            # the same types every time (never None): psycopg prepares a statement per
+            # set of parameter types, and a hot statement is prepared once per connection
             return {
                 "seen_epoch": self.epoch,
-                "seen_timeline": self.timeline,
+                "seen_timeline": -1 if self.timeline is None else self.timeline,
                 "seen_lsn": lsn_text(self.flushed),
                 "wal": bool(self.wal),
             }
@@ -60,6 +62,17 @@ class Witness:
                 self.flushed = lsn_number(flushed) if flushed else 0
             elif flushed:
                 self.flushed = max(self.flushed, lsn_number(flushed))
+
+    def probed(
+        self, readable: bool, timeline: int | None = None, flushed: str | None = None
+    ) -> None:
+        """Whether the server lets its timeline and WAL position be read, and what they
+        were when asked (no epoch yet: the first statement reads it)."""
+        with self._lock:
+            self.wal = readable
+            if readable and self.epoch < 0:
+                self.timeline = timeline
+                self.flushed = lsn_number(flushed) if flushed else 0
 
     def adopt(self, epoch: int, timeline: int | None, flushed: str | None) -> None:
         """After a switch was recorded (or found recorded): the ledger as it is now."""

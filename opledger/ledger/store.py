@@ -310,8 +310,10 @@ class Store:
     def key_namespace(self) -> str:
         """The ledger's key namespace (`ledger_identity`), read once: it never changes."""
         if self._key_namespace is None:
-            with self.statement() as conn:
-                found = conn.execute(q.SELECT_KEY_NAMESPACE).scalar_one_or_none()
+            # on a kept connection, as the statements that follow it (a prepare's insert):
+            # a ledger used only for them never opens one of its pool
+            row = self.hot(q.SELECT_KEY_NAMESPACE, {})
+            found = None if row is None else row[0]
             if found is None:
                 raise SchemaMissing(
                     "the ledger has no key namespace (ledger_identity is empty): "

@@ -215,8 +215,9 @@ class Switches(LedgerBase):
     def _probe_wal(self) -> None:
         witness = self._store.witness
         try:
-            with self._single() as conn:
-                row = conn.execute(q.PROBE_WAL).one()
+            # on a kept connection, as the claims and outcomes that ask for it
+            row = self._store.hot(q.PROBE_WAL, {})
+            assert row is not None
         except DatabaseUnavailable:
             raise
         except Exception as exc:  # a server that refuses to say (a managed service)
@@ -225,10 +226,9 @@ class Switches(LedgerBase):
                 "(%s): a failover or a restore cannot be noticed",
                 str(exc).splitlines()[0][:200],
             )
-            witness.wal = False
+            witness.probed(False)
             return
-        witness.wal = True
-        witness.saw(None, row.timeline, row.flushed)
+        witness.probed(True, row[0], row[1])
 
     def _saw(self, epoch: int | None, timeline: int | None, flushed: str | None) -> None:
         self._store.witness.saw(epoch, timeline, flushed)

@@ -44,6 +44,7 @@ def _values(ref: str, action: str, tenant: str = "acme") -> dict[str, Any]:
         "traceparent": None,
         "asked_by": None,
         "record_ask": True,
+        "idempotency_key": "opk_" + uuid.uuid4().hex[:26].upper(),
     }
 
 

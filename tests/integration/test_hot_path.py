@@ -49,7 +49,7 @@ def _hot_backends(database_url: str, expect: int | None = None) -> list[int]:
         with psycopg.connect(libpq(database_url), autocommit=True) as conn:
             rows = conn.execute(
                 "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-                " AND application_name = %s AND query LIKE '%%WITH attempt AS%%'",
+                " AND application_name = %s AND query LIKE '%%SET finished_at = now(), outcome%%'",
                 (APP,),
             ).fetchall()
         if expect is None or len(rows) == expect or time.monotonic() > deadline:

@@ -228,6 +228,10 @@ PIP_QUICKSTART_TEST = (
     "tests/system/test_pip_quickstart.py::test_the_pip_quick_start_runs_as_written"
 )
 
+SWITCHES_TEST = (
+    "tests/integration/test_switches.py::"
+    "test_the_switches_command_lists_epochs_orphans_and_ends_a_window"
+)
 DEMO_TEST = "tests/system/test_demo.py::test_the_demo_runs_from_a_clean_clone_with_zero_duplicates"
 CHAOS_TEST = "tests/system/test_chaos.py::test_ci_sized_chaos_run_keeps_every_invariant"
 BENCH_TEST = "tests/system/test_bench_smoke.py::test_a_tiny_bench_run"
@@ -381,7 +385,7 @@ assert "case-319" in rows, rows
             "--restart-postgres --chaos-seconds 300 --settle-timeout 900 --json": (CHAOS_TEST,),
         },
     ),
-    "436b4c2e02": Shell(
+    "cd24e6e24a": Shell(
         "opledger migrate                      # apply the ledger's migrations",
         long_running=("opledger sandbox --port 8025",),
         covered={
@@ -393,6 +397,8 @@ assert "case-319" in rows, rows
             "opledger demo [--keep]": (DEMO_TEST,),
             "opledger chaos --ops 200 --seed 7": (CHAOS_TEST,),
             "opledger bench [--quick] [--json]": (BENCH_TEST,),
+            # switch 1 exists only after a failover: the command's own test makes one
+            "opledger switches end 1 --operator alice": (SWITCHES_TEST,),
         },
         substitute=(
             ("op_01J...", "{op}"),
@@ -472,7 +478,7 @@ assert current_app._get_current_object() is theirs
 """,
     ),
     "ebfb315962": Covered("pip install 'opledger[console,metrics,sandbox]'", PIP_QUICKSTART_TEST),
-    "67788a092f": NotCode(
+    "ad6704fa35": NotCode(
         "opledger/ledger/     the core, one module per part",
         "the directory layout",
     ),

@@ -172,9 +172,13 @@ def test_check_reports_every_part_and_passes_on_a_good_setup(
         "ok   postgres",
         "ok   schema",
         "ok   actions",
+        "warn replication",  # the test server streams to no standby: a failover is a restore
+        "ok   ledger epoch",
         "ok   beat lock",
         "ok   broker",
     ]
+    assert "warn replication: no standby streams from this server" in ok.stdout, ok.stdout
+    assert "ok   ledger epoch: no switch recorded (epoch 0)" in ok.stdout, ok.stdout
     bad = run(tmp_path, "check", OPLEDGER_DATABASE_URL=database_url)
     assert bad.returncode == 4 and "FAIL broker: OPLEDGER_BROKER_URL is not set" in bad.stdout
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -299,3 +300,31 @@ def test_the_replication_the_ledger_runs_on_is_read(new_ledger: NewLedger) -> No
     # the test server streams to no standby: a failover is a restore there
     assert replication.kind == "none" and not replication.durable_on_failover
     assert "no standby" in replication.summary()
+
+
+def test_the_switches_command_lists_epochs_orphans_and_ends_a_window(
+    new_ledger: NewLedger, invoke: Callable[..., Any]
+) -> None:
+    worker = new_ledger()
+    op = prepare_op(worker, "cli")
+    claim = worker.claim(op.id, owner="w1")
+    assert claim is not None
+    with worker.engine.begin() as conn:
+        conn.execute(text("DELETE FROM operations WHERE id = :id"), {"id": op.id})
+    look_switched(worker)
+    with pytest.raises(ClaimForgotten):
+        worker.record_outcome(claim, receipt(claim.idempotency_key, op.target))
+    listed = invoke("switches", "--json")
+    assert listed.code == 0, listed.err
+    document = listed.json()
+    assert [e["epoch"] for e in document["epochs"]] == [1, 0]
+    assert document["replication"]["kind"] == "none"
+    table = invoke("switches")
+    assert "timeline" in table.out and "no standby" in table.out
+    orphans = invoke("switches", "orphans", "--unmatched", "--json").json()
+    assert [o["op_id"] for o in orphans] == [op.id]
+    ended = invoke("switches", "end", "1", "--operator", "alice")
+    assert ended.code == 0 and "ended by alice" in ended.out
+    assert worker.epochs()[0].ended_by is not None
+    refused = invoke("switches", "end", "7", "--operator", "alice")
+    assert refused.code == 3 and "no switch #7" in refused.err
