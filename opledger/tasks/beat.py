@@ -113,6 +113,11 @@ class BeatLock:
 
     def _take(self) -> psycopg.Connection:
         conn = psycopg.connect(self._libpq, autocommit=True, connect_timeout=5)
+        if _standby(conn):
+            # advisory locks work on a standby too: a lock taken there would not exclude a
+            # beat on the primary (a URL without target_session_attrs=read-write)
+            conn.close()
+            raise psycopg.OperationalError("the beat's lock connection reached a standby")
         row = conn.execute("SELECT pg_try_advisory_lock(%s)", [self._key]).fetchone()
         if not row or not row[0]:
             conn.close()
@@ -122,8 +127,10 @@ class BeatLock:
     def _guard(self) -> None:
         while not self._stop.wait(self._check_every):
             try:
-                self._conn.execute("SELECT 1")
-                continue
+                if not _standby(self._conn):
+                    continue
+                log.warning("the beat's lock is held on a standby now: taking it again")
+                self._conn.close()
             except psycopg.Error:
                 log.warning("the beat's lock connection is gone: taking the lock again")
             try:
@@ -137,6 +144,13 @@ class BeatLock:
     def release(self) -> None:
         self._stop.set()
         self._conn.close()
+
+
+def _standby(conn: psycopg.Connection) -> bool:
+    """Whether `conn`'s server is a standby (in recovery): a promotion made it a primary no
+    longer, or a multi-host URL without target_session_attrs=read-write landed there."""
+    row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+    return bool(row and row[0])
 
 
 # -- the schedule ---------------------------------------------------------------------
