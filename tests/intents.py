@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any, TypedDict, Unpack
 
 from opledger.ledger import Ledger, Operation
+from opledger.ledger.ids import intent_idempotency_key
 
 TENANT = "acme"
 #: the `grant` fixture's ref (and the ref the tests' own ledgers grant under)
@@ -101,6 +102,23 @@ def prepare_isolated(ledger: Ledger, key: str, *, expires_at: datetime | None = 
         expires_at=expires_at,
     )
     return prepare(ledger, key, workflow_id=f"isolated-{unique}", authorization_ref=grant.ref)
+
+
+def key_of(ledger: Ledger, op_id: str) -> str:
+    """The idempotency key a provider sees for operation `op_id` (derived from its intent,
+    never its id): where the sandbox counts its requests and effects (`crm:<key>`)."""
+    return ledger.get(op_id).idempotency_key
+
+
+def derived_key(ledger: Ledger, asked: Intent) -> str:
+    """The key `ledger` derives for the intent `asked`, computed independently of `prepare`."""
+    return intent_idempotency_key(
+        ledger._store.key_namespace(),
+        tenant=asked["tenant"],
+        workflow_id=asked["workflow_id"],
+        action=asked["action"],
+        intent_key=asked["intent_key"],
+    )
 
 
 def smtp_mail(subject: str = "s", text: str = "t") -> Change:

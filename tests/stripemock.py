@@ -140,21 +140,22 @@ class StripeMock:
                     return objects
                 after = body["data"][-1]["id"]
 
-    def charges(self, op_id: str | None = None, status: str = "succeeded") -> list[dict[str, Any]]:
-        """Charges in `status` (all, with status ""), those marked with `op_id` if given."""
+    def charges(self, marker: str | None = None, status: str = "succeeded") -> list[dict[str, Any]]:
+        """Charges in `status` (all, with status ""), those marked with `marker` if given
+        (an operation's `marker`, its first key: what the adapter writes, not its id)."""
         return [
             c
             for c in self.listed("/v1/charges")
             if (not status or c.get("status") == status)
-            and (op_id is None or c.get("metadata", {}).get("opledger_op") == op_id)
+            and (marker is None or c.get("metadata", {}).get("opledger_op") == marker)
         ]
 
-    def refunds(self, charge: str | None = None, op_id: str | None = None) -> list[dict[str, Any]]:
+    def refunds(self, charge: str | None = None, marker: str | None = None) -> list[dict[str, Any]]:
         params = {"charge": charge} if charge else {}
         return [
             r
             for r in self.listed("/v1/refunds", **params)
-            if op_id is None or r.get("metadata", {}).get("opledger_op") == op_id
+            if marker is None or r.get("metadata", {}).get("opledger_op") == marker
         ]
 
     def post(self, path: str, data: dict[str, str], key: str | None = None) -> httpx.Response:

@@ -22,7 +22,7 @@ from opledger.ledger import (
     StaleFence,
     Status,
 )
-from tests.intents import Intent
+from tests.intents import Intent, derived_key
 
 CLOSE = Intent(
     tenant="acme",
@@ -47,7 +47,7 @@ def test_claim_fences_leases_records_the_attempt_and_returns_the_frozen_payload(
     assert claim is not None
     assert claim.fence == 1 and claim.attempt_n == 1
     assert claim.payload == {"status": "closed"}
-    assert claim.idempotency_key == op.id
+    assert claim.idempotency_key == op.idempotency_key == derived_key(ledger, CLOSE)
     assert claim.deadline_at > claim.started_at
     now = ledger.get(op.id)
     assert now.status is Status.DISPATCHING
@@ -107,7 +107,7 @@ def test_a_confirmation_binds_the_receipt(ledger: Ledger, grant: str) -> None:
     assert after.status is Status.CONFIRMED
     assert after.provider_result_id == "rcpt-1"
     (ev,) = ledger.history(op.id).evidence
-    assert ev.binding.idempotency_key == op.id and ev.binding.resulting_version == "7"
+    assert ev.binding.idempotency_key == op.idempotency_key and ev.binding.resulting_version == "7"
 
 
 def test_a_receipt_for_another_key_or_target_confirms_nothing(ledger: Ledger, grant: str) -> None:

@@ -284,6 +284,8 @@ def test_a_retry_resolved_while_the_broker_is_down_is_saved_and_said(
 ) -> None:
     op_id = in_review(ledger, "retry", {"note": "again"})
     other = in_review(ledger, "untouched", {"note": "stay"})
+    key = ledger.get(op_id).idempotency_key
+    assert key.startswith("opk_")
     ledger.reviews.show(op_id, tenant="acme", operator="bob")
     before = ledger.get(other)
 
@@ -305,12 +307,12 @@ def test_a_retry_resolved_while_the_broker_is_down_is_saved_and_said(
     assert len(resolved.err_lines) == 1 and "broker" in resolved.err, resolved.err
     op = ledger.get(op_id)
     assert op.status is Status.UNKNOWN and op.operator_retry_by == "bob"
-    assert op.idempotency_key == f"{op_id}.k2" and op.next_check_at is not None  # due now
+    assert op.idempotency_key == f"{key}.k2" and op.next_check_at is not None  # due now
     (action,) = invoke("review", "audit", op_id, "--tenant", "acme", "--json").json()
     assert (action["operator"], action["resolution"], action["new_key"]) == (
         "bob",
         "retry",
-        f"{op_id}.k2",
+        f"{key}.k2",
     )
     assert action["risk_acknowledged"] is True
 

@@ -55,7 +55,7 @@ from opledger.ledger import (
 )
 from opledger.ledger import queries as q
 from opledger.ledger import reviews as reviews_module
-from tests.intents import prepare, prepare_isolated
+from tests.intents import key_of, prepare, prepare_isolated
 
 T = TypeVar("T")
 
@@ -200,7 +200,7 @@ def _lookup(ledger: Ledger, op_id: str, verdict: str) -> Evidence:
         op_id,
         source="lookup",
         verdict=verdict,
-        binding=Binding(idempotency_key=op_id, receipt_id="rcpt-1"),
+        binding=Binding(idempotency_key=key_of(ledger, op_id), receipt_id="rcpt-1"),
     )
 
 

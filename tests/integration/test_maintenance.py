@@ -18,7 +18,7 @@ from opledger.ledger import (
     StaleFence,
     Status,
 )
-from tests.intents import prepare
+from tests.intents import key_of, prepare
 
 
 def _unknown(ledger: Ledger, key: str) -> str:
@@ -136,7 +136,7 @@ def test_resolve_is_conditional_on_the_fence_it_decided_on(ledger: Ledger, grant
         op_id,
         source="lookup",
         verdict="confirmed",
-        binding=Binding(idempotency_key=op_id, receipt_id="r9"),
+        binding=Binding(idempotency_key=key_of(ledger, op_id), receipt_id="r9"),
     )
     assert not ev.applied
     retry = ledger.claim_retry(op_id, owner="other", expected_fence=1)

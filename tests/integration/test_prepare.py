@@ -14,7 +14,7 @@ from opledger.ledger import (
     Status,
     UnknownAuthorization,
 )
-from tests.intents import Change, Intent
+from tests.intents import Change, Intent, derived_key
 
 CLOSE = Intent(
     tenant="acme",
@@ -38,7 +38,8 @@ def test_prepare_records_the_operation_before_anything_else(ledger: Ledger, gran
     assert op.status is Status.PREPARED
     assert op.fence == 0
     assert op.provider == "crm"
-    assert op.idempotency_key == op.id
+    assert op.idempotency_key == derived_key(ledger, CLOSE)  # from the intent, not the id
+    assert op.idempotency_key.startswith("opk_") and len(op.idempotency_key) == 30
     assert op.created_at.tzinfo is not None
     assert ledger.payload(op.id) == {"note": "done", "status": "closed"}
     history = ledger.history(op.id)

@@ -17,6 +17,7 @@ from opledger.ledger import Binding, Claim, Confirmed, Ledger, Status
 from opledger.ledger.contract import Limits
 from opledger.tasks import steps
 from opledger.tasks.steps import Step
+from tests.intents import key_of
 
 LEASE = timedelta(seconds=30)
 ACCOUNT = "pressed"
@@ -88,7 +89,7 @@ def test_room_coming_back_while_it_waits_sends_it_in_the_same_task(
     result = steps.dispatch(ledger, registry, waiting, owner="w1", lease=LEASE, sleep=sleep)
     assert result.action is Step.DISPATCHED and len(slept) == 3
     assert ledger.get(waiting).status is Status.CONFIRMED
-    assert sandbox.effects(f"crm:{waiting}") == 1
+    assert sandbox.effects(f"crm:{key_of(ledger, waiting)}") == 1
 
 
 def test_a_429_pauses_the_provider_and_the_operation_waits_it_out(
@@ -106,7 +107,8 @@ def test_a_429_pauses_the_provider_and_the_operation_waits_it_out(
     history = ledger.history(second)
     (throttled,) = [e for e in history.evidence if e.detail.get("code") == "throttled"]
     assert throttled.detail["retry_after_s"] >= 1
-    assert sandbox.effects(f"crm:{second}") == 0  # the 429 applied nothing
+    assert sandbox.effects(f"crm:{key_of(ledger, first)}") == 1
+    assert sandbox.effects(f"crm:{key_of(ledger, second)}") == 0  # the 429 applied nothing
     (state,) = ledger.providers()
     assert state.paused and "asked to wait" in (state.pause_reason or "")
     # reconciled at once: the decision waits as long as the provider asked, nobody is asked

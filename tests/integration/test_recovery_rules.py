@@ -21,7 +21,7 @@ from opledger.ledger import Ambiguous, Ledger, Status
 from opledger.ledger.contract import Contract
 from opledger.ledger.decide import Dispatch, NeedsReview, ReviewPolicy
 from opledger.tasks import steps
-from tests.intents import Change, prepare, smtp_mail
+from tests.intents import Change, key_of, prepare, smtp_mail
 
 TIMEOUT = timedelta(seconds=0.5)
 IN_FLIGHT = timedelta(seconds=1)
@@ -54,10 +54,13 @@ class Rig:
         time.sleep(max(0.0, (deadline - datetime.now(deadline.tzinfo)).total_seconds()) + extra)
 
     def requests(self, op_id: str) -> list[dict[str, Any]]:
-        return list(self.sandbox.truth()["requests"].get(f"crm:{op_id}", []))
+        """Every request the CRM admitted under the operation's key."""
+        key = key_of(self.ledger, op_id)
+        return list(self.sandbox.truth()["requests"].get(f"crm:{key}", []))
 
     def effects(self, op_id: str) -> int:
-        return self.sandbox.effects(f"crm:{op_id}")
+        """How many times the CRM applied the operation's key."""
+        return self.sandbox.effects(f"crm:{key_of(self.ledger, op_id)}")
 
 
 #: the fixture `rig_for`: a rig on a CRM contract built from these keyword arguments
@@ -193,7 +196,9 @@ def test_status_api_no_such_request_after_the_deadline_allows_a_safe_retry(rig_f
     assert len(rig.requests(op_id)) == 1
     rig.after_deadline(op_id)
     result = rig.reconcile(op_id)
-    assert isinstance(result.decision, Dispatch) and result.decision.idempotency_key == op_id
+    key = key_of(rig.ledger, op_id)
+    assert key.startswith("opk_")
+    assert isinstance(result.decision, Dispatch) and result.decision.idempotency_key == key
     assert rig.ledger.get(op_id).status is Status.CONFIRMED
     _first, second = rig.requests(op_id)
     assert second["arrived"] >= rig.ledger.history(op_id).attempts[0].deadline_at.timestamp()
@@ -331,7 +336,7 @@ def test_an_operation_whose_adapter_is_gone_is_held_and_resumed_by_a_worker_that
     assert history.operation.status is Status.CONFIRMED
     assert not history.reviews
     assert rig.effects(op_id) == 1 and len(rig.requests(op_id)) == 1
-    assert len({a.idempotency_key for a in history.attempts}) == 1
+    assert {a.idempotency_key for a in history.attempts} == {history.operation.idempotency_key}
 
 
 def test_an_operation_held_longer_than_the_review_policy_goes_to_a_person_once(

@@ -33,7 +33,7 @@ from opledger.ledger import (
 )
 from opledger.ledger.decide import ReviewPolicy
 from opledger.tasks import steps
-from tests.intents import prepare, prepare_op, smtp_mail
+from tests.intents import key_of, prepare, prepare_op, smtp_mail
 
 LEASE = timedelta(seconds=5)
 
@@ -78,7 +78,7 @@ class Desk:
     def lost_response(self, key: str) -> str:
         """An operation whose response was lost, in review."""
         op_id = prepare(self.ledger, key)
-        self.sandbox.fault("crm", "drop_after_commit", key=op_id)
+        self.sandbox.fault("crm", "drop_after_commit", key=key_of(self.ledger, op_id))
         steps.dispatch(self.ledger, self.registry, op_id, owner="w1", lease=LEASE)
         self.review(op_id)
         return op_id
@@ -208,7 +208,7 @@ def test_the_python_api_cannot_skip_show(desk: Desk) -> None:
 
 def test_a_no_dedup_retry_needs_the_risk_acknowledged(keyless: Desk) -> None:
     op_id = prepare(keyless.ledger, "keyless")
-    keyless.sandbox.fault("crm", "drop_after_commit", key=op_id)
+    keyless.sandbox.fault("crm", "drop_after_commit", key=key_of(keyless.ledger, op_id))
     steps.dispatch(keyless.ledger, keyless.registry, op_id, owner="w1", lease=LEASE)
     keyless.review(op_id)  # rule 7: no dedup, no lookup
     view = keyless.show(op_id)
@@ -234,8 +234,10 @@ def test_a_key_that_no_longer_protects_is_kept_once_the_risk_is_accepted(
         assert "releases a key" in view.consequences.retry
         with pytest.raises(RetryNeedsAcknowledgement, match="accept-risk"):
             released.resolve(op_id, "retry")
+        key = key_of(released.ledger, op_id)
+        assert key.startswith("opk_")
         after = released.resolve(op_id, "retry", acknowledge_risk=True)
-        assert after.idempotency_key == op_id  # the same key, not a new one
+        assert after.idempotency_key == key  # the same key, not a new one
         (action,) = released.ledger.reviews.audit(op_id, tenant="acme")
         assert action.risk_acknowledged is True and action.new_key is None
     finally:

@@ -51,7 +51,7 @@ class Desk:
 
     def in_review(self, tenant: str = "acme", key: str = "close") -> str:
         """An operation whose response was lost, after a review was opened for it."""
-        op_id = self.ledger.prepare(
+        op = self.ledger.prepare(
             tenant=tenant,
             workflow_id="onboarding-42",
             intent_key=key,
@@ -59,8 +59,9 @@ class Desk:
             target=f"case-{key}",
             payload={"note": "resolved"},
             authorization_ref=f"auth_{tenant}",
-        ).id
-        self.sandbox.fault("crm", "drop_after_commit", key=op_id)
+        )
+        op_id = op.id
+        self.sandbox.fault("crm", "drop_after_commit", key=op.idempotency_key)
         steps.dispatch(self.ledger, self.registry, op_id, owner="w1", lease=LEASE)
         self.after_deadline(op_id)
         result = self.reconcile(op_id, policy=ReviewPolicy(after_attempts=1))
@@ -93,7 +94,9 @@ def test_a_review_opens_with_attempts_evidence_and_consequences(desk: Desk) -> N
     (summary,) = desk.ledger.reviews.list(tenant="acme")
     assert summary.op_id == op_id and "1 attempts" in summary.reason
     view = desk.ledger.reviews.show(op_id, tenant="acme", operator="alice")
-    assert len(view.attempts) == 1 and view.attempts[0].idempotency_key == op_id
+    key = desk.ledger.get(op_id).idempotency_key
+    assert key.startswith("opk_")
+    assert len(view.attempts) == 1 and view.attempts[0].idempotency_key == key
     assert [e.verdict for e in view.evidence] == ["ambiguous"]
     assert view.consequences is not None and view.consequences.same_key_retry_allowed
     snapshot = view.review.snapshot
@@ -132,7 +135,9 @@ def test_retry_with_the_same_key_is_sent_once_and_marked_operator_authorized(des
     history = desk.ledger.history(op_id)
     assert history.operation.status is Status.CONFIRMED  # the provider replayed its response
     assert [a.authorized_by for a in history.attempts] == [None, "alice"]
-    assert desk.sandbox.effects(f"crm:{op_id}") == 1
+    key = history.operation.idempotency_key
+    assert [a.idempotency_key for a in history.attempts] == [key, key]
+    assert desk.sandbox.effects(f"crm:{key}") == 1
 
 
 def test_retry_past_the_key_retention_needs_a_new_key(ledger: Ledger, sandbox: Sandbox) -> None:
@@ -144,20 +149,24 @@ def test_retry_past_the_key_retention_needs_a_new_key(ledger: Ledger, sandbox: S
         desk.ledger.reviews.show(op_id, tenant="acme", operator="alice")
         with pytest.raises(RetryNeedsNewKey, match="keeps keys 2 s"):
             resolve(desk, op_id, "retry")
-        assert desk.ledger.get(op_id).operator_retry_by is None
+        before = desk.ledger.get(op_id)
+        assert before.operator_retry_by is None
+        key = before.idempotency_key
+        assert key.startswith("opk_")
         after = resolve(desk, op_id, "retry", new_key=True)
-        assert after.idempotency_key == f"{op_id}.k2"
+        assert after.idempotency_key == f"{key}.k2"
         desk.reconcile(op_id)
         history = desk.ledger.history(op_id)
-        assert history.attempts[-1].idempotency_key == f"{op_id}.k2"
+        assert [a.idempotency_key for a in history.attempts] == [key, f"{key}.k2"]
         assert history.attempts[-1].authorized_by == "alice"
         (action,) = desk.ledger.reviews.audit(op_id, tenant="acme")
-        assert action.new_key == f"{op_id}.k2"
+        assert action.new_key == f"{key}.k2"
         # the case was already closed by the first (lost) attempt: the refusal of the retry
         # is most likely our own effect, not a rejection (rule 11)
         assert history.evidence[-1].detail["code"] == "state_conflict"
         assert history.operation.status is Status.UNKNOWN
-        assert desk.sandbox.effects(f"crm:{op_id}") == 1
+        assert desk.sandbox.effects(f"crm:{key}") == 1
+        assert desk.sandbox.effects(f"crm:{key}.k2") == 0  # the retry applied nothing
     finally:
         desk.adapter.close()
 

@@ -35,7 +35,7 @@ from opledger.ledger import (
 from opledger.ledger.decide import Dispatch, ReviewPolicy
 from opledger.ledger.evidence import NOT_SENT
 from opledger.tasks import steps
-from tests.intents import prepare, smtp_mail
+from tests.intents import key_of, prepare, smtp_mail
 
 LEASE = timedelta(seconds=30)
 
@@ -200,7 +200,8 @@ def test_a_late_worker_records_not_sent_and_the_provider_sees_nothing(
     time.sleep(0.2)  # frozen between the claim and the send
     result = steps._send(crm.ledger, crm.adapter, claim)
     assert result.action == "dispatched"
-    assert sandbox.truth()["requests"].get(f"crm:{op_id}") is None
+    assert claim.idempotency_key == key_of(crm.ledger, op_id)
+    assert sandbox.truth()["requests"].get(f"crm:{claim.idempotency_key}") is None
     history = crm.ledger.history(op_id)
     (attempt,) = history.attempts
     assert not_sent(attempt)
@@ -231,7 +232,8 @@ def test_the_wire_check_inside_the_adapter_is_recorded_as_not_sent(
     op_id = prepare(crm.ledger, "inside")
     claim = _claim(crm.ledger, op_id, 0.15)
     steps._send(crm.ledger, Slow(), claim)
-    assert sandbox.truth()["requests"].get(f"crm:{op_id}") is None
+    assert claim.idempotency_key == key_of(crm.ledger, op_id)
+    assert sandbox.truth()["requests"].get(f"crm:{claim.idempotency_key}") is None
     assert not_sent(crm.ledger.history(op_id).attempts[0])
 
 
@@ -267,7 +269,7 @@ def test_an_attempt_that_sent_nothing_is_not_in_flight_and_is_sent_again_at_once
         assert result.operation is not None and result.operation.status is Status.CONFIRMED
         history = desk.ledger.history(op_id)
         assert history.attempts[1].started_at < deadline
-        assert sandbox.effects(f"crm:{op_id}") == 1
+        assert sandbox.effects(f"crm:{history.operation.idempotency_key}") == 1
     finally:
         desk.adapter.close()
 
@@ -314,7 +316,7 @@ def test_a_fenced_out_workers_kept_outcome_bumps_the_version_and_settles_at_once
     # and reconciling it confirms it from the kept receipt
     result = steps.reconcile(crm.ledger, crm.registry, op_id, owner="w2", lease=LEASE)
     assert result.action == "confirmed"
-    assert sandbox.effects(f"crm:{op_id}") == 1
+    assert sandbox.effects(f"crm:{claim.idempotency_key}") == 1
 
 
 def test_no_settle_when_the_fenced_out_outcome_lands_on_a_newer_claim(

@@ -138,12 +138,13 @@ def test_a_charge_is_confirmed_with_its_receipt_and_result(world: World, mock: S
     world.dispatch(op.id)
     history = world.ledger.history(op.id)
     assert history.operation.status is Status.CONFIRMED
-    [charge] = mock.charges(op.id)
+    assert op.marker == op.idempotency_key and op.marker.startswith("opk_")  # not its id
+    [charge] = mock.charges(op.marker)
     assert len(mock.charges()) == before + 1
     assert history.operation.provider_result_id == charge["id"]
     assert charge["metadata"] == {
         "cart": "c1",
-        "opledger_op": op.id,
+        "opledger_op": op.marker,
         "opledger_target": op.target,
     }
     [confirmed] = [e for e in history.evidence if e.verdict == Verdict.CONFIRMED]
@@ -165,8 +166,8 @@ def test_a_declined_card_is_rejected_and_nothing_was_charged(
     world.dispatch(op.id)
     history = world.ledger.history(op.id)
     assert history.operation.status is Status.REJECTED
-    assert mock.charges(op.id) == []  # no succeeded charge
-    assert [c["status"] for c in mock.charges(op.id, status="")] == ["failed"]
+    assert mock.charges(op.marker) == []  # no succeeded charge
+    assert [c["status"] for c in mock.charges(op.marker, status="")] == ["failed"]
     [attempt] = history.attempts
     assert attempt.response is not None and "card_declined" in json.dumps(attempt.response)
 
@@ -183,13 +184,13 @@ def test_a_response_cut_after_the_charge_is_confirmed_by_the_lookup(
     world.dispatch(op.id)
     assert proxy.fired["cut"] == 1
     assert world.ledger.get(op.id).status is Status.UNKNOWN  # the answer was lost
-    assert len(mock.charges(op.id)) == 1  # ... after Stripe charged
+    assert len(mock.charges(op.marker)) == 1  # ... after Stripe charged
     history = world.settle(op.id)
     assert history.operation.status is Status.CONFIRMED
     assert len(history.attempts) == 1  # found by reading our marker back, not resent
     assert Verdict.CONFIRMED in lookups(history)
     [found] = [e for e in history.evidence if e.verdict == Verdict.CONFIRMED]
-    [charge] = mock.charges(op.id)
+    [charge] = mock.charges(op.marker)
     assert found.detail["result"]["id"] == charge["id"] == history.operation.provider_result_id
     assert len(mock.charges()) == before + 1
 
@@ -207,7 +208,7 @@ def test_with_lookups_failing_too_the_same_key_gets_the_stored_answer(
     assert [a.idempotency_key for a in history.attempts] == [op.idempotency_key] * 2
     [confirmed] = [e for e in history.evidence if e.verdict == Verdict.CONFIRMED]
     assert confirmed.source == EvidenceSource.DISPATCH and confirmed.detail["replayed"] is True
-    assert len(mock.charges(op.id)) == 1 and len(mock.charges()) == before + 1
+    assert len(mock.charges(op.marker)) == 1 and len(mock.charges()) == before + 1
 
 
 def test_an_answer_delayed_past_the_timeout_is_not_resent_while_in_flight(
@@ -224,7 +225,7 @@ def test_an_answer_delayed_past_the_timeout_is_not_resent_while_in_flight(
     history = world.settle(op.id)
     assert history.operation.status is Status.CONFIRMED
     assert len(history.attempts) == 1
-    assert len(mock.charges(op.id)) == 1
+    assert len(mock.charges(op.marker)) == 1
 
 
 def test_a_concurrent_duplicate_dispatch_charges_once(world: World, mock: StripeMock) -> None:
@@ -241,7 +242,7 @@ def test_a_concurrent_duplicate_dispatch_charges_once(world: World, mock: Stripe
     assert sorted(r.action.value for r in results) == ["dispatched", "noop", "noop", "noop"]
     assert world.ledger.get(op.id).status is Status.CONFIRMED
     assert len(world.ledger.history(op.id).attempts) == 1
-    assert len(mock.charges(op.id)) == 1
+    assert len(mock.charges(op.marker)) == 1
 
 
 def test_two_requests_with_one_key_at_once_make_one_charge(
@@ -271,7 +272,7 @@ def test_two_requests_with_one_key_at_once_make_one_charge(
         [("confirmed", False, ""), ("confirmed", True, "")],
         [("ambiguous", False, "in_flight"), ("confirmed", False, "")],
     ), kinds
-    assert len(mock.charges(op.id)) == 1
+    assert len(mock.charges(op.marker)) == 1
 
 
 def test_another_body_under_our_key_goes_to_a_person_at_once(
@@ -292,7 +293,7 @@ def test_another_body_under_our_key_goes_to_a_person_at_once(
     assert history.open_review is not None and "different payload" in history.open_review.reason
     [attempt] = history.attempts
     assert attempt.response is not None and attempt.response.get("code") == IDEMPOTENCY_MISMATCH
-    assert mock.charges(op.id) == []  # ours was never made
+    assert mock.charges(op.marker) == []  # ours was never made
     assert len(mock.charges()) == before + 1  # only theirs
 
 
@@ -312,7 +313,7 @@ def test_a_key_past_its_retention_is_never_resent(
         w.dispatch(op.id)
         history = w.settle(op.id)
         assert len(history.attempts) == 1  # never resent under a key Stripe may have pruned
-        assert len(mock.charges(op.id)) == 1
+        assert len(mock.charges(op.marker)) == 1
         if lookups_work:
             assert history.operation.status is Status.CONFIRMED
         else:
@@ -333,7 +334,7 @@ def test_a_stored_server_error_is_not_retried_into_a_loop(world: World, mock: St
     assert history.open_review is not None
     assert "server error" in history.open_review.reason, history.open_review.reason
     assert len(history.attempts) == 1
-    assert mock.charges(op.id, status="") == []
+    assert mock.charges(op.marker, status="") == []
 
 
 def test_a_refund_whose_answer_was_cut_is_confirmed_once(
@@ -349,7 +350,7 @@ def test_a_refund_whose_answer_was_cut_is_confirmed_once(
     history = world.settle(op.id)
     assert history.operation.status is Status.CONFIRMED
     [refund] = mock.refunds(charge=charge["id"])
-    assert refund["amount"] == 500 and refund["metadata"] == {"opledger_op": op.id}
+    assert refund["amount"] == 500 and refund["metadata"] == {"opledger_op": op.marker}
     assert history.operation.provider_result_id == refund["id"]
     assert len(history.attempts) == 1
 
@@ -457,7 +458,7 @@ def test_a_payment_intent_request_as_stripe_takes_it(
         "amount": 4200,
         "currency": "eur",
         "status": "succeeded",
-        "metadata": {"invoice": "7", "opledger_op": op.id, "opledger_target": "invoice-7"},
+        "metadata": {"invoice": "7", "opledger_op": op.marker, "opledger_target": "invoice-7"},
     }
     recorder.headers_out = {"Idempotency-Key": op.idempotency_key, "Request-Id": "req_1"}
     steps.dispatch(led, registry, op.id, owner="w1", lease=LEASE)
@@ -479,7 +480,7 @@ def test_a_payment_intent_request_as_stripe_takes_it(
         "automatic_payment_methods[enabled]": "true",
         "automatic_payment_methods[allow_redirects]": "never",
         "metadata[invoice]": "7",
-        "metadata[opledger_op]": op.id,
+        "metadata[opledger_op]": op.marker,
         "metadata[opledger_target]": "invoice-7",
     }
     [confirmed] = [e for e in history.evidence if e.verdict == Verdict.CONFIRMED]
@@ -491,7 +492,14 @@ def test_an_answer_naming_another_key_or_operation_confirms_nothing(
     recorded: Recorded, recorder: Recorder
 ) -> None:
     led, registry = recorded.ledger, recorded.registry
-    for n, (marker, echoed) in enumerate([("op_someone_else", None), (None, "other-key")]):
+    # another operation's marker; the operation's own id (its marker is its first key, not
+    # its id); our marker, under another key
+    cases: list[tuple[str | None, str | None]] = [
+        ("op_someone_else", None),
+        ("id", None),
+        (None, "other-key"),
+    ]
+    for n, (marker, echoed) in enumerate(cases):
         op = led.prepare(
             tenant="acme",
             workflow_id="wf",
@@ -501,13 +509,14 @@ def test_an_answer_naming_another_key_or_operation_confirms_nothing(
             payload=payment(),
             authorization_ref="auth_stripe",
         )
+        named = op.id if marker == "id" else marker or op.marker
         recorder.answer = {
             "id": f"ch_{n}",
             "object": "charge",
             "amount": 1500,
             "currency": "usd",
             "status": "succeeded",
-            "metadata": {"opledger_op": marker or op.id, "opledger_target": "order-x"},
+            "metadata": {"opledger_op": named, "opledger_target": "order-x"},
         }
         recorder.headers_out = {"Idempotency-Key": echoed} if echoed else {}
         steps.dispatch(led, registry, op.id, owner="w1", lease=LEASE)

@@ -11,7 +11,7 @@ from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.tasks.app import dispatch
 from opledger.tasks.backlog import SENT_HEADER, Generations, queue_depth
-from tests.intents import prepare
+from tests.intents import key_of, prepare
 
 from .conftest import settled
 
@@ -35,7 +35,7 @@ def test_a_superseded_duplicate_is_dropped_unread_and_the_newer_one_moves_it(
     # A fresh message (or the relay's next one) is never dropped: it moves the operation.
     dispatch.apply_async((op_id,), {"gen": 1})
     assert settled(sys_ledger, [op_id]) == {op_id: Status.CONFIRMED}
-    assert sandbox.effects(f"crm:{op_id}") == 1
+    assert sandbox.effects(f"crm:{key_of(sys_ledger, op_id)}") == 1
 
 
 def test_queue_depth_is_read_through_kombu(running: Stack, private_redis: PrivateRedis) -> None:

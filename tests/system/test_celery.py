@@ -12,22 +12,28 @@ from opledger.dev.processes import PrivateRedis, Proc, Stack, free_port, wait_un
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.tasks.app import dispatch
-from tests.intents import prepare
+from tests.intents import key_of, prepare
 
 from .conftest import settled, worker_with
 
 pytestmark = pytest.mark.system
 
 
-def requests_for(sandbox: Sandbox, op_id: str) -> list[dict[str, float]]:
-    return list(sandbox.truth()["requests"].get(f"crm:{op_id}", []))
+def requests_for(sandbox: Sandbox, ledger: Ledger, op_id: str) -> list[dict[str, float]]:
+    """Every request the CRM admitted under the operation's key."""
+    return list(sandbox.truth()["requests"].get(f"crm:{key_of(ledger, op_id)}", []))
+
+
+def effects_of(sandbox: Sandbox, ledger: Ledger, op_id: str) -> int:
+    """How many times the CRM applied the operation's key."""
+    return sandbox.effects(f"crm:{key_of(ledger, op_id)}")
 
 
 def assert_never_sent_while_in_flight(ledger: Ledger, sandbox: Sandbox, op_id: str) -> None:
     """No request for the operation reached the provider before the previous attempt's
     in-flight deadline had passed."""
     history = ledger.history(op_id)
-    assert in_flight_races(history, requests_for(sandbox, op_id)) == 0
+    assert in_flight_races(history, requests_for(sandbox, ledger, op_id)) == 0
 
 
 def test_a_delayed_operation_is_confirmed_with_one_effect(
@@ -36,7 +42,7 @@ def test_a_delayed_operation_is_confirmed_with_one_effect(
     op_id = prepare(sys_ledger, "close")
     dispatch.delay(op_id)
     assert settled(sys_ledger, [op_id]) == {op_id: Status.CONFIRMED}
-    assert sandbox.effects(f"crm:{op_id}") == 1
+    assert effects_of(sandbox, sys_ledger, op_id) == 1
 
 
 def test_the_same_id_delivered_five_times_at_once_has_one_effect(
@@ -49,8 +55,8 @@ def test_the_same_id_delivered_five_times_at_once_has_one_effect(
             dispatch.delay(op_id)
     assert set(settled(sys_ledger, op_ids).values()) == {Status.CONFIRMED}
     for op_id in op_ids:
-        assert sandbox.effects(f"crm:{op_id}") == 1
-        assert len(requests_for(sandbox, op_id)) == 1
+        assert effects_of(sandbox, sys_ledger, op_id) == 1
+        assert len(requests_for(sandbox, sys_ledger, op_id)) == 1
         assert len(sys_ledger.history(op_id).attempts) == 1
 
 
@@ -60,7 +66,9 @@ def test_a_worker_killed_while_dispatching_is_reconciled_not_resent(
     sandbox.configure(processing_s=1.5)  # the provider is slow: we kill mid-call
     op_id = prepare(sys_ledger, "close")
     dispatch.delay(op_id)
-    wait_until(lambda: requests_for(sandbox, op_id), 15, "the provider to receive the call")
+    wait_until(
+        lambda: requests_for(sandbox, sys_ledger, op_id), 15, "the provider to receive the call"
+    )
     running.kill_worker("w1")  # SIGKILL, main process and pool children
     assert sys_ledger.get(op_id).status is Status.DISPATCHING
     running.start_worker("w1")
@@ -69,7 +77,7 @@ def test_a_worker_killed_while_dispatching_is_reconciled_not_resent(
     assert [t.reason for t in history.transitions if t.to_status is Status.UNKNOWN] == [
         "lease expired"
     ]
-    assert sandbox.effects(f"crm:{op_id}") == 1
+    assert effects_of(sandbox, sys_ledger, op_id) == 1
     assert_never_sent_while_in_flight(sys_ledger, sandbox, op_id)
 
 
@@ -82,7 +90,9 @@ def test_a_stalled_worker_is_fenced_out_and_its_late_outcome_kept(
     with worker_with(running, "stalled", concurrency=1) as stalled:
         op_id = prepare(sys_ledger, "close")
         dispatch.delay(op_id)
-        wait_until(lambda: requests_for(sandbox, op_id), 15, "the provider to receive the call")
+        wait_until(
+            lambda: requests_for(sandbox, sys_ledger, op_id), 15, "the provider to receive the call"
+        )
         stalled.signal(signal.SIGSTOP)
         try:
             helper = running.start_worker("w2")
@@ -106,7 +116,7 @@ def test_a_stalled_worker_is_fenced_out_and_its_late_outcome_kept(
     assert after.status is Status.CONFIRMED and after.fence == fence_after
     late = [e for e in sys_ledger.history(op_id).evidence if e.source == "dispatch"]
     assert [(e.fence, e.applied) for e in late] == [(1, False)]
-    assert sandbox.effects(f"crm:{op_id}") == 1
+    assert effects_of(sandbox, sys_ledger, op_id) == 1
     assert isinstance(helper, Proc)
 
 
@@ -123,7 +133,7 @@ def test_messages_lost_in_a_redis_restart_are_relayed(
     running.start_worker("w1")
     assert set(settled(sys_ledger, op_ids, timeout=45).values()) == {Status.CONFIRMED}
     for op_id in op_ids:
-        assert sandbox.effects(f"crm:{op_id}") == 1
+        assert effects_of(sandbox, sys_ledger, op_id) == 1
 
 
 def test_flower_lists_the_worker_and_the_opledger_tasks(running: Stack, sys_ledger: Ledger) -> None:

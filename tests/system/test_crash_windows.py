@@ -22,13 +22,14 @@ from typing import Any
 
 import pytest
 
+from opledger.adapters.smtp import message_id_for
 from opledger.dev.chaos.audit import audit
 from opledger.dev.chaos.variants import KINDS, configure_sandbox
 from opledger.dev.processes import Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import IntentConflict, Ledger, Status
 from opledger.tasks.app import dispatch
-from tests.intents import prepare
+from tests.intents import key_of, prepare
 
 from .conftest import crashes, settings_of, settled, worker_with
 
@@ -70,14 +71,16 @@ def _ops(ledger: Ledger, tag: str) -> list[str]:
 
 
 def _fault_first_requests(sandbox: Sandbox, ledger: Ledger, op_ids: list[str], mode: str) -> None:
+    """A fault on each operation's first request, matched by what the provider receives:
+    the Message-ID over SMTP, the operation's idempotency key elsewhere."""
     for op_id in op_ids:
         op = ledger.get(op_id)
         if op.action.startswith("email.smtp"):
-            sandbox.fault("smtp", "drop_after_data", key=f"<{op_id}@opledger>")
+            sandbox.fault("smtp", "drop_after_data", key=message_id_for(op))
         elif op.action.startswith("email."):
-            sandbox.fault("email", mode, key=op_id)
+            sandbox.fault("email", mode, key=op.idempotency_key)
         else:
-            sandbox.fault("crm", mode, key=op_id)
+            sandbox.fault("crm", mode, key=op.idempotency_key)
 
 
 #: the window that runs on RabbitMQ in the default suite
@@ -171,14 +174,15 @@ def test_a_provider_key_expiring_between_attempts_goes_to_review(
     with worker_with(running, **env):
         keyed = next(k for k in KINDS if k.name == "keyed")
         op_id = prepare(sys_ledger, "expiring", action=keyed.action)
-        sandbox.fault("crm", "drop_after_commit", key=op_id)
+        key = key_of(sys_ledger, op_id)
+        sandbox.fault("crm", "drop_after_commit", key=key)
         dispatch.delay(op_id)
         settled(sys_ledger, [op_id], timeout=30)
         history = sys_ledger.history(op_id)
         assert history.operation.status is Status.UNKNOWN
         assert "keeps keys" in history.reviews[0].reason
         assert audit(sys_ledger, sandbox.truth(), [op_id]).clean
-        assert len(sandbox.truth()["requests"][f"crm:{op_id}"]) == 1
+        assert len(sandbox.truth()["requests"][f"crm:{key}"]) == 1
 
 
 @pytest.mark.parametrize("broker", BROKERS)
@@ -191,7 +195,7 @@ def test_a_changed_payload_under_the_same_intent_is_refused(
     dispatch.delay(op_id)
     assert settled(sys_ledger, [op_id]) == {op_id: Status.CONFIRMED}
     assert sys_ledger.payload(op_id) == {"note": "first"}
-    assert sandbox.effects(f"crm:{op_id}") == 1
+    assert sandbox.effects(f"crm:{key_of(sys_ledger, op_id)}") == 1
 
 
 @pytest.mark.parametrize("broker", BROKERS)
@@ -202,13 +206,14 @@ def test_delayed_search_visibility_keeps_it_unknown_for_review(
     search = next(k for k in KINDS if k.name == "search")
     sandbox.configure(account=search.account, search_lag_s=60.0)  # far behind the contract
     op_id = prepare(sys_ledger, "lagging", action=search.action)
-    sandbox.fault("crm", "drop_after_commit", key=op_id)
+    key = key_of(sys_ledger, op_id)
+    sandbox.fault("crm", "drop_after_commit", key=key)
     dispatch.delay(op_id)
     settled(sys_ledger, [op_id], timeout=30)
     history = sys_ledger.history(op_id)
     assert history.operation.status is Status.UNKNOWN and history.reviews
     assert [e.verdict for e in history.evidence if e.source == "lookup"] == ["inconclusive"]
-    assert sandbox.effects(f"crm:{op_id}") == 1
+    assert sandbox.effects(f"crm:{key}") == 1
     assert history.reviews[0].resolved_at is None  # a person has it, and nothing was retried
 
 
@@ -233,10 +238,11 @@ def test_a_worker_killed_mid_call_never_races_the_call_still_in_flight(
             prepare(sys_ledger, f"slow-{kind.name}", action=kind.action, target=f"case-{i}")
             for i, kind in enumerate(KINDS)
         ]
+        keys = [key_of(sys_ledger, op_id) for op_id in op_ids]
         for op_id in op_ids:
             dispatch.delay(op_id)
         wait_until(
-            lambda: all(sandbox.truth()["requests"].get(f"crm:{o}") for o in op_ids),
+            lambda: all(sandbox.truth()["requests"].get(f"crm:{k}") for k in keys),
             20,
             "every call to reach the provider",
         )

@@ -52,7 +52,8 @@ def test_a_committed_outbox_operation_is_dispatched(
         op = prepare_and_dispatch(sys_ledger, session=session, intent_key="close", **INTENT)
         session.commit()
     assert settled(sys_ledger, [op.id]) == {op.id: Status.CONFIRMED}
-    assert sandbox.effects(f"crm:{op.id}") == 1
+    assert op.idempotency_key.startswith("opk_")
+    assert sandbox.effects(f"crm:{op.idempotency_key}") == 1
 
 
 def test_each_task_reaches_its_own_queue_only(running: Stack, private_redis: PrivateRedis) -> None:

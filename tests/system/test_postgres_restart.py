@@ -19,7 +19,7 @@ from opledger.dev.processes import PrivateRedis, Proc, Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.ledger.migrate import upgrade
-from tests.intents import prepare
+from tests.intents import key_of, prepare
 
 from .conftest import settings_of, settled
 
@@ -70,7 +70,7 @@ def test_postgres_restart_mid_run(
     assert set(statuses.values()) == {Status.CONFIRMED}
     assert not ledger.list(status=[Status.DISPATCHING])
     for op_id in op_ids:
-        assert sandbox.effects(f"crm:{op_id}") == 1
+        assert sandbox.effects(f"crm:{key_of(ledger, op_id)}") == 1
     assert stack.workers["wpg"].proc.poll() is None  # the worker survived the outage
 
 

@@ -29,7 +29,7 @@ from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.ledger.contract import Limits
 from opledger.tasks.app import dispatch
-from tests.intents import prepare
+from tests.intents import key_of, prepare
 
 from .conftest import settings_of, settled, worker_with
 
@@ -94,9 +94,11 @@ def provider_gauges(url: str, provider: str) -> dict[str, float]:
     }
 
 
-def applied_once(sandbox: Sandbox, ops: list[str]) -> None:
+def applied_once(sandbox: Sandbox, ledger: Ledger, ops: list[str]) -> None:
+    """Each operation applied exactly once, counted under the key the provider received."""
     effects = sandbox.truth()["effects"]
-    assert {op_id: effects.get(f"crm:{op_id}", 0) for op_id in ops} == dict.fromkeys(ops, 1)
+    keys = {op_id: key_of(ledger, op_id) for op_id in ops}
+    assert {op_id: effects.get(f"crm:{keys[op_id]}", 0) for op_id in ops} == dict.fromkeys(ops, 1)
 
 
 def test_a_backlog_drains_at_the_declared_rate_with_no_call_over_the_limit(
@@ -109,7 +111,7 @@ def test_a_backlog_drains_at_the_declared_rate_with_no_call_over_the_limit(
     with limited_worker(running, sandbox, 4, concurrency=3, rate=rate, burst=2):
         statuses = settled(sys_ledger, ops, timeout=n / rate * 3)
     assert set(statuses.values()) == {Status.CONFIRMED}
-    applied_once(sandbox, ops)
+    applied_once(sandbox, sys_ledger, ops)
     seen = sandbox.limited(LIMITED.account)
     assert seen["over_limit"] == 0, seen  # zero calls above the limit, counted there
     assert seen["admitted"] == n
@@ -133,7 +135,7 @@ def test_the_concurrency_limit_is_reached_and_never_passed(
     with limited_worker(running, sandbox, 4, concurrency=slots, rate=500, burst=10):
         statuses = settled(sys_ledger, ops, timeout=60)
     assert set(statuses.values()) == {Status.CONFIRMED}
-    applied_once(sandbox, ops)
+    applied_once(sandbox, sys_ledger, ops)
     seen = sandbox.limited(LIMITED.account)
     assert seen["over_limit"] == 0, seen
     assert seen["max_in_flight"] == slots  # four processes, never more than two calls
@@ -150,7 +152,7 @@ def test_a_provider_stricter_than_declared_is_waited_out_and_nobody_is_asked(
     with worker_with(running, concurrency=2, **env):
         statuses = settled(sys_ledger, ops, timeout=90)
     assert set(statuses.values()) == {Status.CONFIRMED}
-    applied_once(sandbox, ops)
+    applied_once(sandbox, sys_ledger, ops)
     refused = sandbox.limited(LIMITED.account)["over_limit"]
     assert refused > 0  # it did answer "not now"
     throttled = 0
@@ -207,5 +209,5 @@ def test_a_provider_refusing_connections_pauses_dispatch_and_nothing_goes_to_rev
             assert not breaker_open()
             gauges = provider_gauges(metrics, provider)
             assert gauges["opledger_provider_breaker_open"] == 0, gauges
-    applied_once(sandbox, ops)
+    applied_once(sandbox, sys_ledger, ops)
     assert all(not sys_ledger.history(op_id).reviews for op_id in ops)

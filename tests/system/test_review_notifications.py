@@ -12,7 +12,7 @@ from opledger.dev.processes import Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.tasks.app import dispatch, notify_review
-from tests.intents import prepare
+from tests.intents import key_of, prepare
 
 from .conftest import settings_of, settled, worker_with
 
@@ -28,7 +28,7 @@ def test_a_review_notifies_the_webhook_exactly_once(
     with worker_with(running, **hook):
         no_dedup = next(k for k in KINDS if k.name == "no-dedup")
         op_id = prepare(sys_ledger, "notify-me", action=no_dedup.action)
-        sandbox.fault("crm", "drop_after_commit", key=op_id)
+        sandbox.fault("crm", "drop_after_commit", key=key_of(sys_ledger, op_id))
         dispatch.delay(op_id)
         settled(sys_ledger, [op_id], timeout=30)
         review = sys_ledger.history(op_id).reviews[0]
@@ -51,7 +51,8 @@ def test_a_review_notifies_the_webhook_exactly_once(
             and note.intent_key == f"review-opened:{review.id}"
         )
         assert settled(sys_ledger, [note.id]) == {note.id: Status.CONFIRMED}
-        assert deliveries() == [{"key": f"webhook:{note.id}", "n": 1}]
+        assert note.idempotency_key.startswith("opk_")
+        assert deliveries() == [{"key": f"webhook:{note.idempotency_key}", "n": 1}]
         payload = sys_ledger.payload(note.id)
         assert (
             payload is not None

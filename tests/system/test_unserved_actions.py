@@ -22,7 +22,7 @@ from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.observability.server import make_server
 from opledger.tasks.app import dispatch
-from tests.intents import prepare
+from tests.intents import key_of, prepare
 
 from .conftest import settings_of, settled
 
@@ -77,7 +77,7 @@ def test_a_mistyped_action_is_held_while_the_restarted_worker_confirms_the_rest(
         dispatch.delay(op_id)
     assert settled(sys_ledger, others) == dict.fromkeys(others, Status.CONFIRMED)
     for op_id in others:
-        assert sandbox.effects(f"crm:{op_id}") == 1
+        assert sandbox.effects(f"crm:{key_of(sys_ledger, op_id)}") == 1
 
     # the mistyped one is held: not sent, not confirmed, not in review, checked again later
     def held() -> bool:
@@ -93,8 +93,10 @@ def test_a_mistyped_action_is_held_while_the_restarted_worker_confirms_the_rest(
     assert attempt.response is not None and attempt.response["code"] == "not_sent"
     next_check = history.operation.next_check_at
     assert next_check is not None and next_check > history.operation.updated_at
-    assert sandbox.truth()["requests"].get(f"crm:{typo}", []) == []
-    assert sandbox.effects(f"crm:{typo}") == 0
+    key = history.operation.idempotency_key
+    assert attempt.idempotency_key == key and key.startswith("opk_")
+    assert sandbox.truth()["requests"].get(f"crm:{key}", []) == []
+    assert sandbox.effects(f"crm:{key}") == 0
     assert worker.proc.poll() is None  # still running
     log = wait_until(
         lambda: f"{typo} held, not sent" in worker.output() and worker.output(), 10, "the warning"

@@ -13,6 +13,7 @@ from celery import Celery
 from opledger.dev.processes import Proc, Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
+from tests.intents import key_of
 
 from .conftest import settled
 
@@ -49,7 +50,7 @@ def test_a_user_app_runs_its_own_task_and_opledgers_in_one_worker(
             "their task to prepare the operation",
         )[0]
         assert settled(sys_ledger, [op_id]) == {op_id: Status.CONFIRMED}
-        assert sandbox.effects(f"crm:{op_id}") == 1
+        assert sandbox.effects(f"crm:{key_of(sys_ledger, op_id)}") == 1
         log = worker.output()
         assert re.search(r"Task theirs\.close_case\[[^\]]+\] succeeded", log)
         assert re.search(r"Task opledger\.dispatch\[[^\]]+\] succeeded", log)

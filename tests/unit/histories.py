@@ -9,6 +9,8 @@ from opledger.ledger import Attempt, Authorization, Binding, Claim, Evidence, Op
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 OP_ID = "op_01ARZ3NDEKTSV4RRFFQ69G5FAV"
+#: the operation's idempotency key: derived from its intent ("opk_" + 26), never its id
+KEY = "opk_7ZQ3M1XK9D4VB2N8C6RT0HJW5F"
 DIGEST = "a" * 64
 
 
@@ -28,7 +30,7 @@ def operation(status: Status = Status.UNKNOWN, **changes: Any) -> Operation:
         fence=1,
         lease_owner=None,
         lease_expires_at=None,
-        idempotency_key=OP_ID,
+        idempotency_key=KEY,
         provider_result_id=None,
         evidence_checked_at=None,
         next_check_at=None,
@@ -44,7 +46,7 @@ def attempt(
     started: datetime = T0,
     in_flight: timedelta = timedelta(seconds=20),
     outcome: str | None = "ambiguous",
-    key: str = OP_ID,
+    key: str = KEY,
 ) -> Attempt:
     return Attempt(
         op_id=OP_ID,
@@ -69,7 +71,7 @@ def evidence(
     *,
     source: str = "lookup",
     at: datetime = T0,
-    key: str | None = OP_ID,
+    key: str | None = KEY,
     target: str | None = None,
     digest: str | None = None,
     receipt: str | None = None,

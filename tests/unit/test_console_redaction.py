@@ -11,7 +11,7 @@ from opledger.console.redaction import Redaction
 from opledger.ledger.errors import InvalidInput
 from opledger.ledger.sensitive import RedactionRuleInvalid
 
-from .histories import OP_ID, attempt
+from .histories import KEY, attempt
 from .histories import evidence as evidence_of
 
 
@@ -100,7 +100,7 @@ def test_payloads_responses_details_and_results_hide_secrets_for_every_action() 
     attempts, evidence = rules.results(
         "pay.charge.v1",
         [attempt().model_copy(update={"response": response})],
-        [evidence_of("confirmed", key=OP_ID).model_copy(update={"detail": detail})],
+        [evidence_of("confirmed", key=KEY).model_copy(update={"detail": detail})],
     )
     for document in (attempts[0].response, evidence[0].detail):
         assert not any(c in repr(document) for c in CLEAR), document

@@ -25,7 +25,7 @@ from opledger.ledger.evidence import (
     binds,
 )
 
-from .histories import DIGEST, OP_ID, T0, attempt, claim, evidence, grant, operation
+from .histories import DIGEST, KEY, T0, attempt, claim, evidence, grant, operation
 
 S = timedelta(seconds=1)
 AFTER = T0 + 60 * S  # past every attempt's 20 s deadline
@@ -58,7 +58,7 @@ def test_a_provider_that_releases_the_key_on_a_5xx_gets_no_same_key_retry() -> N
 def test_the_same_5xx_is_retried_where_the_provider_applies_atomically() -> None:
     atomic = keyed(after_error="nothing_applied")
     decision = decide(atomic, operation(), [attempt()], [server_error()], grant(), AFTER)
-    assert decision == Dispatch(idempotency_key=OP_ID, payload_digest=DIGEST)
+    assert decision == Dispatch(idempotency_key=KEY, payload_digest=DIGEST)
 
 
 def test_a_provider_that_replays_its_5xx_is_not_asked_again() -> None:
@@ -79,7 +79,7 @@ def test_a_released_key_is_looked_up_and_an_authoritative_absence_allows_the_ret
     )
     absent = evidence("absent", at=AFTER)
     decision = decide(released, operation(), [attempt()], [server_error(), absent], grant(), AFTER)
-    assert decision == Dispatch(idempotency_key=OP_ID, payload_digest=DIGEST)
+    assert decision == Dispatch(idempotency_key=KEY, payload_digest=DIGEST)
 
 
 def test_keys_lost_on_restart_are_looked_up_before_any_retry() -> None:
@@ -150,9 +150,7 @@ def test_a_refusal_of_one_attempt_does_not_reject_a_later_one() -> None:
 
 
 def test_a_response_bound_to_another_body_never_confirms() -> None:
-    other = Confirmed(
-        receipt_id="r", binding=Binding(idempotency_key=OP_ID, payload_digest="b" * 64)
-    )
+    other = Confirmed(receipt_id="r", binding=Binding(idempotency_key=KEY, payload_digest="b" * 64))
     outcome = admit(keyed(), claim(), other)
     assert isinstance(outcome, Ambiguous) and outcome.code == BINDING_MISMATCH
     # the scope it was sent into stays where the retry risk reads it
@@ -160,7 +158,7 @@ def test_a_response_bound_to_another_body_never_confirms() -> None:
 
 
 def test_a_response_without_the_digest_the_provider_gives_never_confirms() -> None:
-    bare = Confirmed(receipt_id="r", binding=Binding(idempotency_key=OP_ID))
+    bare = Confirmed(receipt_id="r", binding=Binding(idempotency_key=KEY))
     outcome = admit(keyed(response_binds="key_and_digest"), claim(), bare)
     assert isinstance(outcome, Ambiguous) and outcome.code == UNBOUND_RESPONSE
     assert outcome.detail["scope"] == keyed().idempotency.scope
@@ -169,7 +167,7 @@ def test_a_response_without_the_digest_the_provider_gives_never_confirms() -> No
 
 def test_a_replay_from_a_provider_that_does_not_check_payloads_needs_the_digest() -> None:
     replay = Confirmed(
-        receipt_id="r", binding=Binding(idempotency_key=OP_ID), detail={"replayed": True}
+        receipt_id="r", binding=Binding(idempotency_key=KEY), detail={"replayed": True}
     )
     unchecked = keyed(payload_checked=False, response_binds="key")
     outcome = admit(unchecked, claim(), replay)
@@ -177,7 +175,7 @@ def test_a_replay_from_a_provider_that_does_not_check_payloads_needs_the_digest(
     checked = keyed(payload_checked=True, response_binds="key")
     assert admit(checked, claim(), replay).kind == "confirmed"
     bound = replay.model_copy(
-        update={"binding": Binding(idempotency_key=OP_ID, payload_digest=DIGEST)}
+        update={"binding": Binding(idempotency_key=KEY, payload_digest=DIGEST)}
     )
     assert admit(unchecked, claim(), bound).kind == "confirmed"
 
@@ -196,7 +194,7 @@ def test_still_executing_does_not_use_up_an_attempt_and_delays_the_next() -> Non
     assert isinstance(decide(keyed(), operation(), attempts, [first, *busy], grant(), now), Wait)
     later = T0 + 200 * S  # four "in progress" answers did not use up the five attempts
     decision = decide(keyed(), operation(), attempts, [first, *busy], grant(), later)
-    assert decision == Dispatch(idempotency_key=OP_ID, payload_digest=DIGEST)
+    assert decision == Dispatch(idempotency_key=KEY, payload_digest=DIGEST)
 
 
 def test_attempts_that_sent_nothing_are_no_attempt_in_flight() -> None:
@@ -204,7 +202,7 @@ def test_attempts_that_sent_nothing_are_no_attempt_in_flight() -> None:
     no_dedup = crm_contract(keys=False, lookup="none", request_timeout=10 * S)
     # nothing reached the provider, so even one without dedup is sent at once
     decision = decide(no_dedup, operation(), [attempt()], [refused], grant(), T0 + 2 * S)
-    assert decision == Dispatch(idempotency_key=OP_ID, payload_digest=DIGEST)
+    assert decision == Dispatch(idempotency_key=KEY, payload_digest=DIGEST)
     many = [attempt(n) for n in range(1, 6)]
     all_refused = [
         evidence("ambiguous", source="dispatch", attempt_n=n, code="not_sent") for n in range(1, 6)
@@ -239,12 +237,12 @@ def test_every_attempt_records_the_scope_it_was_sent_into() -> None:
 def test_a_refusal_after_an_unprotected_earlier_attempt_is_no_rejection() -> None:
     """Attempt 1 may have applied; attempt 2 (a new key, or a key that did not protect it)
     is refused: the refusal speaks for attempt 2 only."""
-    two_keys = [attempt(1), attempt(2, started=T0 + 30 * S, key=f"{OP_ID}.k2")]
+    two_keys = [attempt(1), attempt(2, started=T0 + 30 * S, key=f"{KEY}.k2")]
     lost = evidence("ambiguous", source="dispatch", attempt_n=1, code="timeout")
     refusal = evidence(
-        "rejected", source="dispatch", attempt_n=2, key=f"{OP_ID}.k2", code="case_not_found"
+        "rejected", source="dispatch", attempt_n=2, key=f"{KEY}.k2", code="case_not_found"
     )
-    op = operation(idempotency_key=f"{OP_ID}.k2")
+    op = operation(idempotency_key=f"{KEY}.k2")
     later = AFTER + 30 * S
     assert not isinstance(decide(keyed(), op, two_keys, [lost, refusal], grant(), later), Reject)
     same_key = [attempt(1), attempt(2, started=T0 + 30 * S)]
@@ -272,10 +270,10 @@ def test_a_status_api_without_deduplication_needs_the_digest_to_confirm() -> Non
     body was sent under it: another client's request under our reference is not ours."""
     keyless = crm_contract(keys=False, request_timeout=10 * S, max_in_flight=20 * S)
     assert keyless.idempotency.kind == "none" and keyless.lookup.kind == "status_api"
-    op, keys = operation(), frozenset({OP_ID})
-    assert not binds(evidence("confirmed", key=OP_ID), op, keys, keyless)
-    assert binds(evidence("confirmed", key=OP_ID, digest=DIGEST), op, keys, keyless)
-    foreign = evidence("confirmed", key=OP_ID, digest="b" * 64)
+    op, keys = operation(), frozenset({KEY})
+    assert not binds(evidence("confirmed", key=KEY), op, keys, keyless)
+    assert binds(evidence("confirmed", key=KEY, digest=DIGEST), op, keys, keyless)
+    foreign = evidence("confirmed", key=KEY, digest="b" * 64)
     assert not binds(foreign, op, keys, keyless)
 
 
@@ -285,10 +283,10 @@ def test_a_search_finding_our_key_at_an_unchecked_key_store_needs_the_digest() -
     unchecked = crm_contract(
         lookup="search", payload_checked=False, request_timeout=10 * S, max_in_flight=20 * S
     )
-    op, keys = operation(), frozenset({OP_ID})
-    assert not binds(evidence("confirmed", key=OP_ID), op, keys, unchecked)
-    assert binds(evidence("confirmed", key=OP_ID, digest=DIGEST), op, keys, unchecked)
+    op, keys = operation(), frozenset({KEY})
+    assert not binds(evidence("confirmed", key=KEY), op, keys, unchecked)
+    assert binds(evidence("confirmed", key=KEY, digest=DIGEST), op, keys, unchecked)
     checked = unchecked.model_copy(
         update={"idempotency": unchecked.idempotency.model_copy(update={"payload_checked": True})}
     )
-    assert binds(evidence("confirmed", key=OP_ID), op, keys, checked)
+    assert binds(evidence("confirmed", key=KEY), op, keys, checked)

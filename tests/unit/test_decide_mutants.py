@@ -40,11 +40,11 @@ from opledger.ledger.evidence import (
 )
 from opledger.ledger.risk import human, retention_risk, same_key_retry_risk
 
-from .histories import DIGEST, OP_ID, T0, attempt, claim, evidence, grant, operation
+from .histories import DIGEST, KEY, OP_ID, T0, attempt, claim, evidence, grant, operation
 
 S = timedelta(seconds=1)
-KEYS = frozenset({OP_ID})
-SEND = Dispatch(idempotency_key=OP_ID, payload_digest=DIGEST)
+KEYS = frozenset({KEY})
+SEND = Dispatch(idempotency_key=KEY, payload_digest=DIGEST)
 OTHER_DIGEST = "b" * 64
 
 
@@ -99,14 +99,15 @@ def test_a_duration_is_shown_in_whole_units_of_the_largest_that_reads_well(
 
 def test_a_receipt_clashes_on_exactly_the_fields_it_names_differently() -> None:
     op = operation()
-    assert binding_clashes(Binding(), op, OP_ID) == []
-    ours = Binding(idempotency_key=OP_ID, target="case-318", payload_digest=DIGEST)
-    assert binding_clashes(ours, op, OP_ID) == []
-    assert binding_clashes(Binding(idempotency_key="someone-else"), op, OP_ID) == ["key"]
-    assert binding_clashes(Binding(target="case-9"), op, OP_ID) == ["target"]
-    assert binding_clashes(Binding(payload_digest=OTHER_DIGEST), op, OP_ID) == ["payload_digest"]
+    assert binding_clashes(Binding(), op, KEY) == []
+    ours = Binding(idempotency_key=KEY, target="case-318", payload_digest=DIGEST)
+    assert binding_clashes(ours, op, KEY) == []
+    assert binding_clashes(Binding(idempotency_key="someone-else"), op, KEY) == ["key"]
+    assert binding_clashes(Binding(idempotency_key=OP_ID), op, KEY) == ["key"]  # id, not key
+    assert binding_clashes(Binding(target="case-9"), op, KEY) == ["target"]
+    assert binding_clashes(Binding(payload_digest=OTHER_DIGEST), op, KEY) == ["payload_digest"]
     every = Binding(idempotency_key="someone-else", target="case-9", payload_digest=OTHER_DIGEST)
-    assert binding_clashes(every, op, OP_ID) == ["key", "target", "payload_digest"]
+    assert binding_clashes(every, op, KEY) == ["key", "target", "payload_digest"]
     assert (
         binding_clashes(Binding(idempotency_key="someone-else"), op, None) == []
     )  # no key of ours yet
@@ -143,7 +144,7 @@ def test_without_a_contract_only_the_binding_is_checked_and_no_scope_recorded() 
 
 def test_a_response_binds_what_the_contract_says_the_provider_gives() -> None:
     bare = Confirmed(receipt_id="r", binding=Binding(), detail={"at": T0})
-    keyed_only = Confirmed(receipt_id="r", binding=Binding(idempotency_key=OP_ID))
+    keyed_only = Confirmed(receipt_id="r", binding=Binding(idempotency_key=KEY))
     assert admit(keyed(response_binds="nothing"), claim(), bare).kind == "confirmed"
     for binds_what in ("key", "key_and_digest"):
         outcome = admit(keyed(response_binds=binds_what), claim(), bare)
@@ -181,40 +182,38 @@ def test_evidence_binds_only_with_our_key_or_receipt_and_what_the_contract_requi
     by_receipt = evidence("confirmed", source="dispatch", key=None, receipt="case-318@v7")
     assert binds(by_receipt, op, KEYS, keyed(response_binds="nothing"))
     assert not binds(by_receipt, op, KEYS, keyed(response_binds="key"))
-    with_key = evidence("confirmed", source="dispatch", key=OP_ID)
+    with_key = evidence("confirmed", source="dispatch", key=KEY)
     assert binds(with_key, op, KEYS, keyed(response_binds="key"))
     # a replay from a provider that does not check the payload must name our body
     unchecked = keyed(response_binds="key", payload_checked=False)
-    replayed = evidence("confirmed", source="dispatch", key=OP_ID, replayed=True)
+    replayed = evidence("confirmed", source="dispatch", key=KEY, replayed=True)
     assert not binds(replayed, op, KEYS, unchecked)
     assert binds(with_key, op, KEYS, unchecked)
-    replayed_ours = evidence(
-        "confirmed", source="dispatch", key=OP_ID, digest=DIGEST, replayed=True
-    )
+    replayed_ours = evidence("confirmed", source="dispatch", key=KEY, digest=DIGEST, replayed=True)
     assert binds(replayed_ours, op, KEYS, unchecked)
 
 
 def test_a_lookup_by_key_confirms_only_where_the_key_tells_our_body_from_others() -> None:
     op = operation()
-    found = evidence("confirmed", key=OP_ID)
+    found = evidence("confirmed", key=KEY)
     assert binds(found, op, KEYS)  # no contract: the binding alone
     assert binds(found, op, KEYS, keyed(lookup="status_api", payload_checked=True))
     unchecked = keyed(lookup="status_api", payload_checked=False)
     assert not binds(found, op, KEYS, unchecked)
-    assert binds(evidence("confirmed", key=OP_ID, digest=DIGEST), op, KEYS, unchecked)
-    assert binds(evidence("confirmed", key=OP_ID, digest=DIGEST), op, KEYS, NO_DEDUP_STATUS)
+    assert binds(evidence("confirmed", key=KEY, digest=DIGEST), op, KEYS, unchecked)
+    assert binds(evidence("confirmed", key=KEY, digest=DIGEST), op, KEYS, NO_DEDUP_STATUS)
     # a refusal by our key speaks for our key, whatever the body
-    assert binds(evidence("rejected", key=OP_ID), op, KEYS, unchecked)
+    assert binds(evidence("rejected", key=KEY), op, KEYS, unchecked)
 
 
 def test_rule_1_through_decide_a_lookup_by_key_needs_the_digest_where_payloads_go_unchecked() -> (
     None
 ):
     unchecked = keyed(lookup="status_api", payload_checked=False)
-    found = evidence("confirmed", key=OP_ID, at=T0 + 21 * S)
+    found = evidence("confirmed", key=KEY, at=T0 + 21 * S)
     decision = decide(unchecked, operation(), [attempt()], [found], grant(), T0 + 22 * S)
     assert not isinstance(decision, Confirm)
-    ours = evidence("confirmed", key=OP_ID, digest=DIGEST, at=T0 + 21 * S)
+    ours = evidence("confirmed", key=KEY, digest=DIGEST, at=T0 + 21 * S)
     decision = decide(unchecked, operation(), [attempt()], [ours], grant(), T0 + 22 * S)
     assert decision == Confirm(evidence_id=ours.id)
 
@@ -238,7 +237,7 @@ def test_no_retention_risk_without_keys_or_before_the_key_was_used() -> None:
     assert retention_risk(keyed(), operation(), [], [], AFTER) is None
     assert retention_risk(NO_DEDUP, operation(), [attempt()], [], AFTER) is None
     # an operator's new key was never sent: the provider cannot have forgotten it
-    renewed = operation(idempotency_key=f"{OP_ID}.k2")
+    renewed = operation(idempotency_key=f"{KEY}.k2")
     assert retention_risk(keyed(), renewed, [attempt()], [], T0 + timedelta(days=3)) is None
     assert same_key_retry_risk(keyed(), renewed, [attempt()], [], T0 + timedelta(days=3)) is None
 
@@ -347,7 +346,7 @@ def test_only_an_absence_of_our_own_key_is_proof() -> None:
     now = T0 + 22 * S
     for no_proof in (
         evidence("absent", key="someone-else", at=T0 + 21 * S),
-        evidence("inconclusive", key=OP_ID, at=T0 + 21 * S),
+        evidence("inconclusive", key=KEY, at=T0 + 21 * S),
     ):
         decision = decide(STATUS_API, operation(), [attempt()], [no_proof], grant(), now)
         assert isinstance(decision, HoldUnknown)
@@ -464,8 +463,8 @@ def test_attempts_that_sent_nothing_are_bounded_by_max_attempts_exactly() -> Non
 
 def test_a_key_exactly_as_long_as_the_provider_accepts_is_sent() -> None:
     prepared = operation(Status.PREPARED, fence=0)
-    assert decide(keyed(max_key_length=len(OP_ID)), prepared, [], [], grant(), T0) == SEND
-    decision = decide(keyed(max_key_length=len(OP_ID) - 1), prepared, [], [], grant(), T0)
+    assert decide(keyed(max_key_length=len(KEY)), prepared, [], [], grant(), T0) == SEND
+    decision = decide(keyed(max_key_length=len(KEY) - 1), prepared, [], [], grant(), T0)
     assert isinstance(decision, NeedsReview)
 
 

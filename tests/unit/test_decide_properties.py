@@ -30,7 +30,7 @@ from opledger.ledger.contract import Contract
 from opledger.ledger.decide import Confirm, Decision, Dispatch, HoldUnknown, Reject, Wait, decide
 from opledger.ledger.evidence import admit, replayed_answer
 
-from .histories import DIGEST, OP_ID, T0, attempt, claim, evidence, grant, operation
+from .histories import DIGEST, KEY, OP_ID, T0, attempt, claim, evidence, grant, operation
 
 S = timedelta(seconds=1)
 History = tuple[Contract, Operation, list[Attempt], list[Evidence], Authorization | None, datetime]
@@ -169,7 +169,8 @@ def histories(
                     ]
                 ),
                 st.sampled_from(["dispatch", "dispatch", "lookup"]),
-                st.sampled_from([OP_ID, "op_01ARZ3NDEKTSV4RRFFQ69G5FAW", None]),
+                # ours, the operation's id (never its key), another key, none
+                st.sampled_from([KEY, OP_ID, "opk_7ZQ3M1XK9D4VB2N8C6RT0HJW5G", None]),
                 st.sampled_from(["case-318", "case-999", None]),
                 st.sampled_from([DIGEST, "b" * 64, None]),
                 st.sampled_from([None, "rcpt-1", "rcpt-2"]),
@@ -447,7 +448,7 @@ def answers(draw: st.DrawFn) -> tuple[Contract, Claim, Outcome]:
         outcome = Confirmed(
             receipt_id="rcpt-1",
             binding=Binding(
-                idempotency_key=OP_ID,
+                idempotency_key=KEY,
                 target="case-318" if kind == "receipt" else draw(st.sampled_from([None, "c-9"])),
                 payload_digest=DIGEST if kind == "receipt" else "b" * 64,
             ),

@@ -25,7 +25,7 @@ from opledger.ledger.decide import (
 )
 from opledger.ledger.models import Evidence
 
-from .histories import DIGEST, OP_ID, T0, attempt, evidence, grant, operation
+from .histories import DIGEST, KEY, T0, attempt, evidence, grant, operation
 
 S = timedelta(seconds=1)
 KEYED_STATUS = crm_contract(request_timeout=10 * S, max_in_flight=20 * S)
@@ -38,7 +38,7 @@ NO_DEDUP = smtp_contract(request_timeout=10 * S)
 
 def test_rule_1_confirm_only_on_evidence_binding_this_operation() -> None:
     op, attempts = operation(), [attempt()]
-    bound = evidence("confirmed", key=OP_ID, target="case-318", at=T0 + 30 * S)
+    bound = evidence("confirmed", key=KEY, target="case-318", at=T0 + 30 * S)
     assert decide(KEYED_STATUS, op, attempts, [bound], grant(), T0 + 31 * S) == Confirm(
         evidence_id=bound.id
     )
@@ -49,8 +49,8 @@ def test_rule_1_confirm_only_on_evidence_binding_this_operation() -> None:
     )
     # our key but another target or payload: contradicts, so it confirms nothing
     for wrong in (
-        evidence("confirmed", key=OP_ID, target="case-999", at=T0 + 30 * S),
-        evidence("confirmed", key=OP_ID, digest="b" * 64, at=T0 + 30 * S),
+        evidence("confirmed", key=KEY, target="case-999", at=T0 + 30 * S),
+        evidence("confirmed", key=KEY, digest="b" * 64, at=T0 + 30 * S),
     ):
         assert not isinstance(
             decide(KEYED_STATUS, op, attempts, [wrong], grant(), T0 + 31 * S), Confirm
@@ -103,7 +103,7 @@ def test_rule_4_same_key_only_inside_the_retention_window() -> None:
     contract = KEYED_NO_LOOKUP
     op, attempts = operation(), [attempt()]
     inside = decide(contract, op, attempts, [], grant(), T0 + timedelta(hours=1))
-    assert inside == Dispatch(idempotency_key=OP_ID, payload_digest=DIGEST)
+    assert inside == Dispatch(idempotency_key=KEY, payload_digest=DIGEST)
     near_end = T0 + timedelta(hours=24) - contract.retention_margin
     assert isinstance(decide(contract, op, attempts, [], grant(), near_end), NeedsReview)
     assert isinstance(
@@ -146,7 +146,7 @@ def test_rule_6_search_absence_proves_nothing_but_status_absence_does() -> None:
     # status API: "no such request" after the deadline is proof: retry with the same key
     absent = evidence("absent", at=T0 + 21 * S)
     assert decide(KEYED_STATUS, op, attempts, [absent], grant(), T0 + 22 * S) == Dispatch(
-        idempotency_key=OP_ID, payload_digest=DIGEST
+        idempotency_key=KEY, payload_digest=DIGEST
     )
     # ... but not when it was asked before the deadline
     early_absent = evidence("absent", at=T0 + 5 * S)
@@ -195,7 +195,7 @@ def test_attempts_are_bounded() -> None:
 def test_a_prepared_operation_is_dispatched_and_a_final_one_refused() -> None:
     prepared = operation(Status.PREPARED, fence=0)
     assert decide(KEYED_STATUS, prepared, [], [], grant(), T0) == Dispatch(
-        idempotency_key=OP_ID, payload_digest=DIGEST
+        idempotency_key=KEY, payload_digest=DIGEST
     )
     with pytest.raises(ValueError):
         decide(KEYED_STATUS, operation(Status.CONFIRMED), [attempt()], [], grant(), T0)
@@ -251,7 +251,7 @@ def test_not_now_waits_as_long_as_the_provider_asked_and_never_counts() -> None:
     assert decision == Wait(until=T0 + 531 * S)
     # then sent again: six attempts, none of which counts toward the five that ask a person
     decision = decide(THROTTLE_DOCUMENTED, op, attempts, answers, grant(), T0 + 531 * S)
-    assert decision == Dispatch(idempotency_key=OP_ID, payload_digest=DIGEST)
+    assert decision == Dispatch(idempotency_key=KEY, payload_digest=DIGEST)
 
 
 def test_not_now_without_retry_after_waits_the_contract_default_and_a_huge_one_is_capped() -> None:
@@ -288,7 +288,7 @@ def test_refused_connections_never_send_an_operation_to_a_person() -> None:
         for n in range(1, 9)
     ]
     decision = decide(NO_DEDUP, op, attempts, refused, grant(), T0 + 2 * S)
-    assert decision == Dispatch(idempotency_key=OP_ID, payload_digest=DIGEST)
+    assert decision == Dispatch(idempotency_key=KEY, payload_digest=DIGEST)
     # while a send window that passed five times is our own slowness: a person looks
     late = [
         evidence("ambiguous", source="dispatch", attempt_n=n, code="not_sent", why="window_passed")
@@ -311,4 +311,4 @@ def test_undocumented_not_now_answers_never_count_toward_the_attempts_either() -
     answers = [_throttled(n, (n - 1) * 100 + 1, retry_after_s=5) for n in range(1, 7)]
     later = attempts[-1].deadline_at + S
     decision = decide(keyed, op, attempts, answers, grant(), later)
-    assert decision == Dispatch(idempotency_key=OP_ID, payload_digest=DIGEST)
+    assert decision == Dispatch(idempotency_key=KEY, payload_digest=DIGEST)

@@ -9,7 +9,7 @@ from opledger.console.redaction import Redaction
 from opledger.ledger import Confirmed
 from opledger.ledger.evidence import RESULT_LIMIT, admit, with_result
 
-from .histories import OP_ID, attempt, claim, evidence
+from .histories import KEY, attempt, claim, evidence
 
 
 def test_a_small_result_is_kept_canonical() -> None:
@@ -51,7 +51,7 @@ def test_the_console_hides_result_fields_as_it_hides_payload_fields() -> None:
     attempts, shown = rules.results(
         "pay.charge.v1",
         [attempt().model_copy(update={"response": response})],
-        [evidence("confirmed", key=OP_ID, result=doc), mismatch],
+        [evidence("confirmed", key=KEY, result=doc), mismatch],
     )
     for doc_shown in (
         attempts[0].response["result"] if attempts[0].response else {},
