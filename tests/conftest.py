@@ -87,7 +87,8 @@ def truncate_all(database_url: str, attempts: int = 5) -> None:
                 conn.execute(f"TRUNCATE {TABLES}")
                 conn.execute(f'DELETE FROM "{SCHEMA}".ledger_epochs WHERE epoch > 0')
                 conn.execute(  # a test that made the server look switched puts it back
-                    f'UPDATE "{SCHEMA}".ledger_epochs SET timeline = "{SCHEMA}".opledger_timeline(),'
+                    f'UPDATE "{SCHEMA}".ledger_epochs'
+                    f' SET timeline = "{SCHEMA}".opledger_timeline(),'
                     " suspect_until = NULL WHERE epoch = 0"
                 )
             return
