@@ -95,6 +95,7 @@ def unreplicated(rt: Runtime) -> str | None:
         _replication_read = (time.monotonic(), why)
     return why
 
+
 #: the app that publishes opledger's tasks from code outside a worker: opledger's own, or
 #: the one `register(app)` was given
 _publisher: Celery = app

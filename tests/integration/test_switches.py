@@ -136,7 +136,7 @@ def test_a_promotion_is_recorded_once_and_every_open_operation_is_quarantined(
     assert [e.epoch for e in epochs] == [1, 0]
     switch = epochs[0]
     assert switch.kind == "timeline" and switch.detected_by == "w1"
-    assert switch.previous_timeline == switch.timeline + 1000
+    assert switch.timeline is not None and switch.previous_timeline == switch.timeline + 1000
     assert switch.quarantined == 4  # waiting, flying, lost and late; never the confirmed one
     assert switch.fence_floor >= int(before.timestamp() * 1_000_000)
     assert switch.suspect_until is not None and switch.suspect_until > before

@@ -58,8 +58,8 @@ NO_DEDUP_ACTION = f"{NO_DEDUP.namespace}.update_case.v1"
 TENANT = "acme"
 RUN = "failover"
 #: how many acts the agent asks for, and how fast
-ACTS = 160
-PER_SECOND = 25.0
+ACTS = 120
+PER_SECOND = 10.0
 
 
 def acts() -> list[tuple[str, str]]:
@@ -222,6 +222,7 @@ class Figures:
     fences_reused: list[tuple[str, int]]  #: (op, fence) claimed on both with other tokens
     untraced: list[str]  #: acts applied at the provider that the new ledger cannot account for
     switches: list[tuple[Any, ...]]
+    orphans: int  #: providers' answers to claims the new ledger had forgotten
 
 
 def figures(run: Run, old: Server | None) -> Figures:
@@ -274,6 +275,7 @@ def figures(run: Run, old: Server | None) -> Figures:
             continue
         untraced.append(f"{intent} {action}: {status} {review}")
     switches = rows(new, "SELECT epoch, kind, quarantined, reason FROM ledger_epochs ORDER BY 1")
+    orphans = rows(new, "SELECT count(*) FROM orphan_receipts")[0][0]
     return Figures(
         applied,
         statuses,
@@ -283,6 +285,7 @@ def figures(run: Run, old: Server | None) -> Figures:
         reused,
         untraced,
         switches,
+        orphans,
     )
 
 
@@ -337,19 +340,21 @@ def test_asynchronous_failover_behind_never_repeats_an_effect_nor_drops_an_answe
     run: Run = run_for(synchronous=False)
     fail_over(run, lag=True)
     f = figures(run, run.servers[0])
+    print(
+        f"lost: {f.lost_operations} operations, {f.lost_attempts} claims, "
+        f"{f.lost_confirmations} confirmations; applied "
+        f"{sum(n for k, n in f.applied.items() if KEYED.account in k)} keyed and "
+        f"{sum(n for k, n in f.applied.items() if NO_DEDUP.account in k)} undeduplicated "
+        f"acts; held for a person {sum(1 for s in f.statuses.values() if s == 'unknown')}; "
+        f"orphan receipts {f.orphans}; switches {f.switches[1:]}"
+    )
     # the switch really lost committed work: operations and claims the workers acted on
-    assert f.lost_operations > 0 and f.lost_attempts > 0, f
+    assert f.lost_operations > 0 and f.lost_attempts + len(f.fences_reused) > 0, f
     assert duplicates(f.applied, KEYED.account) == []
     assert duplicates(f.applied, NO_DEDUP.account) == []  # never sent a second time blind
     assert f.fences_reused == []
     assert f.untraced == []
     check_switched_once(f)
-    held = [s for s in f.statuses.values() if s == "unknown"]
-    print(
-        f"lost: {f.lost_operations} operations, {f.lost_attempts} claims, "
-        f"{f.lost_confirmations} confirmations; applied {sum(f.applied.values())} acts; "
-        f"held for a person {len(held)}; switches {f.switches[1:]}"
-    )
 
 
 def test_a_restore_under_running_workers_never_repeats_an_effect(run_for: Any) -> None:

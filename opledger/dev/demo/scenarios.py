@@ -125,9 +125,7 @@ def unsafe_retries(story: Story) -> Row:
     search = next(k for k in KINDS if k.name == "search")
     story.sandbox.configure(account=search.account, search_lag_s=120.0)
     lagging = story.prepare("unsafe", "close-lagging", action=search.action)
-    story.sandbox.fault(
-        "crm", "drop_after_commit", key=story.ledger.get(lagging).idempotency_key
-    )
+    story.sandbox.fault("crm", "drop_after_commit", key=story.ledger.get(lagging).idempotency_key)
     story.send(lagging)
     story.settle([close, lagging])
     return story.row(
