@@ -328,3 +328,47 @@ def test_the_switches_command_lists_epochs_orphans_and_ends_a_window(
     assert worker.epochs()[0].ended_by is not None
     refused = invoke("switches", "end", "7", "--operator", "alice")
     assert refused.code == 3 and "no switch #7" in refused.err
+
+
+def test_a_fleet_whose_claims_wait_for_a_synchronous_standby_quarantines_nothing_on_a_promotion(
+    new_ledger: NewLedger,
+) -> None:
+    worker = new_ledger()
+    worker.claims_synchronous = True  # OPLEDGER_REQUIRE_SYNC_STANDBY on every process
+    op = prepare_op(worker, "kept")
+    look_switched(worker)
+    switch = worker.check_switch(by="w1")
+    assert switch is not None and switch.kind == "timeline" and switch.quarantined == 0
+    assert switch.suspect_until is None and "OPLEDGER_REQUIRE_SYNC_STANDBY" in switch.reason
+    claim = worker.claim(op.id, owner="w1")  # sent as usual: nothing was lost
+    assert claim is not None and claim.fence == 1 and claim.epoch == 1
+    # a restore still quarantines: nothing replicates into a backup
+    worker._store.witness.flushed += 1 << 40
+    rewind = worker.check_switch(by="w1")
+    assert rewind is not None and rewind.kind == "rewind" and rewind.quarantined == 1
+
+
+def test_strict_mode_claims_nothing_without_a_synchronous_standby(
+    new_ledger: NewLedger, database_url: str
+) -> None:
+    from opledger.adapters.registry import load_registry
+    from opledger.settings import Settings
+    from opledger.tasks import app as tasks
+
+    settings = Settings.from_environ(
+        {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_REQUIRE_SYNC_STANDBY": "true"}
+    )
+    ledger = new_ledger()
+    rt = tasks.Runtime(
+        settings=settings, ledger=ledger, registry=load_registry(settings), owner="w1"
+    )
+    tasks._replication_read = (-tasks.REPLICATION_TTL_S, None)
+    why = tasks.unreplicated(rt)
+    assert why is not None and "no standby" in why
+    relaxed = tasks.Runtime(
+        settings=Settings.from_environ({"OPLEDGER_DATABASE_URL": database_url}),
+        ledger=ledger,
+        registry=rt.registry,
+        owner="w1",
+    )
+    assert tasks.unreplicated(relaxed) is None
