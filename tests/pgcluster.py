@@ -125,6 +125,19 @@ def unavailable() -> str | None:
     return None
 
 
+def cluster_or_skip(workdir: Path, *, synchronous: bool) -> Cluster:
+    """A cluster, or a skip on a machine without Postgres's server programs (a failure in
+    CI, which has them)."""
+    import pytest
+
+    why = unavailable()
+    if why is not None:
+        if os.environ.get("CI"):
+            raise RuntimeError(why)
+        pytest.skip(why)
+    return Cluster(workdir, synchronous=synchronous)
+
+
 def _server_user() -> pwd.struct_passwd | None:
     """The user to run the servers as: None (this process's own) unless we are root."""
     if os.geteuid() != 0:

@@ -25,7 +25,6 @@ standby never received):
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import threading
 import time
@@ -36,16 +35,17 @@ from typing import Any
 
 import psycopg
 import pytest
+from celery import Celery
 
 from opledger.dev.chaos.run import stack_env
 from opledger.dev.chaos.variants import KINDS, build_registry, configure_sandbox
-from opledger.dev.processes import PrivateRedis, Stack, use_broker, wait_until
+from opledger.dev.processes import PrivateRedis, Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import DatabaseUnavailable, Ledger, Status
 from opledger.ledger.migrate import upgrade
 from opledger.settings import Settings
 from tests.conftest import SCHEMA
-from tests.pgcluster import Cluster, Server, multi_host_url, unavailable
+from tests.pgcluster import Cluster, Server, cluster_or_skip, multi_host_url
 
 pytestmark = [pytest.mark.system, pytest.mark.own_processes, pytest.mark.timeout(600)]
 
@@ -83,12 +83,11 @@ class Run:
     sandbox: Sandbox
     stack: Stack
     ledger: Ledger
+    publisher: Celery  #: the agent's own Celery app: this process's default app is untouched
     asked: dict[str, str] = field(default_factory=dict)  #: intent key -> op id last asked
 
     def ask(self, intent_key: str, action: str) -> None:
         """The agent asks for one act and publishes it (what `Effects.effect` does)."""
-        from opledger.tasks.app import dispatch
-
         for attempt in range(60):
             try:
                 op = self.ledger.prepare(
@@ -107,40 +106,35 @@ class Run:
                 time.sleep(0.25)
         self.asked[intent_key] = op.id
         if op.status is Status.PREPARED:
-            dispatch.delay(op.id)
-
-
-def make_cluster(workdir: Path, *, synchronous: bool) -> Cluster:
-    why = unavailable()
-    if why is not None:
-        if os.environ.get("CI"):
-            raise RuntimeError(why)
-        pytest.skip(why)
-    return Cluster(workdir, synchronous=synchronous)
+            self.publisher.send_task("opledger.dispatch", args=(op.id,))
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedis]:
-    """One Redis for the module's runs (emptied before each): this process publishes to it
-    through one set of pools for the whole module."""
-    from opledger.tasks.app import app
-
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Celery]:
+    """One Redis for the module's runs (emptied before each), and the agent's own Celery
+    app publishing to it: this process's default Celery app, which other tests share, is
+    never pointed anywhere else."""
     redis = PrivateRedis(tmp_path_factory.mktemp("failover-broker"))
     redis.start()
-    use_broker(app, redis.url)
-    yield redis
-    redis.kill()
+    publisher = Celery("failover-agent", set_as_current=False)
+    publisher.config_from_object("opledger.celeryconfig")
+    publisher.conf.broker_url = redis.url
+    try:
+        yield publisher
+    finally:
+        publisher.close()
+        redis.kill()
 
 
 @pytest.fixture
-def run_for(tmp_path: Path, broker: PrivateRedis) -> Iterator[Any]:
+def run_for(tmp_path: Path, broker: Celery) -> Iterator[Any]:
     """`run_for(synchronous=..., standby=...)`: a cluster, a private Redis, the sandbox's
     CRM kinds, the ledger migrated on the primary, two workers and a beat on the multi-host
     URL. Everything is stopped however the test ends."""
     started: list[Any] = []
 
     def make(*, synchronous: bool, standby: bool = True) -> Run:
-        cluster = make_cluster(tmp_path, synchronous=synchronous)
+        cluster = cluster_or_skip(tmp_path, synchronous=synchronous)
         started.append(cluster.close)
         servers = [cluster.primary]
         if standby:
@@ -149,12 +143,12 @@ def run_for(tmp_path: Path, broker: PrivateRedis) -> Iterator[Any]:
         upgrade(cluster.primary.url())
         import redis as redis_client
 
-        with redis_client.Redis.from_url(broker.url) as emptied:
+        with redis_client.Redis.from_url(broker.conf.broker_url) as emptied:
             emptied.flushall()  # nothing of an earlier run's messages
         sandbox = Sandbox()
         sandbox.start()
         started.append(sandbox.stop)
-        env = stack_env(url, broker.url, sandbox, tmp_path)
+        env = stack_env(url, broker.conf.broker_url, sandbox, tmp_path)
         env["OPLEDGER_SWITCH_SUSPECT_SECONDS"] = "3600"
         settings = Settings.from_environ(env)
         configure_sandbox(sandbox, settings)
@@ -168,7 +162,7 @@ def run_for(tmp_path: Path, broker: PrivateRedis) -> Iterator[Any]:
         stack.start_worker("f1", concurrency=1)
         stack.start_worker("f2", concurrency=1)
         stack.start_beat(wait=True)
-        return Run(cluster, servers, url, sandbox, stack, ledger)
+        return Run(cluster, servers, url, sandbox, stack, ledger, broker)
 
     yield make
     for stop in reversed(started):
@@ -391,7 +385,7 @@ def test_the_beat_never_takes_its_lock_on_a_standby(tmp_path: Path) -> None:
     off the primary."""
     from opledger.tasks.beat import BeatLock
 
-    with make_cluster(tmp_path, synchronous=False) as cluster:
+    with cluster_or_skip(tmp_path, synchronous=False) as cluster:
         standby = cluster.add_standby("standby1")
         with pytest.raises(psycopg.OperationalError, match="standby"):
             BeatLock(standby.url(), schema=SCHEMA)

@@ -9,7 +9,6 @@ after the backup, on the same timeline, with the WAL position going back.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,31 +16,20 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.pgcluster import Cluster, Server, multi_host_url, unavailable
+from tests.pgcluster import Cluster, Server, cluster_or_skip, multi_host_url
 
 pytestmark = [pytest.mark.system, pytest.mark.own_processes]
 
 
-def make_cluster(workdir: Path, *, synchronous: bool) -> Cluster:
-    """A cluster, or a skip on a machine without Postgres's server programs (a failure in
-    CI, which has them)."""
-    why = unavailable()
-    if why is not None:
-        if os.environ.get("CI"):
-            raise RuntimeError(why)
-        pytest.skip(why)
-    return Cluster(workdir, synchronous=synchronous)
-
-
 @pytest.fixture
 def async_cluster(tmp_path: Path) -> Iterator[Cluster]:
-    with make_cluster(tmp_path, synchronous=False) as cluster:
+    with cluster_or_skip(tmp_path, synchronous=False) as cluster:
         yield cluster
 
 
 @pytest.fixture
 def sync_cluster(tmp_path: Path) -> Iterator[Cluster]:
-    with make_cluster(tmp_path, synchronous=True) as cluster:
+    with cluster_or_skip(tmp_path, synchronous=True) as cluster:
         yield cluster
 
 

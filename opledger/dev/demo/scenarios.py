@@ -89,7 +89,7 @@ def two_workers(story: Story) -> Row:
     story.sandbox.configure(account="keyed-status", processing_s=0.8)
     close = story.prepare("two-workers", "close")
     story.send(close)
-    story.wait(lambda: story.sandbox.truth()["requests"].get(f"crm:{close}"), 20, "the call")
+    story.wait(lambda: story.sandbox.truth()["requests"].get(story.effect(close)), 20, "the call")
     stalled = story.workers.procs[story.AGENT]
     stalled.signal(signal.SIGSTOP)
     try:
@@ -179,7 +179,7 @@ def postgres_restart(story: Story) -> Row | None:
     close = story.prepare("postgres", "close")
     email = story.prepare("postgres", "email", action="email.send.v1")
     story.send(close, email)
-    story.wait(lambda: story.sandbox.truth()["requests"].get(f"crm:{close}"), 20, "the call")
+    story.wait(lambda: story.sandbox.truth()["requests"].get(story.effect(close)), 20, "the call")
     story.svc.postgres.restart()
     story.ledger.engine.dispose()
     story.sandbox.configure(account="keyed-status", processing_s=0.0)

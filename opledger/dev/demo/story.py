@@ -208,6 +208,10 @@ class Story:
         self.sandbox.reset()
         configure_sandbox(self.sandbox, self.settings)
 
+    def effect(self, op_id: str) -> str:
+        """Where the sandbox counts `op_id`'s effect and requests (by its key)."""
+        return effect_key(self.ledger.history(op_id))
+
     def row(self, scenario: str, broken: str, op_ids: list[str]) -> Row:
         truth = self.sandbox.truth()
         outcome, effects, reviews = [], [], []
