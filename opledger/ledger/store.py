@@ -46,7 +46,7 @@ from .models import (
     Transition,
 )
 from .payload_keys import PayloadKeys, open_result, payload_text
-from .pgschema import schema_from_environment, schema_of, search_path, use_schema
+from .pgschema import must_recycle, schema_from_environment, schema_of, search_path, use_schema
 
 R = TypeVar("R", bound=BaseModel)
 F = TypeVar("F", Attempt, Evidence)
@@ -69,9 +69,6 @@ _TRIGGER_ERRORS: dict[str, type[LedgerError]] = {
 #: connection is dropped and the next one finds the primary (a multi-host URL with
 #: target_session_attrs=read-write)
 _TRANSIENT_STATES = frozenset({"40001", "40P01", "57P01", "57P02", "57P03", "53300", "25006"})
-#: errors after which a kept connection is closed rather than kept: a read-only server, one
-#: shutting down or crashed
-_RECYCLE = frozenset({"25006", "57P01", "57P02", "57P03"})
 #: what a server that refuses a connection says when it is only restarting or busy
 _TRANSIENT_FATAL = ("starting up", "shutting down", "too many", "recovery mode", "terminating")
 #: undefined table, column or function: the schema is not (fully) migrated
@@ -357,7 +354,7 @@ class Store:
         except psycopg.Error as exc:
             # a server that is read-only (a standby) or going away keeps nothing for us:
             # the connection goes, and the next one is made anew (on the new primary)
-            broken = conn.broken or conn.closed or getattr(exc, "sqlstate", None) in _RECYCLE
+            broken = conn.broken or conn.closed or must_recycle(exc)
             if broken:
                 self._hot.discard(held)
             else:
