@@ -773,14 +773,15 @@ $$;
 -- Whether a prepared operation's first claim must not be taken (migration 0017): it was
 -- prepared before the newest switch's suspicion window ended, or its intent has a provider
 -- answer the ledger forgot (an orphan receipt): an earlier ask of its act may have been
--- sent. Such an operation is quarantined instead of claimed.
+-- sent. Such an operation is quarantined instead of claimed, once it can be claimed (one
+-- still waiting on its dependencies stays prepared, so they can release or cancel it).
 CREATE FUNCTION opledger_suspect(p_op_id text) RETURNS boolean
     LANGUAGE sql
     SET search_path FROM CURRENT
     AS $$
 SELECT EXISTS (
     SELECT 1 FROM operations AS s
-    WHERE s.id = p_op_id AND s.status = 'prepared'
+    WHERE s.id = p_op_id AND s.status = 'prepared' AND s.waiting_on = 0
       AND (s.created_at < (SELECT max(l.suspect_until) FROM ledger_epochs AS l)
            OR EXISTS (SELECT 1 FROM orphan_receipts AS r
                       WHERE r.matched_op_id IS NULL AND r.forgotten
@@ -820,11 +821,15 @@ BEGIN
     END IF;
     WITH held AS (
         SELECT o.id, o.updated_at,
-               coalesce((SELECT max(a.n) FROM attempts AS a WHERE a.op_id = o.id), 0) + 1 AS n
+               coalesce((SELECT max(a.n) FROM attempts AS a WHERE a.op_id = o.id), 0) + 1 AS n,
+               -- the longest a real attempt of it was allowed to take (its provider's send
+               -- window and in-flight time, as its claim measured them)
+               (SELECT max(a.deadline_at - a.started_at) FROM attempts AS a
+                WHERE a.op_id = o.id AND a.claim_token NOT LIKE 'ledger-switch-%') AS took
         FROM operations AS o
         WHERE (p_op_id IS NULL OR o.id = p_op_id)
-          AND (o.status IN ('dispatching', 'unknown')
-               OR (o.status = 'prepared' AND (p_op_id IS NOT NULL OR o.waiting_on = 0)))
+          AND ((p_op_id IS NULL AND o.status IN ('dispatching', 'unknown'))
+               OR (o.status = 'prepared' AND o.waiting_on = 0))
         ORDER BY o.id
         FOR UPDATE OF o
     ),
@@ -837,7 +842,8 @@ BEGIN
             record_version = o.record_version + 1, updated_at = now()
         FROM held
         WHERE o.id = held.id
-        RETURNING o.id, o.fence, o.provider, o.idempotency_key, held.n, held.updated_at AS since
+        RETURNING o.id, o.fence, o.provider, o.idempotency_key, held.n, held.updated_at AS since,
+                  held.took
     ),
     attempt AS (
         INSERT INTO attempts (
@@ -846,8 +852,10 @@ BEGIN
         )
         SELECT op.id, op.n, op.fence, p_by, 'ledger-switch-' || e.epoch, op.idempotency_key,
                op.since,
-               now() + coalesce(
-                   make_interval(secs => (p_holds ->> op.provider)::double precision), p_hold),
+               now() + greatest(
+                   coalesce(
+                       make_interval(secs => (p_holds ->> op.provider)::double precision), p_hold),
+                   op.took),
                now(), 'ambiguous',
                jsonb_build_object('kind', 'ambiguous', 'code', 'ledger_switch',
                                   'reason', why, 'detail', jsonb_build_object('switch', e.epoch))

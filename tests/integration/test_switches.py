@@ -25,12 +25,14 @@ from opledger.ledger import (
     Binding,
     ClaimForgotten,
     Confirmed,
+    EvidenceSource,
     ForgedFence,
     Ledger,
     OperationNotFound,
     Quarantined,
     StaleFence,
     Status,
+    Verdict,
     canonicalize,
 )
 from opledger.ledger.decide import Confirm, NeedsReview, decide
@@ -372,3 +374,37 @@ def test_strict_mode_claims_nothing_without_a_synchronous_standby(
         owner="w1",
     )
     assert tasks.unreplicated(relaxed) is None
+
+
+def test_an_operation_waiting_on_another_is_quarantined_only_once_it_may_run(
+    new_ledger: NewLedger,
+) -> None:
+    worker = new_ledger()
+    first = prepare_op(worker, "first")
+    then = prepare_op(worker, "then", after=[first.id])
+    look_switched(worker)
+    worker.check_switch(by="w1")
+    assert worker.get(first.id).status is Status.UNKNOWN
+    # still waiting: neither claimed nor quarantined, so its dependency can release it
+    assert worker.claim(then.id, owner="w1") is None
+    assert worker.get(then.id).status is Status.PREPARED
+    found = worker.record_evidence(
+        first.id,
+        source=EvidenceSource.LOOKUP,
+        verdict=Verdict.CONFIRMED,
+        binding=receipt(first.idempotency_key, first.target).binding,
+    )
+    worker.settle(
+        first.id,
+        fence=worker.get(first.id).fence,
+        to=Status.CONFIRMED,
+        evidence_id=found.id,
+        actor="w1",
+        reason="found by its key",
+    )
+    assert worker.get(then.id).waiting_on == 0
+    with pytest.raises(Quarantined):  # free to run now, and prepared before the switch
+        worker.claim(then.id, owner="w1")
+    assert worker.claim(then.id, owner="w2") is None  # asked again: quarantined once only
+    history = worker.history(then.id)
+    assert [a.outcome for a in history.attempts] == ["ambiguous"]
