@@ -429,7 +429,7 @@ def _switches(engine: Any, schema: str) -> Iterator[Check]:
     try:
         ledger = Ledger(engine, schema=schema)
         newest = ledger.epochs(limit=1)
-        unmatched = ledger.orphan_receipts(unmatched=True, limit=1000)
+        unmatched = [o for o in ledger.orphan_receipts(unmatched=True, limit=1000) if o.forgotten]
     except Exception as exc:  # one line is what a person needs
         yield Check("ledger epoch", False, f"not read: {exc}", warning=True)
         return
