@@ -377,41 +377,8 @@ END;
 $$;
 """
 
-PREVIOUS_GUARD = """
-CREATE OR REPLACE FUNCTION opledger_guard_operation() RETURNS trigger
-    LANGUAGE plpgsql
-    SET search_path FROM CURRENT
-    AS $$
-BEGIN
-    IF NEW.fence < OLD.fence THEN
-        RAISE EXCEPTION 'fence of % cannot go back from % to %', OLD.id, OLD.fence, NEW.fence
-            USING ERRCODE = 'OL002';
-    END IF;
-    IF NEW.status IS DISTINCT FROM OLD.status AND NOT (
-        (OLD.status, NEW.status) IN (
-            ('prepared', 'dispatching'), ('prepared', 'cancelled'),
-            ('dispatching', 'confirmed'), ('dispatching', 'rejected'),
-            ('dispatching', 'unknown'),
-            ('unknown', 'confirmed'), ('unknown', 'rejected'),
-            ('unknown', 'dispatching'), ('unknown', 'cancelled')
-        )
-    ) THEN
-        RAISE EXCEPTION 'operation % cannot move from % to %', OLD.id, OLD.status, NEW.status
-            USING ERRCODE = 'OL001';
-    END IF;
-    IF NEW.changed_by IS NULL OR NEW.change_reason IS NULL
-       OR (NEW.changed_by IS NOT DISTINCT FROM OLD.changed_by
-           AND NEW.change_reason IS NOT DISTINCT FROM OLD.change_reason) THEN
-        RAISE EXCEPTION 'the change of % to % (fence %) does not say who made it and why',
-            OLD.id, NEW.status, NEW.fence
-            USING ERRCODE = 'OL003';
-    END IF;
-    INSERT INTO transitions (op_id, from_status, to_status, fence, actor, reason)
-    VALUES (NEW.id, OLD.status, NEW.status, NEW.fence, NEW.changed_by, NEW.change_reason);
-    RETURN NEW;
-END;
-$$;
-"""
+# the guard as it stood before: the same function without prepared -> unknown
+PREVIOUS_GUARD = GUARD.replace("\n            ('prepared', 'unknown'),", "", 1)
 
 # Epoch 0: the database the ledger runs on now. A server whose WAL position cannot be read
 # (the function is refused) records none; the first switch check then adopts it.
