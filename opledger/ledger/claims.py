@@ -17,7 +17,6 @@ from .contract import Limits
 from .errors import (
     AuthorizationRevoked,
     ClaimForgotten,
-    DatabaseUnavailable,
     ForbiddenTransition,
     ForgedFence,
     InvalidInput,
@@ -50,11 +49,6 @@ from .window import SendWindow, clock
 DEFAULT_LEASE = timedelta(seconds=60)
 
 log = logging.getLogger("opledger.ledger")
-
-
-#: how often a statement that found the ledger switched is run again once the switch is
-#: recorded (another switch in between is the only reason for a second time)
-_SWITCH_RETRIES = 3
 
 
 class Claims(Switches):
@@ -158,21 +152,12 @@ class Claims(Switches):
             "authorized_by": authorized_by,
             "reason": reason,
         }
-        for _ in range(_SWITCH_RETRIES):
-            row = self._store.hot(q.CLAIM, params | self._seen())
-            assert row is not None  # the statement always returns its one row
-            tail = row[_CLAIM_TAIL:]
-            epoch, timeline, flushed, fresh, suspect = tail[12:]
-            if fresh:
-                break
-            # the ledger went back since this process saw it: nothing was claimed; the
-            # switch is recorded (every open operation quarantined) before anything else
-            self._switched(owner, terms)
-        else:
-            raise DatabaseUnavailable(f"the ledger kept switching while claiming {op_id}")
-        self._saw(epoch, timeline, flushed)
+        # not claimed where the ledger went back since this process saw it: the switch is
+        # recorded (every open operation quarantined) first, and the claim asked again
+        row, epoch = self._checked(q.CLAIM, params, by=owner, terms=terms, what=f"claiming {op_id}")
+        tail = row[_CLAIM_TAIL:]
         n_at, started_at, deadline_at, send_by, db_now, clear, key_id, sealed = tail[:8]
-        provider, admitted, wait_s, why = tail[8:12]
+        provider, admitted, wait_s, why, suspect = tail[8:]
         if suspect:
             raise self._quarantine(op_id, owner, terms)
         if n_at is None:  # not claimed
@@ -292,19 +277,12 @@ class Claims(Switches):
             "probe": limits.probe_every,
             "probe_max": limits.probe_max,
         }
-        for _ in range(_SWITCH_RETRIES):
-            row = self._store.hot(q.RECORD_OUTCOME, params | self._seen())
-            assert row is not None  # the statement always returns its one row
-            epoch, timeline, flushed, fresh = row[-4:]
-            if fresh:
-                break
-            # nothing was written: the switch is recorded first (the operation quarantined),
-            # then the outcome is kept as whatever the ledger now makes of this claim
-            self._switched(claim.owner, None)
-        else:
-            raise DatabaseUnavailable(f"the ledger kept switching while saving {claim.op_id}")
-        self._saw(epoch, timeline, flushed)
-        row = row[:-4]
+        # nothing is written where the ledger went back: the switch is recorded first (the
+        # operation quarantined), then the outcome is kept as whatever the ledger now makes
+        # of this claim
+        row, _ = self._checked(
+            q.RECORD_OUTCOME, params, by=claim.owner, terms=None, what=f"saving {claim.op_id}"
+        )
         _announce_breaker(claim.operation.provider, row[-1], limits)
         if row[1] is not None:
             return store.operation_of(row[1:-1])

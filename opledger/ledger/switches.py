@@ -23,10 +23,12 @@ not a receipt from the world, so after such a switch it finds out and says so:
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import AwareDatetime
+from sqlalchemy import TextClause
 
 from . import queries as q
 from . import store
@@ -43,6 +45,10 @@ DEFAULT_SUSPECT_WINDOW = timedelta(hours=1)
 
 #: the detector named when no process says who it is
 DETECTOR = "ledger-switch"
+
+#: how often a statement that found the ledger switched is run again once the switch is
+#: recorded (another switch in between is the only reason for a second time)
+SWITCH_RETRIES = 3
 
 
 class LedgerEpoch(Record):
@@ -230,8 +236,29 @@ class Switches(LedgerBase):
             return
         witness.probed(True, row[0], row[1])
 
-    def _saw(self, epoch: int | None, timeline: int | None, flushed: str | None) -> None:
-        self._store.witness.saw(epoch, timeline, flushed)
+    def _checked(
+        self,
+        statement: TextClause,
+        params: Mapping[str, Any],
+        *,
+        by: str,
+        terms: ClaimTerms | None,
+        what: str,
+    ) -> tuple[tuple[Any, ...], int]:
+        """Run a claim or outcome statement, whose row ends with `opledger_epoch_check`'s
+        four columns, until it finds the ledger as this process saw it: where it went back
+        the statement wrote nothing, and the switch is recorded (`check_switch`) before it
+        runs again. Its row without those columns, and the epoch it ran in."""
+        for _ in range(SWITCH_RETRIES):
+            row = self._store.hot(statement, {**params, **self._seen()})
+            assert row is not None  # the statement always returns its one row
+            epoch, timeline, flushed, fresh = row[-4:]
+            if fresh:
+                self._store.witness.saw(epoch, timeline, flushed)
+                return row[:-4], epoch
+            if self.check_switch(by=by, terms=terms) is None:  # pragma: no cover
+                raise DatabaseUnavailable("the ledger's epoch could not be checked")
+        raise DatabaseUnavailable(f"the ledger kept switching while {what}")
 
     def check_switch(
         self, *, by: str = DETECTOR, terms: ClaimTerms | None = None
@@ -290,13 +317,6 @@ class Switches(LedgerBase):
                 epoch.detected_by,
                 extra={"epoch": epoch.epoch},
             )
-
-    def _switched(self, by: str, terms: ClaimTerms | None) -> None:
-        """A statement found the ledger not as this process saw it: record the switch
-        (or adopt the one another process recorded) before anything is written."""
-        epoch = self.check_switch(by=by, terms=terms)
-        if epoch is None:  # pragma: no cover - the check ran, so the WAL was readable
-            raise DatabaseUnavailable("the ledger's epoch could not be checked")
 
     def _quarantine(self, op_id: str, by: str, terms: ClaimTerms | None) -> Quarantined:
         """Quarantine one prepared operation its claim found suspect; the error to raise."""

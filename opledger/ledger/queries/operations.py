@@ -352,8 +352,8 @@ CLAIM = text(
            attempt.deadline_at AS attempt_deadline_at, attempt.send_by AS attempt_send_by,
            now() AS db_now, p.canonical, p.key_id, p.sealed,
            gate.provider AS gate_provider, gate.admitted, gate.wait_s, gate.why,
-           fresh.epoch, fresh.timeline, fresh.flushed, fresh.ok,
-           EXISTS (SELECT 1 FROM suspect) AS suspect
+           EXISTS (SELECT 1 FROM suspect) AS suspect,
+           fresh.epoch, fresh.timeline, fresh.flushed, fresh.ok
     FROM fresh
     LEFT JOIN gate ON true
     LEFT JOIN (op CROSS JOIN attempt) ON true
