@@ -143,6 +143,10 @@ class BeatLock:
 
     def release(self) -> None:
         self._stop.set()
+        # the guard may be taking the lock again on a new connection this very moment: wait
+        # for it, so the connection closed here is the one that holds the lock (closing the
+        # old one alone left the new one holding it until it was collected)
+        self._thread.join(timeout=self._check_every + 10)
         self._conn.close()
 
 
