@@ -24,6 +24,7 @@ from opledger.ledger import Ledger
 from opledger.ledger.migrate import upgrade
 from opledger.ledger.pgschema import SCHEMA_VARIABLE
 from opledger.ledger.schema import metadata
+from tests import reaper
 
 #: The suite runs the ledger in a schema that is not the default one (`opledger`), so a
 #: statement or a process that forgets the setting fails here instead of in a user's
@@ -39,6 +40,12 @@ settings.register_profile("mutmut", deadline=None, derandomize=True)
 # pytest processes and the system tests' workers; a stalled example is not a failure.
 settings.register_profile("suite", deadline=None)
 settings.load_profile("suite")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every process this pytest process starts ends with it, however it ends (SIGTERM,
+    SIGKILL, a crash: `tests.reaper`)."""
+    reaper.install()
 
 
 def require_rabbitmq() -> None:
