@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from opledger.queues import keep_one_client_per_channel, queues_of
 from opledger.settings import DEFAULT_BROKER_URL, UNCONFIGURED_BROKER_URL, get_settings
-from opledger.tasks import beat
-from opledger.tasks.integrate import GUARANTEES
+from opledger.tasks import wiring
+from opledger.tasks.wiring import GUARANTEES
 
 _settings = get_settings()
 
@@ -31,7 +31,7 @@ broker_connection_retry_on_startup = True
 # (opledger.redis_transport)
 keep_one_client_per_channel()
 
-# The settings opledger's guarantees rest on (`tasks.integrate.GUARANTEES`, which says why
+# The settings opledger's guarantees rest on (`tasks.wiring.GUARANTEES`, which says why
 # each; `register(app)` refuses an app that differs in one).
 task_serializer = GUARANTEES["task_serializer"].value
 result_serializer = "json"
@@ -66,17 +66,10 @@ task_queues = queues_of(_settings.rabbitmq_queue_type, broker_url)
 task_default_exchange = "dispatch"
 task_default_routing_key = "dispatch"
 task_default_queue = "dispatch"
-task_routes = {
-    "opledger.dispatch": {"queue": "dispatch"},
-    "opledger.reconcile": {"queue": "reconcile"},
-    "opledger.sweep": {"queue": "maintenance"},
-    "opledger.relay": {"queue": "maintenance"},
-    "opledger.purge_payloads": {"queue": "maintenance"},
-    "opledger.notify_review": {"queue": "notifications"},
-}
-
-# Celery's persistent scheduler, except that a broker refusing the connection (RabbitMQ
-# while it recovers or re-creates a virtual host) no longer ends the beat process; and
-# opledger's entries (`opledger.tasks.beat`).
-beat_scheduler = beat.SCHEDULER
-beat_schedule = beat.entries(_settings.sweep_interval_seconds)
+# opledger's routes, beat entries and scheduler: `tasks.wiring`, which `register(app)` reads
+# too. The scheduler is Celery's persistent one, except that a broker refusing the
+# connection (RabbitMQ while it recovers or re-creates a virtual host) no longer ends the
+# beat process (`opledger.tasks.beat`).
+task_routes = wiring.task_routes()
+beat_scheduler = wiring.SCHEDULER
+beat_schedule = wiring.beat_schedule(_settings.sweep_interval_seconds)

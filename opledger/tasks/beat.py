@@ -1,11 +1,13 @@
-"""Beat, in one place: its scheduler, the one-beat lock, and its schedule.
+"""Beat, in one place: its scheduler and the one-beat lock.
 
 - `Scheduler`: Celery's persistent scheduler, whose first broker connection waits out a
   broker that refuses it (below);
 - `BeatLock`: exactly one beat per ledger, a Postgres advisory lock held for the beat's
-  whole life (`opledger beat` takes it before it starts);
-- `entries(interval)`: the sweep, the relay and the payload purge (`celeryconfig` and
-  `register(app)` use them; `beat_entries()` names them `opledger-...` for your app).
+  whole life (`opledger beat` takes it before it starts).
+
+What beat sends (the sweep, the relay and the payload purge) is data, in `tasks.wiring`
+(`BEAT_ENTRIES`), with the name Celery's `beat_scheduler` gives this scheduler
+(`SCHEDULER`): `celeryconfig` and `register(app)` read them there.
 
 The scheduler. Celery's beat opens its producer's connection at its first tick and retries
 it only on the transport's *recoverable* errors (a refused socket, a forced close), up to
@@ -44,7 +46,6 @@ from typing import Any
 
 import psycopg
 from celery.beat import PersistentScheduler
-from celery.schedules import schedule
 from kombu.exceptions import OperationalError
 
 from opledger.ledger import dsn
@@ -157,40 +158,4 @@ def _standby(conn: psycopg.Connection) -> bool:
     return bool(row and row[0])
 
 
-# -- the schedule ---------------------------------------------------------------------
-
-
-def entries(sweep_interval: float) -> dict[str, dict[str, Any]]:
-    """The sweep and the relay every `sweep_interval` seconds, the payload purge hourly;
-    each expires after its interval, so a late run is skipped rather than piled up."""
-    return {
-        "sweep": {
-            "task": "opledger.sweep",
-            "schedule": schedule(sweep_interval),
-            "options": {"expires": sweep_interval},
-        },
-        "relay": {
-            "task": "opledger.relay",
-            "schedule": schedule(sweep_interval),
-            "options": {"expires": sweep_interval},
-        },
-        "purge-payloads": {
-            "task": "opledger.purge_payloads",
-            "schedule": schedule(3600.0),
-            "options": {"expires": 3600.0},
-        },
-    }
-
-
-def beat_entries() -> dict[str, dict[str, Any]]:
-    """opledger's beat entries as configured (named `opledger-...` so they never clash
-    with yours)."""
-    from opledger import celeryconfig
-
-    return {f"opledger-{name}": dict(entry) for name, entry in celeryconfig.beat_schedule.items()}
-
-
-#: what Celery's `beat_scheduler` setting names
-SCHEDULER = "opledger.tasks.beat:Scheduler"
-
-__all__ = ["SCHEDULER", "BeatLock", "BeatLockTaken", "Scheduler", "beat_entries", "entries"]
+__all__ = ["BeatLock", "BeatLockTaken", "Scheduler"]

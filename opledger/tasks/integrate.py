@@ -20,9 +20,7 @@ Nothing here connects to a broker or a database.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from types import MappingProxyType
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -31,8 +29,7 @@ from kombu.entity import Exchange, Queue
 from opledger.queues import is_amqp, keep_one_client_per_channel, queues_of
 from opledger.settings import NotConfigured, get_settings
 
-from . import beat
-from .beat import beat_entries
+from .wiring import GUARANTEES, SCHEDULER, beat_schedule, task_routes
 
 #: kombu's Redis visibility timeout when none is configured
 REDIS_DEFAULT_VISIBILITY_S = 3600
@@ -41,45 +38,6 @@ REDIS_SCHEMES = ("redis", "rediss", "sentinel")
 
 class AppMisconfigured(NotConfigured):
     """A Celery app's setting breaks one of opledger's guarantees; the message names it."""
-
-
-@dataclass(frozen=True)
-class Guarantee:
-    """A Celery setting opledger's guarantees rest on: the value `celeryconfig` gives it,
-    what an app of yours may have instead (`accepts`), and why it matters."""
-
-    value: Any
-    why: str
-    accepts: Callable[[Any], bool]
-
-    @property
-    def wanted(self) -> str:
-        return repr(self.value)
-
-
-#: the settings `celeryconfig` sets and `check_app` refuses an app to differ in
-GUARANTEES: Mapping[str, Guarantee] = MappingProxyType(
-    {
-        "task_acks_late": Guarantee(
-            True,
-            "a message must be acknowledged only after its task ran",
-            lambda got: got is True,
-        ),
-        "worker_prefetch_multiplier": Guarantee(
-            1, "each worker process holds one message at most", lambda got: got == 1
-        ),
-        "task_reject_on_worker_lost": Guarantee(
-            False,
-            "a killed worker's operation is the sweeper's, not a redelivery's",
-            lambda got: not got,  # off: False, or Celery's default None
-        ),
-        "task_serializer": Guarantee(
-            "json",
-            "a task carries an operation id as JSON, nothing else",
-            lambda got: got == "json",
-        ),
-    }
-)
 
 
 def _conf(app: Any, name: str) -> Any:
@@ -163,9 +121,7 @@ def _queues(app: Any) -> list[Queue]:
 
 
 def _routes(app: Any) -> Any:
-    from opledger import celeryconfig
-
-    ours = dict(celeryconfig.task_routes)
+    ours = task_routes()
     existing = _conf(app, "task_routes")
     if existing is None:
         return ours
@@ -194,7 +150,8 @@ def register(app: Any) -> Any:
 
     app.conf.task_queues = _queues(app)
     app.conf.task_routes = _routes(app)
-    app.conf.beat_schedule = {**(_conf(app, "beat_schedule") or {}), **beat_entries()}
+    ours = beat_schedule(get_settings().sweep_interval_seconds, prefix="opledger-")
+    app.conf.beat_schedule = {**(_conf(app, "beat_schedule") or {}), **ours}
     if not _chosen(app, "broker_channel_error_retry"):
         # Celery's default ends the worker on a channel error (RabbitMQ's consumer_timeout);
         # an explicit choice of yours is kept.
@@ -202,7 +159,7 @@ def register(app: Any) -> Any:
     if not _chosen(app, "beat_scheduler"):
         # Celery's own scheduler exits on the first broker refusal; ours waits it out.
         # A scheduler of your own choosing (django-celery-beat, ...) is left as it is.
-        app.conf.beat_scheduler = beat.SCHEDULER
+        app.conf.beat_scheduler = SCHEDULER
     # Importing opledger's module created its own app; yours stays the current one (in
     # this thread, as Celery's current app is per thread), so `dispatch.delay(op_id)`
     # publishes through your app here, and opledger's own publishers (`publish_dispatch`,
@@ -213,4 +170,4 @@ def register(app: Any) -> Any:
     return app
 
 
-__all__ = ["GUARANTEES", "AppMisconfigured", "Guarantee", "beat_entries", "check_app", "register"]
+__all__ = ["AppMisconfigured", "check_app", "register"]

@@ -171,3 +171,20 @@ def test_celerys_own_defaults_that_keep_a_guarantee_are_accepted(theirs: Celery)
     theirs.conf.task_reject_on_worker_lost = None
     opledger.tasks.register(theirs)
     assert theirs.conf.task_queues is not None
+
+
+def test_the_wiring_names_beats_scheduler_and_routes_each_entry_beat_sends() -> None:
+    """`tasks.wiring` is data: the scheduler it names is beat's, every entry's task has a
+    route, and Celery reads its seconds as the schedule it means."""
+    from celery.beat import ScheduleEntry
+    from celery.utils.imports import symbol_by_name
+
+    from opledger.tasks import beat, wiring
+
+    assert symbol_by_name(wiring.SCHEDULER) is beat.Scheduler
+    schedule = wiring.beat_schedule(15.0, prefix="opledger-")
+    assert set(schedule) == {"opledger-sweep", "opledger-relay", "opledger-purge-payloads"}
+    assert {e["task"] for e in schedule.values()} <= set(wiring.ROUTES)
+    sweep = ScheduleEntry(name="opledger-sweep", app=tasks.app, **schedule["opledger-sweep"])
+    assert sweep.schedule.run_every.total_seconds() == 15.0
+    assert schedule["opledger-purge-payloads"]["options"] == {"expires": 3600.0}
