@@ -122,7 +122,7 @@ class Sandbox:
         return int(self._post("/_admin/restart")["keys_forgotten"])
 
     def configure(self, account: str | None = None, **settings: Any) -> dict[str, Any]:
-        """Switch protections and knobs (see `opledger.dev.sandbox.server.Config`), for one
+        """Switch protections and knobs (see `opledger.dev.sandbox.state.Config`), for one
         account or (without `account`) for every account without its own settings; e.g.
         the account's limits on writes: `configure("acme", max_concurrent=2,
         rate_per_s=20, burst=2)` (0: unlimited)."""
@@ -139,7 +139,7 @@ class Sandbox:
         key: str | None = None,
     ) -> None:
         """Inject a fault into the next `times` matching requests (modes:
-        `opledger.dev.sandbox.server.FAULT_MODES`). "overloaded" (CRM and email only)
+        `opledger.dev.sandbox.state.FAULT_MODES`). "overloaded" (CRM and email only)
         answers a 503 with `Retry-After: <delay_s>` before anything is read or applied."""
         self._post(
             "/_admin/faults",
@@ -165,7 +165,7 @@ class Sandbox:
         "overloaded" fault); `in_flight` now and `max_in_flight` at the peak (admitted
         requests executing at once); `first_admitted_at` and `last_admitted_at` (Unix
         times, None before the first). All zero for an account that sent nothing."""
-        from .server import Limiter  # the shape of a report, for an account never seen
+        from .state import Limiter  # the shape of a report, for an account never seen
 
         report: dict[str, Any] | None = self.truth()["limited"].get(account)
         return report if report is not None else Limiter().report()

@@ -17,7 +17,8 @@ import sys
 import uvicorn
 from aiosmtpd.controller import Controller
 
-from .server import SmtpHandler, build_app
+from .mail import SmtpHandler
+from .server import build_app
 
 
 def _free_port(host: str) -> int:
