@@ -5,25 +5,27 @@ can be observed in seconds against the provider's test endpoint: the same key re
 the same key with another payload; two concurrent requests with one key; whether the
 response names our key and the body it executed; the longest key accepted; what the
 lookup answers for a request it made (found, and what that binds) and for one it never
-made (absent); and, where the endpoint can inject a failure and a restart (the sandbox's
-admin API), what a failure after the change does to the key and whether keys survive a
-restart. A fact the endpoint gives no way to test is "not observable", never a traceback:
-what was found before is still reported. Every probe is a real request with a fresh
-target and a fresh key, so it runs only against loopback or the test URL the adapter
-declares, unless the caller explicitly accepts the risk.
+made (absent). What needs a fault injected (a failure after the change, a restart, a
+request held so that two overlap) no provider's test endpoint offers: the caller hands in
+`FaultProbes` that can (opledger's sandbox: `opledger.dev.faultprobes`); without them
+the first two are "not observable" and the two requests are sent as they come. A fact
+the endpoint gives no way to test is "not observable", never a traceback: what was found
+before is still reported. Every probe is a real request with a fresh target and a fresh
+key, so it runs only against loopback or the test URL the adapter declares, unless the
+caller explicitly accepts the risk.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
-
-import httpx
 
 from opledger.ledger import Ambiguous, Attempt, Claim, Confirmed, Evidence, Operation, Outcome
 from opledger.ledger.canonical import canonicalize
@@ -60,6 +62,35 @@ class Probe(Protocol):
     def __call__(self, variant: int) -> tuple[str, str, dict[str, Any]]: ...
 
 
+class FaultProbes(Protocol):
+    """What an endpoint that can inject faults offers the check, beyond what any
+    provider's test endpoint does (opledger's sandbox: `opledger.dev.faultprobes`)."""
+
+    def overlapping(self, session: ProbeSession) -> AbstractContextManager[float]:
+        """While inside, each request `session` sends executes this many seconds (what it
+        yields), so two with one key overlap."""
+        ...
+
+    def facts(self, session: ProbeSession, contract: Contract) -> list[Finding]:
+        """`after_error` (what a failure after the change does to the key) and
+        `keys_durable` (whether keys survive a restart)."""
+        ...
+
+
+#: why `after_error` and `keys_durable` are not observable without `FaultProbes`
+NO_FAULTS = "needs an endpoint that can inject a failure and a restart (--admin-url)"
+
+
+def faults_not_observable(contract: Contract, why: str) -> list[Finding]:
+    """`after_error` and `keys_durable`, "not observable" for `why`."""
+    idem = contract.idempotency
+    facts = (("after_error", idem.after_error), ("keys_durable", str(idem.keys_durable).lower()))
+    return [
+        Finding(fact=fact, declared=declared, observed=why, verdict="not observable")
+        for fact, declared in facts
+    ]
+
+
 class UnsafeTarget(Exception):
     """The adapter points at an endpoint that is neither loopback nor its declared test URL."""
 
@@ -73,7 +104,7 @@ def endpoint_is_safe(adapter: Adapter) -> bool:
     return is_loopback(urlsplit(base).hostname or extra(adapter, "host") or "")
 
 
-class _Session:
+class ProbeSession:
     """Sends probe requests through the adapter itself, with synthetic claims: the exact
     bytes, headers and error mapping production uses, and nothing written to a ledger."""
 
@@ -155,14 +186,14 @@ def _attempt_of(claim: Claim) -> Attempt:
     )
 
 
-def _seen(outcome: Outcome) -> str:
+def seen(outcome: Outcome) -> str:
     if isinstance(outcome, Confirmed):
         replay = " (replayed)" if outcome.detail.get("replayed") else ""
         return f"success {outcome.receipt_id}{replay}"
     return f"{outcome.kind} {outcome.code}"
 
 
-def _applied_twice(first: Outcome, second: Outcome) -> bool | None:
+def applied_twice(first: Outcome, second: Outcome) -> bool | None:
     """Did the second request with the same key make a change of its own?"""
     if not isinstance(first, Confirmed) or not isinstance(second, Confirmed):
         return None
@@ -175,14 +206,14 @@ def check_contract(
     adapter: Adapter,
     probe: Probe,
     *,
-    admin_url: str | None = None,
     allow_remote: bool = False,
-    concurrency_delay_s: float = 0.0,
+    faults: FaultProbes | None = None,
 ) -> list[Finding]:
     """Exercise the provider behind `adapter` and compare with `adapter.contract`.
 
-    `admin_url`: the sandbox's base URL, to inject a failure after the change and a restart
-    (real providers offer neither; those facts are then reported as not observed).
+    `faults`: what can inject a failure after the change, a restart and a slow request
+    (the sandbox's admin routes; real providers offer none: those facts are then
+    reported as not observable).
     """
     if not (allow_remote or endpoint_is_safe(adapter)):
         raise UnsafeTarget(
@@ -190,65 +221,78 @@ def check_contract(
             "real requests that change things there"
         )
     contract = adapter.contract
-    s = _Session(adapter, probe)
-    idem = contract.idempotency
-    keyed = idem.kind == "keyed"
-
+    s = ProbeSession(adapter, probe)
     # 1. the same key twice, the same body
     key = s.key()
     first = s.send(s.claim(key))
     if not isinstance(first, Confirmed):
         return [
             Finding(
-                fact="probe", declared="a success", observed=_seen(first), verdict="not observed"
+                fact="probe", declared="a success", observed=seen(first), verdict="not observed"
             )
         ]
     findings: list[Finding] = []
-
-    def observe(fact: str, declared: str, probe: Callable[[], Finding | list[Finding]]) -> None:
-        """Run one probe; whatever goes wrong in it, the findings so far are kept."""
-        try:
-            found = probe()
-        except Exception as exc:  # an endpoint without what the probe needs
-            why = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-            found = Finding(
-                fact=fact,
-                declared=declared,
-                observed=f"could not be probed here ({why})",
-                verdict="not observable",
-            )
-        findings.extend(found if isinstance(found, list) else [found])
-
-    # 2. what the response binds
-    observe("idempotency", idem.kind, lambda: _idempotency(s, contract, key, first))
-    observe("response_binds", contract.response_binds, lambda: _binding(s, contract, key, first))
-    # 3. what the lookup finds for a request we made, and for one we never made
-    observe("lookup", contract.lookup.kind, lambda: _lookups(s, contract, key))
-    if keyed:
-        # 4. the same key with another body
-        observe(
-            "payload_checked",
-            str(idem.payload_checked).lower(),
-            lambda: _payload_checked(s, contract, key, first),
-        )
-        # 5. two requests with one key at once
-        observe(
-            "concurrent",
-            idem.concurrent,
-            lambda: _concurrent(s, contract, admin_url, concurrency_delay_s),
-        )
-        # 6. the longest key
-        observe("max_key_length", str(idem.max_key_length), lambda: _key_length(s, contract))
+    for fact, declared, run in _probes(s, contract, key, first, faults):
+        findings += _observe(fact, declared, run)
+    if contract.idempotency.kind == "keyed":
         # 7, 8. what a failure after the change does to the key; a restart
-        findings += _fault_facts(s, contract, admin_url)
+        if faults is None:
+            findings += faults_not_observable(contract, NO_FAULTS)
+        else:
+            findings += faults.facts(s, contract)
     return findings
 
 
-def _payload_checked(s: _Session, contract: Contract, key: str, first: Confirmed) -> Finding:
+def _probes(
+    s: ProbeSession, contract: Contract, key: str, first: Confirmed, faults: FaultProbes | None
+) -> list[tuple[str, str, Callable[[], Finding | list[Finding]]]]:
+    """Each probe after the first request: its fact, what the contract declares, the run."""
+    idem = contract.idempotency
+    probes: list[tuple[str, str, Callable[[], Finding | list[Finding]]]] = [
+        # 2. what the response binds
+        ("idempotency", idem.kind, lambda: _idempotency(s, contract, key, first)),
+        ("response_binds", contract.response_binds, lambda: _binding(s, contract, key, first)),
+        # 3. what the lookup finds for a request we made, and for one we never made
+        ("lookup", contract.lookup.kind, lambda: _lookups(s, contract, key)),
+    ]
+    if idem.kind == "keyed":
+        probes += [
+            # 4. the same key with another body
+            (
+                "payload_checked",
+                str(idem.payload_checked).lower(),
+                lambda: _payload_checked(s, contract, key, first),
+            ),
+            # 5. two requests with one key at once
+            ("concurrent", idem.concurrent, lambda: _concurrent(s, contract, faults)),
+            # 6. the longest key
+            ("max_key_length", str(idem.max_key_length), lambda: _key_length(s, contract)),
+        ]
+    return probes
+
+
+def _observe(
+    fact: str, declared: str, probe: Callable[[], Finding | list[Finding]]
+) -> list[Finding]:
+    """Run one probe; whatever goes wrong in it, the findings so far are kept."""
+    try:
+        found = probe()
+    except Exception as exc:  # an endpoint without what the probe needs
+        why = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        found = Finding(
+            fact=fact,
+            declared=declared,
+            observed=f"could not be probed here ({why})",
+            verdict="not observable",
+        )
+    return found if isinstance(found, list) else [found]
+
+
+def _payload_checked(s: ProbeSession, contract: Contract, key: str, first: Confirmed) -> Finding:
     idem = contract.idempotency
     other = s.send(s.claim(key, variant=1, target=first.binding.target or None))
     refused = isinstance(other, Ambiguous) and other.code == IDEMPOTENCY_MISMATCH
-    observed = "refused as another payload" if refused else f"not refused: {_seen(other)}"
+    observed = "refused as another payload" if refused else f"not refused: {seen(other)}"
     return Finding(
         fact="payload_checked",
         declared=str(idem.payload_checked).lower(),
@@ -257,7 +301,7 @@ def _payload_checked(s: _Session, contract: Contract, key: str, first: Confirmed
     )
 
 
-def _lookups(s: _Session, contract: Contract, key: str) -> list[Finding]:
+def _lookups(s: ProbeSession, contract: Contract, key: str) -> list[Finding]:
     """The lookup asked about the request just made (found? binding this operation?) and
     about one never made (absent, or at least not found)."""
     kind = contract.lookup.kind
@@ -363,17 +407,17 @@ def _lookup_binds(contract: Contract, sent: Claim, found: LookupResult) -> Findi
     )
 
 
-def _idempotency(s: _Session, contract: Contract, key: str, first: Confirmed) -> Finding:
+def _idempotency(s: ProbeSession, contract: Contract, key: str, first: Confirmed) -> Finding:
     """Whether the same key and body sent twice is applied twice."""
     keyed = contract.idempotency.kind == "keyed"
     second = s.send(s.claim(key, target=first.binding.target or None))
-    twice = _applied_twice(first, second)
+    twice = applied_twice(first, second)
     declared = "keyed" if keyed else "none"
     if twice is None:
         return Finding(
             fact="idempotency",
             declared=declared,
-            observed=f"second request: {_seen(second)}",
+            observed=f"second request: {seen(second)}",
             verdict="not observed",
         )
     observed = "applied twice under one key" if twice else "answered from the key"
@@ -381,7 +425,7 @@ def _idempotency(s: _Session, contract: Contract, key: str, first: Confirmed) ->
     return Finding(fact="idempotency", declared=declared, observed=observed, verdict=verdict)
 
 
-def _binding(s: _Session, contract: Contract, key: str, first: Confirmed) -> Finding:
+def _binding(s: ProbeSession, contract: Contract, key: str, first: Confirmed) -> Finding:
     """What the provider's success binds: our key, the body's digest, or nothing."""
     b = first.binding
     gives = (
@@ -401,11 +445,10 @@ def _binding(s: _Session, contract: Contract, key: str, first: Confirmed) -> Fin
     )
 
 
-def _concurrent(s: _Session, contract: Contract, admin_url: str | None, delay_s: float) -> Finding:
+def _concurrent(s: ProbeSession, contract: Contract, faults: FaultProbes | None) -> Finding:
     declared: str = contract.idempotency.concurrent
-    if admin_url is not None and delay_s:
-        _admin(admin_url, "/_admin/config", {"account": _account(s), "processing_s": delay_s})
-    try:
+    slow = faults.overlapping(s) if faults is not None else contextlib.nullcontext(0.0)
+    with slow as delay_s:
         key = s.key()
         claims = [s.claim(key), s.claim(key)]
         results: list[tuple[Outcome, float]] = [None, None]  # type: ignore[list-item]
@@ -420,9 +463,6 @@ def _concurrent(s: _Session, contract: Contract, admin_url: str | None, delay_s:
         threads[1].start()
         for t in threads:
             t.join()
-    finally:
-        if admin_url is not None and delay_s:
-            _admin(admin_url, "/_admin/config", {"account": _account(s), "processing_s": 0.0})
     (a, _), (b, waited) = results
     # refused as in progress by the provider's code: what the decision reads as such (a 409
     # without a code is unknown to it, so it proves nothing here either)
@@ -442,7 +482,7 @@ def _concurrent(s: _Session, contract: Contract, admin_url: str | None, delay_s:
             observed=f"the second was refused as in progress{wait}",
             verdict=verdict,
         )
-    if both and _applied_twice(a, b):
+    if both and applied_twice(a, b):
         return Finding(
             fact="concurrent",
             declared=declared,
@@ -452,12 +492,12 @@ def _concurrent(s: _Session, contract: Contract, admin_url: str | None, delay_s:
     return Finding(
         fact="concurrent",
         declared=declared,
-        observed=f"not concurrent enough to tell ({_seen(a)}; {_seen(b)})",
+        observed=f"not concurrent enough to tell ({seen(a)}; {seen(b)})",
         verdict="not observed",
     )
 
 
-def _key_length(s: _Session, contract: Contract) -> Finding:
+def _key_length(s: ProbeSession, contract: Contract) -> Finding:
     limit = contract.idempotency.max_key_length
     probe_len = limit if limit is not None else 300
     at_limit = s.send(s.claim(s.key(probe_len)))
@@ -466,7 +506,7 @@ def _key_length(s: _Session, contract: Contract) -> Finding:
         return Finding(
             fact="max_key_length",
             declared="no limit",
-            observed=f"a {probe_len}-character key: {_seen(at_limit)}",
+            observed=f"a {probe_len}-character key: {seen(at_limit)}",
             verdict="agrees" if accepted else "disagrees",
         )
     # the contract promises the provider accepts keys this long; a provider that accepts
@@ -474,106 +514,9 @@ def _key_length(s: _Session, contract: Contract) -> Finding:
     return Finding(
         fact="max_key_length",
         declared=str(limit),
-        observed=f"a {limit}-character key: {_seen(at_limit)}",
+        observed=f"a {limit}-character key: {seen(at_limit)}",
         verdict="agrees" if accepted else "disagrees",
     )
-
-
-def _fault_facts(s: _Session, contract: Contract, admin_url: str | None) -> list[Finding]:
-    idem = contract.idempotency
-    facts = (("after_error", idem.after_error), ("keys_durable", str(idem.keys_durable).lower()))
-    why = "needs an endpoint that can inject a failure and a restart (--admin-url)"
-    if admin_url is not None:
-        try:
-            return _faults(s, contract, admin_url)
-        except httpx.HTTPError as exc:
-            why = f"{admin_url} cannot inject them ({_admin_error(exc)})"
-    return [
-        Finding(fact=fact, declared=declared, observed=why, verdict="not observable")
-        for fact, declared in facts
-    ]
-
-
-def _admin_error(exc: httpx.HTTPError) -> str:
-    if isinstance(exc, httpx.HTTPStatusError):
-        return f"HTTP {exc.response.status_code} from {exc.request.url.path}"
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
-
-
-def _faults(s: _Session, contract: Contract, admin_url: str) -> list[Finding]:
-    idem = contract.idempotency
-    found = []
-    key = s.key()
-    _admin(
-        admin_url,
-        "/_admin/faults",
-        {"provider": _provider(s), "mode": "error_after_commit", "key": key},
-    )
-    failed = s.send(s.claim(key))
-    again = s.send(s.claim(key))
-    if isinstance(again, Confirmed) and not again.detail.get("replayed"):
-        observed = "key_released"  # the change was applied again under the same key
-    elif isinstance(again, Ambiguous) and (again.replayed or again.detail.get("replayed")):
-        observed = "replayed"
-    else:
-        observed = f"unclear ({_seen(failed)}; then {_seen(again)})"
-    verdict: Verdict = (
-        "agrees"
-        if observed == idem.after_error
-        else "not observed"
-        if observed.startswith("unclear")
-        else "disagrees"
-    )
-    # a provider that applies atomically never shows a change behind a 5xx: the fault
-    # injected here (applied, then 500) is exactly what such a contract denies
-    if idem.after_error in ("nothing_applied", "rerun_failed") and observed in (
-        "replayed",
-        "key_released",
-    ):
-        verdict = "disagrees"
-    found.append(
-        Finding(fact="after_error", declared=idem.after_error, observed=observed, verdict=verdict)
-    )
-
-    key = s.key()
-    first = s.send(s.claim(key))
-    _admin(admin_url, "/_admin/restart", {})
-    after = s.send(s.claim(key))
-    lost = _applied_twice(first, after)
-    if lost is None:
-        found.append(
-            Finding(
-                fact="keys_durable",
-                declared=str(idem.keys_durable).lower(),
-                observed=f"{_seen(first)}; after a restart {_seen(after)}",
-                verdict="not observed",
-            )
-        )
-    else:
-        found.append(
-            Finding(
-                fact="keys_durable",
-                declared=str(idem.keys_durable).lower(),
-                observed="the key was forgotten" if lost else "the key survived",
-                verdict="agrees" if lost != idem.keys_durable else "disagrees",
-            )
-        )
-    return found
-
-
-def _account(s: _Session) -> str:
-    return str(extra(s.adapter, "account") or "")
-
-
-def _provider(s: _Session) -> str:
-    """The sandbox's name for the provider behind the adapter ("crm", "email")."""
-    action, _, _ = s.probe(0)
-    return action.split(".", 1)[0]
-
-
-def _admin(base: str, path: str, body: dict[str, Any]) -> None:
-    response = httpx.post(base.rstrip("/") + path, json=body, timeout=10)
-    response.raise_for_status()
 
 
 def probe_for(adapter: Adapter) -> Probe | None:
@@ -583,10 +526,17 @@ def probe_for(adapter: Adapter) -> Probe | None:
 
 
 __all__ = [
+    "NO_FAULTS",
+    "FaultProbes",
     "Finding",
     "Probe",
+    "ProbeSession",
     "UnsafeTarget",
+    "Verdict",
+    "applied_twice",
     "check_contract",
     "endpoint_is_safe",
+    "faults_not_observable",
     "probe_for",
+    "seen",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.text import Text
@@ -16,6 +16,9 @@ from .app import (
     console,
 )
 from .render import records_table
+
+if TYPE_CHECKING:
+    from opledger.adapters.check import Finding
 
 contract_app = typer.Typer(help="Provider contracts: what each adapter declares, checked.")
 app.add_typer(contract_app, name="contract")
@@ -45,6 +48,11 @@ def contract_check(
     declared contract and the provider disagree. Exits 1 on any disagreement."""
     from opledger.adapters.check import UnsafeTarget, check_contract, probe_for
 
+    faults = None
+    if admin_url:  # the sandbox's fault routes: development tooling, through its door
+        from .dev import sandbox_faults
+
+        faults = sandbox_faults(admin_url, concurrency_delay)
     registry = load_registry(get_settings())
     try:
         adapter = registry.adapter_for(action)
@@ -58,28 +66,35 @@ def contract_check(
         findings = check_contract(
             adapter,
             probe,
-            admin_url=admin_url,
             allow_remote=allow_remote,
-            concurrency_delay_s=concurrency_delay if admin_url else 0.0,
+            faults=faults,
         )
     except UnsafeTarget as exc:
         typer.echo(f"opledger: refused: {' '.join(str(exc).split())}", err=True)
         raise typer.Exit(REFUSED) from exc
     finally:
         registry.close()
-    colour = {
-        "agrees": "green",
-        "disagrees": "red",
-        "not observed": "yellow",
-        "not observable": "dim",
-    }
+    _print_findings(findings, f"contract {adapter.contract.provider} for {action}")
+
+
+#: each verdict's colour in the table
+_COLOUR = {
+    "agrees": "green",
+    "disagrees": "red",
+    "not observed": "yellow",
+    "not observable": "dim",
+}
+
+
+def _print_findings(findings: list[Finding], title: str) -> None:
+    """The table of facts, then the disagreements in red (exit 1) or a green line."""
     table = records_table(
         ("fact", "declared", "observed", "verdict"),
         [
-            (f.fact, f.declared, f.observed, Text(f.verdict, style=colour[f.verdict]))
+            (f.fact, f.declared, f.observed, Text(f.verdict, style=_COLOUR[f.verdict]))
             for f in findings
         ],
-        title=f"contract {adapter.contract.provider} for {action}",
+        title=title,
     )
     console.print(table)
     wrong = [f.fact for f in findings if f.verdict == "disagrees"]

@@ -20,6 +20,7 @@ from .app import (
 )
 
 if TYPE_CHECKING:
+    from opledger.adapters.check import FaultProbes
     from opledger.dev.bench import BenchConfig
     from opledger.dev.chaos.run import ChaosConfig, ChaosResult
     from opledger.dev.demo import Row
@@ -45,6 +46,15 @@ def sandbox(
         raise missing_extra("the sandbox", "sandbox", exc.name) from exc
 
     serve(host, port, smtp_port)
+
+
+def sandbox_faults(admin_url: str, delay_s: float) -> FaultProbes:
+    """The fault probes of `opledger contract check --admin-url`: the sandbox's admin
+    routes inject a failure after the change and a restart, and hold each request of the
+    concurrency probe `delay_s` seconds."""
+    from opledger.dev.faultprobes import SandboxFaults
+
+    return SandboxFaults(admin_url, delay_s=delay_s)
 
 
 @contextlib.contextmanager

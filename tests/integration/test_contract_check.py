@@ -14,6 +14,7 @@ from opledger.adapters.base import LookupResult
 from opledger.adapters.check import UnsafeTarget, check_contract, endpoint_is_safe
 from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.cli.main import app as cli
+from opledger.dev.faultprobes import SandboxFaults
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Attempt, Binding, Operation
 from opledger.ledger.models import Verdict
@@ -29,10 +30,7 @@ def crm(sandbox: Sandbox) -> Iterator[CrmAdapter]:
 
 def _verdicts(sandbox: Sandbox, adapter: CrmAdapter) -> dict[str, str]:
     findings = check_contract(
-        adapter,
-        adapter.contract_probe,
-        admin_url=sandbox.http_url,
-        concurrency_delay_s=0.5,
+        adapter, adapter.contract_probe, faults=SandboxFaults(sandbox.http_url, delay_s=0.5)
     )
     return {f.fact: f.verdict for f in findings}
 
@@ -134,7 +132,7 @@ def test_the_email_adapter_checks_clean_against_the_sandbox(sandbox: Sandbox) ->
     email = EmailAdapter(sandbox.http_url, account="mail-check")
     try:
         findings = check_contract(
-            email, email.contract_probe, admin_url=sandbox.http_url, concurrency_delay_s=0.5
+            email, email.contract_probe, faults=SandboxFaults(sandbox.http_url, delay_s=0.5)
         )
     finally:
         email.close()
