@@ -17,13 +17,18 @@ act itself:
 By default an action's intent fields are none: its intent is the action and the target.
 A field that is absent (or null) counts as not given, so declaring a new optional intent
 field later keeps the intents already recorded. Pure: no I/O.
+
+`Intent` is the one record of an asked act that travels from every surface (`Effects`, the
+LangGraph tools, the MCP gateway, `Ledger.prepare` and `Ledger.ask`) to the ledger: built
+once from a call's arguments, keyed (`Intent.keyed`) and recorded on one path.
 """
 
 from __future__ import annotations
 
 import hashlib
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .canonical import canonicalize
@@ -111,6 +116,70 @@ def intent_key(
     return f"{action}:{digest[:DIGEST_CHARS]}"
 
 
+def act_key(
+    action: str,
+    target: str,
+    payload: Mapping[str, Any],
+    *,
+    declared: Callable[[str], Sequence[str]],
+    fields: Sequence[str] | None = None,
+    purpose: str | None = None,
+) -> str:
+    """`intent_key` over the action's intent fields: `fields` when given, else the ones
+    `declared(action)` names (`Ledger.intent_fields`: what its adapter declares)."""
+    chosen = declared(action) if fields is None else fields
+    return intent_key(action, target, payload, fields=chosen, purpose=purpose)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Intent:
+    """One act of one workflow run, as a caller asks for it: what is recorded (the
+    operation's tenant, workflow, intent, action, target, payload, grant and dependencies)
+    and who asked. Every way of asking builds it once and hands it to the ledger.
+
+    The intent is named by `intent_key` (the caller's own key), or else derived from the
+    act (`keyed`): the action, the target, the values of the intent fields (`intent_fields`,
+    else the action's declared ones) and `purpose`."""
+
+    tenant: str
+    #: the workflow run (a LangGraph thread, an MCP caller's run, a workflow of yours)
+    workflow_id: str
+    action: str
+    target: str
+    payload: Mapping[str, Any]
+    authorization_ref: str
+    #: the intent named by the caller; None: derived from the act (`keyed`)
+    intent_key: str | None = None
+    #: only to ask deliberately for the same act again ("second reminder")
+    purpose: str | None = None
+    #: the payload fields that make another act (None: the action's declared ones)
+    intent_fields: Sequence[str] | None = None
+    #: the asker's own id for this call (a tool-call id, a request id): evidence only
+    asked_by: str | None = None
+    #: the operations (ids) it runs after: it is claimed once each of them is confirmed
+    after: Sequence[str] = ()
+
+    def keyed(self, declared: Callable[[str], Sequence[str]]) -> Intent:
+        """This intent under its key: the caller's own, else derived from the act (its
+        purpose and intent fields are in the key then). `declared(action)` gives the action's
+        intent fields where `intent_fields` is None (`Ledger.intent_fields`)."""
+        if self.intent_key is not None:
+            if self.purpose is not None:
+                raise InvalidInput(
+                    "give either intent_key (your own) or purpose, not both", field="purpose"
+                )
+            return self
+        key = act_key(
+            self.action,
+            self.target,
+            self.payload,
+            declared=declared,
+            fields=self.intent_fields,
+            purpose=self.purpose,
+        )
+        return replace(self, intent_key=key, purpose=None, intent_fields=None)
+
+
 def payload_differences(recorded: Mapping[str, Any], asked: Mapping[str, Any]) -> tuple[str, ...]:
     """The top-level payload fields whose values differ between two payloads, sorted."""
 
@@ -123,6 +192,8 @@ def payload_differences(recorded: Mapping[str, Any], asked: Mapping[str, Any]) -
 
 __all__ = [
     "MAX_PURPOSE_LENGTH",
+    "Intent",
+    "act_key",
     "check_fields",
     "field_value",
     "intent_key",

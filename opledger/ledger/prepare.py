@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from . import queries as q
 from . import store
 from .base import LedgerBase
-from .canonical import canonicalize
+from .canonical import CanonicalPayload, canonicalize
 from .errors import (
     AuthorizationRevoked,
     DatabaseUnavailable,
@@ -33,7 +33,7 @@ from .ids import (
     intent_idempotency_key,
     new_operation_id,
 )
-from .intents import check_fields
+from .intents import Intent, check_fields
 from .models import (
     Ask,
     Asked,
@@ -45,15 +45,24 @@ from .payload_keys import sealed_columns
 
 
 @dataclass(frozen=True)
-class _SameIntent:
-    """What a call asked, to compare with the operation its intent already names."""
+class _Recording:
+    """An intent checked, frozen and keyed: the columns its operation is inserted with
+    (`values`, but the id and the payload), and what a replay of it is compared with."""
 
-    #: the action, target, payload digest and authorization of the call
-    asked: tuple[str, str, str, str]
+    values: dict[str, Any]
+    frozen: CanonicalPayload
+    #: the operations it runs after, checked and sorted
     deps: tuple[str, ...]
-    notify: bool
-    #: `ask`'s asker ("asked_by", "actor"); None for `prepare`, which refuses a difference
-    ask: dict[str, str | None] | None
+
+    @property
+    def names(self) -> dict[str, str]:
+        """What names the intent: its tenant, workflow and intent key."""
+        return {k: self.values[k] for k in ("tenant", "workflow_id", "intent_key")}
+
+    @property
+    def asking(self) -> bool:
+        """Recorded by `ask` (answered when it names a recorded intent), not `prepare`."""
+        return bool(self.values["record_ask"])
 
 
 class Prepare(LedgerBase):
@@ -95,7 +104,7 @@ class Prepare(LedgerBase):
         `traceparent`), kept opaque on the new operation for the workers' spans to link
         back to; a replayed call keeps the first one.
         """
-        return self._prepare(
+        intent = Intent(
             tenant=tenant,
             workflow_id=workflow_id,
             intent_key=intent_key,
@@ -103,14 +112,12 @@ class Prepare(LedgerBase):
             target=target,
             payload=payload,
             authorization_ref=authorization_ref,
-            session=session,
-            actor=actor,
             after=after,
-            notify=notify,
-            traceparent=traceparent,
-            asking=False,
-            asked_by=None,
-        ).operation
+        )
+        recording = self._recording(
+            intent, actor=actor, notify=notify, traceparent=traceparent, asking=False
+        )
+        return self._prepare(recording, session).operation
 
     def ask(
         self,
@@ -141,8 +148,9 @@ class Prepare(LedgerBase):
         (`asks(op_id)`), with `asked_by` — the asker's own id for the call, a model's
         tool-call id or an MCP request id — as evidence of which call asked (kept as text,
         control characters replaced, never refused). That id is never the intent: derive
-        `intent_key` from the act (`opledger.ledger.intents.intent_key`)."""
-        return self._prepare(
+        `intent_key` from the act (`opledger.ledger.intents.intent_key`), or give the act
+        itself to `ask_intent`."""
+        intent = Intent(
             tenant=tenant,
             workflow_id=workflow_id,
             intent_key=intent_key,
@@ -150,14 +158,30 @@ class Prepare(LedgerBase):
             target=target,
             payload=payload,
             authorization_ref=authorization_ref,
-            session=None,
-            actor=actor,
+            asked_by=asked_by,
             after=after,
-            notify=notify,
-            traceparent=traceparent,
-            asking=True,
-            asked_by=evidence_text(asked_by),
         )
+        recording = self._recording(
+            intent, actor=actor, notify=notify, traceparent=traceparent, asking=True
+        )
+        return self._prepare(recording, None)
+
+    def ask_intent(
+        self,
+        intent: Intent,
+        *,
+        actor: str = "agent",
+        notify: bool = False,
+        traceparent: str | None = None,
+    ) -> Asked:
+        """`ask` for an `Intent` record, keyed by the act unless it names its own
+        `intent_key` (`Intent.keyed`: raises `IntentFieldsUndeclared` where the intent
+        fields are neither given nor declared)."""
+        keyed = intent.keyed(self.intent_fields)
+        recording = self._recording(
+            keyed, actor=actor, notify=notify, traceparent=traceparent, asking=True
+        )
+        return self._prepare(recording, None)
 
     def asks(self, op_id: str) -> tuple[Ask, ...]:
         """Every ask of `op_id`'s intent through `ask`, oldest first (none for what only
@@ -169,36 +193,23 @@ class Prepare(LedgerBase):
             self.get(op_id)
         return tuple(store.record(Ask, r) for r in rows)
 
-    def _prepare(
-        self,
-        *,
-        tenant: str,
-        workflow_id: str,
-        intent_key: str,
-        action: str,
-        target: str,
-        payload: Mapping[str, Any],
-        authorization_ref: str,
-        session: Session | None,
-        actor: str,
-        after: Sequence[str],
-        notify: bool,
-        traceparent: str | None,
-        asking: bool,
-        asked_by: str | None,
-    ) -> Asked:
-        tenant = check_key("tenant", tenant)
+    def _recording(
+        self, intent: Intent, *, actor: str, notify: bool, traceparent: str | None, asking: bool
+    ) -> _Recording:
+        """`intent` checked (its names in NFC, without invisible characters), its payload
+        frozen, its idempotency key derived: what recording it inserts."""
+        tenant = check_key("tenant", intent.tenant)
         if traceparent is not None:
             check_identifier("traceparent", traceparent, max_length=TRACEPARENT_MAX)
-        workflow_id = check_key("workflow_id", workflow_id)
-        intent_key = check_key("intent_key", intent_key)
-        target = check_key("target", target)
+        workflow_id = check_key("workflow_id", intent.workflow_id)
+        intent_key = check_key("intent_key", intent.intent_key)
+        target = check_key("target", intent.target)
+        action, authorization_ref = intent.action, intent.authorization_ref
         check_identifier("authorization_ref", authorization_ref)
         check_action(action)
-        deps = _check_after(after)
+        deps = _check_after(intent.after)
         provider = self.actions.provider_for(action)
-        frozen = canonicalize(payload, max_bytes=self.max_payload_bytes)
-        intent = {"tenant": tenant, "workflow_id": workflow_id, "intent_key": intent_key}
+        frozen = canonicalize(intent.payload, max_bytes=self.max_payload_bytes)
         # derived from the intent, never random: asked again after the ledger lost its
         # record (a failover, a restore), the act reaches the provider under the same key
         key = intent_idempotency_key(
@@ -208,14 +219,10 @@ class Prepare(LedgerBase):
             action=action,
             intent_key=intent_key,
         )
-        same = _SameIntent(
-            asked=(action, target, frozen.digest, authorization_ref),
-            deps=deps,
-            notify=notify,
-            ask={"asked_by": asked_by, "actor": actor} if asking else None,
-        )
         values: dict[str, Any] = {
-            **intent,
+            "tenant": tenant,
+            "workflow_id": workflow_id,
+            "intent_key": intent_key,
             "action": action,
             "target": target,
             "provider": provider,
@@ -226,47 +233,59 @@ class Prepare(LedgerBase):
             "waiting_on": 0,
             "notify_settle": notify,
             "traceparent": traceparent,
-            "asked_by": asked_by,
+            "asked_by": evidence_text(intent.asked_by) if asking else None,
             "record_ask": asking,
             "idempotency_key": key,
         }
-        if session is None and not deps:
+        return _Recording(values=values, frozen=frozen, deps=deps)
+
+    def _prepare(self, recording: _Recording, session: Session | None) -> Asked:
+        """Record the checked intent (in the caller's transaction with `session`), or answer
+        with the operation already recorded under it."""
+        if session is None and not recording.deps:
             # a new intent under a good grant: recorded in one statement (one round trip);
             # anything else takes the full path below, which says what it was. So does a
             # kept connection found broken (a restarted server): the insert is of an intent,
             # so the full path finds it if it did commit.
             try:
-                fresh = self._insert_granted(values, frozen.text)
+                fresh = self._insert_granted(recording.values, recording.frozen.text)
             except DatabaseUnavailable:
                 fresh = None
             if fresh is not None:
                 return Asked(operation=fresh, first=True)
         with self._tx(session) as conn:
-            grant = conn.execute(q.SELECT_AUTHORIZATION, {"ref": authorization_ref}).one_or_none()
-            try:
-                _check_grant(grant, tenant=tenant, action=action, ref=authorization_ref)
-            except AuthorizationRevoked:
-                # an ask of an intent already recorded reads what was done: no new write is
-                # made under this grant, the tenant's, covering the action (checked first)
-                recorded = self._recorded(conn, intent, same) if asking else None
-                if recorded is None:
-                    raise
+            return self._granted(conn, recording)
+
+    def _granted(self, conn: Connection, recording: _Recording) -> Asked:
+        """The intent recorded under its grant, or the operation it already names; a new
+        one waits on its dependencies (locked)."""
+        values = recording.values
+        ref, tenant = values["authorization_ref"], values["tenant"]
+        grant = conn.execute(q.SELECT_AUTHORIZATION, {"ref": ref}).one_or_none()
+        try:
+            _check_grant(grant, tenant=tenant, action=values["action"], ref=ref)
+        except AuthorizationRevoked:
+            # an ask of an intent already recorded reads what was done: no new write is
+            # made under this grant, the tenant's, covering the action (checked first)
+            recorded = self._recorded(conn, recording) if recording.asking else None
+            if recorded is None:
+                raise
+            return recorded
+        blocking, doomed = 0, None
+        if recording.deps:
+            recorded = self._recorded(conn, recording)
+            if recorded is not None:  # a replayed ask: lock nothing, insert nothing
                 return recorded
-            blocking, doomed = 0, None
-            if deps:
-                recorded = self._recorded(conn, intent, same)
-                if recorded is not None:  # a replayed ask: lock nothing, insert nothing
-                    return recorded
-                blocking, doomed = self._lock_dependencies(conn, tenant, deps)
-            op_id = new_operation_id()
-            values = {
-                **values,
-                "id": op_id,
-                # sealed under the current key (if any); the digest is the clear text's
-                **sealed_columns(self._store.payload_keys, op_id, frozen.text),
-                "waiting_on": blocking,
-            }
-            return self._insert(conn, values, deps, doomed, same)
+            blocking, doomed = self._lock_dependencies(conn, tenant, recording.deps)
+        op_id = new_operation_id()
+        values = {
+            **values,
+            "id": op_id,
+            # sealed under the current key (if any); the digest is the clear text's
+            **sealed_columns(self._store.payload_keys, op_id, recording.frozen.text),
+            "waiting_on": blocking,
+        }
+        return self._insert(conn, values, recording, doomed)
 
     def _insert_granted(self, values: dict[str, Any], canonical: str) -> Operation | None:
         """The new operation, inserted in one statement if its grant allows it and its
@@ -282,31 +301,27 @@ class Prepare(LedgerBase):
         )
         return None if row is None else store.operation_of(row)
 
-    def _recorded(
-        self, conn: Connection, intent: dict[str, str], same: _SameIntent
-    ) -> Asked | None:
+    def _recorded(self, conn: Connection, recording: _Recording) -> Asked | None:
         """The intent as already recorded, answered as an ask of it; None if it is new."""
-        row = conn.execute(q.SELECT_OPERATION_BY_INTENT, intent).one_or_none()
-        return None if row is None else self._same_intent(conn, store.operation(row), same)
+        row = conn.execute(q.SELECT_OPERATION_BY_INTENT, recording.names).one_or_none()
+        return None if row is None else self._same_intent(conn, store.operation(row), recording)
 
     def _insert(
         self,
         conn: Connection,
         values: dict[str, Any],
-        deps: tuple[str, ...],
+        recording: _Recording,
         doomed: str | None,
-        same: _SameIntent,
     ) -> Asked:
         """Insert the new operation with its payload, ask and dependencies; a dependency
         already rejected or cancelled (`doomed`) cancels it at once."""
         row = conn.execute(q.INSERT_OPERATION, values).one_or_none()
         if row is None:  # another caller inserted the same intent just now
-            intent = {k: values[k] for k in ("tenant", "workflow_id", "intent_key")}
-            row = conn.execute(q.SELECT_OPERATION_BY_INTENT, intent).one()
-            return self._same_intent(conn, store.operation(row), same)
+            row = conn.execute(q.SELECT_OPERATION_BY_INTENT, recording.names).one()
+            return self._same_intent(conn, store.operation(row), recording)
         op_id = values["id"]
-        if deps:
-            conn.execute(q.INSERT_DEPENDENCIES, {"op_id": op_id, "after": list(deps)})
+        if recording.deps:
+            conn.execute(q.INSERT_DEPENDENCIES, {"op_id": op_id, "after": list(recording.deps)})
         if doomed is not None:
             row = conn.execute(
                 q.CANCEL, {"op_id": op_id, "actor": "dependency", "reason": doomed}
@@ -341,21 +356,20 @@ class Prepare(LedgerBase):
             )
         return blocking, doomed
 
-    def _same_intent(self, conn: Connection, existing: Operation, same: _SameIntent) -> Asked:
+    def _same_intent(self, conn: Connection, existing: Operation, recording: _Recording) -> Asked:
         """The operation a replayed prepare (or a repeated ask) names. `prepare` refuses
         another action, target, payload, authorization or `after` (`IntentConflict`); an
         ask is answered with the recorded operation and what it asked differently."""
+        values, deps = recording.values, recording.deps
         names = ("action", "target", "payload_digest", "authorization_ref")
-        differs = [
-            n for n, mine in zip(names, same.asked, strict=True) if getattr(existing, n) != mine
-        ]
+        differs = [n for n in names if getattr(existing, n) != values[n]]
         recorded = set(conn.execute(q.SELECT_DEPENDENCY_IDS, {"op_id": existing.id}).scalars())
-        if recorded != set(same.deps):
+        if recorded != set(deps):
             if (
-                same.ask is None
-                and same.deps
+                not recording.asking
+                and deps
                 and conn.execute(
-                    q.REACHES, {"after": list(same.deps), "op_id": existing.id}
+                    q.REACHES, {"after": list(deps), "op_id": existing.id}
                 ).scalar_one()
             ):
                 raise DependencyCycle(
@@ -364,25 +378,26 @@ class Prepare(LedgerBase):
                     op_id=existing.id,
                 )
             differs.append("after")
-        if differs and same.ask is None:
+        if differs and not recording.asking:
             raise IntentConflict(
                 f"intent {existing.intent_key!r} of workflow {existing.workflow_id!r} already "
                 f"names operation {existing.id} with a different {', '.join(differs)}",
                 op_id=existing.id,
                 differs=tuple(differs),
             )
-        if same.ask is not None:
+        if recording.asking:
             conn.execute(
                 q.INSERT_ASK,
                 {
                     "op_id": existing.id,
-                    **same.ask,
-                    "payload_digest": same.asked[2],
-                    "authorization_ref": same.asked[3],
+                    **{
+                        k: values[k]
+                        for k in ("asked_by", "actor", "payload_digest", "authorization_ref")
+                    },
                     "differs": differs,
                 },
             )
-        if same.notify:
+        if values["notify_settle"]:
             conn.execute(q.WATCH, {"op_id": existing.id})
         return Asked(operation=existing, first=False, differs=tuple(differs))
 
