@@ -13,7 +13,7 @@ from opledger.ledger import (
     UnknownAction,
 )
 
-from .effects import EffectResult
+from .results import EffectResult
 
 #: the argument a model sets to ask for a deliberately repeated act: a number, which a
 #: model asked again (a replay, a fork) repeats far more faithfully than any wording it

@@ -25,32 +25,50 @@ holds it (or holds a dependency it waits on), or when the time is up. Unknown is
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict
+from typing import Any
 
 from opledger.ledger import (
-    Answer,
     Asked,
-    Dependency,
     IntentConflict,
     InvalidInput,
     Ledger,
-    Operation,
-    Review,
     Status,
     dsn,
 )
-from opledger.ledger.intents import intent_key as derived_intent_key
-from opledger.ledger.intents import payload_differences
+from opledger.ledger.intents import Intent, act_key, payload_differences
 from opledger.observability import tracing
 
+from .blocking import Body, Call, Sleep, arun, run
 from .listener import Waiter, listener_for
+from .results import (
+    EffectCancelled,
+    EffectConfirmed,
+    EffectPending,
+    EffectRejected,
+    EffectResult,
+    EffectUnknown,
+    _Result,
+    at_rest,
+    result_of,
+    watched,
+)
+
+__all__ = [
+    "DEFAULT_POLL",
+    "FALLBACK_POLL",
+    "EffectCancelled",
+    "EffectConfirmed",
+    "EffectPending",
+    "EffectRejected",
+    "EffectResult",
+    "EffectUnknown",
+    "Effects",
+    "at_rest",
+]
 
 log = logging.getLogger("opledger.agents")
 
@@ -60,132 +78,6 @@ DEFAULT_POLL = 5.0
 FALLBACK_POLL = 0.5
 
 Publish = Callable[[str], None]
-
-
-class _Result(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    #: the operation as it stands (its id, status, run and intent, target, key...)
-    operation: Operation
-    #: the intent was recorded before this ask (a replayed step, a model asked again, a
-    #: lost answer asked again): this is the recorded operation, and nothing new was sent
-    asked_before: bool = False
-    #: what this ask asked otherwise than the recorded operation — payload fields as
-    #: "payload.<field>" ("payload" once the frozen payload is purged),
-    #: "authorization_ref", "after" — none of which was recorded or sent: the `kind` and
-    #: everything else here are the recorded operation's, not this ask's
-    differs: tuple[str, ...] = ()
-
-    @property
-    def op_id(self) -> str:
-        return self.operation.id
-
-    @property
-    def final(self) -> bool:
-        """Confirmed, rejected or cancelled: nothing about it will change any more."""
-        return self.operation.status.final
-
-    def _act(self) -> str:
-        return f"{self.operation.action} on {self.operation.target}"
-
-    def _state(self) -> str:
-        raise NotImplementedError
-
-    @property
-    def message(self) -> str:
-        """How it stands, in words an agent (or a person) reads."""
-        if not self.asked_before:
-            return self._state()
-        text = (
-            f"This run already asked for {self._act()} (operation {self.op_id}); "
-            f"{self._state()} Nothing new was sent."
-        )
-        if self.differs:
-            text += (
-                f" This call differs from the recorded one in {', '.join(self.differs)}: "
-                "that was not sent."
-            )
-        return text
-
-
-class EffectConfirmed(_Result):
-    """The provider's evidence binds this operation: the effect happened (once)."""
-
-    kind: Literal["confirmed"] = "confirmed"
-    #: the provider's receipt (a case version, a message id)
-    receipt_id: str | None
-    #: the provider only took custody (an email "accepted"), which is not delivery
-    accepted_only: bool = False
-    #: what the provider said the effect produced (the adapter's `Confirmed.result`: a
-    #: case's new status and version, a payment's id and amount, a message id), from the
-    #: confirming evidence; a note ({"omitted": why}) where it was too large to keep
-    data: dict[str, Any] = {}
-
-    def _state(self) -> str:
-        done = (
-            "accepted by the provider (custody, not delivery)" if self.accepted_only else ("done")
-        )
-        receipt = f", receipt {self.receipt_id}" if self.receipt_id else ""
-        return f"{self._act()} is {done}{receipt}."
-
-
-class EffectRejected(_Result):
-    """The provider definitively refused this request: the effect did not happen."""
-
-    kind: Literal["rejected"] = "rejected"
-    code: str | None
-    reason: str
-
-    def _state(self) -> str:
-        code = f" ({self.code})" if self.code else ""
-        return f"the provider refused {self._act()}{code}: {self.reason}. It did not happen."
-
-
-class EffectCancelled(_Result):
-    """Stopped before any effect: a dependency failed, the grant was revoked, an operator."""
-
-    kind: Literal["cancelled"] = "cancelled"
-    reason: str
-
-    def _state(self) -> str:
-        return f"{self._act()} was cancelled before any effect: {self.reason}."
-
-
-class EffectUnknown(_Result):
-    """The effect may or may not have happened. Not a failure: evidence (a lookup, a late
-    receipt) or a person (the review) will settle it; do not do it again another way."""
-
-    kind: Literal["unknown"] = "unknown"
-    #: the open review that holds it, if a person has it
-    review: Review | None
-    #: what it waits for, in words
-    waiting_for: str
-
-    def _state(self) -> str:
-        return (
-            f"whether {self._act()} happened is not known yet: it may have. Do not do it "
-            f"another way; it waits for {self.waiting_for}."
-        )
-
-
-class EffectPending(_Result):
-    """Nothing settled yet: it waits for its dependencies, a worker, or the provider's
-    answer (when the wait ran out, or when nothing was waited for)."""
-
-    kind: Literal["pending"] = "pending"
-    #: what it waits for: its dependencies, a worker to take it, or the provider (its answer
-    #: to the attempt under way, or room for it: its limits, a "not now", an outage)
-    awaiting: Literal["dependencies", "worker", "provider"]
-    #: the same, in words
-    waiting_for: str
-    #: the dependencies not confirmed yet (each with the review holding it, if any)
-    blocked_by: tuple[Dependency, ...] = ()
-
-    def _state(self) -> str:
-        return f"{self._act()} is recorded and not settled yet: it waits for {self.waiting_for}."
-
-
-EffectResult = EffectConfirmed | EffectRejected | EffectCancelled | EffectUnknown | EffectPending
 
 
 def _default_publish(op_id: str) -> None:
@@ -255,24 +147,20 @@ class Effects:
         adapter registry and neither `intent_fields` nor `intent_key` is given.
         """
         timeout = _timeout(wait)
-        asked = self._record(
-            tenant,
-            run,
-            self._intent(action, target, payload, purpose, intent_fields, intent_key),
-            action,
-            target,
-            payload,
-            authorization_ref,
-            after,
-            asked_by,
-            publish=timeout is None,
+        intent = Intent(
+            tenant=tenant,
+            workflow_id=run,
+            action=action,
+            target=target,
+            payload=payload,
+            authorization_ref=authorization_ref,
+            purpose=purpose,
+            intent_fields=intent_fields,
+            intent_key=intent_key,
+            asked_by=asked_by,
+            after=_ids(after),
         )
-        op_id = asked.operation.id
-        if timeout is None:
-            result = self.result(op_id)
-        else:  # the ask made it NOTIFY (`notify=True`): no `watch` needed
-            result = self._wait(op_id, timeout, publish=_publishable(asked), known=_fresh(asked))
-        return self._as_asked(result, asked, payload)
+        return self.ask(intent, wait=timeout)
 
     async def aeffect(
         self,
@@ -292,30 +180,29 @@ class Effects:
     ) -> EffectResult:
         """`effect` for asyncio agents: the wait never blocks the event loop."""
         timeout = _timeout(wait)
-        key = self._intent(action, target, payload, purpose, intent_fields, intent_key)
-        asked = await asyncio.to_thread(
-            self._record,
-            tenant,
-            run,
-            key,
-            action,
-            target,
-            payload,
-            authorization_ref,
-            after,
-            asked_by,
-            publish=timeout is None,
+        intent = Intent(
+            tenant=tenant,
+            workflow_id=run,
+            action=action,
+            target=target,
+            payload=payload,
+            authorization_ref=authorization_ref,
+            purpose=purpose,
+            intent_fields=intent_fields,
+            intent_key=intent_key,
+            asked_by=asked_by,
+            after=_ids(after),
         )
-        op_id = asked.operation.id
-        if timeout is None:
-            result = await asyncio.to_thread(self.result, op_id)
-        else:
-            result = await self._await(
-                op_id, timeout, publish=_publishable(asked), known=_fresh(asked)
-            )
-        if asked.first:
-            return result
-        return await asyncio.to_thread(self._as_asked, result, asked, payload)
+        return await self.aask(intent, wait=timeout)
+
+    def ask(self, intent: Intent, *, wait: float | timedelta | None = None) -> EffectResult:
+        """`effect` for an `Intent` record (its `after` as operation ids), the one path of
+        every agent surface: the LangGraph tools and the MCP gateway build the record."""
+        return run(self._effect(intent, _timeout(wait)))
+
+    async def aask(self, intent: Intent, *, wait: float | timedelta | None = None) -> EffectResult:
+        """`ask` for asyncio agents: the wait never blocks the event loop."""
+        return await arun(self._effect(intent, _timeout(wait)))
 
     def intent_of(
         self,
@@ -327,57 +214,38 @@ class Effects:
         intent_fields: Sequence[str] | None = None,
     ) -> str:
         """The intent key `effect` records this act under (without `intent_key`)."""
-        return self._intent(action, target, payload, purpose, intent_fields, None)
+        return act_key(
+            action,
+            target,
+            payload,
+            declared=self.ledger.intent_fields,
+            fields=intent_fields,
+            purpose=purpose,
+        )
 
-    def _intent(
-        self,
-        action: str,
-        target: str,
-        payload: dict[str, Any],
-        purpose: str | None,
-        intent_fields: Sequence[str] | None,
-        own_key: str | None,
-    ) -> str:
-        if own_key is not None:
-            if purpose is not None:
-                raise InvalidInput(
-                    "give either intent_key (your own) or purpose, not both",
-                    field="purpose",
-                )
-            return own_key
-        fields = self.ledger.intent_fields(action) if intent_fields is None else intent_fields
-        return derived_intent_key(action, target, payload, fields=fields, purpose=purpose)
+    def _effect(self, intent: Intent, timeout: float | None) -> Body[EffectResult]:
+        """The body of `effect` and `aeffect`: record the act, then how it stands (after
+        the wait, with `timeout`), as the answer to this ask."""
+        asked: Asked = yield Call(self._record, intent, timeout is None)
+        op_id = asked.operation.id
+        result: EffectResult
+        if timeout is None:
+            result = yield Call(self.result, op_id)
+        else:  # the ask made it NOTIFY (`notify=True`): no `watch` needed
+            fresh = _fresh(asked)
+            result = yield from self._waiting(
+                op_id, timeout, publish=_publishable(asked), known=fresh
+            )
+        if not asked.first:
+            result = yield Call(self._as_asked, result, asked, intent.payload)
+        return result
 
-    def _record(
-        self,
-        tenant: str,
-        run: str,
-        key: str,
-        action: str,
-        target: str,
-        payload: dict[str, Any],
-        authorization_ref: str,
-        after: Sequence[str | _Result],
-        asked_by: str | None,
-        *,
-        publish: bool,
-    ) -> Asked:
+    def _record(self, intent: Intent, publish: bool) -> Asked:
         """Ask for the act; with `publish`, also enqueue its dispatch when it is ready
         (else the caller publishes it once it listens for the answer)."""
-        with tracing.prepare(tenant, action) as span:  # the publish span is its child
-            asked = self.ledger.ask(
-                tenant=tenant,
-                workflow_id=run,
-                intent_key=key,
-                action=action,
-                target=target,
-                payload=payload,
-                authorization_ref=authorization_ref,
-                after=_ids(after),
-                notify=True,
-                actor="agent",
-                asked_by=asked_by,
-                traceparent=span.traceparent(),
+        with tracing.prepare(intent.tenant, intent.action) as span:  # the publish: its child
+            asked = self.ledger.ask_intent(
+                intent, notify=True, actor="agent", traceparent=span.traceparent()
             )
             op = asked.operation
             span.prepared(op)
@@ -386,7 +254,7 @@ class Effects:
         return asked
 
     def _as_asked(
-        self, result: EffectResult, asked: Asked, payload: dict[str, Any]
+        self, result: EffectResult, asked: Asked, payload: Mapping[str, Any]
     ) -> EffectResult:
         """The result as the answer to this ask: whether the intent was recorded before,
         and what this ask asked differently (payload fields named)."""
@@ -430,7 +298,7 @@ class Effects:
 
     def result(self, op_id: str) -> EffectResult:
         """How `op_id` stands now, as a result an agent can reason on (one statement)."""
-        return _result_of(self.ledger.answer(op_id))
+        return result_of(self.ledger.answer(op_id))
 
     def wait(self, op_id: str, timeout: float) -> EffectResult:
         """Wait up to `timeout` seconds for `op_id` to settle (see `settled`); how it stands.
@@ -441,14 +309,14 @@ class Effects:
         (every `FALLBACK_POLL` while that connection is down)."""
         if timeout < 0:
             raise InvalidInput("timeout must not be negative", field="timeout")
-        return self._wait(op_id, timeout, watch=True)
+        return run(self._waiting(op_id, timeout, watch=True))
 
     async def await_result(self, op_id: str, timeout: float) -> EffectResult:
         """`wait` for asyncio: the same listening connection wakes the task (with its
         answer read); its own reads run in a worker thread."""
         if timeout < 0:
             raise InvalidInput("timeout must not be negative", field="timeout")
-        return await self._await(op_id, timeout, watch=True)
+        return await arun(self._waiting(op_id, timeout, watch=True))
 
     def _waiter(self, op_id: str, publish: bool = False) -> Waiter:
         """A waiter on `op_id`, answered by the listener (one statement per batch); with
@@ -460,7 +328,7 @@ class Effects:
             then=(lambda: self._try_publish(op_id)) if publish else None,
         )
 
-    def _wait(
+    def _waiting(
         self,
         op_id: str,
         timeout: float,
@@ -468,66 +336,37 @@ class Effects:
         watch: bool = False,
         publish: bool = False,
         known: EffectResult | None = None,
-    ) -> EffectResult:
-        """The wait: its waiter registered first, then its dispatch published (`publish`);
-        `watch` has it NOTIFY; how it stands is `known` when the caller knows it (just
-        recorded, and the listener was listening before the dispatch went out), else read."""
+    ) -> Body[EffectResult]:
+        """The body of every wait: its waiter registered first, then its dispatch published
+        (`publish`); `watch` has it NOTIFY; how it stands is `known` when the caller knows
+        it (just recorded, and the listener was listening before the dispatch went out),
+        else read; then read again on each wake (the listener's answer) or poll."""
         deadline = time.monotonic() + timeout
-        with self._waiter(op_id, publish) as waiter:
-            if watch:
-                self.ledger.watch(op_id)  # after the waiter listens: no settle falls between
-            result = known if known is not None and waiter.heard else self.result(op_id)
+        waiter: Waiter = yield Call(self._waiter, op_id, publish)
+        with waiter:
+            if watch:  # after the waiter listens: no settle falls between
+                yield Call(self.ledger.watch, op_id)
+            result: EffectResult
+            if known is not None and waiter.heard:
+                result = known
+            else:
+                result = yield Call(self.result, op_id)
             published = publish
             while not at_rest(result):
-                waiter.watch(_watched(result))
+                waiter.watch(watched(result))
                 published = self._publish_released(result, published)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                waiter.wait(min(remaining, self._interval()))
-                result = self._answered(waiter, op_id)
-            return result
-
-    async def _await(
-        self,
-        op_id: str,
-        timeout: float,
-        *,
-        watch: bool = False,
-        publish: bool = False,
-        known: EffectResult | None = None,
-    ) -> EffectResult:
-        """`_wait` for asyncio."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        waiter = await asyncio.to_thread(self._waiter, op_id, publish)
-        with waiter:
-            if watch:
-                await asyncio.to_thread(self.ledger.watch, op_id)
-            if known is None or not waiter.heard:
-                result = await asyncio.to_thread(self.result, op_id)
-            else:
-                result = known
-            published = publish
-            while not at_rest(result):
-                waiter.watch(_watched(result))
-                published = self._publish_released(result, published)
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                await waiter.await_(min(remaining, self._interval()))
+                yield Sleep(waiter, min(remaining, self._interval()))
+                # the answer the listener read for it, else read now (a poll, or a wake
+                # of everyone after the listener reconnected)
                 answer = waiter.answer()
                 if answer is not None:
-                    result = _result_of(answer)
+                    result = result_of(answer)
                 else:
-                    result = await asyncio.to_thread(self.result, op_id)
+                    result = yield Call(self.result, op_id)
             return result
-
-    def _answered(self, waiter: Waiter, op_id: str) -> EffectResult:
-        """How `op_id` stands after a wake: the answer the listener read for it, else read
-        now (a poll, or a wake of everyone after the listener reconnected)."""
-        answer = waiter.answer()
-        return _result_of(answer) if answer is not None else self.result(op_id)
 
     def _interval(self) -> float:
         """How long a waiter sleeps at most between two reads: its poll, or the fallback
@@ -548,28 +387,6 @@ class Effects:
             self._try_publish(result.op_id)
             return True
         return published
-
-
-def at_rest(result: EffectResult) -> bool:
-    """Whether waiting longer is pointless: it is final, or a person holds it, or it waits
-    on a dependency a person holds (or that can no longer be confirmed)."""
-    if result.final:
-        return True
-    if isinstance(result, EffectUnknown):
-        return result.review is not None
-    if not isinstance(result, EffectPending):
-        return True
-    return any(
-        d.review_id is not None or d.status in (Status.REJECTED, Status.CANCELLED)
-        for d in result.blocked_by
-    )
-
-
-def _watched(result: EffectResult) -> set[str]:
-    ids = {result.op_id}
-    if isinstance(result, EffectPending):
-        ids.update(d.op_id for d in result.blocked_by)
-    return ids
 
 
 def _timeout(wait: float | timedelta | None) -> float | None:
@@ -613,56 +430,3 @@ def _fresh(asked: Asked) -> EffectResult | None:
     return EffectPending(
         operation=asked.operation, awaiting="worker", waiting_for="a worker to take it"
     )
-
-
-def _result_of(answer: Answer) -> EffectResult:
-    op = answer.operation
-    last = answer.last_reason if answer.last_reason is not None else op.status.value
-    detail = answer.settled_detail
-    if op.status is Status.CONFIRMED:
-        data = detail.get("result")
-        return EffectConfirmed(
-            operation=op,
-            receipt_id=op.provider_result_id,
-            accepted_only=bool(detail.get("accepted_only")),
-            data=data if isinstance(data, dict) else {},
-        )
-    if op.status is Status.REJECTED:
-        return EffectRejected(
-            operation=op,
-            code=detail.get("code"),
-            reason=str(detail.get("reason") or last),
-        )
-    if op.status is Status.CANCELLED:
-        return EffectCancelled(operation=op, reason=last)
-    if op.status is Status.UNKNOWN:
-        review = answer.open_review
-        if review is not None:
-            waiting = f"a person: review {review.id} ({review.reason})"
-        elif op.next_check_at is not None:
-            waiting = f"evidence: the next check at {op.next_check_at.isoformat()}"
-        else:
-            waiting = "evidence: a check is under way"
-        return EffectUnknown(operation=op, review=review, waiting_for=waiting)
-    blocked = answer.blocked_by
-    on: Literal["dependencies", "worker", "provider"]
-    if blocked:
-        on, waiting = "dependencies", "dependencies: " + "; ".join(_describe(d) for d in blocked)
-    elif op.status is Status.DISPATCHING:
-        on, waiting = "provider", "the provider's answer to the attempt under way"
-    elif op.next_check_at is not None:  # left for later: its provider had no room
-        on = "provider"
-        waiting = (
-            f'room at {op.provider} (its limits, a "not now" or an outage): tried again '
-            f"at {op.next_check_at.isoformat()}"
-        )
-    else:
-        on, waiting = "worker", "a worker to take it"
-    return EffectPending(operation=op, awaiting=on, waiting_for=waiting, blocked_by=blocked)
-
-
-def _describe(dep: Dependency) -> str:
-    text = f"{dep.op_id} ({dep.action} {dep.target}) is {dep.status}"
-    if dep.review_id is not None:
-        text += f", held by review {dep.review_id}: {dep.review_reason}"
-    return text

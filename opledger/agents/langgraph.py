@@ -37,9 +37,11 @@ from opledger.ledger import (
     InvalidInput,
 )
 from opledger.ledger.ids import evidence_text
+from opledger.ledger.intents import Intent
 
 from .answers import REFUSED, REPEAT, REPEAT_HELP, UNFIXABLE, purpose_of, refused, summary
-from .effects import EffectResult, Effects, _Result
+from .effects import Effects
+from .results import EffectResult, _Result
 
 
 def run_of(config: RunnableConfig | Mapping[str, Any]) -> str:
@@ -188,32 +190,29 @@ class _EffectTool:
     repeatable: bool
     run: Callable[[RunnableConfig], str]
 
-    def ask(
-        self, config: RunnableConfig, tool_call_id: str, args: dict[str, Any]
-    ) -> dict[str, Any]:
-        """The `effect` arguments of one call (a graph without a thread or a node is
-        misconfigured, not the call: raised)."""
+    def ask(self, config: RunnableConfig, tool_call_id: str, args: dict[str, Any]) -> Intent:
+        """The intent of one call (a graph without a thread or a node is misconfigured,
+        not the call: raised)."""
         repeat = args.pop(REPEAT, None) if self.repeatable else None
         the_run, asker = self.run(config), asker_of(config, tool_call_id)
         target, payload = self.effect_of(args)
         ref = self.authorization_ref
-        return {
-            "tenant": self.tenant,
-            "run": the_run,
-            "action": self.action,
-            "target": target,
-            "payload": payload,
-            "authorization_ref": ref(config) if callable(ref) else ref,
-            "purpose": purpose_of(repeat),
-            "intent_fields": self.intent_fields,
-            "asked_by": asker,
-            "wait": self.wait,
-        }
+        return Intent(
+            tenant=self.tenant,
+            workflow_id=the_run,
+            action=self.action,
+            target=target,
+            payload=payload,
+            authorization_ref=ref(config) if callable(ref) else ref,
+            purpose=purpose_of(repeat),
+            intent_fields=self.intent_fields,
+            asked_by=asker,
+        )
 
     def call(self, config: RunnableConfig, tool_call_id: str, **args: Any) -> str:
-        kwargs = self.ask(config, tool_call_id, args)
+        intent = self.ask(config, tool_call_id, args)
         try:
-            result = self.effects.effect(**kwargs)
+            result = self.effects.ask(intent, wait=self.wait)
         except UNFIXABLE:
             raise
         except REFUSED as exc:
@@ -221,9 +220,9 @@ class _EffectTool:
         return describe(result, repeatable=self.repeatable)
 
     async def acall(self, config: RunnableConfig, tool_call_id: str, **args: Any) -> str:
-        kwargs = self.ask(config, tool_call_id, args)
+        intent = self.ask(config, tool_call_id, args)
         try:
-            result = await self.effects.aeffect(**kwargs)
+            result = await self.effects.aask(intent, wait=self.wait)
         except UNFIXABLE:
             raise
         except REFUSED as exc:

@@ -1,13 +1,13 @@
 """The MCP server behind `opledger mcp serve` (the `[mcp]` extra: the official MCP SDK).
 
-Each `tools/call` of an action's tool becomes `Effects.aeffect`: the tenant and the grant
-are the caller's (`clients`), the run is the call's `_meta["opledger/run"]` under the
-caller's name, the intent is the act — so a call re-issued under a new request id, after
-a lost answer or from a restarted agent, is answered with the operation it recorded. The
-answer is structured content: the kind (confirmed, rejected, cancelled, unknown, pending)
-and what goes with it. A call that cannot be an effect (arguments that do not match the
-tool's schema, no run, a revoked grant) is a tool error and writes nothing; an unknown tool
-is a protocol error.
+Each `tools/call` of an action's tool becomes an `Intent` asked through `Effects.aask`: the
+tenant and the grant are the caller's (`clients`), the run is the call's
+`_meta["opledger/run"]` under the caller's name, the intent is the act — so a call re-issued
+under a new request id, after a lost answer or from a restarted agent, is answered with the
+operation it recorded. The answer is structured content: the kind (confirmed, rejected,
+cancelled, unknown, pending) and what goes with it. A call that cannot be an effect
+(arguments that do not match the tool's schema, no run, a revoked grant) is a tool error
+and writes nothing; an unknown tool is a protocol error.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from opledger.agents.answers import REFUSED, REPEAT, UNFIXABLE, purpose_of, refu
 from opledger.agents.effects import EffectResult, Effects, at_rest
 from opledger.ledger import InvalidInput, OperationNotFound
 from opledger.ledger.ids import check_operation_id
+from opledger.ledger.intents import Intent
 from opledger.observability import metrics
 
 from .clients import Caller, Clients
@@ -150,17 +151,17 @@ class Gateway:
                 "on every retry and restart",
             )
         try:
-            result = await self.effects.aeffect(
+            intent = Intent(
                 tenant=caller.tenant,
-                run=caller.workflow_id(run),
+                workflow_id=caller.workflow_id(run),
                 action=action,
                 target=target,
                 payload=payload,
                 authorization_ref=caller.grant,
                 purpose=purpose_of(repeat),
                 asked_by=f"mcp:{caller.agent}:{ctx.request_id}",
-                wait=self.wait,
             )
+            result = await self.effects.aask(intent, wait=self.wait)
         except UNFIXABLE as exc:  # the gateway's configuration, not the call
             log.error("%s cannot be served: %s", name, exc)
             raise MCPError(INTERNAL_ERROR, f"{name} cannot be served: {exc}") from None

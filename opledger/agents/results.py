@@ -1,0 +1,214 @@
+"""What an agent reads back from an effect: how the operation stands, as a result it can
+reason on (confirmed, rejected, cancelled, unknown, pending), read from the ledger's
+answer (`result_of`), and whether waiting longer is pointless (`at_rest`)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from opledger.ledger import Answer, Dependency, Operation, Review, Status
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: the operation as it stands (its id, status, run and intent, target, key...)
+    operation: Operation
+    #: the intent was recorded before this ask (a replayed step, a model asked again, a
+    #: lost answer asked again): this is the recorded operation, and nothing new was sent
+    asked_before: bool = False
+    #: what this ask asked otherwise than the recorded operation — payload fields as
+    #: "payload.<field>" ("payload" once the frozen payload is purged),
+    #: "authorization_ref", "after" — none of which was recorded or sent: the `kind` and
+    #: everything else here are the recorded operation's, not this ask's
+    differs: tuple[str, ...] = ()
+
+    @property
+    def op_id(self) -> str:
+        return self.operation.id
+
+    @property
+    def final(self) -> bool:
+        """Confirmed, rejected or cancelled: nothing about it will change any more."""
+        return self.operation.status.final
+
+    def _act(self) -> str:
+        return f"{self.operation.action} on {self.operation.target}"
+
+    def _state(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def message(self) -> str:
+        """How it stands, in words an agent (or a person) reads."""
+        if not self.asked_before:
+            return self._state()
+        text = (
+            f"This run already asked for {self._act()} (operation {self.op_id}); "
+            f"{self._state()} Nothing new was sent."
+        )
+        if self.differs:
+            text += (
+                f" This call differs from the recorded one in {', '.join(self.differs)}: "
+                "that was not sent."
+            )
+        return text
+
+
+class EffectConfirmed(_Result):
+    """The provider's evidence binds this operation: the effect happened (once)."""
+
+    kind: Literal["confirmed"] = "confirmed"
+    #: the provider's receipt (a case version, a message id)
+    receipt_id: str | None
+    #: the provider only took custody (an email "accepted"), which is not delivery
+    accepted_only: bool = False
+    #: what the provider said the effect produced (the adapter's `Confirmed.result`: a
+    #: case's new status and version, a payment's id and amount, a message id), from the
+    #: confirming evidence; a note ({"omitted": why}) where it was too large to keep
+    data: dict[str, Any] = {}
+
+    def _state(self) -> str:
+        done = (
+            "accepted by the provider (custody, not delivery)" if self.accepted_only else ("done")
+        )
+        receipt = f", receipt {self.receipt_id}" if self.receipt_id else ""
+        return f"{self._act()} is {done}{receipt}."
+
+
+class EffectRejected(_Result):
+    """The provider definitively refused this request: the effect did not happen."""
+
+    kind: Literal["rejected"] = "rejected"
+    code: str | None
+    reason: str
+
+    def _state(self) -> str:
+        code = f" ({self.code})" if self.code else ""
+        return f"the provider refused {self._act()}{code}: {self.reason}. It did not happen."
+
+
+class EffectCancelled(_Result):
+    """Stopped before any effect: a dependency failed, the grant was revoked, an operator."""
+
+    kind: Literal["cancelled"] = "cancelled"
+    reason: str
+
+    def _state(self) -> str:
+        return f"{self._act()} was cancelled before any effect: {self.reason}."
+
+
+class EffectUnknown(_Result):
+    """The effect may or may not have happened. Not a failure: evidence (a lookup, a late
+    receipt) or a person (the review) will settle it; do not do it again another way."""
+
+    kind: Literal["unknown"] = "unknown"
+    #: the open review that holds it, if a person has it
+    review: Review | None
+    #: what it waits for, in words
+    waiting_for: str
+
+    def _state(self) -> str:
+        return (
+            f"whether {self._act()} happened is not known yet: it may have. Do not do it "
+            f"another way; it waits for {self.waiting_for}."
+        )
+
+
+class EffectPending(_Result):
+    """Nothing settled yet: it waits for its dependencies, a worker, or the provider's
+    answer (when the wait ran out, or when nothing was waited for)."""
+
+    kind: Literal["pending"] = "pending"
+    #: what it waits for: its dependencies, a worker to take it, or the provider (its answer
+    #: to the attempt under way, or room for it: its limits, a "not now", an outage)
+    awaiting: Literal["dependencies", "worker", "provider"]
+    #: the same, in words
+    waiting_for: str
+    #: the dependencies not confirmed yet (each with the review holding it, if any)
+    blocked_by: tuple[Dependency, ...] = ()
+
+    def _state(self) -> str:
+        return f"{self._act()} is recorded and not settled yet: it waits for {self.waiting_for}."
+
+
+EffectResult = EffectConfirmed | EffectRejected | EffectCancelled | EffectUnknown | EffectPending
+
+
+def at_rest(result: EffectResult) -> bool:
+    """Whether waiting longer is pointless: it is final, or a person holds it, or it waits
+    on a dependency a person holds (or that can no longer be confirmed)."""
+    if result.final:
+        return True
+    if isinstance(result, EffectUnknown):
+        return result.review is not None
+    if not isinstance(result, EffectPending):
+        return True
+    return any(
+        d.review_id is not None or d.status in (Status.REJECTED, Status.CANCELLED)
+        for d in result.blocked_by
+    )
+
+
+def watched(result: EffectResult) -> set[str]:
+    """The operations a wait on `result` listens for: its own, and its dependencies."""
+    ids = {result.op_id}
+    if isinstance(result, EffectPending):
+        ids.update(d.op_id for d in result.blocked_by)
+    return ids
+
+
+def result_of(answer: Answer) -> EffectResult:
+    """The ledger's answer for one operation (`Ledger.answer`) as a result."""
+    op = answer.operation
+    last = answer.last_reason if answer.last_reason is not None else op.status.value
+    detail = answer.settled_detail
+    if op.status is Status.CONFIRMED:
+        data = detail.get("result")
+        return EffectConfirmed(
+            operation=op,
+            receipt_id=op.provider_result_id,
+            accepted_only=bool(detail.get("accepted_only")),
+            data=data if isinstance(data, dict) else {},
+        )
+    if op.status is Status.REJECTED:
+        return EffectRejected(
+            operation=op,
+            code=detail.get("code"),
+            reason=str(detail.get("reason") or last),
+        )
+    if op.status is Status.CANCELLED:
+        return EffectCancelled(operation=op, reason=last)
+    if op.status is Status.UNKNOWN:
+        review = answer.open_review
+        if review is not None:
+            waiting = f"a person: review {review.id} ({review.reason})"
+        elif op.next_check_at is not None:
+            waiting = f"evidence: the next check at {op.next_check_at.isoformat()}"
+        else:
+            waiting = "evidence: a check is under way"
+        return EffectUnknown(operation=op, review=review, waiting_for=waiting)
+    blocked = answer.blocked_by
+    on: Literal["dependencies", "worker", "provider"]
+    if blocked:
+        on, waiting = "dependencies", "dependencies: " + "; ".join(_describe(d) for d in blocked)
+    elif op.status is Status.DISPATCHING:
+        on, waiting = "provider", "the provider's answer to the attempt under way"
+    elif op.next_check_at is not None:  # left for later: its provider had no room
+        on = "provider"
+        waiting = (
+            f'room at {op.provider} (its limits, a "not now" or an outage): tried again '
+            f"at {op.next_check_at.isoformat()}"
+        )
+    else:
+        on, waiting = "worker", "a worker to take it"
+    return EffectPending(operation=op, awaiting=on, waiting_for=waiting, blocked_by=blocked)
+
+
+def _describe(dep: Dependency) -> str:
+    text = f"{dep.op_id} ({dep.action} {dep.target}) is {dep.status}"
+    if dep.review_id is not None:
+        text += f", held by review {dep.review_id}: {dep.review_reason}"
+    return text
