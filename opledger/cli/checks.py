@@ -155,7 +155,7 @@ def _mcp_clients(path: str, registry: Any) -> Check:
 
 def _mcp_upstream(path: str, registry: Any) -> Check:
     """`opledger mcp proxy`'s upstream file, and an adapter for each of its effects."""
-    from opledger.mcp.upstream import UpstreamInvalid, load_upstream
+    from opledger.adapters.mcp import UpstreamInvalid, load_upstream
 
     try:
         upstream = load_upstream(path)
@@ -168,7 +168,7 @@ def _mcp_upstream(path: str, registry: Any) -> Check:
             "mcp upstream",
             False,
             f"no adapter serves {', '.join(unserved)}: "
-            "OPLEDGER_ADAPTERS=opledger.mcp.upstream:build_registry",
+            "OPLEDGER_ADAPTERS=opledger.adapters.mcp:build_registry",
         )
     detail = f"{upstream.url}: {len(actions)} effects, {len(upstream.passthrough)} passed through"
     return Check("mcp upstream", True, detail)

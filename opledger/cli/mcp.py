@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
+from opledger.adapters.mcp import Upstream, load_upstream
 from opledger.adapters.registry import Registry
 from opledger.mcp.clients import Caller, Clients, add_client
-from opledger.mcp.upstream import Upstream, load_upstream
 from opledger.settings import NotConfigured, get_settings
 
 from .app import app, err_console, missing_extra, open_ledger
@@ -144,7 +144,7 @@ def proxy(
     passed through, each tool the file marks as having effects caused once through the
     ledger (the workers call the upstream; an answer never read is unknown and goes to a
     person). Run the proxy and the workers with
-    OPLEDGER_ADAPTERS=opledger.mcp.upstream:build_registry."""
+    OPLEDGER_ADAPTERS=opledger.adapters.mcp:build_registry."""
     clients, token = _caller_setup(transport, wait)
     source = get_settings().mcp_upstream
     if not source:

@@ -9,5 +9,7 @@ again — re-issued, retried after a lost answer, sent again by a restarted agen
 the operation it recorded and how it stands.
 
 `clients` (who may call: a token per agent, tied to a tenant and a grant) needs nothing
-else; `tools` and `server` need the `[mcp]` extra (the official MCP SDK).
+else; `tools`, `server` and `proxy` (`opledger mcp proxy`, in front of an existing MCP
+server) need the `[mcp]` extra (the official MCP SDK). The workers' side of the proxy, the
+adapter that calls the upstream's tools, is among the adapters: `opledger.adapters.mcp`.
 """

@@ -1,6 +1,6 @@
 """`opledger mcp proxy`: an existing MCP server's tools, its effects caused once.
 
-In front of the upstream (`OPLEDGER_MCP_UPSTREAM`, see `upstream`), the proxy offers the
+In front of the upstream (`OPLEDGER_MCP_UPSTREAM`, see `adapters.mcp`), the proxy offers the
 tools its file names, with the upstream's own names, descriptions and input schemas:
 a passthrough (read-only) tool is forwarded as it is; a call of an effectful tool becomes
 an effect of the caller's run — its arguments are the frozen payload, its target the
@@ -21,13 +21,12 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import INTERNAL_ERROR
 
+from opledger.adapters.mcp import Upstream, UpstreamInvalid, UpstreamTool, connect
 from opledger.adapters.registry import Registry
 from opledger.agents.answers import REPEAT, REPEAT_HELP
 from opledger.agents.effects import Effects
 
-from .adapter import connect
 from .server import Gateway, Identify, problems, refusal
-from .upstream import Upstream, UpstreamInvalid, UpstreamTool
 
 
 async def upstream_tools(upstream: Upstream) -> list[types.Tool]:
@@ -62,7 +61,7 @@ class Proxy(Gateway):
         if unserved:
             raise UpstreamInvalid(
                 f"no adapter serves {', '.join(unserved)}: run the proxy and the workers with "
-                "OPLEDGER_ADAPTERS=opledger.mcp.upstream:build_registry"
+                "OPLEDGER_ADAPTERS=opledger.adapters.mcp:build_registry"
             )
         self._effectful: dict[str, UpstreamTool] = dict(upstream.effects)
         self._proxy_schemas: dict[str, Mapping[str, Any]] = {}

@@ -532,8 +532,8 @@ assert current_app._get_current_object() is theirs
         },
     ),
     "9053811b13": NotCode('{"url": "http://127.0.0.1:9000/mcp"', "the upstream file's format"),
-    "2e386fa293": Shell(
-        "export OPLEDGER_ADAPTERS=opledger.mcp.upstream:build_registry",
+    "1b46e2e4bb": Shell(
+        "export OPLEDGER_ADAPTERS=opledger.adapters.mcp:build_registry",
         # an upstream MCP server behind upstream.json: the proxy's system tests run a
         # worker with this registry and the proxy in front of an MCP SDK server
         covered={

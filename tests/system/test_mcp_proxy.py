@@ -72,7 +72,7 @@ def rig(running: Stack, sys_ledger: Ledger, database_url: str, tmp_path: Path) -
     clients = tmp_path / "clients.json"
     token = add_client(clients, Caller("bot", "acme", "auth_acme"))
     env = {
-        "OPLEDGER_ADAPTERS": "opledger.mcp.upstream:build_registry",
+        "OPLEDGER_ADAPTERS": "opledger.adapters.mcp:build_registry",
         "OPLEDGER_MCP_UPSTREAM": str(config),
         "OPLEDGER_MCP_CLIENTS": str(clients),
     }

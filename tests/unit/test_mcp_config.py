@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from opledger.adapters.mcp import McpToolAdapter, UpstreamInvalid, load_upstream
+from opledger.adapters.registry import load_registry
 from opledger.ledger import InvalidInput
 from opledger.mcp.clients import (
     TOKEN_PREFIX,
@@ -21,7 +25,7 @@ from opledger.mcp.clients import (
     digest,
     parse,
 )
-from opledger.mcp.upstream import UpstreamInvalid, load_upstream
+from opledger.settings import Settings
 
 ENTRY = {"agent": "bot", "tenant": "acme", "grant": "auth_acme", "token_sha256": "a" * 64}
 
@@ -122,3 +126,50 @@ def test_a_malformed_upstream_file_is_one_typed_error(
     path.write_text(json.dumps({**GOOD_UPSTREAM, **change}))
     with pytest.raises(UpstreamInvalid, match=message):
         load_upstream(path)
+
+
+#: the upstream's adapter module run with the MCP SDK made unimportable (no `[mcp]` extra)
+WITHOUT_SDK = """
+import importlib.abc, sys
+class Missing(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("mcp", "mcp_types"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Missing())
+from opledger.adapters.mcp import McpToolAdapter, load_upstream
+upstream = load_upstream(sys.argv[1])
+try:
+    McpToolAdapter(upstream)
+except ModuleNotFoundError as exc:
+    print("refused:", exc.name)
+"""
+
+
+def test_the_upstream_file_reads_without_the_mcp_extra_and_its_adapter_refuses_to_start(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "upstream.json"
+    path.write_text(json.dumps(GOOD_UPSTREAM))
+    run = subprocess.run(
+        [sys.executable, "-c", WITHOUT_SDK, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "refused: mcp"
+
+
+@pytest.mark.parametrize("factory", ["opledger.adapters.mcp", "opledger.mcp.upstream"])
+def test_the_upstreams_registry_serves_its_effects_under_both_names(
+    tmp_path: Path, factory: str
+) -> None:
+    """`opledger.mcp.upstream:build_registry` is the name 0.1.0 documented; it still works."""
+    path = tmp_path / "upstream.json"
+    path.write_text(json.dumps(GOOD_UPSTREAM))
+    settings = Settings(adapters=f"{factory}:build_registry", mcp_upstream=str(path))
+    registry = load_registry(settings)
+    adapter = registry.adapter_for("tickets.create_ticket.v1")
+    assert isinstance(adapter, McpToolAdapter)
+    assert adapter.contract.idempotency.kind == "none"
+    assert adapter.contract.lookup.kind == "none"
