@@ -76,7 +76,8 @@ def run(body: Body[T]) -> T:
         try:
             step = body.send(value)
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            result: T = done.value
+            return result
         try:
             value = step.run()
         except BaseException:
@@ -92,7 +93,8 @@ async def arun(body: Body[T]) -> T:
         try:
             step = body.send(value)
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            result: T = done.value
+            return result
         try:
             value = await step.arun()
         except BaseException:  # also a cancelled task: the body's waiter is closed

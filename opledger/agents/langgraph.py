@@ -124,7 +124,7 @@ def effect_tool(
 ) -> BaseTool:
     """A LangChain tool (for `ToolNode`, `create_react_agent`, `bind_tools`) whose call is
     an opledger effect, keyed by the act it asks for, never by its tool call id. It runs
-    with `invoke` (in `ToolNode`'s threads) and natively with `ainvoke` (`aeffect`: the
+    with `invoke` (in `ToolNode`'s threads) and natively with `ainvoke` (`Effects.aask`: the
     wait never holds a thread).
 
     `effect_of(args)` gives the target and the payload of the tool call's arguments; the

@@ -3,6 +3,7 @@ has the same key; another target, intent field value or purpose has another."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from opledger.ledger import InvalidIdentifier, InvalidInput, PayloadNotCanonicalizable
 from opledger.ledger.ids import check_key
 from opledger.ledger.intents import (
+    Intent,
     intent_key,
     intent_values,
     normal_purpose,
@@ -136,3 +138,43 @@ def test_bad_actions_targets_and_values_are_refused() -> None:
         intent_key(ACTION, "a\u200b", {})
     with pytest.raises(PayloadNotCanonicalizable):
         intent_key(ACTION, "a", {"amount": float("nan")}, fields=["amount"])
+
+
+class _Declares:
+    """An action resolver's `intent_fields`, counting what it was asked."""
+
+    def __init__(self, *fields: str) -> None:
+        self.fields, self.asked = fields, list[str]()
+
+    def __call__(self, action: str) -> tuple[str, ...]:
+        self.asked.append(action)
+        return self.fields
+
+
+def test_an_intent_record_is_keyed_by_its_act_or_by_its_own_key() -> None:
+    act = Intent(
+        tenant="acme",
+        workflow_id="run-1",
+        action=ACTION,
+        target="a@x.test",
+        payload={"to": "a@x.test", "subject": "hi"},
+        authorization_ref="auth_acme",
+        purpose="second reminder",
+    )
+    declared = _Declares("subject")
+    keyed = act.keyed(declared)
+    assert keyed.intent_key == intent_key(
+        ACTION, "a@x.test", act.payload, fields=["subject"], purpose="second reminder"
+    )
+    assert keyed.purpose is None and keyed.tenant == "acme" and keyed.payload == act.payload
+    assert keyed.keyed(declared) == keyed  # the key holds the purpose and fields now
+    assert declared.asked == [ACTION]
+    given = replace(act, purpose=None, intent_fields=["to"])
+    assert given.keyed(_Declares("subject")).intent_key == intent_key(
+        ACTION, "a@x.test", act.payload, fields=["to"]
+    )
+    own = replace(act, purpose=None, intent_key="close-1")
+    undeclared = _Declares()
+    assert own.keyed(undeclared) is own and undeclared.asked == []
+    with pytest.raises(InvalidInput, match="not both"):
+        replace(own, purpose="again").keyed(undeclared)
