@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from opledger.ledger.migrate import move_schema, upgrade
 from opledger.settings import get_settings
 
+from . import devmode
 from .app import (
     app,
     console,
@@ -20,6 +21,9 @@ from .app import (
     preflight,
     state_dir,
 )
+
+if TYPE_CHECKING:
+    from opledger.tasks.hooks import Hooks
 
 
 @app.command()
@@ -87,15 +91,29 @@ def worker(
 
     The startup checks run first (`opledger check`); options after `--` go to Celery's own
     worker unchanged, e.g. `opledger worker -- --max-tasks-per-child 100`."""
+    hooks = _crash_hooks()
     preflight("worker", declare=True)
     from opledger.tasks.app import app as celery_app
+    from opledger.tasks.app import use_hooks
 
+    if hooks is not None:
+        use_hooks(hooks)  # in this process and the pool processes it forks
     argv = ["worker", "-Q", queues, "--loglevel", loglevel, "-E"]
     if concurrency:
         argv += ["-c", str(concurrency)]
     if hostname:
         argv += ["-n", hostname]
     celery_app.worker_main(argv + list(ctx.args))
+
+
+def _crash_hooks() -> Hooks | None:
+    """The development harness's crash points, when `OPLEDGER_CRASHPOINT` names some:
+    only in development mode (`cli.devmode`); otherwise one line and exit 4."""
+    try:
+        return devmode.crash_hooks(dev=get_settings().dev)
+    except (devmode.CrashPointsOutsideDev, ValueError) as exc:
+        err_console.print(f"opledger worker: {exc}", style="red", markup=False)
+        raise typer.Exit(4) from None
 
 
 @app.command()
@@ -183,7 +201,7 @@ def metrics(
             markup=False,
         )
         raise typer.Exit(4)  # a missing setting: operational, as docs/cli.md's exit codes say
-    from opledger.ledger.pgschema import ledger_engine
+    from opledger.ledger.connector import ledger_engine
 
     engine = ledger_engine(
         database_url(), schema=settings.database_schema, pool_size=1, pool_pre_ping=True

@@ -315,6 +315,8 @@ class Proc:
     ) -> None:
         self.name = name
         self.log = log
+        if env.get("OPLEDGER_CRASHPOINT"):  # crash points are armed in development mode only
+            env = {**env, "OPLEDGER_DEV": "1"}
         self._log_file = log.open("ab")
         self._offset = self._log_file.tell()  # earlier runs under this name stay above
         self.proc = subprocess.Popen(

@@ -21,12 +21,12 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
 from celery import Celery, Task, shared_task
-from celery.signals import before_task_publish, worker_process_init
+from celery.signals import before_task_publish, celeryd_init, import_modules, worker_process_init
 
 from opledger.adapters.registry import Registry, load_registry
 from opledger.ledger import (
@@ -36,42 +36,99 @@ from opledger.ledger import (
     OperationNotFound,
     UnknownAction,
 )
-from opledger.ledger.decide import ReviewPolicy
 from opledger.ledger.ids import check_operation_id
 from opledger.observability import logs, metrics, tracing
 from opledger.settings import UNCONFIGURED_BROKER_URL, Settings, get_settings
 
-from . import backlog, crashpoints, steps
-from .notices import review_opened
-from .steps import utcnow
+from . import backlog
+from .hooks import HOOKS, Hooks
+from .worker import FollowUps, Worker, WorkerConfig, utcnow
 
 log = logging.getLogger("opledger.tasks")
 
+#: opledger's own Celery app (`opledger worker`, `celery -A opledger.tasks.app`): created
+#: here because Celery's `-A` names a module attribute; it configures nothing else
 app = Celery("opledger")
 app.config_from_object("opledger.celeryconfig")
-logs.install(get_settings().log_format)  # JSON lines when OPLEDGER_LOG_FORMAT=json
-tracing.install()  # OpenTelemetry in each worker process, when OTEL_* asks for traces
+
+_installed = False
+
+
+@import_modules.connect
+def _install_logs_and_traces(**_: Any) -> None:
+    """When a worker or beat starts (Celery imports its task modules, before it sets up
+    logging): JSON lines when OPLEDGER_LOG_FORMAT=json, and OpenTelemetry in each worker
+    process when OTEL_* asks for traces. Importing this module installs nothing."""
+    global _installed
+    if not _installed:
+        _installed = True
+        logs.install(get_settings().log_format)
+        tracing.install()
+
+
+#: what this process's worker observes its boundaries with (`use_hooks`)
+_hooks: Hooks = HOOKS
+
+
+def use_hooks(hooks: Hooks) -> None:
+    """Observe the worker's boundaries with `hooks` from now on, in this process and the
+    pool processes it forks: what `opledger worker` does with the development harness's
+    crash points (`cli.devmode`). A production worker keeps `HOOKS`."""
+    global _hooks, _runtime
+    _hooks = hooks
+    _runtime = None
+
+
+@celeryd_init.connect
+def _refuse_unarmed_crash_points(**_: Any) -> None:
+    # crash points are development tooling, armed only through `opledger worker` in
+    # development mode: a worker started otherwise with the variable set says so and stops
+    if os.environ.get("OPLEDGER_CRASHPOINT") and _hooks is HOOKS:
+        raise SystemExit(CRASH_POINTS_UNARMED)
+
+
+#: why a worker does not start with OPLEDGER_CRASHPOINT set outside development mode
+CRASH_POINTS_UNARMED = (
+    "OPLEDGER_CRASHPOINT is set, but crash points are development tooling: they are armed "
+    "only by `opledger worker` with OPLEDGER_DEV=1; unset OPLEDGER_CRASHPOINT"
+)
 
 
 @dataclass
 class Runtime:
-    """What a worker process needs: the ledger, the adapters and the settings."""
+    """What a worker process needs: the ledger, the adapters, the settings, its hooks; and
+    its `Worker`, whose follow-ups publish through the app running the task."""
 
     settings: Settings
     ledger: Ledger
     registry: Registry
     owner: str
+    hooks: Hooks = HOOKS
+    _workers: dict[int, Worker] = field(default_factory=dict, repr=False)
 
-    @property
-    def lease(self) -> timedelta:
-        return timedelta(seconds=self.settings.lease_seconds)
+    def worker(self, celery_app: Celery) -> Worker:
+        """This process's worker, publishing its follow-ups through `celery_app` (the app
+        running the task: in a thread or greenlet pool too, where the thread's current app
+        is Celery's default)."""
+        found = self._workers.get(id(celery_app))
+        if found is None:
 
-    @property
-    def policy(self) -> ReviewPolicy:
-        return ReviewPolicy(
-            after_attempts=self.settings.review_after_attempts,
-            after=timedelta(seconds=self.settings.review_after_seconds),
-        )
+            def publish(name: str) -> Callable[[str], None]:
+                return lambda op_id: celery_app.tasks[name].delay(op_id)
+
+            found = self._workers[id(celery_app)] = Worker(
+                self.ledger,
+                self.registry,
+                owner=self.owner,
+                config=WorkerConfig.from_settings(self.settings),
+                hooks=self.hooks,
+                follow_ups=FollowUps(
+                    reconcile=publish("opledger.reconcile"),
+                    review_opened=publish("opledger.notify_review"),
+                    dispatch=publish("opledger.dispatch"),
+                ),
+            )
+        return found
 
 
 _runtime: Runtime | None = None
@@ -175,7 +232,9 @@ def runtime() -> Runtime:
         )
         ledger.suspect_window = timedelta(seconds=settings.switch_suspect_seconds)
         ledger.claims_synchronous = settings.require_sync_standby
-        _runtime = Runtime(settings=settings, ledger=ledger, registry=registry, owner=_owner())
+        _runtime = Runtime(
+            settings=settings, ledger=ledger, registry=registry, owner=_owner(), hooks=_hooks
+        )
         lease = timedelta(seconds=settings.lease_seconds)
         for action in registry.actions:
             timeout = registry.adapter_for(action).contract.request_timeout
@@ -322,15 +381,7 @@ def dispatch(self: OperationTask, op_id: str, gen: int = 0) -> str:
         rt.ledger.defer(op_id, until=utcnow() + timedelta(seconds=settings.sweep_interval_seconds))
         log.warning("%s not claimed (OPLEDGER_REQUIRE_SYNC_STANDBY): %s", op_id, held)
         return "held"
-    return steps.dispatch(
-        rt.ledger,
-        rt.registry,
-        op_id,
-        owner=rt.owner,
-        lease=rt.lease,
-        reconcile_now=_sibling(self, "opledger.reconcile").delay,
-        wait=timedelta(seconds=settings.provider_wait_seconds),
-    ).action
+    return rt.worker(self.app).dispatch(op_id).action
 
 
 @shared_task(name="opledger.reconcile", base=OperationTask, bind=True)
@@ -349,16 +400,7 @@ def reconcile(self: OperationTask, op_id: str, gen: int = 0) -> str:
     if held is not None:  # checked again when the sweep hands it out next
         log.warning("%s not reconciled (OPLEDGER_REQUIRE_SYNC_STANDBY): %s", op_id, held)
         return "held"
-    return steps.reconcile(
-        rt.ledger,
-        rt.registry,
-        op_id,
-        owner=rt.owner,
-        lease=rt.lease,
-        policy=rt.policy,
-        on_review=_sibling(self, "opledger.notify_review").delay,
-        reconcile_now=_sibling(self, "opledger.reconcile").delay,
-    ).action
+    return rt.worker(self.app).reconcile(op_id).action
 
 
 @shared_task(name="opledger.sweep", base=OperationTask, bind=True)
@@ -373,7 +415,8 @@ def sweep(self: OperationTask) -> dict[str, int]:
     # a failover or a restore is noticed here even when no claim or outcome is being
     # written: the switch is recorded, and every open operation quarantined, before the
     # sweep moves anything
-    rt.ledger.check_switch(by=rt.owner, terms=rt.registry.claim_terms(rt.lease))
+    lease = timedelta(seconds=rt.settings.lease_seconds)
+    rt.ledger.check_switch(by=rt.owner, terms=rt.registry.claim_terms(lease))
     backoff = timedelta(seconds=rt.settings.check_backoff_seconds)
     expired = rt.ledger.expire_leases(limit=rt.settings.sweep_batch, backoff=timedelta(0))
     queue = queue_of("opledger.reconcile", self.app)
@@ -397,47 +440,15 @@ def sweep(self: OperationTask) -> dict[str, int]:
     return {"expired": len(expired), "due": len(handouts), "notify": len(unnotified)}
 
 
-NOTIFY_ACTION = "webhook.post.v1"
-
-
 @shared_task(name="opledger.notify_review", base=OperationTask, bind=True)
 @refusing
 def notify_review(self: OperationTask, op_id: str) -> str:
-    """Tell the configured webhook that `op_id`'s review is waiting.
-
-    The notification is an operation of its own, one per review (its intent key is the
-    review id), so a crash or a redelivery here can never send it twice.
-    """
+    """Tell the configured webhook that `op_id`'s review is waiting (`Worker.notify_review`:
+    the notification is an operation of its own, one per review, so a crash or a
+    redelivery here can never send it twice)."""
     check_operation_id(op_id)
-    rt = runtime()
-    history = rt.ledger.history(op_id)
-    review = history.open_review
-    if review is None:
-        return "noop"
-    op = history.operation
-    if not rt.settings.review_webhook_url or op.action.startswith("webhook."):
-        rt.ledger.mark_notified(review.id)  # nothing to send (or a notification's own review)
-        return "skipped"
-    grant = rt.ledger.grant(
-        tenant=op.tenant,
-        scope=["webhook.*"],
-        granted_by="opledger",
-        ref=f"opledger-notify-{op.tenant}",
-    )
-    note = rt.ledger.prepare(
-        tenant=op.tenant,
-        workflow_id=f"review:{op.id}",
-        intent_key=f"review-opened:{review.id}",
-        action=NOTIFY_ACTION,
-        target="review-webhook",
-        payload=review_opened(op, review),  # what a third party may read: no secret
-        authorization_ref=grant.ref,
-        actor="notify_review",
-        traceparent=tracing.traceparent(),  # this task's span, when traces are on
-    )
-    rt.ledger.mark_notified(review.id)
-    _sibling(self, "opledger.dispatch").delay(note.id)
-    return "prepared"
+    # this task's span, when traces are on: the notification's trace links back to it
+    return runtime().worker(self.app).notify_review(op_id, traceparent=tracing.traceparent())
 
 
 @shared_task(name="opledger.relay", base=OperationTask, bind=True)
@@ -461,7 +472,7 @@ def relay(self: OperationTask) -> int:
         older_than=timedelta(seconds=rt.settings.relay_after_seconds),
         publish=publish,
         limit=rt.settings.sweep_batch,
-        before_mark=lambda: crashpoints.reached("relay.after_publish"),
+        before_mark=rt.hooks.relayed,
         depth=backlog.queue_depth(self.app, queue),
         interval=timedelta(seconds=rt.settings.sweep_interval_seconds),
         queue=queue,

@@ -13,13 +13,17 @@ per concern:
     decide(op_id)            reconcile's decision, its lookups included
     lookup(op)               one lookup at the provider
 
-and one event outside them, `fenced_out(where)`: another claim moved the operation first.
+and two events outside them: `fenced_out(where)`, another claim moved the operation
+first; `relayed()`, the relay published its messages and has not marked them yet.
 A watch is told `operation`, `claim`, `sending`, `answered`, `outcome`, `status`,
 `decision`, `verdict`, `fenced`, `error` and `set` — whatever of that its boundary learns.
 
 `Tracing` opens `observability.tracing`'s spans (which are watches), `Metrics` counts in
-`observability.metrics`, `CrashPoints` kills the process at `tasks.crashpoints`' named
-points; `HOOKS` runs the three, crash points outermost (a span ends before its crash).
+`observability.metrics`; `HOOKS`, a production worker's hooks, runs the two. The crash
+points of the development harness are a third observer of the same boundaries
+(`opledger.dev.crashpoints.CrashPoints`), which a worker gets only in development mode
+(`opledger worker` with `OPLEDGER_DEV=1` and `OPLEDGER_CRASHPOINT`, through
+`cli.devmode`).
 """
 
 from __future__ import annotations
@@ -31,8 +35,6 @@ from typing import Any
 
 from opledger.ledger import Claim, Operation
 from opledger.observability import metrics, tracing
-
-from . import crashpoints
 
 
 class Watch:
@@ -98,6 +100,9 @@ class Hooks:
 
     def fenced_out(self, where: str) -> None:
         """Another claim moved the operation first (`where`: "outcome", "reconcile")."""
+
+    def relayed(self) -> None:
+        """The relay published its messages; it has not marked them as published yet."""
 
 
 class Tracing(Hooks):
@@ -167,55 +172,6 @@ class Metrics(Hooks):
 
     def fenced_out(self, where: str) -> None:
         metrics.FENCED_OUT.labels(where).inc()
-
-
-class _Seen(Watch):
-    """Remembers whether a claim was taken or the write refused."""
-
-    def __init__(self) -> None:
-        self.claimed = self.refused = False
-
-    def claim(self, claim: Claim) -> None:
-        self.claimed = True
-
-    def fenced(self) -> None:
-        self.refused = True
-
-
-class _BeforeCall(Watch):
-    def sending(self) -> None:
-        crashpoints.reached("dispatch.before_call")
-
-
-class CrashPoints(Hooks):
-    """The named crash points (`tasks.crashpoints`), each reached where its name says: after
-    a dispatch's claim, before and after the provider call, after its outcome is saved,
-    before and after a lookup. Only a boundary that ended normally reaches its "after"."""
-
-    @contextmanager
-    def claim(self, op_id: str, *, retry: bool = False) -> Iterator[Watch]:
-        seen = _Seen()
-        yield seen
-        if seen.claimed and not retry:
-            crashpoints.reached("dispatch.after_claim")
-
-    @contextmanager
-    def call(self, claim: Claim, provider: str) -> Iterator[Watch]:
-        yield _BeforeCall()
-        crashpoints.reached("dispatch.after_call")
-
-    @contextmanager
-    def record(self, op_id: str, fence: int, source: str, provider: str) -> Iterator[Watch]:
-        seen = _Seen()
-        yield seen
-        if source == "provider" and not seen.refused:
-            crashpoints.reached("dispatch.after_save")
-
-    @contextmanager
-    def lookup(self, op: Operation) -> Iterator[Watch]:
-        crashpoints.reached("reconcile.before_lookup")
-        yield NOWATCH
-        crashpoints.reached("reconcile.after_lookup")
 
 
 class _Each(Watch):
@@ -301,8 +257,12 @@ class All(Hooks):
         for h in self.hooks:
             h.fenced_out(where)
 
+    def relayed(self) -> None:
+        for h in self.hooks:
+            h.relayed()
 
-#: what a worker observes its boundaries with: crash points outermost, then traces, metrics
-HOOKS: Hooks = All(CrashPoints(), Tracing(), Metrics())
 
-__all__ = ["HOOKS", "NOWATCH", "All", "CrashPoints", "Hooks", "Metrics", "Tracing", "Watch"]
+#: what a production worker observes its boundaries with: traces, then metrics
+HOOKS: Hooks = All(Tracing(), Metrics())
+
+__all__ = ["HOOKS", "NOWATCH", "All", "Hooks", "Metrics", "Tracing", "Watch"]

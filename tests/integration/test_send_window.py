@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 from sqlalchemy import text
@@ -35,9 +35,16 @@ from opledger.ledger import (
 from opledger.ledger.decide import Dispatch, ReviewPolicy
 from opledger.ledger.evidence import NOT_SENT
 from opledger.tasks import steps
+from opledger.tasks.worker import FollowUp, FollowUps, Worker
 from tests.intents import key_of, prepare, smtp_mail
 
 LEASE = timedelta(seconds=30)
+
+
+def _send(desk: CrmDesk, adapter: Any, claim: Claim, **follow: FollowUp) -> steps.StepResult:
+    """The worker's provider call and its recording, under `claim`."""
+    worker = Worker(desk.ledger, desk.registry, owner=claim.owner, follow_ups=FollowUps(**follow))
+    return worker.send(adapter, claim)
 
 
 def not_sent(attempt: Attempt) -> bool:
@@ -198,7 +205,7 @@ def test_a_late_worker_records_not_sent_and_the_provider_sees_nothing(
     op_id = prepare(crm.ledger, "late")
     claim = _claim(crm.ledger, op_id, 0.1)
     time.sleep(0.2)  # frozen between the claim and the send
-    result = steps._send(crm.ledger, crm.adapter, claim)
+    result = _send(crm, crm.adapter, claim)
     assert result.action == "dispatched"
     assert claim.idempotency_key == key_of(crm.ledger, op_id)
     assert sandbox.truth()["requests"].get(f"crm:{claim.idempotency_key}") is None
@@ -231,7 +238,7 @@ def test_the_wire_check_inside_the_adapter_is_recorded_as_not_sent(
 
     op_id = prepare(crm.ledger, "inside")
     claim = _claim(crm.ledger, op_id, 0.15)
-    steps._send(crm.ledger, Slow(), claim)
+    _send(crm, Slow(), claim)
     assert claim.idempotency_key == key_of(crm.ledger, op_id)
     assert sandbox.truth()["requests"].get(f"crm:{claim.idempotency_key}") is None
     assert not_sent(crm.ledger.history(op_id).attempts[0])
@@ -262,7 +269,7 @@ def test_an_attempt_that_sent_nothing_is_not_in_flight_and_is_sent_again_at_once
         op_id = prepare(desk.ledger, "again")
         claim = _claim(desk.ledger, op_id, 0.1)
         time.sleep(0.2)
-        steps._send(desk.ledger, desk.adapter, claim)
+        _send(desk, desk.adapter, claim)
         deadline = desk.ledger.history(op_id).attempts[0].deadline_at
         result = steps.reconcile(desk.ledger, desk.registry, op_id, owner="w2", lease=LEASE)
         assert isinstance(result.decision, Dispatch)  # no wait for the deadline, no review
@@ -279,10 +286,10 @@ def test_claims_that_keep_missing_the_window_end_in_review(crm: CrmDesk) -> None
     policy = ReviewPolicy(after_attempts=2)
     claim = _claim(crm.ledger, op_id, 0.05)
     time.sleep(0.1)
-    steps._send(crm.ledger, crm.adapter, claim)
+    _send(crm, crm.adapter, claim)
     claim = _claim(crm.ledger, op_id, 0.05, retry=True)
     time.sleep(0.1)
-    steps._send(crm.ledger, crm.adapter, claim)
+    _send(crm, crm.adapter, claim)
     result = steps.reconcile(
         crm.ledger, crm.registry, op_id, owner="w2", lease=LEASE, policy=policy
     )
@@ -308,7 +315,7 @@ def test_a_fenced_out_workers_kept_outcome_bumps_the_version_and_settles_at_once
     _fence_out(crm.ledger, op_id)  # the call outlived the lease
     before = crm.ledger.get(op_id).record_version
     settled: list[str] = []
-    result = steps._send(crm.ledger, crm.adapter, claim, reconcile_now=settled.append)
+    result = _send(crm, crm.adapter, claim, reconcile=settled.append)
     assert result.action == "fenced"
     assert settled == [op_id]  # reconcile now, not at the next scheduled check
     after = crm.ledger.get(op_id)

@@ -1,27 +1,46 @@
-"""The worker's boundaries (`tasks.hooks`): each crash point is reached exactly where its
-name says and only when its boundary ended normally; `All` opens observers in order and
-tells each one everything."""
+"""The worker's boundaries (`tasks.hooks`): each crash point (`dev.crashpoints`) is reached
+exactly where its name says and only when its boundary ended normally; `All` opens
+observers in order and tells each one everything; a production worker's hooks have no
+crash points, and only development mode arms them."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
+from opledger.cli import devmode
+from opledger.dev import crashpoints
 from opledger.observability import metrics
-from opledger.tasks import crashpoints, hooks
-from opledger.tasks.hooks import All, CrashPoints, Hooks, Watch
+from opledger.tasks import hooks
+from opledger.tasks.hooks import All, Hooks, Watch
 
 Reached = list[str]
 
 
+class Points(crashpoints.CrashPoints):
+    """Every point armed, each pass written down instead of killing the process."""
+
+    def __init__(self, reached: Reached) -> None:
+        super().__init__(dict.fromkeys(crashpoints.NAMES, 1))
+        self.seen = reached
+
+    def reached(self, name: str) -> None:
+        self.seen.append(name)
+
+
 @pytest.fixture
-def reached(monkeypatch: pytest.MonkeyPatch) -> Reached:
-    names: Reached = []
-    monkeypatch.setattr(crashpoints, "reached", names.append)
-    return names
+def reached() -> Reached:
+    return []
+
+
+@pytest.fixture
+def points(reached: Reached) -> Points:
+    return Points(reached)
 
 
 class _Claim:
@@ -34,8 +53,9 @@ class _Claim:
 CLAIM: Any = _Claim()
 
 
-def test_a_dispatch_claim_reaches_after_claim_only_when_taken(reached: Reached) -> None:
-    points = CrashPoints()
+def test_a_dispatch_claim_reaches_after_claim_only_when_taken(
+    points: Points, reached: Reached
+) -> None:
     with points.claim("op_x"):
         pass  # not claimable: nothing
     with points.claim("op_x", retry=True) as watch:
@@ -47,9 +67,8 @@ def test_a_dispatch_claim_reaches_after_claim_only_when_taken(reached: Reached) 
 
 
 def test_the_call_reaches_before_only_when_sending_and_after_only_on_a_normal_end(
-    reached: Reached,
+    points: Points, reached: Reached
 ) -> None:
-    points = CrashPoints()
     with points.call(CLAIM, "crm"):
         pass  # the send-by window had passed: nothing was sent
     assert reached == ["dispatch.after_call"]
@@ -65,8 +84,9 @@ def test_the_call_reaches_before_only_when_sending_and_after_only_on_a_normal_en
     assert reached == ["dispatch.before_call"]
 
 
-def test_after_save_only_for_a_provider_outcome_that_was_saved(reached: Reached) -> None:
-    points = CrashPoints()
+def test_after_save_only_for_a_provider_outcome_that_was_saved(
+    points: Points, reached: Reached
+) -> None:
     with points.record("op_x", 1, "provider", "crm") as watch:
         watch.fenced()
     with points.record("op_x", 1, "evidence", "crm"):
@@ -77,10 +97,33 @@ def test_after_save_only_for_a_provider_outcome_that_was_saved(reached: Reached)
     assert reached == ["dispatch.after_save"]
 
 
-def test_a_lookup_is_bracketed_by_its_crash_points(reached: Reached) -> None:
-    with CrashPoints().lookup(CLAIM.operation) as _:
+def test_a_lookup_is_bracketed_by_its_crash_points(points: Points, reached: Reached) -> None:
+    with points.lookup(CLAIM.operation) as _:
         assert reached == ["reconcile.before_lookup"]
     assert reached == ["reconcile.before_lookup", "reconcile.after_lookup"]
+
+
+def test_the_relay_reaches_its_point_through_the_hooks(points: Points, reached: Reached) -> None:
+    hooks.HOOKS.relayed()  # a production worker's relay: nothing
+    crashpoints.worker_hooks(points).relayed()
+    assert reached == ["relay.after_publish"]
+
+
+def test_a_point_fires_on_its_nth_pass_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    killed: list[tuple[int, Any]] = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    points = crashpoints.from_environ(
+        {"OPLEDGER_CRASHPOINT": "relay.after_publish:2", "OPLEDGER_CRASHPOINT_SIGNAL": "SIGSTOP"}
+    )
+    assert points is not None
+    points.relayed()
+    assert killed == []
+    points.relayed()
+    points.relayed()
+    assert [sig for _, sig in killed] == [signal.SIGSTOP]
+    assert crashpoints.from_environ({}) is None
+    with pytest.raises(ValueError, match=r"unknown crash point 'dispatch\.nowhere'"):
+        crashpoints.from_environ({"OPLEDGER_CRASHPOINT": "dispatch.nowhere"})
 
 
 class _Recorder(Hooks):
@@ -122,9 +165,27 @@ def test_all_opens_in_order_closes_in_reverse_and_tells_everyone() -> None:
     ]
 
 
-def test_the_default_hooks_put_crash_points_outermost() -> None:
+def test_a_production_worker_has_no_crash_points_and_a_development_one_has_them_outermost(
+    points: Points,
+) -> None:
     assert isinstance(hooks.HOOKS, All)
-    assert [type(h).__name__ for h in hooks.HOOKS.hooks] == ["CrashPoints", "Tracing", "Metrics"]
+    assert [type(h).__name__ for h in hooks.HOOKS.hooks] == ["Tracing", "Metrics"]
+    armed = crashpoints.worker_hooks(points)
+    assert isinstance(armed, All)
+    assert [type(h).__name__ for h in armed.hooks] == ["Points", "Tracing", "Metrics"]
+
+
+def test_only_development_mode_arms_crash_points() -> None:
+    armed = {"OPLEDGER_CRASHPOINT": "dispatch.after_call"}
+    assert devmode.crash_hooks({}, dev=False) is None
+    assert devmode.crash_hooks({"OPLEDGER_CRASHPOINT": " "}, dev=True) is None
+    with pytest.raises(devmode.CrashPointsOutsideDev, match="OPLEDGER_DEV=1"):
+        devmode.crash_hooks(armed, dev=False)
+    dev_hooks = devmode.crash_hooks(armed, dev=True)
+    assert isinstance(dev_hooks, All)
+    first = dev_hooks.hooks[0]
+    assert isinstance(first, crashpoints.CrashPoints)
+    assert first.armed == {"dispatch.after_call": 1}
 
 
 def test_only_a_dispatch_that_returned_is_timed(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,11 +15,13 @@ import pytest
 
 from opledger.observability import tracing
 
-# Imports opledger's tasks (which call `tracing.install()`) and walks a worker's spans.
+# Starts the way a worker or beat does (Celery imports its task modules: opledger's tasks
+# then call `tracing.install()`) and walks a worker's spans.
 WORKER_PATH = """
 import json, sys
 from celery import signals
 import opledger.tasks.app
+signals.import_modules.send(sender=opledger.tasks.app.app)
 from opledger.observability import tracing
 
 mine = lambda signal: [r for _, r in signal.receivers
