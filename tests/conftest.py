@@ -21,9 +21,8 @@ from sqlalchemy.engine import make_url
 from opledger.dev import devstack
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger
-from opledger.ledger.migrate import upgrade
+from opledger.ledger.migrate import ledger_tables, upgrade
 from opledger.ledger.pgschema import SCHEMA_VARIABLE
-from opledger.ledger.schema import metadata
 from tests import reaper
 
 #: The suite runs the ledger in a schema that is not the default one (`opledger`), so a
@@ -78,9 +77,7 @@ KEPT = ("ledger_identity", "ledger_epochs")
 
 #: every other table of the ledger's schema, emptied before each test that takes `ledger`
 TABLES = ", ".join(
-    f'"{SCHEMA}".{table.name}'
-    for table in reversed(metadata.sorted_tables)
-    if table.name not in KEPT
+    f'"{SCHEMA}".{table}' for table in reversed(ledger_tables()) if table not in KEPT
 )
 
 
@@ -171,7 +168,7 @@ def database_url(pg_server: PostgresServer) -> Iterator[str]:
                 " UNION ALL SELECT typname FROM pg_type"
                 "  WHERE typnamespace = 'public'::regnamespace AND typname = 'op_status'"
                 ") AS ledger",
-                {"ours": [*(t.name for t in metadata.sorted_tables), "alembic_version"]},
+                {"ours": [*ledger_tables(), "alembic_version"]},
             ).fetchone()
         assert left is not None and left[0] is None, f"the ledger's, in public: {left}"
     finally:

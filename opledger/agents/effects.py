@@ -37,8 +37,8 @@ from opledger.ledger import (
     InvalidInput,
     Ledger,
     Status,
-    dsn,
 )
+from opledger.ledger.connector import conninfo
 from opledger.ledger.intents import Intent, act_key, payload_differences
 from opledger.observability import tracing
 
@@ -107,7 +107,7 @@ class Effects:
         self.ledger = ledger
         self._publish = publish if publish is not None else _default_publish
         self.poll = poll
-        self._dsn = dsn.conninfo(ledger.engine.url)  # every host the engine's URL names
+        self._dsn = conninfo(ledger.engine)  # every host the engine's URL names
 
     # -- recording ---------------------------------------------------------------------
 

@@ -35,11 +35,15 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import psycopg
+from sqlalchemy.engine import URL
+
+from opledger.ledger.connector import conninfo, dedicated, run
+from opledger.ledger.queries.dedicated import LISTEN_SETTLES, SETTLE_CHANNEL
 
 log = logging.getLogger("opledger.agents")
 
 #: the channel the ledger NOTIFYs on (`opledger_notify_settle` in ledger/schema.sql)
-CHANNEL = "opledger_settle"
+CHANNEL = SETTLE_CHANNEL
 #: how long `watch` waits for the listening connection before the waiter polls instead
 CONNECT_WAIT = 5.0
 #: the pause before reconnecting, doubling up to RECONNECT_MAX
@@ -131,6 +135,8 @@ class Listener:
     """The listening connection of one process for one database, and its waiters."""
 
     def __init__(self, dsn: str) -> None:
+        #: the database, as `connector.dedicated` takes it (a URL in any spelling, or a
+        #: libpq conninfo)
         self.dsn = dsn
         self._lock = threading.Lock()
         self._by_id: dict[str, set[Waiter]] = {}
@@ -220,8 +226,8 @@ class Listener:
         pause = RECONNECT_MIN
         while not self._stopped.is_set():
             try:
-                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
+                with dedicated(self.dsn, timeout=10) as conn:
+                    run(conn, LISTEN_SETTLES)
                     self._listening.set()
                     if self._unheard:  # whatever settled while nobody listened: read again
                         self._unheard = False
@@ -272,11 +278,13 @@ _listeners: dict[tuple[int, str], Listener] = {}
 _listeners_lock = threading.Lock()
 
 
-def listener_for(dsn: str) -> Listener:
-    """This process's listener for the database at `dsn` (a fresh one after a fork)."""
-    key = (os.getpid(), dsn)
+def listener_for(dsn: str | URL) -> Listener:
+    """This process's listener for the database at `dsn` (a URL in any spelling, or a
+    libpq conninfo: `connector.conninfo`), a fresh one after a fork."""
+    libpq = conninfo(dsn)
+    key = (os.getpid(), libpq)
     with _listeners_lock:
         listener = _listeners.get(key)
         if listener is None:
-            listener = _listeners[key] = Listener(dsn)
+            listener = _listeners[key] = Listener(libpq)
         return listener

@@ -316,7 +316,7 @@ def _attempt(name: str, probe: Callable[[], str]) -> Check:
 def _engine(url: str, schema: str) -> Any:
     from sqlalchemy.pool import NullPool
 
-    from opledger.ledger.pgschema import ledger_engine
+    from opledger.ledger.connector import ledger_engine
 
     return ledger_engine(
         url,
@@ -456,23 +456,12 @@ def _switches(engine: Any, schema: str) -> Iterator[Check]:
 
 
 def _beat_lock(engine: Any, schema: str) -> Check:
-    from sqlalchemy import text
-
     from opledger.ledger.pgschema import beat_lock_key, lock_words
+    from opledger.ledger.queries.gauges import BEAT_LOCK_HOLDER
 
     def probe() -> str:
         with engine.connect() as conn:
-            pid = conn.execute(
-                text(
-                    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
-                    " AND classid = :hi AND objid = :lo AND objsubid = 1"
-                    # advisory locks are per database: a beat of another database on the
-                    # same server is none of ours
-                    " AND database = (SELECT oid FROM pg_database"
-                    " WHERE datname = current_database())"
-                ),
-                lock_words(beat_lock_key(schema)),
-            ).scalar_one_or_none()
+            pid = conn.execute(BEAT_LOCK_HOLDER, lock_words(beat_lock_key(schema))).scalar()
         return "free (no beat running)" if pid is None else f"held by a beat (backend pid {pid})"
 
     return _attempt("beat lock", probe)

@@ -23,13 +23,12 @@ from typing import Any
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 from pydantic import AwareDatetime, BaseModel, ConfigDict
-from sqlalchemy import Engine, bindparam, text
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
-from sqlalchemy.types import Text
+from sqlalchemy import Engine
 
+from opledger.ledger.connector import Connector
 from opledger.ledger.errors import InvalidInput, LedgerError
 from opledger.ledger.ids import check_key, check_operator
-from opledger.ledger.store import Store
+from opledger.ledger.queries import accounts as q
 
 from .throttle import Failures
 
@@ -91,120 +90,8 @@ class Session(BaseModel):
     expires_at: AwareDatetime
 
 
-_OPERATOR_COLUMNS = (
-    "o.name, o.all_tenants, o.tenants, o.password_hash IS NOT NULL AS has_password, "
-    "o.created_by, o.created_at, o.disabled_at, o.disabled_by"
-)
-
-INSERT_OPERATOR = text(
-    f"""
-    INSERT INTO operators AS o (name, password_hash, all_tenants, tenants, created_by)
-    VALUES (:name, :password_hash, :all_tenants, :tenants, :by)
-    ON CONFLICT (name) DO NOTHING
-    RETURNING {_OPERATOR_COLUMNS}
-    """
-).bindparams(bindparam("tenants", type_=ARRAY(Text)))
-
-DISABLE_OPERATOR = text(
-    f"""
-    WITH o AS (
-        UPDATE operators SET disabled_at = coalesce(disabled_at, now()),
-                             disabled_by = coalesce(disabled_by, :by)
-        WHERE name = :name
-        RETURNING *
-    ), ended AS (
-        UPDATE console_sessions SET ended_at = now()
-        WHERE operator = :name AND ended_at IS NULL
-    )
-    SELECT {_OPERATOR_COLUMNS} FROM o
-    """
-)
-
-SELECT_OPERATORS = text(f"SELECT {_OPERATOR_COLUMNS} FROM operators AS o ORDER BY o.name")
-
-SELECT_LOGIN = text(
-    f"SELECT {_OPERATOR_COLUMNS}, o.password_hash FROM operators AS o WHERE o.name = :name"
-)
-
-UPDATE_HASH = text("UPDATE operators SET password_hash = :hash WHERE name = :name")
-
-COUNT_ENABLED = text("SELECT count(*) FROM operators WHERE disabled_at IS NULL")
-
-INSERT_SESSION = text(
-    """
-    INSERT INTO console_sessions (id, operator, csrf_token, expires_at)
-    VALUES (:id, :operator, :csrf, now() + :lifetime)
-    RETURNING expires_at
-    """
-)
-
-# One round trip per request: the session is valid (not ended, not past its absolute expiry,
-# used within the idle timeout), its operator still enabled; it counts as used now.
-TOUCH_SESSION = text(
-    f"""
-    UPDATE console_sessions AS s SET last_seen_at = now()
-    FROM operators AS o
-    WHERE s.id = :id AND o.name = s.operator AND o.disabled_at IS NULL
-      AND s.ended_at IS NULL AND s.expires_at > now() AND s.last_seen_at > now() - :idle
-    RETURNING {_OPERATOR_COLUMNS}, s.id, s.csrf_token, s.expires_at
-    """
-)
-
-SET_FLASH = text("UPDATE console_sessions SET flash = :flash WHERE id = :id").bindparams(
-    bindparam("flash", type_=JSONB)
-)
-
-# the notice, once: read and cleared in one statement, only on the page it is about
-TAKE_FLASH = text(
-    """
-    UPDATE console_sessions AS s SET flash = NULL
-    FROM (SELECT id, flash FROM console_sessions WHERE id = :id FOR UPDATE) AS old
-    WHERE s.id = old.id AND old.flash ->> 'page' = :page
-    RETURNING old.flash
-    """
-)
-
-INSERT_ATTEMPT = text(
-    "INSERT INTO signin_attempts (operator, address, ok) VALUES (:operator, :address, :ok)"
-)
-
-# Failures of this name since its last success, and of this address, within the window.
-SELECT_FAILURES = text(
-    """
-    WITH since AS (
-        SELECT greatest(now() - :window, coalesce(
-            (SELECT max(at) FROM signin_attempts WHERE operator = :operator AND ok),
-            '-infinity')) AS t
-    )
-    SELECT
-        (SELECT count(*) FROM signin_attempts, since
-         WHERE operator = :operator AND NOT ok AND at > since.t) AS operator_n,
-        (SELECT max(at) FROM signin_attempts, since
-         WHERE operator = :operator AND NOT ok AND at > since.t) AS operator_last,
-        (SELECT count(*) FROM signin_attempts
-         WHERE address = :address AND NOT ok AND at > now() - :window) AS address_n,
-        (SELECT max(at) FROM signin_attempts
-         WHERE address = :address AND NOT ok AND at > now() - :window) AS address_last,
-        now() AS now
-    """
-)
-
-SELECT_ATTEMPTS = text(
-    "SELECT at, operator, address, ok FROM signin_attempts WHERE operator = :operator "
-    "ORDER BY at DESC, id DESC LIMIT :limit"
-)
-
 #: how long the sign-in record keeps an attempt
 ATTEMPT_RETENTION = timedelta(days=90)
-
-PURGE_ATTEMPTS = text("DELETE FROM signin_attempts WHERE at < now() - :keep")
-
-END_SESSION = text("UPDATE console_sessions SET ended_at = now() WHERE id = :id")
-
-PURGE_SESSIONS = text(
-    "DELETE FROM console_sessions WHERE expires_at < now() - interval '1 day' "
-    "OR ended_at < now() - interval '1 day'"
-)
 
 
 def _operator(row: Any) -> Operator:
@@ -241,7 +128,7 @@ class Accounts:
 
     def __init__(self, engine: Engine, hasher: PasswordHasher | None = None) -> None:
         self.engine = engine
-        self._db = Store(engine)  # database errors become ledger errors (SchemaMissing, ...)
+        self._db = Connector(engine)  # database errors become ledger errors (SchemaMissing, ...)
         self.hasher = hasher or PasswordHasher()
         # verified against when a name is unknown, so a login takes as long either way
         self._dummy = self.hasher.hash(secrets.token_urlsafe(16))
@@ -266,7 +153,7 @@ class Accounts:
         hashed = None if password is None else self.hasher.hash(check_password(password))
         with self._db.transaction() as conn:
             row = conn.execute(
-                INSERT_OPERATOR,
+                q.INSERT_OPERATOR,
                 {
                     "name": name,
                     "password_hash": hashed,
@@ -284,18 +171,18 @@ class Accounts:
         name = check_operator("operator", name)
         by = check_operator("by", by)
         with self._db.transaction() as conn:
-            row = conn.execute(DISABLE_OPERATOR, {"name": name, "by": by}).one_or_none()
+            row = conn.execute(q.DISABLE_OPERATOR, {"name": name, "by": by}).one_or_none()
         if row is None:
             raise OperatorNotFound(f"no operator named {name!r}", operator=name)
         return _operator(row)
 
     def list(self) -> tuple[Operator, ...]:
         with self._db.statement() as conn:
-            return tuple(_operator(r) for r in conn.execute(SELECT_OPERATORS))
+            return tuple(_operator(r) for r in conn.execute(q.SELECT_OPERATORS))
 
     def enabled_count(self) -> int:
         with self._db.statement() as conn:
-            return int(conn.execute(COUNT_ENABLED).scalar_one())
+            return int(conn.execute(q.COUNT_ENABLED).scalar_one())
 
     def operator(self, name: str) -> Operator | None:
         """The enabled operator `name`, or None (unknown, disabled or not a valid name)."""
@@ -304,7 +191,7 @@ class Accounts:
         except InvalidInput:
             return None
         with self._db.statement() as conn:
-            row = conn.execute(SELECT_LOGIN, {"name": name}).one_or_none()
+            row = conn.execute(q.SELECT_LOGIN, {"name": name}).one_or_none()
         if row is None or row.disabled_at is not None:
             return None
         return _operator(row)
@@ -318,7 +205,7 @@ class Accounts:
         row = None
         if name:
             with self._db.statement() as conn:
-                row = conn.execute(SELECT_LOGIN, {"name": name}).one_or_none()
+                row = conn.execute(q.SELECT_LOGIN, {"name": name}).one_or_none()
         stored = row.password_hash if row is not None and row.password_hash else self._dummy
         try:
             self.hasher.verify(stored, password)
@@ -328,7 +215,7 @@ class Accounts:
             return None
         if self.hasher.check_needs_rehash(stored):
             with self._db.transaction() as conn:
-                conn.execute(UPDATE_HASH, {"name": name, "hash": self.hasher.hash(password)})
+                conn.execute(q.UPDATE_HASH, {"name": name, "hash": self.hasher.hash(password)})
         return _operator(row)
 
     def start_session(self, operator: Operator, *, lifetime: timedelta) -> tuple[str, Session]:
@@ -336,9 +223,9 @@ class Accounts:
         token = secrets.token_urlsafe(32)
         csrf = secrets.token_urlsafe(32)
         with self._db.transaction() as conn:
-            conn.execute(PURGE_SESSIONS)
+            conn.execute(q.PURGE_SESSIONS)
             expires: datetime = conn.execute(
-                INSERT_SESSION,
+                q.INSERT_SESSION,
                 {
                     "id": session_id(token),
                     "operator": operator.name,
@@ -355,7 +242,9 @@ class Accounts:
         if not token or len(token) > 200:
             return None
         with self._db.transaction() as conn:
-            row = conn.execute(TOUCH_SESSION, {"id": session_id(token), "idle": idle}).one_or_none()
+            row = conn.execute(
+                q.TOUCH_SESSION, {"id": session_id(token), "idle": idle}
+            ).one_or_none()
         if row is None:
             return None
         return Session(
@@ -367,17 +256,17 @@ class Accounts:
 
     def end_session(self, token: str) -> None:
         with self._db.transaction() as conn:
-            conn.execute(END_SESSION, {"id": session_id(token)})
+            conn.execute(q.END_SESSION, {"id": session_id(token)})
 
     def set_flash(self, session: Session, page: str, notice: dict[str, str]) -> None:
         """What `page` says once, the next time this session opens it."""
         with self._db.transaction() as conn:
-            conn.execute(SET_FLASH, {"id": session.id, "flash": {"page": page, **notice}})
+            conn.execute(q.SET_FLASH, {"id": session.id, "flash": {"page": page, **notice}})
 
     def take_flash(self, session: Session, page: str) -> dict[str, str] | None:
         """The session's notice for `page`, cleared (None: there is none for it)."""
         with self._db.transaction() as conn:
-            found = conn.execute(TAKE_FLASH, {"id": session.id, "page": page}).scalar()
+            found = conn.execute(q.TAKE_FLASH, {"id": session.id, "page": page}).scalar()
         return dict(found) if found else None
 
     # -- the sign-in record ---------------------------------------------------------------
@@ -386,7 +275,7 @@ class Accounts:
         """Recent failed sign-ins of this name (since its last success) and this address."""
         with self._db.statement() as conn:
             row = conn.execute(
-                SELECT_FAILURES,
+                q.SELECT_FAILURES,
                 {"operator": signin_name(name), "address": address, "window": window},
             ).one()
         return Failures(
@@ -401,15 +290,15 @@ class Accounts:
         """Record one password check (a success also drops attempts past retention)."""
         with self._db.transaction() as conn:
             conn.execute(
-                INSERT_ATTEMPT, {"operator": signin_name(name), "address": address, "ok": ok}
+                q.INSERT_ATTEMPT, {"operator": signin_name(name), "address": address, "ok": ok}
             )
             if ok:
-                conn.execute(PURGE_ATTEMPTS, {"keep": ATTEMPT_RETENTION})
+                conn.execute(q.PURGE_ATTEMPTS, {"keep": ATTEMPT_RETENTION})
 
     def signins(self, name: str, *, limit: int = 50) -> tuple[SignInAttempt, ...]:
         """The latest password checks of the name `name`, newest first."""
         with self._db.statement() as conn:
-            rows = conn.execute(SELECT_ATTEMPTS, {"operator": signin_name(name), "limit": limit})
+            rows = conn.execute(q.SELECT_ATTEMPTS, {"operator": signin_name(name), "limit": limit})
             return tuple(SignInAttempt.model_validate(dict(r._mapping)) for r in rows)
 
 

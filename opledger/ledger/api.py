@@ -21,6 +21,7 @@ from . import queries as q
 from . import store
 from .base import ActionResolver, LedgerBase, PrefixResolver, _payload_limit_from_environment
 from .claims import Claims
+from .connector import ledger_engine
 from .errors import (
     ForbiddenTransition,
     InvalidInput,
@@ -48,7 +49,7 @@ from .models import (
     Verdict,
 )
 from .payload_keys import PayloadKeys, keys_from_environment, parse_payload_keys, seal_result
-from .pgschema import check_schema, ledger_engine, schema_from_environment
+from .pgschema import check_schema, schema_from_environment
 from .prepare import Prepare
 from .providers import Providers
 from .reviews import Reviews

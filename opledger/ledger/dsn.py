@@ -16,7 +16,8 @@ percent-encoded parts, the user, password and database in the query too) into on
 `PostgresURL`, which renders each form a caller needs: the SQLAlchemy URL an engine is
 made with (psycopg 3, whose dialect passes every host on), the libpq conninfo psycopg
 connects with (every host, port and parameter kept), a URL without its password to show,
-and a URL to hand on as a setting. Nothing else in opledger takes a Postgres URL apart.
+and a URL to hand on as a setting. Nothing else in opledger takes a Postgres URL apart;
+`connector` is the one that connects with what it renders.
 
 Parsed by libpq's rules: a `+` is a plus, not a space (percent-encode a space as `%20`),
 a parameter given twice keeps its last value (except `host` and `port`, which list the
@@ -398,16 +399,6 @@ def redacted(url: str | URL) -> str:
         return "an unparsable URL"
 
 
-def conninfo(url: str | URL) -> str:
-    """The libpq conninfo for `url` (`PostgresURL.conninfo`)."""
-    return parse(url).conninfo()
-
-
-def sqlalchemy_url(url: str | URL) -> str:
-    """The SQLAlchemy URL for `url`, as a string (`PostgresURL.sqlalchemy_url`)."""
-    return parse(url).sqlalchemy_url()
-
-
 def is_postgres(url: str) -> bool:
     """Whether `url` names a scheme `parse` reads (whether or not the rest is valid)."""
     scheme = _SCHEME.match(url.strip())
@@ -419,9 +410,7 @@ __all__ = [
     "FIELD",
     "HIDDEN",
     "PostgresURL",
-    "conninfo",
     "is_postgres",
     "parse",
     "redacted",
-    "sqlalchemy_url",
 ]

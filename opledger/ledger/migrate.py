@@ -10,14 +10,17 @@ moved, with its history, by `move_schema` (`opledger migrate --from-schema publi
 
 from __future__ import annotations
 
+import functools
+import re
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, pool, text
+from sqlalchemy import Connection, TextClause, pool
 
+from .connector import ledger_engine, sqlalchemy_url
 from .errors import LedgerError
-from .pgschema import ledger_engine, schema_from_environment, search_path, sqlalchemy_url
-from .schema import metadata
+from .pgschema import schema_from_environment, search_path
+from .queries import catalog as q
 
 if TYPE_CHECKING:  # Alembic is imported when migrating, not by every user of the ledger
     from alembic.config import Config
@@ -27,6 +30,7 @@ __all__ = [
     "alembic_config",
     "downgrade",
     "ledger_schemas",
+    "ledger_tables",
     "move_schema",
     "sqlalchemy_url",
     "upgrade",
@@ -41,6 +45,16 @@ _MARKERS = ("operations", "transitions", VERSION_TABLE)
 
 class SchemaConflict(LedgerError):
     """The ledger's schema cannot be created or moved as asked."""
+
+
+@functools.cache
+def ledger_tables() -> tuple[str, ...]:
+    """The ledger's tables, in the order `schema.sql` creates them (a table before those
+    whose keys refer to it). Read from that file, which `tests/integration/
+    test_schema_sql.py` holds to exactly what the migrations build; Alembic's version
+    table is not one of them."""
+    sql = (files("opledger.ledger") / "schema.sql").read_text()
+    return tuple(re.findall(r"^CREATE TABLE (\w+)", sql, flags=re.MULTILINE))
 
 
 def alembic_config(url: str, schema: str | None = None) -> Config:
@@ -75,19 +89,10 @@ def downgrade(url: str, revision: str, *, schema: str | None = None) -> None:
 
 def ledger_schemas(conn: Connection) -> dict[str, str | None]:
     """Every schema of the database that holds a ledger, with its Alembic revision."""
-    rows = conn.execute(
-        text(
-            "SELECT table_schema FROM information_schema.tables"
-            " WHERE table_name = ANY(:markers) GROUP BY table_schema"
-            " HAVING count(DISTINCT table_name) = :n"
-        ),
-        {"markers": list(_MARKERS), "n": len(_MARKERS)},
-    ).scalars()
+    rows = conn.execute(q.SCHEMAS_WITH, {"markers": list(_MARKERS), "n": len(_MARKERS)}).scalars()
     found: dict[str, str | None] = {}
     for name in rows:
-        found[name] = conn.execute(
-            text(f'SELECT version_num FROM "{name}".{VERSION_TABLE}')
-        ).scalar_one_or_none()
+        found[name] = conn.execute(q.version_in(name, VERSION_TABLE)).scalar_one_or_none()
     return found
 
 
@@ -144,47 +149,29 @@ def _move(conn: Connection, source: str, target: str) -> str:
             f'schema "{source}" holds no ledger (no operations, transitions'
             f" and {VERSION_TABLE} tables): nothing to move"
         )
-    tables = [t.name for t in metadata.sorted_tables] + [VERSION_TABLE]
-    present = _names(conn, "SELECT tablename FROM pg_tables WHERE schemaname = :s", source)
-    taken = _names(conn, "SELECT tablename FROM pg_tables WHERE schemaname = :s", target)
+    tables = [*ledger_tables(), VERSION_TABLE]
+    present = _names(conn, q.TABLES_IN, source)
+    taken = _names(conn, q.TABLES_IN, target)
     clash = sorted(set(tables) & taken)
     if clash:
         raise SchemaConflict(
             f'schema "{target}" already has tables named {", ".join(clash)}: nothing was moved'
         )
-    conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{target}"'))
+    conn.execute(q.create_schema(target))
     for table in tables:
         if table in present:  # an older revision may not have every table yet
-            conn.execute(text(f'ALTER TABLE "{source}".{table} SET SCHEMA "{target}"'))
-    if _names(
-        conn,
-        "SELECT typname FROM pg_type WHERE typnamespace = CAST(:s AS regnamespace)"
-        " AND typname = 'op_status'",
-        source,
-    ):
-        conn.execute(text(f'ALTER TYPE "{source}".op_status SET SCHEMA "{target}"'))
-    functions = _names(
-        conn,
-        "SELECT proname FROM pg_proc WHERE pronamespace = CAST(:s AS regnamespace)"
-        r" AND proname LIKE 'opledger\_%' AND prorettype = 'trigger'::regtype",
-        source,
-    )
+            conn.execute(q.move_table(table, source, target))
+    if _names(conn, q.STATUS_TYPE_IN, source):
+        conn.execute(q.move_status_type(source, target))
+    functions = _names(conn, q.TRIGGER_FUNCTIONS_IN, source)
     for function in sorted(functions):
-        conn.execute(text(f'ALTER FUNCTION "{source}".{function}() SET SCHEMA "{target}"'))
-        pinned: Any = conn.execute(
-            text(
-                "SELECT proconfig FROM pg_proc WHERE proname = :f"
-                " AND pronamespace = CAST(:s AS regnamespace)"
-            ),
-            {"f": function, "s": target},
-        ).scalar_one()
+        conn.execute(q.move_function(function, source, target))
+        pinned: Any = conn.execute(q.FUNCTION_SETTINGS, {"f": function, "s": target}).scalar_one()
         if pinned and any(c.startswith("search_path=") for c in pinned):
-            conn.execute(
-                text(f'ALTER FUNCTION "{target}".{function}() SET search_path = "{target}"')
-            )
+            conn.execute(q.pin_function(function, target))
     revision = found[source]
     return revision or "base"
 
 
-def _names(conn: Connection, sql: str, schema: str) -> set[str]:
-    return set(conn.execute(text(sql), {"s": schema}).scalars())
+def _names(conn: Connection, statement: TextClause, schema: str) -> set[str]:
+    return set(conn.execute(statement, {"s": schema}).scalars())

@@ -6,7 +6,8 @@ with an application's tables without a name of either colliding. The ledger's st
 name their tables unqualified: each connection the ledger uses sets its `search_path` to
 that schema alone (no `public` behind it, so a table missing from the schema is an error,
 never an application's table of the same name), and the trigger functions pin the same
-path, so they act on the ledger's tables whoever's session fires them.
+path, so they act on the ledger's tables whoever's session fires them. Engines and
+connections themselves are made by `connector`.
 """
 
 from __future__ import annotations
@@ -17,10 +18,8 @@ import re
 import weakref
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import URL, ExceptionContext
+from sqlalchemy import Engine, event
 
-from . import dsn
 from .errors import InvalidInput
 
 #: the schema a ledger lives in when nothing says otherwise
@@ -97,43 +96,6 @@ def use_schema(engine: Engine, schema: str) -> None:
 def schema_of(engine: Engine) -> str | None:
     """The schema `use_schema` set for `engine`, if any."""
     return _USED.get(id(engine))
-
-
-def sqlalchemy_url(url: str | URL) -> str:
-    """A Postgres URL in any spelling `dsn.parse` reads (several hosts included) as the
-    SQLAlchemy URL of the psycopg 3 driver."""
-    return dsn.parse(url).sqlalchemy_url()
-
-
-#: what a server says when a connection to it is of no more use: it is read-only (a
-#: standby, or a primary demoted to one: 25006), or shutting down, crashed or not yet
-#: accepting connections (57P01, 57P02, 57P03); such a connection is closed, never reused
-RECYCLE_STATES = frozenset({"25006", "57P01", "57P02", "57P03"})
-
-
-def must_recycle(error: BaseException | None) -> bool:
-    """Whether `error` (a psycopg error) says its connection is to be closed and another
-    opened: `RECYCLE_STATES`. A new one lands where libpq's host list and
-    `target_session_attrs` lead it (the promoted primary, with `read-write`)."""
-    return getattr(error, "sqlstate", None) in RECYCLE_STATES
-
-
-def recycle_read_only(context: ExceptionContext) -> None:
-    """`handle_error`: an error of `RECYCLE_STATES` counts as a disconnect, so the pool
-    invalidates the connection (and the pool's other connections, opened before it) and
-    the next checkout opens a fresh one rather than reusing one on a read-only server."""
-    if must_recycle(context.original_exception):
-        context.is_disconnect = True
-
-
-def ledger_engine(url: str | URL, *, schema: str, **options: Any) -> Engine:
-    """A SQLAlchemy engine on the ledger's database whose connections use `schema`.
-    `url` is any spelling `dsn.parse` reads; a connection that finds its server
-    read-only or shutting down is recycled (`recycle_read_only`)."""
-    engine = create_engine(dsn.parse(url).sqlalchemy(), **options)
-    event.listen(engine, "handle_error", recycle_read_only)
-    use_schema(engine, schema)
-    return engine
 
 
 #: the beat's advisory lock key for a ledger in `public`, where every deployment lived before

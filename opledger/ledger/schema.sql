@@ -2,10 +2,11 @@
 --
 -- The migrations (opledger/ledger/migrations/versions) are the deltas that build it and
 -- stay the only way to create or change a database (`opledger migrate`); this file is
--- not applied by anything. tests/integration/test_schema_sql.py loads it into an empty
--- database and checks that it defines exactly what the migrations do: the same tables,
--- columns, constraints, indexes, functions and triggers. A schema change is a migration,
--- the same change in opledger/ledger/schema.py, and the same change here.
+-- not applied by anything (only its table names are read: `migrate.ledger_tables()`).
+-- tests/integration/test_schema_sql.py loads it into an empty database and checks that
+-- it defines exactly what the migrations do: the same tables, columns, constraints,
+-- indexes, functions and triggers. A schema change is a migration and the same change
+-- here.
 --
 -- Everything here lives in the ledger's own schema (`opledger` unless
 -- OPLEDGER_DATABASE_SCHEMA names another): the names are unqualified, so it is read with

@@ -34,58 +34,20 @@ an index whose size is the backlog, never a count of the whole history.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import text
 
-from opledger.ledger.pgschema import beat_lock_key, lock_words, schema_from_environment, schema_of
-from opledger.ledger.providers import PROVIDERS, ProviderState, provider_state
+from opledger.ledger.connector import Connector
+from opledger.ledger.pgschema import beat_lock_key, lock_words
+from opledger.ledger.providers import ProviderState, provider_state
+from opledger.ledger.queries import gauges as q
+from opledger.ledger.queries.providers import PROVIDERS
 
 log = logging.getLogger("opledger.metrics")
-
-OPEN_STATUSES = ("prepared", "dispatching", "unknown")
-
-# One branch per status, each matching a partial index's predicate (ix_operations_prepared,
-# ix_operations_stale_lease, ix_operations_due_check): the planner reads only those rows.
-BY_STATUS_AND_ACTION = text(
-    " UNION ALL ".join(
-        f"(SELECT '{status}' AS status, action, count(*) AS n, "
-        "EXTRACT(EPOCH FROM now() - min(created_at)) AS oldest "
-        f"FROM operations WHERE status = '{status}' GROUP BY action)"
-        for status in OPEN_STATUSES
-    )
-)
-OPEN_REVIEWS = text(
-    "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(opened_at)), 0) "
-    "FROM reviews WHERE resolved_at IS NULL"
-)
-ESTIMATED_ROWS = text(
-    "SELECT GREATEST(reltuples, 0)::bigint FROM pg_class WHERE oid = 'operations'::regclass"
-)
-DURABILITY = text(
-    """
-    SELECT (SELECT epoch FROM ledger_epochs ORDER BY epoch DESC LIMIT 1),
-           (SELECT coalesce(EXTRACT(EPOCH FROM max(began_at)), 0) FROM ledger_epochs
-            WHERE kind <> 'initial'),
-           (SELECT count(*) FROM orphan_receipts WHERE matched_op_id IS NULL AND forgotten),
-           CASE WHEN current_setting('synchronous_standby_names') = ''
-                     OR current_setting('synchronous_commit') NOT IN
-                        ('on', 'remote_write', 'remote_apply') THEN 0
-                WHEN EXISTS (SELECT 1 FROM pg_stat_replication WHERE sync_state IS NULL)
-                     AND NOT EXISTS (SELECT 1 FROM pg_stat_replication
-                                     WHERE sync_state IN ('sync', 'quorum')) THEN -1
-                ELSE (SELECT count(*) FROM pg_stat_replication
-                      WHERE sync_state IN ('sync', 'quorum')) END
-    """
-)
-BEAT_LOCK_HELD = text(
-    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-    "AND classid = :hi AND objid = :lo AND objsubid = 1 "
-    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-)
 
 
 def configured_actions() -> tuple[str, ...] | None:
@@ -105,6 +67,19 @@ def configured_actions() -> tuple[str, ...] | None:
         registry.close()
 
 
+@dataclass(frozen=True)
+class _Scrape:
+    """What one scrape read, in one snapshot of the ledger."""
+
+    by_status: Sequence[Any]  #: (status, action, n, age of the oldest) rows
+    reviews: int
+    oldest_review: float
+    estimated: int | None
+    beat_held: bool
+    providers: list[ProviderState]
+    durability: tuple[Any, ...]
+
+
 class LedgerCollector(Collector):
     """Reads the ledger's gauges from `engine` (a SQLAlchemy engine) on every collect.
 
@@ -113,20 +88,33 @@ class LedgerCollector(Collector):
 
     def __init__(self, engine: Any, actions: Collection[str] | None = None) -> None:
         self.engine = engine
+        self.db = Connector(engine)
         #: the lock the beat of this engine's ledger holds (its schema's)
-        self.beat_lock_key = beat_lock_key(schema_of(engine) or schema_from_environment())
+        self.beat_lock_key = beat_lock_key(self.db.schema)
         self.actions = None if actions is None else frozenset(actions)
+
+    def _read(self) -> _Scrape:
+        with self.db.snapshot() as conn:
+            by_status = conn.execute(q.BY_STATUS_AND_ACTION).all()
+            reviews, oldest_review = conn.execute(q.OPEN_REVIEWS).one()
+            estimated = conn.execute(q.ESTIMATED_ROWS).scalar()
+            holder = conn.execute(q.BEAT_LOCK_HOLDER, lock_words(self.beat_lock_key)).first()
+            providers = [provider_state(r) for r in conn.execute(PROVIDERS).all()]
+            durability = tuple(conn.execute(q.DURABILITY).one())
+        return _Scrape(
+            by_status,
+            reviews,
+            float(oldest_review),
+            estimated,
+            holder is not None,
+            providers,
+            durability,
+        )
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         up = GaugeMetricFamily("opledger_ledger_up", "1 when the ledger answered this scrape.")
         try:
-            with self.engine.connect() as conn:
-                by_status = conn.execute(BY_STATUS_AND_ACTION).all()
-                reviews, oldest_review = conn.execute(OPEN_REVIEWS).one()
-                estimated = conn.execute(ESTIMATED_ROWS).scalar()
-                beat = conn.execute(BEAT_LOCK_HELD, lock_words(self.beat_lock_key)).scalar()
-                providers = [provider_state(r) for r in conn.execute(PROVIDERS).all()]
-                durability = conn.execute(DURABILITY).one()
+            scrape = self._read()
         except Exception as exc:  # an unreachable ledger is a metric, not a failed scrape
             log.warning("cannot read the ledger's gauges: %s", exc)
             up.add_metric([], 0)
@@ -134,21 +122,45 @@ class LedgerCollector(Collector):
             return
         up.add_metric([], 1)
         yield up
+        yield from self._operations(scrape.by_status)
+        for name, doc, value in (
+            ("opledger_reviews_open", "Reviews waiting for a person.", scrape.reviews),
+            (
+                "opledger_oldest_open_review_age_seconds",
+                "Age of the oldest open review; 0 when none.",
+                scrape.oldest_review,
+            ),
+            (
+                "opledger_operations_estimated",
+                "Postgres's estimate of the operations table's rows (history included).",
+                float(scrape.estimated or 0),
+            ),
+            (
+                "opledger_beat_lock_held",
+                "1 while a beat holds its advisory lock, else 0.",
+                1 if scrape.beat_held else 0,
+            ),
+        ):
+            yield _gauge(name, doc, value)
+        yield from durability_gauges(*scrape.durability)
+        yield from provider_gauges(scrape.providers)
+
+    def _operations(self, by_status: Sequence[Any]) -> Iterator[GaugeMetricFamily]:
+        """Open operations by status and action, the unserved ones, the oldest ages."""
         ops = GaugeMetricFamily(
             "opledger_operations",
             "Operations in an open status (prepared, dispatching, unknown), by action.",
             labels=["status", "action"],
         )
-        oldest = dict.fromkeys(OPEN_STATUSES, 0.0)
-        seen: set[str] = set()
+        oldest = dict.fromkeys(q.OPEN_STATUSES, 0.0)
         unserved: dict[str, int] = {}
         for status, action, n, age in by_status:
             ops.add_metric([status, action], n)
             oldest[status] = max(oldest[status], float(age or 0))
-            seen.add(status)
             if self.actions is not None and action not in self.actions:
                 unserved[action] = unserved.get(action, 0) + int(n)
-        for status in OPEN_STATUSES:  # a zero series per status, so alerts see it fall
+        seen = {row[0] for row in by_status}
+        for status in q.OPEN_STATUSES:  # a zero series per status, so alerts see it fall
             if status not in seen:
                 ops.add_metric([status, ""], 0)
         yield ops
@@ -165,34 +177,18 @@ class LedgerCollector(Collector):
                 held.add_metric([""], 0)
             yield held
         for status in ("prepared", "unknown"):
-            gauge = GaugeMetricFamily(
+            yield _gauge(
                 f"opledger_oldest_{status}_age_seconds",
                 f"Age of the oldest {status} operation (since prepared); 0 when none.",
+                oldest[status],
             )
-            gauge.add_metric([], oldest[status])
-            yield gauge
-        count = GaugeMetricFamily("opledger_reviews_open", "Reviews waiting for a person.")
-        count.add_metric([], reviews)
-        yield count
-        age = GaugeMetricFamily(
-            "opledger_oldest_open_review_age_seconds",
-            "Age of the oldest open review; 0 when none.",
-        )
-        age.add_metric([], float(oldest_review))
-        yield age
-        total = GaugeMetricFamily(
-            "opledger_operations_estimated",
-            "Postgres's estimate of the operations table's rows (history included).",
-        )
-        total.add_metric([], float(estimated or 0))
-        yield total
-        lock = GaugeMetricFamily(
-            "opledger_beat_lock_held", "1 while a beat holds its advisory lock, else 0."
-        )
-        lock.add_metric([], 1 if beat else 0)
-        yield lock
-        yield from durability_gauges(*durability)
-        yield from provider_gauges(providers)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    """A gauge of one unlabelled series."""
+    gauge = GaugeMetricFamily(name, doc)
+    gauge.add_metric([], value)
+    return gauge
 
 
 #: the provider gauges: name, help, and the value of one provider's state
@@ -273,6 +269,4 @@ def durability_gauges(
             sync_standbys,
         ),
     ):
-        gauge = GaugeMetricFamily(name, doc)
-        gauge.add_metric([], float(value or 0))
-        yield gauge
+        yield _gauge(name, doc, float(value or 0))

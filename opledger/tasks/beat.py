@@ -48,8 +48,9 @@ import psycopg
 from celery.beat import PersistentScheduler
 from kombu.exceptions import OperationalError
 
-from opledger.ledger import dsn
+from opledger.ledger.connector import dedicated, run
 from opledger.ledger.pgschema import beat_lock_key
+from opledger.ledger.queries.dedicated import IN_RECOVERY, TRY_BEAT_LOCK
 
 log = logging.getLogger("opledger.beat")
 
@@ -105,7 +106,7 @@ class BeatLockTaken(RuntimeError):
 class BeatLock:
     def __init__(self, url: str, *, schema: str, check_every: float = 2.0) -> None:
         self._key = beat_lock_key(schema)  # one beat per ledger, whatever else the database holds
-        self._libpq = dsn.conninfo(url)  # every host of the URL, in libpq's own terms
+        self._url = url  # every host of it, tried in order by each connection
         self._check_every = check_every
         self._stop = threading.Event()
         self._conn = self._take()
@@ -113,13 +114,13 @@ class BeatLock:
         self._thread.start()
 
     def _take(self) -> psycopg.Connection:
-        conn = psycopg.connect(self._libpq, autocommit=True, connect_timeout=5)
+        conn = dedicated(self._url, timeout=5)
         if _standby(conn):
             # advisory locks work on a standby too: a lock taken there would not exclude a
             # beat on the primary (a URL without target_session_attrs=read-write)
             conn.close()
             raise psycopg.OperationalError("the beat's lock connection reached a standby")
-        row = conn.execute("SELECT pg_try_advisory_lock(%s)", [self._key]).fetchone()
+        row = run(conn, TRY_BEAT_LOCK, {"key": self._key}).fetchone()
         if not row or not row[0]:
             conn.close()
             raise BeatLockTaken("another opledger beat is running against this ledger")
@@ -154,7 +155,7 @@ class BeatLock:
 def _standby(conn: psycopg.Connection) -> bool:
     """Whether `conn`'s server is a standby (in recovery): a promotion made it a primary no
     longer, or a multi-host URL without target_session_attrs=read-write landed there."""
-    row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+    row = run(conn, IN_RECOVERY).fetchone()
     return bool(row and row[0])
 
 

@@ -19,8 +19,9 @@ from typer.testing import CliRunner
 
 from opledger.cli.main import app
 from opledger.ledger import Binding, Confirmed, Ledger, Status
+from opledger.ledger.connector import sqlalchemy_url
 from opledger.ledger.migrate import SchemaConflict, downgrade, move_schema, upgrade
-from opledger.ledger.pgschema import DEFAULT_SCHEMA, check_schema, sqlalchemy_url
+from opledger.ledger.pgschema import DEFAULT_SCHEMA, check_schema
 from opledger.settings import Settings, SettingsInvalid, get_settings
 from tests.conftest import SCHEMA, PostgresServer
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from opledger.cli.main import app as cli
 from opledger.ledger import Ledger
-from opledger.observability.ledger_gauges import BY_STATUS_AND_ACTION
+from opledger.ledger.queries.gauges import BY_STATUS_AND_ACTION
 from opledger.observability.server import make_server
 from opledger.settings import get_settings
 from tests.conftest import SCHEMA

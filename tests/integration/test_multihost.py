@@ -25,7 +25,8 @@ from sqlalchemy.exc import DBAPIError
 from opledger.agents import Effects
 from opledger.agents.listener import CHANNEL, listener_for
 from opledger.ledger import DatabaseUnavailable, Ledger, Status, dsn
-from opledger.ledger.pgschema import beat_lock_key, ledger_engine, lock_words
+from opledger.ledger.connector import ledger_engine
+from opledger.ledger.pgschema import beat_lock_key, lock_words
 from opledger.tasks.beat import BeatLock, BeatLockTaken
 from tests.conftest import SCHEMA, PostgresServer, libpq
 from tests.integration.test_cli import cli, side_by_side

@@ -24,7 +24,8 @@ from sqlalchemy import event, text
 from opledger.ledger import Ambiguous, Claim, ClaimTerms, Ledger, ProviderBusy
 from opledger.ledger.contract import Limits
 from opledger.ledger.evidence import NO_CONNECTION, NOT_SENT, THROTTLED
-from opledger.ledger.providers import PROVIDERS, ProviderState
+from opledger.ledger.providers import ProviderState
+from opledger.ledger.queries.providers import PROVIDERS
 from opledger.ledger.sensitive import scrub_text
 from opledger.observability.server import registry_for
 from tests.consoles import add_operator, console_client, sign_in

@@ -55,7 +55,8 @@ def two_databases(pg_server: PostgresServer) -> Iterator[tuple[str, str]]:
         pg_server.drop_database(loaded)
 
 
-def _catalog(url: str) -> dict[str, list[tuple[str, ...]]]:
+def catalog(url: str) -> dict[str, list[tuple[str, ...]]]:
+    """What the ledger's schema at `url` defines (`CATALOG`), part by part."""
     with connect_ledger(url) as conn:
         return {
             name: [tuple(map(str, row)) for row in conn.execute(sql)]
@@ -71,7 +72,7 @@ def test_the_schema_file_defines_what_the_migrations_build(
     with connect_ledger(loaded, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{SCHEMA}"')  # the file is read in the ledger's schema
         conn.execute(SCHEMA_SQL.read_text())
-    built, written = _catalog(migrated), _catalog(loaded)
+    built, written = catalog(migrated), catalog(loaded)
     assert built["columns"], "the migrated database has no tables"
     for part in CATALOG:
         missing = sorted(set(built[part]) - set(written[part]), key=str)

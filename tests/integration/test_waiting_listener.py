@@ -18,7 +18,7 @@ from opledger.agents import EffectCancelled, EffectConfirmed, Effects
 from opledger.agents.listener import CHANNEL, listener_for
 from opledger.ledger import Answer, Binding, Confirmed, Ledger, Status
 from opledger.ledger import queries as q
-from opledger.ledger.pgschema import ledger_engine
+from opledger.ledger.connector import ledger_engine
 from tests.conftest import libpq
 from tests.intents import prepare
 

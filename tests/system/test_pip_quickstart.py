@@ -23,7 +23,8 @@ from sqlalchemy import create_engine, text
 
 from opledger.dev.processes import PrivateRedis, free_port
 from opledger.ledger import Ledger, Status
-from opledger.ledger.pgschema import DEFAULT_SCHEMA, sqlalchemy_url
+from opledger.ledger.connector import sqlalchemy_url
+from opledger.ledger.pgschema import DEFAULT_SCHEMA
 from tests.conftest import PostgresServer
 
 pytestmark = [pytest.mark.system, pytest.mark.own_processes]

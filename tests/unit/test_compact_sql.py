@@ -11,7 +11,7 @@ from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
 from sqlalchemy import TextClause
 
 from opledger.ledger import queries as q
-from opledger.ledger.store import _DIALECT, _psycopg_sql, compact
+from opledger.ledger.connector import _DIALECT, compact, psycopg_sql
 
 STATEMENTS = {name: value for name, value in vars(q).items() if isinstance(value, TextClause)}
 HOT = ("CLAIM", "RECORD_OUTCOME", "INSERT_GRANTED_OPERATION", "SELECT_ANSWERS", "RELEASE_SLOT")
@@ -19,7 +19,7 @@ HOT = ("CLAIM", "RECORD_OUTCOME", "INSERT_GRANTED_OPERATION", "SELECT_ANSWERS", 
 
 @pytest.mark.parametrize("name", HOT)
 def test_a_hot_statement_is_short_enough_for_psycopg_to_cache(name: str) -> None:
-    assert len(_psycopg_sql(STATEMENTS[name]).encode()) <= MAX_CACHED_STATEMENT_LENGTH
+    assert len(psycopg_sql(STATEMENTS[name]).encode()) <= MAX_CACHED_STATEMENT_LENGTH
 
 
 @pytest.mark.parametrize("name", sorted(STATEMENTS))

@@ -15,7 +15,7 @@ from sqlalchemy.engine import make_url
 
 from opledger.cli.failures import OPERATIONAL, _safe_url, describe
 from opledger.ledger import InvalidInput, dsn
-from opledger.ledger.pgschema import sqlalchemy_url
+from opledger.ledger.connector import sqlalchemy_url
 
 PASSWORD = "s3cr@t/pw:?#&+"  # every character a URL gives a meaning to
 PW = quote(PASSWORD, safe="")

@@ -8,14 +8,27 @@ version table lives there too. The schema itself is created here when it is miss
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import Connection, pool, text
+from sqlalchemy import Connection, MetaData, pool, text
 
+from opledger.ledger.connector import ledger_engine
 from opledger.ledger.migrate import VERSION_TABLE
-from opledger.ledger.pgschema import ledger_engine, schema_from_environment
-from opledger.ledger.schema import metadata
+from opledger.ledger.pgschema import schema_from_environment
 
 config = context.config
-target_metadata = metadata
+#: no tables: each migration is written by hand (`schema.sql` is the schema to read, and
+#: tests/integration/test_schema_sql.py holds it to what the migrations build), but the
+#: names the migrations' keys, indexes and checks are given by this convention (a
+#: migration's `ck_operations_x` is created as `ck_operations_ck_operations_x`), as every
+#: database already migrated has them
+target_metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
 schema: str = config.attributes.get("schema") or schema_from_environment()
 
 
