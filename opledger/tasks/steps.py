@@ -18,19 +18,17 @@ from opledger.adapters.registry import Registry
 from opledger.ledger.decide import ReviewPolicy
 from opledger.ledger.facades import WorkerLedger
 
+from .held import HOLD_MAX, HOLD_MIN, hold_until
 from .hooks import HOOKS, Hooks
 from .results import Step, StepResult
 from .worker import (
     DEFAULT_POLICY,
     DEFAULT_WAIT,
-    HOLD_MAX,
-    HOLD_MIN,
     FollowUp,
     FollowUps,
     Worker,
     WorkerConfig,
     _nothing,
-    hold_until,
     snapshot,
     utcnow,
 )

@@ -56,6 +56,7 @@ from opledger.ledger.decide import (
 from opledger.ledger.evidence import NOT_SENT, admit
 from opledger.ledger.facades import WorkerLedger
 
+from .held import announce_held, hold_until
 from .hooks import HOOKS, Hooks
 from .notices import notify_review
 from .results import Step, StepResult
@@ -71,15 +72,6 @@ DEFAULT_POLICY = ReviewPolicy()
 #: how long a dispatch waits in its task for its provider's room by default
 #: (OPLEDGER_PROVIDER_WAIT_SECONDS)
 DEFAULT_WAIT = timedelta(seconds=2)
-
-#: a held operation (no adapter of this worker serves its action) is tried again after a
-#: quarter of the time it has been open, never sooner than HOLD_MIN nor later than HOLD_MAX
-HOLD_MIN = timedelta(seconds=30)
-HOLD_MAX = timedelta(minutes=15)
-
-#: held operations this process has logged a warning about (bounded: cleared when full)
-_held_announced: set[str] = set()
-_HELD_ANNOUNCED_MAX = 10_000
 
 
 def utcnow() -> datetime:
@@ -323,7 +315,7 @@ class Worker:
             )
         except StaleFence:
             return StepResult(Step.FENCED)
-        _announce_held(held)
+        announce_held(held)
         return StepResult(Step.HELD, held)
 
     def _hold(self, op: Operation) -> StepResult:
@@ -335,7 +327,7 @@ class Worker:
             )
         except StaleFence:
             return StepResult(Step.FENCED)
-        _announce_held(held)
+        announce_held(held)
         return StepResult(Step.HELD, held)
 
     def _review_unserved(self, op: Operation) -> StepResult:
@@ -569,31 +561,6 @@ def _spread(retry_in: timedelta) -> timedelta:
     return retry_in * (1 + random.uniform(0, 0.25))
 
 
-def hold_until(op: Operation, now: datetime) -> datetime:
-    """When a held operation is tried again: after a quarter of the time it has been open,
-    within `HOLD_MIN` and `HOLD_MAX` (a bounded backoff read from the clock alone)."""
-    return now + min(HOLD_MAX, max(HOLD_MIN, (now - op.created_at) / 4))
-
-
-def _announce_held(op: Operation) -> None:
-    """A warning naming the operation and its action, once per operation in this process."""
-    fields = {"op_id": op.id, "tenant": op.tenant, "action": op.action, "fence": op.fence}
-    if op.id in _held_announced:
-        log.debug("%s still held: no adapter serves %s", op.id, op.action, extra=fields)
-        return
-    if len(_held_announced) >= _HELD_ANNOUNCED_MAX:
-        _held_announced.clear()
-    _held_announced.add(op.id)
-    log.warning(
-        "%s held, not sent: no adapter of this worker serves %s; checked again until a worker "
-        "whose adapters (OPLEDGER_ADAPTERS) serve it takes it (held longer than "
-        "OPLEDGER_REVIEW_AFTER_SECONDS, a person is asked)",
-        op.id,
-        op.action,
-        extra=fields,
-    )
-
-
 def snapshot(history: History, adapter: Adapter, reason: str, now: datetime) -> dict[str, Any]:
     """What the review opens with: the attempts, the evidence, the contract, and what each
     resolution could cause."""
@@ -614,14 +581,11 @@ def snapshot(history: History, adapter: Adapter, reason: str, now: datetime) -> 
 __all__ = [
     "DEFAULT_POLICY",
     "DEFAULT_WAIT",
-    "HOLD_MAX",
-    "HOLD_MIN",
     "FollowUps",
     "Step",
     "StepResult",
     "Worker",
     "WorkerConfig",
-    "hold_until",
     "snapshot",
     "utcnow",
 ]
