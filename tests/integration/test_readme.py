@@ -368,13 +368,13 @@ assert "case-319" in rows, rows
         "opledger review list --tenant acme --older-than 2h --action 'email.*'",
         substitute=(("op_01J...", "{op}"),),
     ),
-    "5098a4d433": Shell(
-        "OPLEDGER_CRASHPOINT=dispatch.after_call opledger worker      # die there",
+    "92a2df38bd": Shell(
+        "OPLEDGER_DEV=1 OPLEDGER_CRASHPOINT=dispatch.after_call opledger worker    # die there",
         long_running=(
-            "OPLEDGER_CRASHPOINT=dispatch.after_call opledger worker",
-            "OPLEDGER_CRASHPOINT=dispatch.after_call:3 opledger worker",
-            "OPLEDGER_CRASHPOINT=dispatch.before_call OPLEDGER_CRASHPOINT_SIGNAL=SIGSTOP "
-            "opledger worker",
+            "OPLEDGER_DEV=1 OPLEDGER_CRASHPOINT=dispatch.after_call opledger worker",
+            "OPLEDGER_DEV=1 OPLEDGER_CRASHPOINT=dispatch.after_call:3 opledger worker",
+            "OPLEDGER_DEV=1 OPLEDGER_CRASHPOINT=dispatch.before_call "
+            "OPLEDGER_CRASHPOINT_SIGNAL=SIGSTOP opledger worker",
         ),
     ),
     "09cc3a909b": Shell(
