@@ -274,6 +274,38 @@ def _print_demo_summary(summary: dict[str, Any], keep: bool, started: float) -> 
     return style == "green"
 
 
+#: options of `opledger bench`: the throughput run's lists, and those of --agents
+Concurrencies = Annotated[
+    str | None,
+    typer.Option(help="Concurrencies to measure the ratio at too, e.g. 2,4,8 (0: none)."),
+]
+Tenants = Annotated[
+    str | None,
+    typer.Option(help="Tenant counts to spread the ledger's drain over, e.g. 1,10,100 (0: none)."),
+]
+AgentCounts = Annotated[
+    str | None, typer.Option(help="With --agents: concurrent agents, e.g. 1,10,100.")
+]
+RoundSeconds = Annotated[
+    float | None, typer.Option(help="With --agents: seconds of each timed round.")
+]
+Rounds = Annotated[
+    int | None, typer.Option(help="With --agents: timed rounds per side at each count.")
+]
+Waiters = Annotated[
+    int | None,
+    typer.Option(help="With --agents: operations per settle drain, and agents waiting."),
+]
+StatsWait = Annotated[
+    float | None,
+    typer.Option(
+        help="With --agents: seconds idle backends get to report their transactions "
+        "before they are counted (default 11: Postgres keeps an idle backend's counts "
+        "up to 10 s; less counts fewer)."
+    ),
+]
+
+
 @app.command()
 def bench(
     quick: Annotated[
@@ -297,16 +329,8 @@ def bench(
     backlog_only: Annotated[
         bool, typer.Option("--backlog-only", help="Only the backlog drains.")
     ] = False,
-    concurrencies: Annotated[
-        str | None,
-        typer.Option(help="Concurrencies to measure the ratio at too, e.g. 2,4,8 (0: none)."),
-    ] = None,
-    tenants: Annotated[
-        str | None,
-        typer.Option(
-            help="Tenant counts to spread the ledger's drain over, e.g. 1,10,100 (0: none)."
-        ),
-    ] = None,
+    concurrencies: Concurrencies = None,
+    tenants: Tenants = None,
     agents: Annotated[
         bool,
         typer.Option(
@@ -314,27 +338,11 @@ def bench(
             help="Instead: effect() latency beside DBOS (the bench extra), and many waiters.",
         ),
     ] = False,
-    agent_counts: Annotated[
-        str | None, typer.Option(help="With --agents: concurrent agents, e.g. 1,10,100.")
-    ] = None,
-    round_seconds: Annotated[
-        float | None, typer.Option(help="With --agents: seconds of each timed round.")
-    ] = None,
-    rounds: Annotated[
-        int | None, typer.Option(help="With --agents: timed rounds per side at each count.")
-    ] = None,
-    waiters: Annotated[
-        int | None,
-        typer.Option(help="With --agents: operations per settle drain, and agents waiting."),
-    ] = None,
-    stats_wait: Annotated[
-        float | None,
-        typer.Option(
-            help="With --agents: seconds idle backends get to report their transactions "
-            "before they are counted (default 11: Postgres keeps an idle backend's counts "
-            "up to 10 s; less counts fewer)."
-        ),
-    ] = None,
+    agent_counts: AgentCounts = None,
+    round_seconds: RoundSeconds = None,
+    rounds: Rounds = None,
+    waiters: Waiters = None,
+    stats_wait: StatsWait = None,
 ) -> None:
     """Measure the ledger beside bare Celery (throughput ratio, CPU per operation, round
     trips, sweep cost), and a backlog behind a slow provider drained with and without

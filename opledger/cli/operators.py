@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from datetime import timedelta
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.text import Text
@@ -24,6 +24,9 @@ from .app import (
 )
 from .render import _when, records_table
 from .review import publish_retry
+
+if TYPE_CHECKING:
+    from opledger.console.app import ConsoleConfig
 
 operator_app = typer.Typer(help="Operators of the review console: accounts and their tenants.")
 app.add_typer(operator_app, name="operator")
@@ -89,7 +92,48 @@ def console_command(
     import uvicorn
 
     from opledger.console.accounts import Accounts
-    from opledger.console.app import ConsoleConfig, create_app
+    from opledger.console.app import create_app
+
+    config = _console_config(
+        idle_minutes=idle_minutes,
+        session_hours=session_hours,
+        trusted_header=trusted_header,
+        trusted_proxy=trusted_proxy,
+        secure_cookies=secure_cookies,
+        public_url=public_url,
+        redact=redact,
+    )
+    with open_ledger(pool_size=4) as ledger:
+        accounts = Accounts(ledger.engine)
+        if accounts.enabled_count() == 0:
+            err_console.print(
+                f"opledger console: no operator accounts: add one with `{OPERATOR_HINT}`",
+                style="red",
+                markup=False,
+            )
+            raise typer.Exit(4)
+        web = create_app(
+            ledger, accounts, config, publish_retry=lambda op_id: publish_retry(op_id, debug=False)
+        )
+        mode = f"SSO header {trusted_header}" if trusted_header else "operator passwords"
+        where = f"http://{host}:{port}" + (f", public {config.public_origin}" if public_url else "")
+        err_console.print(f"opledger console on {where} ({mode})", markup=False)
+        uvicorn.run(web, host=host, port=port, log_level="warning", proxy_headers=False)
+
+
+def _console_config(
+    *,
+    idle_minutes: float,
+    session_hours: float,
+    trusted_header: str | None,
+    trusted_proxy: list[str] | None,
+    secure_cookies: bool,
+    public_url: str | None,
+    redact: list[str] | None,
+) -> ConsoleConfig:
+    """The console's options, checked (a usage error, exit 2, for one that cannot work),
+    with the redaction rules and the shared sign-in key of the settings."""
+    from opledger.console.app import ConsoleConfig
     from opledger.console.redaction import Redaction
     from opledger.ledger.errors import InvalidInput
 
@@ -116,22 +160,7 @@ def console_command(
             config = replace(config, signin_key=shared.get_secret_value().encode())
     except InvalidInput as exc:
         raise typer.BadParameter(str(exc)) from None
-    with open_ledger(pool_size=4) as ledger:
-        accounts = Accounts(ledger.engine)
-        if accounts.enabled_count() == 0:
-            err_console.print(
-                f"opledger console: no operator accounts: add one with `{OPERATOR_HINT}`",
-                style="red",
-                markup=False,
-            )
-            raise typer.Exit(4)
-        web = create_app(
-            ledger, accounts, config, publish_retry=lambda op_id: publish_retry(op_id, debug=False)
-        )
-        mode = f"SSO header {trusted_header}" if trusted_header else "operator passwords"
-        where = f"http://{host}:{port}" + (f", public {config.public_origin}" if public_url else "")
-        err_console.print(f"opledger console on {where} ({mode})", markup=False)
-        uvicorn.run(web, host=host, port=port, log_level="warning", proxy_headers=False)
+    return config
 
 
 def _read_password(password_stdin: bool) -> str:

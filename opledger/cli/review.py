@@ -6,13 +6,14 @@ import json
 import sys
 import traceback
 from datetime import timedelta
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.table import Table
 from rich.text import Text
 
 from opledger.cli.failures import debugging
-from opledger.ledger import History, Resolution, ids
+from opledger.ledger import History, Resolution, ReviewView, ids
 from opledger.ledger.consequences import contract_facts
 from opledger.ledger.errors import InvalidInput
 from opledger.ledger.sensitive import scrub_text
@@ -29,6 +30,9 @@ from .app import (
 from .ops import history_tables, proofs, redaction, with_proofs
 from .provenance import resolution_note
 from .render import _cell, _when, new_table, records_table
+
+if TYPE_CHECKING:
+    from opledger.console.redaction import Redaction
 
 review_app = typer.Typer(help="The operator review queue: what no evidence could decide.")
 app.add_typer(review_app, name="review")
@@ -93,19 +97,7 @@ def review_show(
     action = view.operation.action
     shown_payload, hidden = rules.apply(action, payload) if payload is not None else (None, [])
     if as_json:
-        attempts, evidence = rules.results(action, view.attempts, view.evidence)
-        snapshot = rules.document(action, view.review.snapshot)
-        shown = view.model_copy(
-            update={
-                "attempts": tuple(attempts),
-                "evidence": tuple(evidence),
-                "review": view.review.model_copy(
-                    update={"snapshot": snapshot, "reason": scrub_text(view.review.reason)}
-                ),
-            }
-        )
-        document = shown.model_dump(mode="json")
-        document["evidence"] = with_proofs(document["evidence"], proofs(history, view.contract))
+        document = _review_document(view, history, rules)
         emit_json(document | {"payload": shown_payload, "hidden": hidden})
         return
     console.print(f"[bold]review of {op_id}[/bold] opened {_when(view.review.opened_at)}")
@@ -120,27 +112,7 @@ def review_show(
                 title="earlier resolutions",
             )
         )
-    if payload is None:
-        console.print(
-            Text(
-                "payload: purged (finished operations' frozen payloads are deleted after "
-                "OPLEDGER_PAYLOAD_RETENTION_DAYS); only its digest is left: "
-                f"{view.operation.payload_digest}",
-                overflow="fold",
-            )
-        )
-    else:
-        console.print("payload, frozen when prepared (every attempt sends exactly this):")
-        text = json.dumps(shown_payload, indent=2, sort_keys=True, ensure_ascii=False)
-        console.print(Text(text, overflow="fold"))
-        if hidden:
-            console.print(
-                Text(
-                    f"hidden: {', '.join(hidden)} (sha256 of the whole payload: "
-                    f"{view.operation.payload_digest})",
-                    overflow="fold",
-                )
-            )
+    _print_payload(view, shown_payload, hidden, purged=payload is None)
     if view.contract is not None:
         console.print(Text(f"provider contract: {view.contract.provider}"))
         for fact in contract_facts(view.contract):
@@ -148,20 +120,69 @@ def review_show(
     hint = view.review.snapshot.get("search_hint")
     if hint:
         console.print(Text(f"to check by hand: {hint}"))
+    console.print(_consequences_table(view))
+    console.print(Text(f"shown to {operator} at version {view.operation.record_version}"))
+
+
+def _review_document(view: ReviewView, history: History, rules: Redaction) -> dict[str, Any]:
+    """The review as `review show --json` prints it (less the payload): secrets hidden,
+    and what each piece of evidence proves."""
+    action = view.operation.action
+    attempts, evidence = rules.results(action, view.attempts, view.evidence)
+    snapshot = rules.document(action, view.review.snapshot)
+    shown = view.model_copy(
+        update={
+            "attempts": tuple(attempts),
+            "evidence": tuple(evidence),
+            "review": view.review.model_copy(
+                update={"snapshot": snapshot, "reason": scrub_text(view.review.reason)}
+            ),
+        }
+    )
+    document: dict[str, Any] = shown.model_dump(mode="json")
+    document["evidence"] = with_proofs(document["evidence"], proofs(history, view.contract))
+    return document
+
+
+def _print_payload(view: ReviewView, shown: Any, hidden: list[str], *, purged: bool) -> None:
+    """The frozen payload as shown (only its digest once purged), and what was hidden."""
+    digest = view.operation.payload_digest
+    if purged:
+        console.print(
+            Text(
+                "payload: purged (finished operations' frozen payloads are deleted after "
+                f"OPLEDGER_PAYLOAD_RETENTION_DAYS); only its digest is left: {digest}",
+                overflow="fold",
+            )
+        )
+        return
+    console.print("payload, frozen when prepared (every attempt sends exactly this):")
+    text = json.dumps(shown, indent=2, sort_keys=True, ensure_ascii=False)
+    console.print(Text(text, overflow="fold"))
+    if hidden:
+        console.print(
+            Text(
+                f"hidden: {', '.join(hidden)} (sha256 of the whole payload: {digest})",
+                overflow="fold",
+            )
+        )
+
+
+def _consequences_table(view: ReviewView) -> Table:
+    """What each resolution could cause, from the contract's facts."""
     effects = new_table("resolution", "what it could cause", title="consequences")
     if view.consequences is None:
         effects.add_row("all", "no adapter contract is known for this action: judge with care")
-    else:
-        e = view.consequences
-        effects.add_row("confirmed", _cell(e.confirmed))
-        effects.add_row("rejected", _cell(e.rejected))
-        no_dedup = view.contract is not None and view.contract.idempotency.kind == "none"
-        effects.add_row("retry --accept-risk" if no_dedup else "retry", _cell(e.retry))
-        if not no_dedup:
-            effects.add_row("retry --new-key", _cell(e.retry_new_key))
-        effects.add_row("cancel", _cell(e.cancel))
-    console.print(effects)
-    console.print(Text(f"shown to {operator} at version {view.operation.record_version}"))
+        return effects
+    e = view.consequences
+    effects.add_row("confirmed", _cell(e.confirmed))
+    effects.add_row("rejected", _cell(e.rejected))
+    no_dedup = view.contract is not None and view.contract.idempotency.kind == "none"
+    effects.add_row("retry --accept-risk" if no_dedup else "retry", _cell(e.retry))
+    if not no_dedup:
+        effects.add_row("retry --new-key", _cell(e.retry_new_key))
+    effects.add_row("cancel", _cell(e.cancel))
+    return effects
 
 
 #: what `review resolve --as retry` says when the broker could not take the retry now
