@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypedDict, Unpack
 
-from opledger.ledger import Ledger, Operation
+from opledger.ledger import Binding, Confirmed, Ledger, Operation
 from opledger.ledger.ids import intent_idempotency_key
 
 TENANT = "acme"
@@ -127,4 +127,12 @@ def smtp_mail(subject: str = "s", text: str = "t") -> Change:
         action="email.smtp_send.v1",
         target="owner@acme.test",
         payload={"to": "owner@acme.test", "subject": subject, "text": text},
+    )
+
+
+def settle(ledger: Ledger, op_id: str) -> None:
+    claim = ledger.claim(op_id, owner="w")
+    assert claim is not None
+    ledger.record_outcome(
+        claim, Confirmed(receipt_id="r", binding=Binding(idempotency_key=claim.idempotency_key))
     )

@@ -16,8 +16,8 @@ from opledger.cli.main import app
 from opledger.dev.processes import unconfigured_environ
 from opledger.ledger import Claim, Ledger
 from opledger.settings import get_settings
+from tests.clirun import Run
 from tests.conftest import connect_ledger
-from tests.integration.test_cli import Run
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from opledger.ledger import (
     Status,
     Verdict,
 )
-from tests.integration.test_cli import (
+from tests.clirun import (
     BROKER_DOWN,
     Run,
     cli,

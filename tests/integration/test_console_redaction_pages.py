@@ -11,7 +11,7 @@ import pytest
 
 from opledger.ledger import Ambiguous, Ledger
 from tests.consoles import add_operator, console_client, sign_in
-from tests.integration.test_cli_redaction import CLEAR, SECRETS, SHAPES
+from tests.leaks import CLEAR, SECRETS, SHAPES
 
 
 def _in_review(ledger: Ledger, grant: str) -> str:

@@ -11,7 +11,6 @@ from datetime import timedelta
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 from typer.testing import CliRunner
 
@@ -22,16 +21,9 @@ from opledger.observability.server import make_server
 from opledger.settings import get_settings
 from tests.conftest import SCHEMA
 from tests.intents import prepare
+from tests.prom import samples
 
 AUTH = {"Authorization": "Basic " + base64.b64encode(b"prom:s3cret").decode()}
-
-
-def samples(body: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(body)
-        for s in family.samples
-    }
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ from sqlalchemy import inspect
 
 from opledger.ledger.connector import ledger_engine
 from opledger.ledger.migrate import downgrade, ledger_tables, upgrade
+from tests.catalog import catalog
 from tests.conftest import SCHEMA, PostgresServer, connect_ledger
-from tests.integration.test_schema_sql import catalog
 
 
 @pytest.fixture

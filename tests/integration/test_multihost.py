@@ -28,10 +28,9 @@ from opledger.ledger import DatabaseUnavailable, Ledger, Status, dsn
 from opledger.ledger.connector import ledger_engine
 from opledger.ledger.pgschema import beat_lock_key, lock_words
 from opledger.tasks.beat import BeatLock, BeatLockTaken
+from tests.clirun import cli, side_by_side
 from tests.conftest import SCHEMA, PostgresServer, libpq
-from tests.integration.test_cli import cli, side_by_side
-from tests.integration.test_waiting_listener import settle
-from tests.intents import intent, prepare
+from tests.intents import intent, prepare, settle
 
 DEAD = ("127.0.0.1", 1)  # nothing listens there: refused at once
 #: the password is not checked (trust), but every URL carries one, so what is shown can be

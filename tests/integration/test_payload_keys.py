@@ -21,8 +21,8 @@ from opledger.ledger import Binding, Confirmed, IntentConflict, Ledger
 from opledger.ledger.canonical import canonicalize
 from opledger.ledger.payload_keys import PayloadKeyUnknown, PayloadUnreadable
 from tests.conftest import SCHEMA, connect_ledger
-from tests.integration.test_round_trips import WireCounter
 from tests.intents import intent, prepare
+from tests.wire import WireCounter
 
 SECRET = {"note": "card ends 4242, call Ms Quinlan", "amount": 7319}
 #: what no stored byte may show of SECRET

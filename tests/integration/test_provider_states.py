@@ -28,11 +28,11 @@ from opledger.ledger.providers import ProviderState
 from opledger.ledger.queries.providers import PROVIDERS
 from opledger.ledger.sensitive import scrub_text
 from opledger.observability.server import registry_for
+from tests.clirun import Run, cli
 from tests.consoles import add_operator, console_client, sign_in
-from tests.integration.test_cli import Run, cli
-from tests.integration.test_cli_redaction import SHAPES
-from tests.integration.test_metrics import samples
 from tests.intents import prepare
+from tests.leaks import SHAPES
+from tests.prom import samples
 
 #: a breaker that stays open for the whole test once open (its first probe is far off)
 BREAKER = Limits(breaker_after=3, probe_every=timedelta(minutes=5))

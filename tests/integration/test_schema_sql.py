@@ -9,39 +9,12 @@ from pathlib import Path
 import pytest
 
 from opledger.ledger.migrate import upgrade
+from tests.catalog import CATALOG, catalog
 from tests.conftest import SCHEMA, PostgresServer, connect_ledger
 
 SCHEMA_SQL = Path(__file__).resolve().parents[2] / "opledger" / "ledger" / "schema.sql"
 
 #: what a database defines, as the catalog states it (whatever the text's formatting)
-CATALOG = {
-    "columns": """
-        SELECT table_name, column_name, data_type, udt_name, is_nullable, column_default,
-               is_identity, identity_generation
-        FROM information_schema.columns
-        WHERE table_schema = current_schema() AND table_name <> 'alembic_version'
-        ORDER BY 1, 2""",
-    "constraints": """
-        SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid)
-        FROM pg_constraint
-        WHERE connamespace = current_schema()::regnamespace
-          AND conrelid::regclass::text <> 'alembic_version'
-        ORDER BY 1, 2""",
-    "indexes": """
-        SELECT tablename, indexname, indexdef FROM pg_indexes
-        WHERE schemaname = current_schema() AND tablename <> 'alembic_version'
-        ORDER BY 1, 2""",
-    "functions": """
-        SELECT proname, pg_get_functiondef(oid) FROM pg_proc
-        WHERE pronamespace = current_schema()::regnamespace ORDER BY 1""",
-    "triggers": """
-        SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid) FROM pg_trigger
-        WHERE NOT tgisinternal ORDER BY 1, 2""",
-    "types": """
-        SELECT t.typname, array_agg(e.enumlabel ORDER BY e.enumsortorder)
-        FROM pg_type AS t JOIN pg_enum AS e ON e.enumtypid = t.oid
-        WHERE t.typnamespace = current_schema()::regnamespace GROUP BY 1 ORDER BY 1""",
-}
 
 
 @pytest.fixture
@@ -53,15 +26,6 @@ def two_databases(pg_server: PostgresServer) -> Iterator[tuple[str, str]]:
     finally:
         pg_server.drop_database(migrated)
         pg_server.drop_database(loaded)
-
-
-def catalog(url: str) -> dict[str, list[tuple[str, ...]]]:
-    """What the ledger's schema at `url` defines (`CATALOG`), part by part."""
-    with connect_ledger(url) as conn:
-        return {
-            name: [tuple(map(str, row)) for row in conn.execute(sql)]
-            for name, sql in CATALOG.items()
-        }
 
 
 def test_the_schema_file_defines_what_the_migrations_build(

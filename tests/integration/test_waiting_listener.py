@@ -16,19 +16,11 @@ from sqlalchemy.engine import make_url
 
 from opledger.agents import EffectCancelled, EffectConfirmed, Effects
 from opledger.agents.listener import CHANNEL, listener_for
-from opledger.ledger import Answer, Binding, Confirmed, Ledger, Status
+from opledger.ledger import Answer, Ledger, Status
 from opledger.ledger import queries as q
 from opledger.ledger.connector import ledger_engine
 from tests.conftest import libpq
-from tests.intents import prepare
-
-
-def settle(ledger: Ledger, op_id: str) -> None:
-    claim = ledger.claim(op_id, owner="w")
-    assert claim is not None
-    ledger.record_outcome(
-        claim, Confirmed(receipt_id="r", binding=Binding(idempotency_key=claim.idempotency_key))
-    )
+from tests.intents import prepare, settle
 
 
 def listening_connections(database_url: str) -> int:
