@@ -41,7 +41,7 @@ from .models import (
     Rejected,
     Status,
 )
-from .payload_keys import payload_text, seal_result
+from .payload_keys import PayloadKeys, payload_text, seal_result
 from .pressure import pressure_of
 from .switches import Switches
 from .window import SendWindow, clock
@@ -132,12 +132,36 @@ class Claims(Switches):
     ) -> Claim | None:
         check_operation_id(op_id)
         check_identifier("owner", owner)
-        lease = terms.lease
         token = secrets.token_hex(16)
         # Read before the statement leaves: the database's now() is later than this moment,
         # so the window measured from here never ends after send_by.
         opened = clock()
-        params = {
+        params = self._claim_params(op_id, from_status, owner, terms, reason, token)
+        params.update(expected_fence=expected_fence, authorized_by=authorized_by)
+        # not claimed where the ledger went back since this process saw it: the switch is
+        # recorded (every open operation quarantined) first, and the claim asked again
+        row, epoch = self._checked(q.CLAIM, params, by=owner, terms=terms, what=f"claiming {op_id}")
+        tail = row[_CLAIM_TAIL:]
+        if tail[-1]:  # suspect
+            raise self._quarantine(op_id, owner, terms)
+        if tail[0] is None:  # not claimed
+            self._not_claimed(op_id, from_status, owner, token, tail)
+            return None
+        return self._claim_of(row, op_id, owner=owner, token=token, epoch=epoch, opened=opened)
+
+    def _claim_params(
+        self,
+        op_id: str,
+        from_status: Status,
+        owner: str,
+        terms: ClaimTerms,
+        reason: str,
+        token: str,
+    ) -> dict[str, Any]:
+        """The claim statement's parameters (queries.CLAIM), but the expected fence and
+        who authorized a retry."""
+        lease = terms.lease
+        return {
             "op_id": op_id,
             "owner": owner,
             "token": token,
@@ -148,32 +172,36 @@ class Claims(Switches):
             "window_map": terms.send_window_json,
             "limits_map": terms.limits_json,
             "from_status": from_status.value,
-            "expected_fence": expected_fence,
-            "authorized_by": authorized_by,
             "reason": reason,
         }
-        # not claimed where the ledger went back since this process saw it: the switch is
-        # recorded (every open operation quarantined) first, and the claim asked again
-        row, epoch = self._checked(q.CLAIM, params, by=owner, terms=terms, what=f"claiming {op_id}")
-        tail = row[_CLAIM_TAIL:]
-        n_at, started_at, deadline_at, send_by, db_now, clear, key_id, sealed = tail[:8]
-        provider, admitted, wait_s, why, suspect = tail[8:]
-        if suspect:
-            raise self._quarantine(op_id, owner, terms)
-        if n_at is None:  # not claimed
-            if admitted is False:
-                raise ProviderBusy(
-                    f"{provider} is at capacity for {op_id}: {why}",
-                    op_id=op_id,
-                    provider=provider,
-                    retry_in=timedelta(seconds=float(wait_s)),
-                    why=why,
-                )
-            with self._single() as conn:
-                if admitted:  # admitted, then another claimer took the operation first
-                    conn.execute(q.RELEASE_SLOT, {"token": token})
-                self._explain_refused_claim(conn, op_id, from_status, owner)
-            return None
+
+    def _not_claimed(
+        self, op_id: str, from_status: Status, owner: str, token: str, tail: tuple[Any, ...]
+    ) -> None:
+        """A claim the statement refused: `ProviderBusy` when the provider had no room;
+        else a slot admitted for it is given back, and a missing operation or a revoked
+        grant raises (`_explain_refused_claim`)."""
+        provider, admitted, wait_s, why = tail[8:12]
+        if admitted is False:
+            raise ProviderBusy(
+                f"{provider} is at capacity for {op_id}: {why}",
+                op_id=op_id,
+                provider=provider,
+                retry_in=timedelta(seconds=float(wait_s)),
+                why=why,
+            )
+        with self._single() as conn:
+            if admitted:  # admitted, then another claimer took the operation first
+                conn.execute(q.RELEASE_SLOT, {"token": token})
+            self._explain_refused_claim(conn, op_id, from_status, owner)
+
+    def _claim_of(
+        self, row: tuple[Any, ...], op_id: str, *, owner: str, token: str, epoch: int, opened: float
+    ) -> Claim:
+        """The `Claim` a granted claim's row describes, its payload decrypted."""
+        n_at, started_at, deadline_at, send_by, db_now, clear, key_id, sealed = row[
+            _CLAIM_TAIL : _CLAIM_TAIL + 8
+        ]
         # decrypted here, after the one round trip: the database never sees a key
         canonical = payload_text(self._store.payload_keys, op_id, clear, key_id, sealed)
         if canonical is None:  # purged payloads belong to finished operations only
@@ -238,45 +266,14 @@ class Claims(Switches):
         refused connection counts toward the breaker (`limits.breaker_after`); a "not now"
         pauses the provider for the wait it asked for (within `limits.retry_after_max`).
         """
-        outcome = admit(None, claim, outcome)
+        outcome = _sealed(admit(None, claim, outcome), self._store.payload_keys, claim.op_id)
         limits = limits or Limits()
-        press = pressure_of(outcome, limits)
-        if isinstance(outcome, Confirmed) and outcome.result is not None:
-            # the provider's result document is kept sealed like the payload, wherever the
-            # outcome is recorded (the attempt's response and the evidence's detail)
-            keys = self._store.payload_keys
-            outcome = outcome.model_copy(
-                update={"result": seal_result(keys, claim.op_id, outcome.result)}
-            )
-        to_status = _STATUS_OF[outcome.kind]
         binding = (
             outcome.binding
             if isinstance(outcome, Confirmed)
             else Binding(idempotency_key=claim.idempotency_key)
         )
-        params = {
-            "op_id": claim.op_id,
-            "fence": claim.fence,
-            "token": claim.token,
-            "kind": outcome.kind,
-            "response": outcome.model_dump_json(),
-            "to_status": to_status.value,
-            "receipt_id": outcome.receipt_id if isinstance(outcome, Confirmed) else None,
-            "recheck": recheck,
-            "source": EvidenceSource.DISPATCH.value,
-            "binding": binding.model_dump_json(exclude_none=True),
-            "detail": store.to_json(_detail_of(outcome)),
-            "actor": claim.owner,
-            "reason": _reason_of(outcome),
-            "provider": claim.operation.provider,
-            "release": press.release,
-            "press": press.kind,
-            "pause": press.pause,
-            "press_reason": press.reason,
-            "breaker_after": limits.breaker_after,
-            "probe": limits.probe_every,
-            "probe_max": limits.probe_max,
-        }
+        params = _outcome_params(claim, outcome, binding, recheck, limits)
         # nothing is written where the ledger went back: the switch is recorded first (the
         # operation quarantined), then the outcome is kept as whatever the ledger now makes
         # of this claim
@@ -380,6 +377,45 @@ class Claims(Switches):
             fence=claim.fence,
             orphan_id=receipt,
         )
+
+
+def _sealed(outcome: Outcome, keys: PayloadKeys | None, op_id: str) -> Outcome:
+    """The outcome with a provider's result document sealed like the payload, wherever the
+    outcome is recorded (the attempt's response and the evidence's detail)."""
+    if isinstance(outcome, Confirmed) and outcome.result is not None:
+        return outcome.model_copy(update={"result": seal_result(keys, op_id, outcome.result)})
+    return outcome
+
+
+def _outcome_params(
+    claim: Claim, outcome: Outcome, binding: Binding, recheck: timedelta, limits: Limits
+) -> dict[str, Any]:
+    """The outcome statement's parameters (queries.RECORD_OUTCOME): the attempt closed,
+    the evidence, the status it moves to, and what the call says of its provider."""
+    press = pressure_of(outcome, limits)
+    return {
+        "op_id": claim.op_id,
+        "fence": claim.fence,
+        "token": claim.token,
+        "kind": outcome.kind,
+        "response": outcome.model_dump_json(),
+        "to_status": _STATUS_OF[outcome.kind].value,
+        "receipt_id": outcome.receipt_id if isinstance(outcome, Confirmed) else None,
+        "recheck": recheck,
+        "source": EvidenceSource.DISPATCH.value,
+        "binding": binding.model_dump_json(exclude_none=True),
+        "detail": store.to_json(_detail_of(outcome)),
+        "actor": claim.owner,
+        "reason": _reason_of(outcome),
+        "provider": claim.operation.provider,
+        "release": press.release,
+        "press": press.kind,
+        "pause": press.pause,
+        "press_reason": press.reason,
+        "breaker_after": limits.breaker_after,
+        "probe": limits.probe_every,
+        "probe_max": limits.probe_max,
+    }
 
 
 _STATUS_OF = {

@@ -301,28 +301,14 @@ class Reviews:
             review_id, op, shown, history = self._as_shown(
                 conn, op_id, tenant=tenant, operator=operator, seen_version=seen_version
             )
-            overriding = contradicted(
-                self._contract(op.action), op, history.attempts, history.evidence, chosen
+            overriding, key, acknowledged = self._allowed(
+                op,
+                history,
+                chosen,
+                new_key=new_key,
+                acknowledge_risk=acknowledge_risk,
+                override_evidence=override_evidence,
             )
-            if overriding and not override_evidence:
-                raise ContradictsEvidence(
-                    f"resolving {op_id} as {chosen.value} contradicts evidence on record "
-                    f"({overriding}): pass an explicit override (--override-evidence) if you "
-                    "are sure",
-                    op_id=op_id,
-                    evidence=overriding,
-                )
-            key: str | None = None
-            acknowledged = False
-            if chosen is Resolution.RETRY:
-                key, acknowledged = retry_terms(
-                    self._contract(op.action),
-                    op,
-                    history.attempts,
-                    history.evidence,
-                    new_key,
-                    acknowledge_risk,
-                )
             reason = f"review {review_id} resolved as {chosen.value} by {operator}: {note}"
             after = self._move(conn, op, chosen, operator=operator, key=key, reason=reason)
             _close(
@@ -342,6 +328,37 @@ class Reviews:
                 ),
             )
         return after
+
+    def _allowed(
+        self,
+        op: Operation,
+        history: History,
+        chosen: Resolution,
+        *,
+        new_key: bool,
+        acknowledge_risk: bool,
+        override_evidence: bool,
+    ) -> tuple[str, str | None, bool]:
+        """Whether the rules allow resolving `op` as `chosen`: raises `ContradictsEvidence`
+        for a contradiction not overridden, and (`retry_terms`) for a retry whose risk was
+        not acknowledged. The evidence it contradicts ('' for none), a retry's new key and
+        whether its risk was acknowledged."""
+        contract = self._contract(op.action)
+        overriding = contradicted(contract, op, history.attempts, history.evidence, chosen)
+        if overriding and not override_evidence:
+            raise ContradictsEvidence(
+                f"resolving {op.id} as {chosen.value} contradicts evidence on record "
+                f"({overriding}): pass an explicit override (--override-evidence) if you "
+                "are sure",
+                op_id=op.id,
+                evidence=overriding,
+            )
+        if chosen is not Resolution.RETRY:
+            return overriding, None, False
+        key, acknowledged = retry_terms(
+            contract, op, history.attempts, history.evidence, new_key, acknowledge_risk
+        )
+        return overriding, key, acknowledged
 
     def _as_shown(
         self,
