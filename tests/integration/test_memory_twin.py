@@ -13,7 +13,7 @@ from opledger.dev.memory import MemoryLedger
 from opledger.ledger import Confirmed, Ledger, StaleFence, Status
 from opledger.ledger.facades import WorkerLedger
 from opledger.tasks.worker import Worker, WorkerConfig
-from tests.unit.test_worker import LEASE, Rig
+from tests.workerrig import LEASE, Rig
 
 
 def _scenario(rig: Rig, ledger: WorkerLedger) -> list[Any]:
