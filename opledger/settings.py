@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from datetime import timedelta
 from functools import lru_cache
-from typing import Literal
+from typing import Literal, TypedDict
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -51,6 +51,15 @@ TOOLING_VARIABLES = frozenset(
         "OPLEDGER_MCP_TOKEN",  # the caller of `opledger mcp serve --transport stdio`
     }
 )
+
+
+class LedgerOptions(TypedDict):
+    """What a deployment's ledger is opened with, from its settings: the ledger reads no
+    environment of its own but the schema (`Ledger.from_url(url, **options)`)."""
+
+    max_payload_bytes: int
+    schema: str
+    payload_keys: SecretStr | None
 
 
 class NotConfigured(RuntimeError):
@@ -513,6 +522,15 @@ class Settings(BaseSettings):
                     f"OPLEDGER_SMTP_SENT_IMAP_{name} cannot be sent to IMAP: {problem}"
                 )
         return self
+
+    def ledger_options(self) -> LedgerOptions:
+        """The payload limit, the schema and the payload keys every process of this
+        deployment opens its ledger with: `Ledger.from_url(url, **settings.ledger_options())`."""
+        return LedgerOptions(
+            max_payload_bytes=self.max_payload_bytes,
+            schema=self.database_schema,
+            payload_keys=self.payload_keys,
+        )
 
     def require_database_url(self) -> str:
         """The ledger's URL; a runtime process never falls back to a database of its own."""

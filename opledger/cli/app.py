@@ -133,10 +133,8 @@ def open_ledger(pool_size: int = 1) -> Iterator[Ledger]:
     ledger = Ledger.from_url(
         database_url(),
         actions=registry,
-        max_payload_bytes=settings.max_payload_bytes,
         pool_size=pool_size,
-        schema=settings.database_schema,
-        payload_keys=settings.payload_keys or "",
+        **settings.ledger_options(),
     )
     try:
         yield ledger

@@ -19,7 +19,8 @@ from pydantic import SecretStr
 
 from . import queries as q
 from . import store
-from .base import ActionResolver, LedgerBase, PrefixResolver, _payload_limit_from_environment
+from .base import ActionResolver, LedgerBase, PrefixResolver
+from .canonical import DEFAULT_MAX_PAYLOAD_BYTES
 from .claims import Claims
 from .connector import ledger_engine
 from .errors import (
@@ -48,7 +49,7 @@ from .models import (
     Status,
     Verdict,
 )
-from .payload_keys import PayloadKeys, keys_from_environment, parse_payload_keys, seal_result
+from .payload_keys import PayloadKeys, parse_payload_keys, seal_result
 from .pgschema import check_schema, schema_from_environment
 from .prepare import Prepare
 from .providers import Providers
@@ -68,7 +69,7 @@ class Ledger(Prepare, Claims, Grants, Maintenance, Providers, LedgerBase):
         url: str,
         *,
         actions: ActionResolver | None = None,
-        max_payload_bytes: int | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         pool_size: int = 5,
         schema: str | None = None,
         payload_keys: PayloadKeys | SecretStr | str | None = None,
@@ -76,20 +77,16 @@ class Ledger(Prepare, Claims, Grants, Maintenance, Providers, LedgerBase):
         """A ledger on the Postgres database at `url` (any postgresql:// form), in schema
         `schema`.
 
-        `max_payload_bytes`, `schema` and `payload_keys` default to the
-        `OPLEDGER_MAX_PAYLOAD_BYTES`, `OPLEDGER_DATABASE_SCHEMA` (`opledger` when unset)
-        and `OPLEDGER_PAYLOAD_KEYS` settings, as the workers read them: every process of a
-        deployment must name the same schema and hold every key a payload may be under.
-        `payload_keys` may also be given as that setting's text (`key_id:base64,...`;
-        empty: none, payloads written in clear).
+        The ledger reads no setting but the schema: `schema` defaults to
+        `OPLEDGER_DATABASE_SCHEMA` (`opledger` when unset). Without `payload_keys` payloads
+        are written in clear; they may also be given as `OPLEDGER_PAYLOAD_KEYS`'s text
+        (`key_id:base64,...`). A deployment's processes open their ledger with what its
+        settings say, `Ledger.from_url(url, **settings.ledger_options())`: every process
+        must name the same schema and hold every key a payload may be under.
         """
-        if max_payload_bytes is None:
-            max_payload_bytes = _payload_limit_from_environment()
         schema = check_schema(schema) if schema is not None else schema_from_environment()
-        if payload_keys is None:
-            keys = keys_from_environment()
-        elif isinstance(payload_keys, PayloadKeys):
-            keys = payload_keys
+        if payload_keys is None or isinstance(payload_keys, PayloadKeys):
+            keys: PayloadKeys | None = payload_keys
         elif isinstance(payload_keys, SecretStr):
             keys = parse_payload_keys(payload_keys.get_secret_value())
         else:

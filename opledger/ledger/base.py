@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any, Protocol
@@ -11,7 +10,7 @@ from sqlalchemy import Engine
 
 from . import queries as q
 from . import store
-from .canonical import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit
+from .canonical import DEFAULT_MAX_PAYLOAD_BYTES
 from .errors import (
     InvalidInput,
     OperationNotFound,
@@ -137,14 +136,3 @@ class LedgerBase:
         check_operation_id(op_id)
         with self._store.snapshot() as conn:
             return self._store.history(conn, op_id)
-
-
-def _payload_limit_from_environment() -> int:
-    """`OPLEDGER_MAX_PAYLOAD_BYTES` as the workers read it; only that variable, so an
-    unrelated setting cannot stop a ledger from opening."""
-    try:
-        return payload_limit(os.environ.get("OPLEDGER_MAX_PAYLOAD_BYTES"))
-    except ValueError as exc:
-        raise InvalidInput(
-            f"OPLEDGER_MAX_PAYLOAD_BYTES {exc}", field="OPLEDGER_MAX_PAYLOAD_BYTES"
-        ) from None

@@ -180,12 +180,6 @@ def parse_payload_keys(raw: str | None) -> PayloadKeys | None:
     return PayloadKeys(ids=tuple(ciphers), _ciphers=ciphers)
 
 
-def keys_from_environment() -> PayloadKeys | None:
-    """The keys `OPLEDGER_PAYLOAD_KEYS` lists, as every process reads them; only that
-    variable, so an unrelated setting cannot stop a ledger from opening."""
-    return parse_payload_keys(os.environ.get(KEYS_VARIABLE))
-
-
 def payload_text(
     keys: PayloadKeys | None,
     op_id: str,

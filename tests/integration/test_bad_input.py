@@ -13,7 +13,6 @@ from opledger.ledger import (
     ForgedFence,
     IntentConflict,
     InvalidIdentifier,
-    InvalidInput,
     Ledger,
     LedgerError,
     MalformedOperationId,
@@ -23,7 +22,8 @@ from opledger.ledger import (
     PayloadTooLarge,
     UnknownAction,
 )
-from opledger.ledger.canonical import MAX_DEPTH, MAX_ITEMS
+from opledger.ledger.canonical import DEFAULT_MAX_PAYLOAD_BYTES, MAX_DEPTH, MAX_ITEMS
+from opledger.settings import Settings, SettingsInvalid
 
 GOOD: dict[str, Any] = dict(
     tenant="acme",
@@ -161,25 +161,25 @@ def test_an_nfd_spelling_longer_than_the_limit_names_the_same_operation(
     assert nfd.id == nfc.id and nfc.intent_key == "\u00e9" * 150
 
 
-def test_from_url_honours_the_payload_limit_setting(
+def test_from_url_takes_the_payload_limit_its_settings_give(
     database_url: str, grant: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The limit comes from the settings (`ledger_options`); the ledger reads no variable
+    of its own for it."""
     monkeypatch.setenv("OPLEDGER_MAX_PAYLOAD_BYTES", "100")
-    limited = Ledger.from_url(database_url, pool_size=1)
+    options = Settings.from_environ({"OPLEDGER_MAX_PAYLOAD_BYTES": "100"}).ledger_options()
+    limited = Ledger.from_url(database_url, pool_size=1, **options)
+    plain = Ledger.from_url(database_url, pool_size=1)
     try:
         assert limited.max_payload_bytes == 100
         with pytest.raises(PayloadTooLarge):
             limited.prepare(**{**GOOD, "payload": {"x": "y" * 200}})
-        explicit = Ledger.from_url(database_url, pool_size=1, max_payload_bytes=1000)
-        assert explicit.max_payload_bytes == 1000
-        explicit.engine.dispose()
+        assert plain.max_payload_bytes == DEFAULT_MAX_PAYLOAD_BYTES  # the variable unread
     finally:
         limited.engine.dispose()
-    monkeypatch.setenv("OPLEDGER_LEASE_SECONDS", "abc")  # an unrelated setting stops nothing
-    Ledger.from_url(database_url, pool_size=1).engine.dispose()
-    monkeypatch.setenv("OPLEDGER_MAX_PAYLOAD_BYTES", "lots")
-    with pytest.raises(InvalidInput, match="OPLEDGER_MAX_PAYLOAD_BYTES"):
-        Ledger.from_url(database_url, pool_size=1)
+        plain.engine.dispose()
+    with pytest.raises(SettingsInvalid, match="OPLEDGER_MAX_PAYLOAD_BYTES"):
+        Settings.from_environ({"OPLEDGER_MAX_PAYLOAD_BYTES": "lots"})
 
 
 def test_a_payload_just_under_the_limit_is_accepted(ledger: Ledger, grant: str) -> None:

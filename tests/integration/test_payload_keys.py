@@ -20,6 +20,7 @@ from opledger.cli.checks import run_checks
 from opledger.ledger import Binding, Confirmed, IntentConflict, Ledger
 from opledger.ledger.canonical import canonicalize
 from opledger.ledger.payload_keys import PayloadKeyUnknown, PayloadUnreadable
+from opledger.settings import Settings
 from tests.conftest import SCHEMA, connect_ledger
 from tests.intents import intent, prepare
 from tests.wire import WireCounter
@@ -86,6 +87,24 @@ def test_a_sealed_payload_is_unreadable_in_the_database_and_readable_through_the
     with pytest.raises(PayloadKeyUnknown, match="key 'k1'") as lacking:
         ledger.payload(op.id)
     assert K1.split(":")[1] not in str(lacking.value)
+
+
+def test_the_keys_come_from_the_settings_never_from_the_ledger_reading_the_environment(
+    database_url: str, grant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPLEDGER_PAYLOAD_KEYS", K1)
+    configured = Ledger.from_url(
+        database_url, pool_size=1, **Settings.from_environ(os.environ).ledger_options()
+    )
+    bare = Ledger.from_url(database_url, pool_size=1)
+    try:
+        sealed = configured.prepare(**intent("from-settings", payload=SECRET))
+        assert raw_row(database_url, sealed.id)[1] == "k1"
+        clear = bare.prepare(**intent("bare", payload=SECRET))  # the variable unread
+        assert raw_row(database_url, clear.id)[1] is None
+    finally:
+        configured.engine.dispose()
+        bare.engine.dispose()
 
 
 def test_a_worker_claims_the_clear_payload_in_two_round_trips(

@@ -97,7 +97,8 @@ def run_agents(
         stack = Stack(env, work, name="agents")
         cleanup.callback(stack.stop_all)
         use_broker(app, redis.url)
-        ledger = Ledger.from_url(url, actions=build_registry(Settings.from_environ(env)))
+        settings = Settings.from_environ(env)
+        ledger = Ledger.from_url(url, actions=build_registry(settings), **settings.ledger_options())
         cleanup.callback(ledger.engine.dispose)
         name_connections(ledger.engine, POOL_NAME)
         # the databases are dropped under the settle listener at the end: not a warning

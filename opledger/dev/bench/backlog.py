@@ -97,7 +97,10 @@ def _backlog_stack(
     sandbox.configure(processing_s=PROVIDER_S)
     env = {**stack_env(database_url, redis.url, sandbox, work), **BACKLOG_ENV}
     stack = Stack(env, work, name=f"backlog-{mode}")
-    ledger = Ledger.from_url(database_url, actions=load_registry(Settings.from_environ(env)))
+    settings = Settings.from_environ(env)
+    ledger = Ledger.from_url(
+        database_url, actions=load_registry(settings), **settings.ledger_options()
+    )
     cleanup.callback(ledger.engine.dispose)
     cleanup.callback(stack.stop_all)
     ledger.grant(tenant="backlog", scope=["crm.*"], granted_by="bench", ref="auth_backlog")

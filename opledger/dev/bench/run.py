@@ -76,7 +76,8 @@ def run_bench(
         env = worker_env(url, redis.url, work)
         stack = Stack(env, work)
         cleanup.callback(stack.stop_all)
-        ledger = Ledger.from_url(url, actions=build_registry(Settings.from_environ(env)))
+        settings = Settings.from_environ(env)
+        ledger = Ledger.from_url(url, actions=build_registry(settings), **settings.ledger_options())
         cleanup.callback(ledger.engine.dispose)
         result: dict[str, Any] = {"tasks": cfg.tasks, "concurrency": cfg.concurrency}
         progress(f"throughput: {cfg.tasks} tasks, bare Celery then opledger")

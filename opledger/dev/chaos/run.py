@@ -278,7 +278,9 @@ class _Rig:
         settings = Settings.from_environ(env)
         stack = Stack(env, work)
         cleanup.callback(stack.stop_all)
-        ledger = Ledger.from_url(database_url, actions=build_registry(settings))
+        ledger = Ledger.from_url(
+            database_url, actions=build_registry(settings), **settings.ledger_options()
+        )
         cleanup.callback(ledger.engine.dispose)
         names = [f"chaos{i}" for i in range(config.workers)]
         return cls(config, broker, sandbox, settings, stack, ledger, own_pg, names)

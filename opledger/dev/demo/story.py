@@ -106,7 +106,11 @@ class Story:
         if not early:
             self.workers.spawn(self.AGENT, active=True)
         assert self.svc.database_url is not None
-        self._ledger = Ledger.from_url(self.svc.database_url, actions=load_registry(self.settings))
+        self._ledger = Ledger.from_url(
+            self.svc.database_url,
+            actions=load_registry(self.settings),
+            **self.settings.ledger_options(),
+        )
         self.svc.cleanup.append(self._ledger.engine.dispose)
         configure_sandbox(self.sandbox, self.settings)
         self.ledger.grant(tenant="acme", scope=["*"], granted_by="demo", ref="auth_demo_agent")
