@@ -79,19 +79,19 @@ def use_hooks(hooks: Hooks) -> None:
     _runtime = None
 
 
+#: why a worker does not start with OPLEDGER_CRASHPOINT set outside development mode
+CRASH_POINTS_UNARMED = (
+    "OPLEDGER_CRASHPOINT is set, but crash points are development tooling: they are armed "
+    "only by `opledger worker` with OPLEDGER_DEV=1; unset OPLEDGER_CRASHPOINT"
+)
+
+
 @celeryd_init.connect
 def _refuse_unarmed_crash_points(**_: Any) -> None:
     # crash points are development tooling, armed only through `opledger worker` in
     # development mode: a worker started otherwise with the variable set says so and stops
     if os.environ.get("OPLEDGER_CRASHPOINT") and _hooks is HOOKS:
         raise SystemExit(CRASH_POINTS_UNARMED)
-
-
-#: why a worker does not start with OPLEDGER_CRASHPOINT set outside development mode
-CRASH_POINTS_UNARMED = (
-    "OPLEDGER_CRASHPOINT is set, but crash points are development tooling: they are armed "
-    "only by `opledger worker` with OPLEDGER_DEV=1; unset OPLEDGER_CRASHPOINT"
-)
 
 
 @dataclass
