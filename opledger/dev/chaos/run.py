@@ -25,7 +25,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from opledger.adapters.smtp import message_id_for
-from opledger.dev import devstack
+from opledger.dev import crashpoints, devstack
 from opledger.dev.processes import (
     PrivateBroker,
     Stack,
@@ -55,15 +55,6 @@ FAST_ENV = {
     "OPLEDGER_KEY_RETENTION_SECONDS": "3600",
     "OPLEDGER_ADAPTERS": "opledger.dev.chaos.variants:build_registry",
 }
-CRASH_POINTS = (
-    "dispatch.after_claim",
-    "dispatch.before_call",
-    "dispatch.after_call",
-    "dispatch.after_save",
-    "reconcile.before_lookup",
-    "reconcile.after_lookup",
-    "relay.after_publish",
-)
 HTTP_FAULTS = (
     "drop_after_commit",
     "delay_after_commit",
@@ -432,7 +423,7 @@ class _Breakage:
         rig.counters["kills"] += 1
         armed = {}
         if rng.random() < 0.6:
-            point = f"{rng.choice(CRASH_POINTS)}:{rng.randint(1, 4)}"
+            point = f"{rng.choice(crashpoints.NAMES)}:{rng.randint(1, 4)}"
             armed = {"OPLEDGER_CRASHPOINT": point}
             rig.counters["armed"] += 1
         # Not waiting for it to be ready: the run goes on breaking things meanwhile.
