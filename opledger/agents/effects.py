@@ -35,10 +35,10 @@ from opledger.ledger import (
     Asked,
     IntentConflict,
     InvalidInput,
-    Ledger,
     Status,
 )
 from opledger.ledger.connector import conninfo
+from opledger.ledger.facades import IntentLedger
 from opledger.ledger.intents import Intent, act_key, payload_differences
 from opledger.observability import tracing
 
@@ -88,7 +88,8 @@ def _default_publish(op_id: str) -> None:
 
 
 class Effects:
-    """The agent-facing API over one ledger. Thread-safe; one per process is enough.
+    """The agent-facing API over one ledger: a `Ledger`, or anything that is an
+    `IntentLedger` (`opledger.ledger.facades`). Thread-safe; one per process is enough.
 
     `publish(op_id)` enqueues the dispatch of a prepared operation (default: opledger's
     Celery `dispatch` task, which needs `OPLEDGER_BROKER_URL`). A failed publish is
@@ -97,7 +98,7 @@ class Effects:
 
     def __init__(
         self,
-        ledger: Ledger,
+        ledger: IntentLedger,
         *,
         publish: Publish | None = None,
         poll: float = DEFAULT_POLL,

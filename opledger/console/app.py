@@ -26,7 +26,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
-from opledger.ledger import Ledger
+from opledger.ledger.facades import ConsoleLedger
 from opledger.ledger.ids import parse_age
 
 from .accounts import Accounts
@@ -40,7 +40,7 @@ from .web import Pages
 
 
 def create_app(
-    ledger: Ledger,
+    ledger: ConsoleLedger,
     accounts: Accounts,
     config: ConsoleConfig | None = None,
     *,

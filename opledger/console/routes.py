@@ -28,10 +28,10 @@ from opledger.ledger.errors import (
     ReviewNotFound,
     StaleView,
 )
+from opledger.ledger.facades import ReviewQueue
 from opledger.ledger.ids import parse_age
 from opledger.ledger.models import Operation, Status
 from opledger.ledger.providers import ProviderState
-from opledger.ledger.reviews import Reviews
 
 from .base import ConsoleConfig, Refusal, not_found
 from .sessions import Auth
@@ -47,7 +47,7 @@ class Routes:
     def __init__(
         self,
         pages: Pages,
-        reviews: Reviews,
+        reviews: ReviewQueue,
         config: ConsoleConfig,
         publish_retry: Callable[[str], str | None] | None,
         providers: Callable[[], list[ProviderState]],
