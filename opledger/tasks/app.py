@@ -36,6 +36,7 @@ from opledger.ledger import (
     OperationNotFound,
     UnknownAction,
 )
+from opledger.ledger.facades import BeatLedger
 from opledger.ledger.ids import check_operation_id
 from opledger.observability import logs, metrics, tracing
 from opledger.settings import UNCONFIGURED_BROKER_URL, Settings, get_settings
@@ -105,6 +106,11 @@ class Runtime:
     owner: str
     hooks: Hooks = HOOKS
     _workers: dict[int, Worker] = field(default_factory=dict, repr=False)
+
+    @property
+    def beat(self) -> BeatLedger:
+        """The ledger as beat's tasks use it: the sweep, the relay and the purge."""
+        return self.ledger
 
     def worker(self, celery_app: Celery) -> Worker:
         """This process's worker, publishing its follow-ups through `celery_app` (the app
@@ -416,11 +422,11 @@ def sweep(self: OperationTask) -> dict[str, int]:
     # written: the switch is recorded, and every open operation quarantined, before the
     # sweep moves anything
     lease = timedelta(seconds=rt.settings.lease_seconds)
-    rt.ledger.check_switch(by=rt.owner, terms=rt.registry.claim_terms(lease))
+    rt.beat.check_switch(by=rt.owner, terms=rt.registry.claim_terms(lease))
     backoff = timedelta(seconds=rt.settings.check_backoff_seconds)
-    expired = rt.ledger.expire_leases(limit=rt.settings.sweep_batch, backoff=timedelta(0))
+    expired = rt.beat.expire_leases(limit=rt.settings.sweep_batch, backoff=timedelta(0))
     queue = queue_of("opledger.reconcile", self.app)
-    handouts = rt.ledger.hand_out_checks(
+    handouts = rt.beat.hand_out_checks(
         limit=rt.settings.sweep_batch,
         backoff=backoff,
         depth=backlog.queue_depth(self.app, queue),
@@ -431,7 +437,7 @@ def sweep(self: OperationTask) -> dict[str, int]:
     for handout in handouts:
         reconcile_task.apply_async((handout.op_id,), {"gen": handout.gen})
     generations(self.app).published("check", list(handouts))
-    unnotified = rt.ledger.due_notifications(limit=rt.settings.sweep_batch, backoff=backoff)
+    unnotified = rt.beat.due_notifications(limit=rt.settings.sweep_batch, backoff=backoff)
     for op_id in unnotified:
         _sibling(self, "opledger.notify_review").delay(op_id)
     metrics.SWEEP_DURATION.observe(time.perf_counter() - started)
@@ -468,7 +474,7 @@ def relay(self: OperationTask) -> int:
         dispatch_task.apply_async((op_id,), {"gen": gen})
         published.append((op_id, gen))
 
-    ids = rt.ledger.relay(
+    ids = rt.beat.relay(
         older_than=timedelta(seconds=rt.settings.relay_after_seconds),
         publish=publish,
         limit=rt.settings.sweep_batch,
@@ -488,7 +494,7 @@ def relay(self: OperationTask) -> int:
 def purge_payloads() -> int:
     """Delete frozen payloads of finished operations past the retention setting."""
     rt = runtime()
-    return rt.ledger.purge_payloads(
+    return rt.beat.purge_payloads(
         older_than=timedelta(days=rt.settings.payload_retention_days),
         limit=rt.settings.sweep_batch,
     )
