@@ -14,10 +14,12 @@ from typer.testing import CliRunner
 from opledger.adapters.webhook import WebhookAdapter, webhook_contract
 from opledger.cli.main import app
 from opledger.dev.processes import unconfigured_environ
+from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Claim, Ledger
 from opledger.settings import get_settings
 from tests.clirun import Run
 from tests.conftest import connect_ledger
+from tests.desks import Desk
 
 
 @pytest.fixture
@@ -87,3 +89,12 @@ def adapters() -> Iterator[Callable[..., WebhookAdapter]]:
     yield make
     for adapter in opened:
         adapter.close()
+
+
+@pytest.fixture
+def desk(ledger: Ledger, sandbox: Sandbox) -> Iterator[Desk]:
+    """A reviewer's desk over a keyed CRM without lookups (`tests.desks.Desk`)."""
+    made = Desk(ledger, sandbox)
+    yield made
+    made.close()
+

@@ -7,25 +7,16 @@ import pytest
 from typer.testing import CliRunner
 
 from opledger.cli.main import app as cli
-from opledger.dev.sandbox import Sandbox
-from opledger.ledger import Ledger, OperationNotFound, StaleView
+from opledger.ledger import OperationNotFound, StaleView
 from opledger.ledger.errors import InvalidInput
 from opledger.settings import get_settings
-
-from .test_reviews import Desk
-
-
-@pytest.fixture
-def desk(ledger: Ledger, sandbox: Sandbox) -> Desk:
-    from datetime import timedelta
-
-    return Desk(ledger, sandbox, retention=timedelta(hours=24))
+from tests.desks import Desk
 
 
 def test_counts_reason_filter_and_the_tenants_with_open_reviews(desk: Desk) -> None:
-    a = desk.in_review("acme", "one")
-    b = desk.in_review("acme", "two")
-    desk.in_review("globex", "three")
+    a = desk.in_review("one")
+    b = desk.in_review("two")
+    desk.in_review("three", tenant="globex")
     reviews = desk.ledger.reviews
     [count] = reviews.counts(tenant="acme")
     assert (count.action, count.n) == ("crm.close_case.v1", 2)
@@ -38,11 +29,11 @@ def test_counts_reason_filter_and_the_tenants_with_open_reviews(desk: Desk) -> N
 
 
 def test_search_history_and_payload_are_scoped_to_the_tenant(desk: Desk) -> None:
-    op_id = desk.in_review("acme", "scoped")
+    op_id = desk.in_review("scoped")
     reviews = desk.ledger.reviews
     assert [o.id for o in reviews.search(tenant="acme", op_id=op_id)] == [op_id]
     assert [o.id for o in reviews.search(tenant="acme", target="case-scoped")] == [op_id]
-    assert [o.id for o in reviews.search(tenant="acme", workflow_id="onboarding-42")] == [op_id]
+    assert [o.id for o in reviews.search(tenant="acme", workflow_id="wf")] == [op_id]
     assert reviews.search(tenant="globex", op_id=op_id) == ()
     with pytest.raises(InvalidInput):
         reviews.search(tenant="acme")
@@ -56,7 +47,7 @@ def test_search_history_and_payload_are_scoped_to_the_tenant(desk: Desk) -> None
 def test_a_stale_view_says_what_changed_in_python_and_in_the_cli(
     desk: Desk, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    op_id = desk.in_review("acme", "stale")
+    op_id = desk.in_review("stale")
     reviews = desk.ledger.reviews
     reviews.show(op_id, tenant="acme", operator="alice")
     ev = desk.ledger.record_evidence(

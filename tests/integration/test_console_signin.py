@@ -15,8 +15,6 @@ import httpx
 import pytest
 
 from opledger.dev.processes import free_port
-from opledger.dev.sandbox import Sandbox
-from opledger.ledger import Ledger
 from tests.conftest import connect_ledger
 from tests.consoles import (
     PASSWORD,
@@ -27,8 +25,7 @@ from tests.consoles import (
     running_console,
     sign_in,
 )
-
-from .test_reviews import Desk
+from tests.desks import Desk
 
 
 def checks_of(database_url: str, name: str) -> int:
@@ -306,13 +303,6 @@ def test_one_sso_header_and_an_explicit_proxy(env: dict[str, str], tmp_path: Pat
     assert "2 X-Remote-User headers" in (tmp_path / "c.log").read_text()
 
 
-@pytest.fixture
-def desk(ledger: Ledger, sandbox: Sandbox) -> Desk:
-    from datetime import timedelta
-
-    return Desk(ledger, sandbox, retention=timedelta(hours=24))
-
-
 def _resolve(client: httpx.Client, op_id: str, note: str) -> httpx.Response:
     review = client.get(f"/t/acme/ops/{op_id}/review")
     assert review.status_code == 200, review.text
@@ -331,7 +321,7 @@ def _resolve(client: httpx.Client, op_id: str, note: str) -> httpx.Response:
 def test_the_resolved_banner_comes_from_the_server_never_the_link(
     desk: Desk, env: dict[str, str], tmp_path: Path
 ) -> None:
-    op_id = desk.in_review("acme", "banner")
+    op_id = desk.in_review("banner")
     add_operator(env, "alice", "--tenant", "acme")
     with console_client(
         env | {"OPLEDGER_CRM_URL": desk.sandbox.http_url}, tmp_path / "c.log"
@@ -350,7 +340,7 @@ def test_the_resolved_banner_comes_from_the_server_never_the_link(
 def test_a_note_may_have_line_breaks_but_no_other_control_characters(
     desk: Desk, env: dict[str, str], tmp_path: Path
 ) -> None:
-    op_id = desk.in_review("acme", "lines")
+    op_id = desk.in_review("lines")
     add_operator(env, "alice", "--tenant", "acme")
     with console_client(
         env | {"OPLEDGER_CRM_URL": desk.sandbox.http_url}, tmp_path / "c.log"

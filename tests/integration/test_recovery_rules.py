@@ -21,6 +21,7 @@ from opledger.ledger import Ambiguous, Ledger, Status
 from opledger.ledger.contract import Contract
 from opledger.ledger.decide import Dispatch, NeedsReview, ReviewPolicy
 from opledger.tasks import steps
+from tests.desks import not_before, past_deadlines
 from tests.intents import Change, key_of, prepare, smtp_mail
 
 TIMEOUT = timedelta(seconds=0.5)
@@ -39,17 +40,32 @@ class Rig:
     def dispatch(self, op_id: str) -> steps.StepResult:
         return steps.dispatch(self.ledger, self.registry, op_id, owner="w1", lease=LEASE)
 
-    def reconcile(self, op_id: str, policy: ReviewPolicy | None = None) -> steps.StepResult:
+    def reconcile(
+        self,
+        op_id: str,
+        policy: ReviewPolicy | None = None,
+        now: Callable[[], datetime] = steps.utcnow,
+    ) -> steps.StepResult:
         return steps.reconcile(
             self.ledger,
             self.registry,
             op_id,
             owner="w2",
             lease=LEASE,
+            now=now,
             policy=policy or ReviewPolicy(),
         )
 
+    def past_deadline(self, op_id: str, policy: ReviewPolicy | None = None) -> steps.StepResult:
+        """Reconcile on a clock past the attempts' in-flight deadlines, where nothing else
+        of the test needs that time to have passed (no lookup, nothing timed at the
+        provider)."""
+        return self.reconcile(op_id, policy, now=past_deadlines(self.ledger, op_id))
+
     def after_deadline(self, op_id: str, extra: float = 0.05) -> None:
+        """Wait, in real time, until the attempts' in-flight deadlines have passed: for a
+        test whose lookups must be recorded after them, or whose provider records when a
+        retry arrived."""
         deadline = max(a.deadline_at for a in self.ledger.history(op_id).attempts)
         time.sleep(max(0.0, (deadline - datetime.now(deadline.tzinfo)).total_seconds()) + extra)
 
@@ -125,8 +141,9 @@ def test_key_past_retention_goes_to_review(rig_for: RigFor) -> None:
     rig.sandbox.fault("crm", "drop_after_commit")
     op_id = prepare(rig.ledger, "close")
     rig.dispatch(op_id)
-    time.sleep(2.0)
-    result = rig.reconcile(op_id)
+    # the decision alone measures the retention here (nothing is sent again): on its clock
+    (first,) = rig.ledger.history(op_id).attempts
+    result = rig.reconcile(op_id, now=not_before(first.started_at + timedelta(seconds=2)))
     assert isinstance(result.decision, NeedsReview) and "keeps keys" in result.decision.reason
     history = rig.ledger.history(op_id)
     assert history.operation.status is Status.UNKNOWN
@@ -148,11 +165,9 @@ def test_a_replayed_stored_500_is_not_retried_in_a_loop(rig_for: RigFor) -> None
     rig.sandbox.fault("crm", "error_before_commit")
     op_id = prepare(rig.ledger, "close")
     rig.dispatch(op_id)
-    rig.after_deadline(op_id)
-    assert isinstance(rig.reconcile(op_id).decision, Dispatch)  # one retry with the same key
-    rig.after_deadline(op_id)
+    assert isinstance(rig.past_deadline(op_id).decision, Dispatch)  # one retry, the same key
     for _ in range(3):
-        assert isinstance(rig.reconcile(op_id).decision, NeedsReview)
+        assert isinstance(rig.past_deadline(op_id).decision, NeedsReview)
     history = rig.ledger.history(op_id)
     assert history.evidence[-1].detail["replayed"] is True
     assert len(history.reviews) == 1
@@ -164,8 +179,7 @@ def test_a_provider_that_declares_stored_errors_is_not_retried_at_all(rig_for: R
     rig.sandbox.fault("crm", "error_before_commit")
     op_id = prepare(rig.ledger, "close")
     rig.dispatch(op_id)
-    rig.after_deadline(op_id)
-    assert isinstance(rig.reconcile(op_id).decision, NeedsReview)
+    assert isinstance(rig.past_deadline(op_id).decision, NeedsReview)
     assert len(rig.requests(op_id)) == 1
 
 
@@ -232,8 +246,7 @@ def test_the_review_policy_caps_attempts_below_the_contract(rig_for: RigFor) -> 
     rig.sandbox.fault("crm", "drop_after_commit")
     op_id = prepare(rig.ledger, "close")
     rig.dispatch(op_id)
-    rig.after_deadline(op_id)
-    result = rig.reconcile(op_id, ReviewPolicy(after_attempts=1))
+    result = rig.past_deadline(op_id, ReviewPolicy(after_attempts=1))
     assert isinstance(result.decision, NeedsReview) and "1 attempts" in result.decision.reason
     assert len(rig.requests(op_id)) == 1
 
@@ -277,9 +290,8 @@ def test_an_smtp_review_names_the_message_id_and_a_refused_connection_is_resent(
     cut = prepare(led, "cut", **welcome)
     sandbox.fault("smtp", "drop_after_data")
     steps.dispatch(led, Registry([up]), cut, owner="w1", lease=LEASE)
-    deadline = max(a.deadline_at for a in led.history(cut).attempts)
-    time.sleep(max(0.0, (deadline - datetime.now(deadline.tzinfo)).total_seconds()) + 0.05)
-    result = steps.reconcile(led, Registry([up]), cut, owner="w2", lease=LEASE)
+    past = past_deadlines(led, cut)
+    result = steps.reconcile(led, Registry([up]), cut, owner="w2", lease=LEASE, now=past)
     assert isinstance(result.decision, NeedsReview)
     (review,) = led.history(cut).reviews
     message_id = message_id_for(led.get(cut))

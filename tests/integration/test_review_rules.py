@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.adapters.registry import Registry
 from opledger.adapters.smtp import SmtpAdapter, message_id_for, smtp_contract
 from opledger.cli.main import app as cli
@@ -31,78 +30,16 @@ from opledger.ledger import (
     StaleView,
     Status,
 )
-from opledger.ledger.decide import ReviewPolicy
 from opledger.tasks import steps
+from tests.desks import LEASE, Desk, past_deadlines
 from tests.intents import key_of, prepare, prepare_op, smtp_mail
-
-LEASE = timedelta(seconds=5)
-
-
-class Desk:
-    """A CRM (keyed or not, no lookup) and a reviewer's desk over it."""
-
-    def __init__(
-        self, ledger: Ledger, sandbox: Sandbox, *, keys: bool = True, **facts: Any
-    ) -> None:
-        self.sandbox = sandbox
-        sandbox.configure(keys=keys)
-        contract = crm_contract(
-            **facts,
-            keys=keys,
-            lookup="none",
-            request_timeout=timedelta(seconds=0.5),
-            max_in_flight=timedelta(seconds=0.5),
-            retention_margin=timedelta(0),
-        )
-        self.adapter = CrmAdapter(sandbox.http_url, account="acme", contract=contract)
-        self.registry = Registry([self.adapter])
-        self.ledger = Ledger(ledger.engine, actions=self.registry)
-        self.ledger.grant(tenant="acme", scope=["crm.*"], granted_by="t", ref="auth_acme")
-
-    def wait_deadline(self, op_id: str) -> None:
-        deadline = max(a.deadline_at for a in self.ledger.history(op_id).attempts)
-        time.sleep(max(0.0, deadline.timestamp() - time.time()) + 0.05)
-
-    def review(self, op_id: str) -> None:
-        self.wait_deadline(op_id)
-        result = steps.reconcile(
-            self.ledger,
-            self.registry,
-            op_id,
-            owner="w2",
-            lease=LEASE,
-            policy=ReviewPolicy(after_attempts=1),
-        )
-        assert result.action == "review", result
-
-    def lost_response(self, key: str) -> str:
-        """An operation whose response was lost, in review."""
-        op_id = prepare(self.ledger, key)
-        self.sandbox.fault("crm", "drop_after_commit", key=key_of(self.ledger, op_id))
-        steps.dispatch(self.ledger, self.registry, op_id, owner="w1", lease=LEASE)
-        self.review(op_id)
-        return op_id
-
-    def show(self, op_id: str, operator: str = "alice") -> Any:
-        return self.ledger.reviews.show(op_id, tenant="acme", operator=operator)
-
-    def resolve(self, op_id: str, how: str, **kw: Any) -> Any:
-        kw.setdefault("operator", "alice")
-        return self.ledger.reviews.resolve(op_id, tenant="acme", resolution=how, note="n", **kw)
-
-
-@pytest.fixture
-def desk(ledger: Ledger, sandbox: Sandbox) -> Iterator[Desk]:
-    d = Desk(ledger, sandbox)
-    yield d
-    d.adapter.close()
 
 
 @pytest.fixture
 def keyless(ledger: Ledger, sandbox: Sandbox) -> Iterator[Desk]:
     d = Desk(ledger, sandbox, keys=False)
     yield d
-    d.adapter.close()
+    d.close()
 
 
 def _stalled_in_review(desk: Desk) -> tuple[str, Any]:
@@ -138,7 +75,7 @@ def test_a_late_outcome_kept_as_evidence_makes_the_view_stale(desk: Desk) -> Non
 
 
 def test_lookup_evidence_makes_the_view_stale(desk: Desk) -> None:
-    op_id = desk.lost_response("lookup")
+    op_id = desk.in_review("lookup")
     desk.show(op_id)
     desk.ledger.record_evidence(op_id, source="lookup", verdict="inconclusive")
     with pytest.raises(StaleView):
@@ -191,7 +128,7 @@ def test_agreeing_with_the_evidence_needs_no_override(desk: Desk) -> None:
 
 
 def test_the_python_api_cannot_skip_show(desk: Desk) -> None:
-    op_id = desk.lost_response("skip")
+    op_id = desk.in_review("skip")
     current = desk.ledger.get(op_id).record_version
     with pytest.raises(StaleView, match="review show"):
         desk.resolve(op_id, "confirmed", seen_version=current)
@@ -207,10 +144,7 @@ def test_the_python_api_cannot_skip_show(desk: Desk) -> None:
 
 
 def test_a_no_dedup_retry_needs_the_risk_acknowledged(keyless: Desk) -> None:
-    op_id = prepare(keyless.ledger, "keyless")
-    keyless.sandbox.fault("crm", "drop_after_commit", key=key_of(keyless.ledger, op_id))
-    steps.dispatch(keyless.ledger, keyless.registry, op_id, owner="w1", lease=LEASE)
-    keyless.review(op_id)  # rule 7: no dedup, no lookup
+    op_id = keyless.in_review("keyless")  # rule 7: no dedup, no lookup
     view = keyless.show(op_id)
     assert "does not deduplicate" in view.consequences.retry
     with pytest.raises(RetryNeedsAcknowledgement, match="accept-risk"):
@@ -229,7 +163,7 @@ def test_a_key_that_no_longer_protects_is_kept_once_the_risk_is_accepted(
     still might, so the retry keeps it, once the operator accepts the risk."""
     released = Desk(ledger, sandbox, after_error="key_released")
     try:
-        op_id = released.lost_response("released")
+        op_id = released.in_review("released")
         view = released.show(op_id)
         assert "releases a key" in view.consequences.retry
         with pytest.raises(RetryNeedsAcknowledgement, match="accept-risk"):
@@ -241,11 +175,11 @@ def test_a_key_that_no_longer_protects_is_kept_once_the_risk_is_accepted(
         (action,) = released.ledger.reviews.audit(op_id, tenant="acme")
         assert action.risk_acknowledged is True and action.new_key is None
     finally:
-        released.adapter.close()
+        released.close()
 
 
 def test_a_same_key_retry_within_retention_needs_no_acknowledgement(desk: Desk) -> None:
-    op_id = desk.lost_response("keyed")
+    op_id = desk.in_review("keyed")
     desk.show(op_id)
     desk.resolve(op_id, "retry")
     (action,) = desk.ledger.reviews.audit(op_id, tenant="acme")
@@ -269,7 +203,7 @@ LOOKALIKE_OPERATORS = {
 
 @pytest.mark.parametrize("name", LOOKALIKE_OPERATORS.values(), ids=LOOKALIKE_OPERATORS.keys())
 def test_operator_names_must_be_visible_and_printable(desk: Desk, name: str) -> None:
-    op_id = desk.lost_response("names")
+    op_id = desk.in_review("names")
     with pytest.raises(InvalidIdentifier):
         desk.show(op_id, operator=name)
     desk.show(op_id)
@@ -279,7 +213,7 @@ def test_operator_names_must_be_visible_and_printable(desk: Desk, name: str) -> 
 
 
 def test_operator_names_in_nfd_are_the_same_operator(desk: Desk) -> None:
-    op_id = desk.lost_response("nfd")
+    op_id = desk.in_review("nfd")
     desk.show(op_id, operator="Jos\u00e9")  # NFC
     assert desk.resolve(op_id, "cancel", operator="Jose\u0301").status is Status.CANCELLED
     (action,) = desk.ledger.reviews.audit(op_id, tenant="acme")
@@ -304,9 +238,9 @@ def test_the_cli_refuses_an_unacknowledged_smtp_retry(
     op = prepare_op(mail, "mail", **smtp_mail("Case closed", "done"))
     sandbox.fault("smtp", "drop_after_data", key=message_id_for(op))
     steps.dispatch(mail, registry, op.id, owner="w1", lease=LEASE)
-    deadline = mail.history(op.id).attempts[0].deadline_at
-    time.sleep(max(0.0, deadline.timestamp() - time.time()) + 0.05)
-    assert steps.reconcile(mail, registry, op.id, owner="w2", lease=LEASE).action == "review"
+    past = past_deadlines(mail, op.id)
+    reconciled = steps.reconcile(mail, registry, op.id, owner="w2", lease=LEASE, now=past)
+    assert reconciled.action == "review"
 
     monkeypatch.setenv("OPLEDGER_DATABASE_URL", database_url)
     monkeypatch.setenv("OPLEDGER_SMTP_HOST", sandbox.smtp_host)

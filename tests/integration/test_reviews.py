@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from sqlalchemy import text
 from typer.testing import CliRunner
 
-from opledger.adapters.crm import CrmAdapter, crm_contract
-from opledger.adapters.registry import Registry
 from opledger.cli.main import app as cli
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import (
@@ -25,68 +21,8 @@ from opledger.ledger import (
     StaleView,
     Status,
 )
-from opledger.ledger.decide import Dispatch, ReviewPolicy
-from opledger.tasks import steps
-
-LEASE = timedelta(seconds=5)
-
-
-class Desk:
-    """A CRM without lookups, so a lost response ends in review; and a reviewer's desk."""
-
-    def __init__(self, ledger: Ledger, sandbox: Sandbox, retention: timedelta) -> None:
-        self.sandbox = sandbox
-        contract = crm_contract(
-            lookup="none",
-            request_timeout=timedelta(seconds=0.5),
-            max_in_flight=timedelta(seconds=1),
-            retention=retention,
-            retention_margin=timedelta(0),
-        )
-        self.adapter = CrmAdapter(sandbox.http_url, account="acme", contract=contract)
-        self.registry = Registry([self.adapter])
-        self.ledger = Ledger(ledger.engine, actions=self.registry)
-        for tenant in ("acme", "globex"):
-            self.ledger.grant(tenant=tenant, scope=["crm.*"], granted_by="t", ref=f"auth_{tenant}")
-
-    def in_review(self, tenant: str = "acme", key: str = "close") -> str:
-        """An operation whose response was lost, after a review was opened for it."""
-        op = self.ledger.prepare(
-            tenant=tenant,
-            workflow_id="onboarding-42",
-            intent_key=key,
-            action="crm.close_case.v1",
-            target=f"case-{key}",
-            payload={"note": "resolved"},
-            authorization_ref=f"auth_{tenant}",
-        )
-        op_id = op.id
-        self.sandbox.fault("crm", "drop_after_commit", key=op.idempotency_key)
-        steps.dispatch(self.ledger, self.registry, op_id, owner="w1", lease=LEASE)
-        self.after_deadline(op_id)
-        result = self.reconcile(op_id, policy=ReviewPolicy(after_attempts=1))
-        assert result.action == "review", result
-        return op_id
-
-    def reconcile(self, op_id: str, **kw: Any) -> steps.StepResult:
-        return steps.reconcile(self.ledger, self.registry, op_id, owner="w2", lease=LEASE, **kw)
-
-    def after_deadline(self, op_id: str) -> None:
-        deadline = max(a.deadline_at for a in self.ledger.history(op_id).attempts)
-        time.sleep(max(0.0, deadline.timestamp() - time.time()) + 0.05)
-
-
-@pytest.fixture
-def desk(ledger: Ledger, sandbox: Sandbox) -> Iterator[Desk]:
-    d = Desk(ledger, sandbox, retention=timedelta(hours=24))
-    yield d
-    d.adapter.close()
-
-
-def resolve(desk: Desk, op_id: str, how: str, **kw: Any) -> Any:
-    return desk.ledger.reviews.resolve(
-        op_id, tenant="acme", operator="alice", resolution=how, note=f"checked: {how}", **kw
-    )
+from opledger.ledger.decide import Dispatch
+from tests.desks import Desk
 
 
 def test_a_review_opens_with_attempts_evidence_and_consequences(desk: Desk) -> None:
@@ -111,7 +47,7 @@ def test_a_review_opens_with_attempts_evidence_and_consequences(desk: Desk) -> N
 def test_settling_resolutions(desk: Desk, how: str, status: Status) -> None:
     op_id = desk.in_review()
     desk.ledger.reviews.show(op_id, tenant="acme", operator="alice")
-    after = resolve(desk, op_id, how, evidence="saw it in the CRM UI")
+    after = desk.resolve(op_id, how, note=f"checked: {how}", evidence="saw it in the CRM UI")
     assert after.status is status
     history = desk.ledger.history(op_id)
     assert history.reviews[-1].resolution == how and history.reviews[-1].resolved_by == "alice"
@@ -128,7 +64,7 @@ def test_settling_resolutions(desk: Desk, how: str, status: Status) -> None:
 def test_retry_with_the_same_key_is_sent_once_and_marked_operator_authorized(desk: Desk) -> None:
     op_id = desk.in_review()
     desk.ledger.reviews.show(op_id, tenant="acme", operator="alice")
-    after = resolve(desk, op_id, "retry")
+    after = desk.resolve(op_id, "retry")
     assert after.status is Status.UNKNOWN and after.operator_retry_by == "alice"
     result = desk.reconcile(op_id)
     assert isinstance(result.decision, Dispatch)
@@ -145,15 +81,15 @@ def test_retry_past_the_key_retention_needs_a_new_key(ledger: Ledger, sandbox: S
     try:
         sandbox.configure(retention_s=2.0)
         op_id = desk.in_review()
-        time.sleep(2.0)
+        time.sleep(2.0)  # the key's retention passes in real time, as the rules measure it
         desk.ledger.reviews.show(op_id, tenant="acme", operator="alice")
         with pytest.raises(RetryNeedsNewKey, match="keeps keys 2 s"):
-            resolve(desk, op_id, "retry")
+            desk.resolve(op_id, "retry")
         before = desk.ledger.get(op_id)
         assert before.operator_retry_by is None
         key = before.idempotency_key
         assert key.startswith("opk_")
-        after = resolve(desk, op_id, "retry", new_key=True)
+        after = desk.resolve(op_id, "retry", new_key=True)
         assert after.idempotency_key == f"{key}.k2"
         desk.reconcile(op_id)
         history = desk.ledger.history(op_id)
@@ -168,29 +104,29 @@ def test_retry_past_the_key_retention_needs_a_new_key(ledger: Ledger, sandbox: S
         assert desk.sandbox.effects(f"crm:{key}") == 1
         assert desk.sandbox.effects(f"crm:{key}.k2") == 0  # the retry applied nothing
     finally:
-        desk.adapter.close()
+        desk.close()
 
 
 def test_resolving_twice_is_refused(desk: Desk) -> None:
     op_id = desk.in_review()
     desk.ledger.reviews.show(op_id, tenant="acme", operator="alice")
-    resolve(desk, op_id, "confirmed")
+    desk.resolve(op_id, "confirmed")
     with pytest.raises(ReviewAlreadyResolved, match="already resolved as confirmed by alice"):
-        resolve(desk, op_id, "rejected")
+        desk.resolve(op_id, "rejected")
     assert desk.ledger.get(op_id).status is Status.CONFIRMED
 
 
 def test_a_stale_view_or_no_view_is_refused(desk: Desk) -> None:
     op_id = desk.in_review()
     with pytest.raises(StaleView, match="review show"):
-        resolve(desk, op_id, "confirmed")  # never shown
+        desk.resolve(op_id, "confirmed")  # never shown
     desk.ledger.reviews.show(op_id, tenant="acme", operator="alice")
     desk.ledger.record_evidence(op_id, source="lookup", verdict="inconclusive")
     with pytest.raises(StaleView, match="changed since it was shown"):
-        resolve(desk, op_id, "confirmed")
+        desk.resolve(op_id, "confirmed")
     assert desk.ledger.get(op_id).status is Status.UNKNOWN
     desk.ledger.reviews.show(op_id, tenant="acme", operator="alice")
-    assert resolve(desk, op_id, "confirmed").status is Status.CONFIRMED
+    assert desk.resolve(op_id, "confirmed").status is Status.CONFIRMED
 
 
 def test_another_tenant_cannot_list_see_or_resolve(desk: Desk) -> None:
@@ -199,7 +135,7 @@ def test_another_tenant_cannot_list_see_or_resolve(desk: Desk) -> None:
     with pytest.raises(ReviewNotFound):
         desk.ledger.reviews.show(theirs, tenant="acme", operator="alice")
     with pytest.raises(ReviewNotFound):
-        resolve(desk, theirs, "cancel")
+        desk.resolve(theirs, "cancel")
     assert desk.ledger.reviews.audit(theirs, tenant="acme") == ()
     assert desk.ledger.get(theirs).status is Status.UNKNOWN
     assert [r.op_id for r in desk.ledger.reviews.list(tenant="globex")] == [theirs]
