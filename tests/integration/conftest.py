@@ -6,11 +6,13 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
+from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.adapters.webhook import WebhookAdapter, webhook_contract
 from opledger.cli.main import app
 from opledger.dev.processes import unconfigured_environ
@@ -98,3 +100,18 @@ def desk(ledger: Ledger, sandbox: Sandbox) -> Iterator[Desk]:
     yield made
     made.close()
 
+
+@pytest.fixture
+def crms(sandbox: Sandbox) -> Iterator[Callable[..., CrmAdapter]]:
+    """Real CRM adapters on the sandbox: `crms(**facts)` is one on `crm_contract(**facts)`,
+    for account acme unless `account=` says otherwise; each is closed after the test."""
+    opened: list[CrmAdapter] = []
+
+    def make(*, account: str = "acme", **facts: Any) -> CrmAdapter:
+        adapter = CrmAdapter(sandbox.http_url, account=account, contract=crm_contract(**facts))
+        opened.append(adapter)
+        return adapter
+
+    yield make
+    for adapter in opened:
+        adapter.close()

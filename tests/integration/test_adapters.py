@@ -53,10 +53,8 @@ def closing() -> Iterator[Callable[[A], A]]:
 
 
 @pytest.fixture
-def crm(sandbox: Sandbox, closing: Callable[[CrmAdapter], CrmAdapter]) -> CrmAdapter:
-    return closing(
-        CrmAdapter(sandbox.http_url, account="acme", contract=crm_contract(request_timeout=S))
-    )
+def crm(crms: Callable[..., CrmAdapter]) -> CrmAdapter:
+    return crms(request_timeout=S)
 
 
 @pytest.fixture
@@ -157,21 +155,15 @@ def test_crm_definitive_refusals_are_rejections(
     assert isinstance(outcome, Rejected) and outcome.code == "case_already_closed"
 
 
-def test_crm_status_api_and_search(ledger: Ledger, sandbox: Sandbox, closing: Any) -> None:
+def test_crm_status_api_and_search(
+    ledger: Ledger, sandbox: Sandbox, crms: Callable[..., CrmAdapter]
+) -> None:
     claim = claim_for(ledger, "crm.update_case.v1", "case-5", {"fields": {"tier": "gold"}})
-    status = closing(
-        CrmAdapter(sandbox.http_url, account="acme", contract=crm_contract(request_timeout=S))
-    )
+    status = crms(request_timeout=S)
     assert status.lookup(claim.operation, []).verdict == "absent"
     sandbox.configure(search_lag_s=1.0)
     assert isinstance(status.dispatch(claim), Confirmed)
-    search = closing(
-        CrmAdapter(
-            sandbox.http_url,
-            account="acme",
-            contract=crm_contract(request_timeout=S, lookup="search"),
-        )
-    )
+    search = crms(request_timeout=S, lookup="search")
     assert search.lookup(claim.operation, []).verdict == "inconclusive"  # not visible yet
     time.sleep(1.1)
     assert search.lookup(claim.operation, []).verdict == "confirmed"

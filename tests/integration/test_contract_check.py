@@ -3,7 +3,7 @@ for each way a real provider differs, the fact it gets wrong."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -22,10 +22,8 @@ from opledger.settings import get_settings
 
 
 @pytest.fixture
-def crm(sandbox: Sandbox) -> Iterator[CrmAdapter]:
-    adapter = CrmAdapter(sandbox.http_url, account="checked", contract=crm_contract())
-    yield adapter
-    adapter.close()
+def crm(crms: Callable[..., CrmAdapter]) -> CrmAdapter:
+    return crms(account="checked")
 
 
 def _verdicts(sandbox: Sandbox, adapter: CrmAdapter) -> dict[str, str]:
@@ -77,17 +75,15 @@ def test_each_way_a_provider_differs_is_reported(
 
 
 def test_a_contract_declaring_what_the_provider_does_agrees_again(
-    sandbox: Sandbox, sandbox_server: Sandbox
+    sandbox: Sandbox, crms: Callable[..., CrmAdapter]
 ) -> None:
     sandbox.configure(
         account="honest", replay_errors=False, keys_durable=False, payload_check=False
     )
-    contract = crm_contract(after_error="key_released", keys_durable=False, payload_checked=False)
-    adapter = CrmAdapter(sandbox.http_url, account="honest", contract=contract)
-    try:
-        verdicts = _verdicts(sandbox, adapter)
-    finally:
-        adapter.close()
+    adapter = crms(
+        account="honest", after_error="key_released", keys_durable=False, payload_checked=False
+    )
+    verdicts = _verdicts(sandbox, adapter)
     assert set(verdicts.values()) == {"agrees"}, verdicts
 
 
@@ -141,17 +137,12 @@ def test_the_email_adapter_checks_clean_against_the_sandbox(sandbox: Sandbox) ->
     assert verdicts["idempotency"] == verdicts["payload_checked"] == "agrees"
 
 
-def test_the_lookup_is_probed_found_binding_and_absent(sandbox: Sandbox) -> None:
+def test_the_lookup_is_probed_found_binding_and_absent(
+    sandbox: Sandbox, crms: Callable[..., CrmAdapter]
+) -> None:
     sandbox.configure(account="looked", search_lag_s=0.5)
-    search = CrmAdapter(
-        sandbox.http_url,
-        account="looked",
-        contract=crm_contract(lookup="search", search_lag=timedelta(seconds=1)),
-    )
-    try:
-        findings = {f.fact: f for f in check_contract(search, search.contract_probe)}
-    finally:
-        search.close()
+    search = crms(account="looked", lookup="search", search_lag=timedelta(seconds=1))
+    findings = {f.fact: f for f in check_contract(search, search.contract_probe)}
     # a lagging search finds the request once it caught up, bound by our key and body
     assert findings["lookup"].verdict == "agrees", findings
     assert findings["lookup_binds"].verdict == "agrees", findings
@@ -159,16 +150,14 @@ def test_the_lookup_is_probed_found_binding_and_absent(sandbox: Sandbox) -> None
     assert findings["lookup_absent"].verdict == "agrees"
 
 
-def test_a_lookup_that_cannot_bind_our_body_disagrees(sandbox: Sandbox) -> None:
+def test_a_lookup_that_cannot_bind_our_body_disagrees(
+    sandbox: Sandbox, crms: Callable[..., CrmAdapter]
+) -> None:
     """A status API by key at a provider that neither checks nor names the body: what it
     finds may be someone else's request under our key, so it can never confirm ours."""
     sandbox.configure(account="unbound", payload_check=False, echo_digest=False)
-    contract = crm_contract(payload_checked=False, response_binds="nothing")
-    adapter = CrmAdapter(sandbox.http_url, account="unbound", contract=contract)
-    try:
-        findings = {f.fact: f for f in check_contract(adapter, adapter.contract_probe)}
-    finally:
-        adapter.close()
+    adapter = crms(account="unbound", payload_checked=False, response_binds="nothing")
+    findings = {f.fact: f for f in check_contract(adapter, adapter.contract_probe)}
     assert findings["lookup"].verdict == "agrees"
     assert findings["lookup_binds"].verdict == "disagrees", findings
     assert "not enough to confirm" in findings["lookup_binds"].observed

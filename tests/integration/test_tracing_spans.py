@@ -4,7 +4,7 @@ nothing global changes). An unknown outcome is not an error; an adapter that rai
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
@@ -42,15 +42,12 @@ def spans() -> Iterator[InMemorySpanExporter]:
 
 
 @pytest.fixture
-def crm(sandbox: Sandbox) -> Iterator[CrmAdapter]:
-    contract = crm_contract(
+def crm(crms: Callable[..., CrmAdapter]) -> CrmAdapter:
+    return crms(
         request_timeout=timedelta(seconds=0.5),
         max_in_flight=timedelta(seconds=0.6),
         lookup_interval=timedelta(seconds=0.2),
     )
-    adapter = CrmAdapter(sandbox.http_url, account="acme", contract=contract)
-    yield adapter
-    adapter.close()
 
 
 def _ledger(ledger: Ledger, adapter: CrmAdapter) -> tuple[Ledger, Registry]:
