@@ -32,11 +32,12 @@ docs: $(STAMP)
 wheel: $(STAMP)
 	$(BIN)/python scripts/check_wheel.py
 
-# Two pytest processes (pytest-xdist): the system tests in one, around their shared stack of
-# real processes, the unit and integration tests in the other (tests/conftest.py).
-TEST_JOBS ?= 2
+# Three pytest processes (pytest-xdist), each taking whole test files as it frees up: the
+# longest first, and every process that takes system tests runs a stack of real processes
+# of its own (tests/conftest.py).
+TEST_JOBS ?= 3
 test: lint typecheck contracts
-	$(BIN)/pytest -n $(TEST_JOBS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_JOBS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Mutation testing of the retry decision, canonical payloads and the adapters' error mapping
 # against the fast unit tests (config: [tool.mutmut] in pyproject.toml); always a fresh run.

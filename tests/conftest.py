@@ -60,15 +60,26 @@ def require_rabbitmq() -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """For `pytest -n 2 --dist loadgroup` (`make test`): the system tests run in one worker
-    process, around the one stack of real processes they share, and the unit and
-    integration tests in the other, together with the system tests that bring every process
-    of their own (`own_processes`: the demo, chaos and bench runs; collected between the
-    integration and the unit tests), so the two take about as long. Each process has its
-    own database and services."""
-    for item in items:
-        shared = item.get_closest_marker("system") and not item.get_closest_marker("own_processes")
-        item.add_marker(pytest.mark.xdist_group("system" if shared else "fast"))
+    """For `pytest -n 3 --dist loadscope --no-loadscope-reorder` (`make test`): each test file
+    runs whole in one pytest worker process, so a system test file's tests share the stack
+    of real processes they need, and every worker that takes system files has a stack of its
+    own (its own database, broker, providers, Celery worker and beat:
+    `tests/system/conftest.py`). The files are handed out in this order as workers free up:
+    the system tests that bring every process of their own (`own_processes`: the demo,
+    chaos, bench and failover runs), the other system tests, the integration tests, then
+    the unit tests, so the longest files start early and the short ones fill in at the end.
+
+    (pytest-xdist's `loadgroup` would group by `xdist_group` marks, but on pytest 9 its
+    renamed node ids no longer reach the scheduler: every test went its own way.)"""
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("own_processes"):
+            return 0
+        if item.get_closest_marker("system"):
+            return 1
+        return 2 if item.nodeid.startswith("tests/integration/") else 3
+
+    items.sort(key=rank)  # stable: each file's tests stay together and in their order
 
 
 #: the ledger's own identity (its key namespace, its epochs), made by the migration and kept:
