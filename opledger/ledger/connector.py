@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
@@ -243,18 +244,11 @@ class _HotConnections:
         self.engine = engine
         self.keep = keep
         self._idle: deque[_Held] = deque()
-        # `engine.dispose()` closes these too, as it closes the pool's. The listener holds
-        # this object weakly, and goes when it goes: a ledger that is dropped without being
-        # disposed still lets go of its connections (the finalizer), as its pool does.
-        this = weakref.ref(self)
-
-        def disposed(_engine: Engine) -> None:
-            hot = this()
-            if hot is not None:
-                hot.drop()
-
-        event.listen(engine, "engine_disposed", disposed)
-        weakref.finalize(self, _finalize, self._idle, engine, disposed)
+        # `engine.dispose()` closes these too, as it closes the pool's (`_dispose_hot`); a
+        # ledger that is dropped without being disposed still lets go of its connections
+        # (the finalizer), as its pool does
+        _watch(engine, self)
+        weakref.finalize(self, _close_idle, self._idle)
 
     def take(self) -> _Held:
         while self._idle:
@@ -308,10 +302,30 @@ def _close_idle(idle: Iterable[_Held]) -> None:
             held.conn.close()
 
 
-def _finalize(idle: Iterable[_Held], engine: Engine, listener: Any) -> None:
-    _close_idle(idle)
-    with contextlib.suppress(Exception):
-        event.remove(engine, "engine_disposed", listener)
+#: each engine's hot connections, held weakly: one `engine_disposed` listener per engine
+#: drops them all. (A listener per connector, removed by its finalizer, could be removed
+#: while SQLAlchemy was calling the engine's listeners: a garbage collection during
+#: `engine.dispose()` then failed it with "deque mutated during iteration".)
+_HOT: weakref.WeakKeyDictionary[Engine, weakref.WeakSet[_HotConnections]] = (
+    weakref.WeakKeyDictionary()
+)
+_HOT_LOCK = threading.Lock()
+
+
+def _watch(engine: Engine, hot: _HotConnections) -> None:
+    with _HOT_LOCK:
+        watched = _HOT.get(engine)
+        if watched is None:
+            watched = _HOT[engine] = weakref.WeakSet()
+            event.listen(engine, "engine_disposed", _dispose_hot)
+        watched.add(hot)
+
+
+def _dispose_hot(engine: Engine) -> None:
+    with _HOT_LOCK:
+        watched = list(_HOT.get(engine, ()))
+    for hot in watched:
+        hot.drop()
 
 
 #: connections a forked child inherited from its parent: never used, never closed

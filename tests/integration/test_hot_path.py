@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -150,4 +151,36 @@ def test_a_ledger_dropped_without_dispose_lets_go_of_its_connections(
         assert _confirm(dropped, prepare(dropped, f"dropped-{n}")) is Status.CONFIRMED
         del dropped, engine
     gc.collect()
+    assert _hot_backends(database_url, expect=0) == []
+
+
+def test_a_ledger_collected_while_its_engine_is_disposed_fails_nothing(
+    database_url: str, grant: str
+) -> None:
+    """`engine.dispose()` drops every ledger's hot connections through one listener of the
+    engine's, so a ledger collected while the engine calls its listeners removes nothing
+    from under it (a listener per ledger, removed by its finalizer, once failed a dispose
+    with "deque mutated during iteration")."""
+    import gc
+
+    from sqlalchemy import event
+
+    engine = create_engine(
+        sqlalchemy_url(database_url), pool_size=1, connect_args={"application_name": APP}
+    )
+    kept = Ledger(engine)
+    assert _confirm(kept, prepare(kept, "kept")) is Status.CONFIRMED
+    gc.disable()
+    try:
+        for n in range(5):  # ledgers dropped on the same engine, freed only by a collection
+            dropped: Any = Ledger(engine)
+            assert _confirm(dropped, prepare(dropped, f"dropped-{n}")) is Status.CONFIRMED
+            dropped.cycle = dropped
+            del dropped
+        # a collection while the engine calls its dispose listeners
+        event.listen(engine, "engine_disposed", lambda _engine: gc.collect(), insert=True)
+        engine.dispose()
+    finally:
+        gc.enable()
+    assert len(engine.dispatch.engine_disposed) == 2  # ours, and the ledgers' one
     assert _hot_backends(database_url, expect=0) == []
