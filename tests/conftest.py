@@ -23,7 +23,8 @@ from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger
 from opledger.ledger.migrate import ledger_tables, upgrade
 from opledger.ledger.pgschema import SCHEMA_VARIABLE
-from tests import reaper
+from tests import reaper, stacks
+from tests.cpuprofile import pytest_runtest_protocol  # noqa: F401 - OPLEDGER_TEST_CPU
 
 #: The suite runs the ledger in a schema that is not the default one (`opledger`), so a
 #: statement or a process that forgets the setting fails here instead of in a user's
@@ -45,6 +46,12 @@ def pytest_configure(config: pytest.Config) -> None:
     """Every process this pytest process starts ends with it, however it ends (SIGTERM,
     SIGKILL, a crash: `tests.reaper`)."""
     reaper.install()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """No system stack runs under a test that is not a system test (`tests.stacks`)."""
+    if not item.get_closest_marker("system"):
+        stacks.stop_all()
 
 
 def require_rabbitmq() -> None:

@@ -72,6 +72,9 @@ class Reaper:
         )
         os.close(read)
         self._pid = os.getpid()
+        #: the children written down, and those of them that lead a group of their own
+        self.children: set[int] = set()
+        self.groups: set[int] = set()
 
     def watch(self, pid: int, *, group: bool) -> None:
         if os.getpid() != self._pid:
@@ -79,6 +82,9 @@ class Reaper:
         start = _start_time(pid)
         if start is not None:
             os.write(self._write, f"{pid} {start} {int(group)}\n".encode())
+            self.children.add(pid)
+            if group:
+                self.groups.add(pid)
 
     @property
     def pid(self) -> int:
@@ -86,6 +92,11 @@ class Reaper:
 
 
 _installed: Reaper | None = None
+
+
+def installed() -> Reaper | None:
+    """This process's reaper, if `install` started one."""
+    return _installed
 
 
 def install() -> Reaper:

@@ -36,6 +36,7 @@ from opledger.dev.processes import (
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.settings import Settings
+from tests import stacks
 from tests.conftest import require_rabbitmq
 
 
@@ -68,7 +69,9 @@ def stack(
     from opledger.tasks.app import app
 
     app.conf.broker_url = private_redis.url  # this process publishes to the private broker
-    stack = Stack(stack_env(database_url, private_redis.url, sandbox_server, workdir), workdir)
+    stack = stacks.keep(
+        Stack(stack_env(database_url, private_redis.url, sandbox_server, workdir), workdir)
+    )
     try:
         yield stack
     finally:
@@ -92,7 +95,7 @@ def rabbit_stack(
     database_url: str, rabbit_vhost: PrivateVhost, sandbox_server: Sandbox, workdir: Path
 ) -> Iterator[Stack]:
     env = stack_env(database_url, rabbit_vhost.url, sandbox_server, workdir)
-    stack = Stack(env, workdir, name="rabbitmq")
+    stack = stacks.keep(Stack(env, workdir, name="rabbitmq"))
     try:
         yield stack
     finally:
