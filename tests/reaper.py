@@ -99,13 +99,12 @@ def installed() -> Reaper | None:
     return _installed
 
 
-def install() -> Reaper:
-    """Start this process's reaper and have every `subprocess.Popen` child written down."""
+def install() -> Reaper | None:
+    """Start this process's reaper and have every `subprocess.Popen` child written down.
+    Without /proc (not Linux) there are no start times to tell a reused pid by: no reaper."""
     global _installed
-    if _installed is not None:
+    if _installed is not None or not os.path.isdir("/proc"):
         return _installed
-    if not os.path.isdir("/proc"):  # no start times to tell reused pids by: do nothing
-        raise RuntimeError("the reaper needs /proc")
     reaper = _installed = Reaper()
     original = subprocess.Popen._execute_child  # type: ignore[attr-defined]
 
