@@ -282,7 +282,7 @@ assert ledger.get(op.id).status is Status.PREPARED
 """
 
 BLOCKS: dict[str, Verdict] = {
-    "b1b20414b9": Shell(
+    "f1f8ed91d9": Shell(
         "make demo    # creates .venv",
         covered={
             "make demo": (DEMO_TEST,),

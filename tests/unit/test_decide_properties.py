@@ -29,6 +29,7 @@ from opledger.ledger import (
 from opledger.ledger.contract import Contract
 from opledger.ledger.decide import Confirm, Decision, Dispatch, HoldUnknown, Reject, Wait, decide
 from opledger.ledger.evidence import admit, replayed_answer
+from tests.depth import examples
 
 from .histories import DIGEST, KEY, OP_ID, T0, attempt, claim, evidence, grant, operation
 
@@ -238,7 +239,7 @@ def _reached(
     return [a for a in attempts if a.n not in skipped]
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(histories())
 def test_the_decision_keeps_every_rule(history: History) -> None:  # noqa: C901
     contract, op, attempts, evidence_items, auth, now = history
@@ -414,7 +415,7 @@ def unread_histories(
     return contract, operation(), attempts, evidence_items, now
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(unread_histories())
 def test_a_same_key_retry_only_where_the_key_protects_it(history: UnreadHistory) -> None:
     contract, op, attempts, evidence_items, now = history
@@ -466,7 +467,7 @@ def answers(draw: st.DrawFn) -> tuple[Contract, Claim, Outcome]:
     return contract, claim(n), outcome
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(answers())
 def test_a_replayed_answer_stays_marked_whatever_it_is_admitted_as(
     answer: tuple[Contract, Claim, Outcome],
