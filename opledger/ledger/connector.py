@@ -62,7 +62,14 @@ _TRIGGER_ERRORS: dict[str, type[LedgerError]] = {
 #: target_session_attrs=read-write)
 _TRANSIENT_STATES = frozenset({"40001", "40P01", "57P01", "57P02", "57P03", "53300", "25006"})
 #: what a server that refuses a connection says when it is only restarting or busy
-_TRANSIENT_FATAL = ("starting up", "shutting down", "too many", "recovery mode", "terminating")
+_TRANSIENT_FATAL = (
+    "starting up",
+    "shutting down",
+    "too many",
+    "recovery mode",
+    "terminating",
+    "not yet accepting connections",  # a standby being promoted, before it is consistent
+)
 #: undefined table, column or function: the schema is not (fully) migrated
 _SCHEMA_STATES = frozenset({"42P01", "42703", "42883", "42704"})
 
@@ -439,7 +446,9 @@ class Connector:
         sql = psycopg_sql(statement)
         try:
             held = self._hot.take()
-        except psycopg.Error as exc:  # no connection to be had (refused, restarting...)
+        # no connection to be had (refused, restarting, a standby not yet promoted): the
+        # engine's connect raises SQLAlchemy's error, a kept connection psycopg's
+        except (psycopg.Error, DBAPIError) as exc:
             raise raised(exc) from frameless(exc)
         conn = held.conn
         try:
