@@ -40,6 +40,7 @@ from opledger.ledger.evidence import (
     SERVER_ERROR,
     THROTTLED,
     UNCODED_REFUSAL,
+    unreached,
 )
 from opledger.ledger.models import Record, Rejected, Verdict
 
@@ -80,6 +81,7 @@ __all__ = [
     "retry_after_seconds",
     "sending",
     "throttled_outcome",
+    "unreached",
 ]
 
 
@@ -198,11 +200,7 @@ def outcome_for_http_error(exc: Exception) -> Ambiguous:
             detail={"why": POOL_TIMEOUT},
         )
     if isinstance(exc, httpx.ConnectTimeout | httpx.ConnectError):
-        return Ambiguous(
-            code=NOT_SENT,
-            reason=f"no connection, nothing sent: {type(exc).__name__}: {exc}"[:500],
-            detail={"why": NO_CONNECTION},
-        )
+        return unreached(f"no connection, nothing sent: {type(exc).__name__}: {exc}")
     if isinstance(exc, httpx.TimeoutException):
         code = "timeout"
     elif isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):

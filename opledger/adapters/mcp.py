@@ -58,11 +58,11 @@ from opledger.settings import Settings
 
 from .base import (
     INCONCLUSIVE,
-    NOT_SENT,
     Contract,
     Idempotency,
     Lookup,
     LookupResult,
+    unreached,
 )
 
 if TYPE_CHECKING:
@@ -218,7 +218,7 @@ class McpToolAdapter:
                 raise
             reason = f"{type(exc).__name__}: {exc}"[:500]
             if not sent[0]:  # connecting or initializing failed: no tools/call left us
-                return Ambiguous(code=NOT_SENT, reason=reason, detail={"why": "not_connected"})
+                return unreached(f"the upstream was not reached, nothing sent: {reason}")
             return Ambiguous(code=NO_ANSWER, reason=reason)
 
     async def _call(self, claim: Claim, sent: list[bool]) -> Outcome:

@@ -37,7 +37,6 @@ from opledger.ledger import (
 from .base import (
     CONFIRMED,
     INCONCLUSIVE,
-    NO_CONNECTION,
     NOT_SENT,
     THROTTLED,
     Contract,
@@ -45,6 +44,7 @@ from .base import (
     Limits,
     Lookup,
     LookupResult,
+    unreached,
 )
 from .email import EMAIL_SCHEMA
 from .imap import DIGEST_HEADER, SentFolder
@@ -187,11 +187,7 @@ def outcome_for_smtp_connect_error(exc: Exception) -> Outcome:
     `SMTPException`, which is mapped as before.
     """
     if isinstance(exc, OSError) and not isinstance(exc, smtplib.SMTPException):
-        return Ambiguous(
-            code=NOT_SENT,
-            reason=f"no connection, nothing sent: {type(exc).__name__}: {exc}"[:500],
-            detail={"why": NO_CONNECTION},
-        )
+        return unreached(f"no connection, nothing sent: {type(exc).__name__}: {exc}")
     return outcome_for_smtp_error(exc, message_sent=False)
 
 

@@ -39,8 +39,12 @@ NOT_SENT = "not_sent"  #: provably nothing reached the provider (refused connect
 #: code); `detail["retry_after_s"]` says how long it asked us to wait
 THROTTLED = "throttled"
 #: `detail["why"]` of a NOT_SENT attempt whose connection was never made (refused, timed
-#: out while connecting): a fact about the provider, which its breaker counts
+#: out while connecting): a fact about the provider, which its breaker counts. Adapters say
+#: it with `unreached`, and the rules read it with `never_reached`.
 NO_CONNECTION = "no_connection"
+#: what an earlier release recorded for an MCP upstream it could not connect to: the same
+#: fact, read as NO_CONNECTION (ledgers keep their evidence)
+_NOT_CONNECTED = "not_connected"
 #: an attempt the ledger may have forgotten: a switch (a failover to a standby that was
 #: behind, a restore) took back what it knew after the operation's last change it kept
 #: (`opledger.ledger.switches`); it may have been sent, under the operation's key
@@ -274,8 +278,29 @@ def own_unsent(evidence: Sequence[Evidence]) -> int:
         if ev.source == DISPATCH
         and ev.attempt_n is not None
         and _code(ev) == NOT_SENT
-        and ev.detail.get("why") not in (NO_CONNECTION, "no_adapter")
+        and not never_reached(ev)
+        and ev.detail.get("why") != "no_adapter"
     )
+
+
+def unreached(reason: str, **detail: Any) -> Ambiguous:
+    """The outcome of an attempt that never reached the provider: no connection was made,
+    or the session failed before the effect's request could leave (refused, unreachable,
+    timed out while connecting, a handshake that failed). It is the provider's state, not
+    the operation's: the attempt is sent again, its breaker counts it and pauses the
+    provider, and it neither counts toward `max_attempts` nor asks a person. Every adapter
+    says it this way, so an outage reads the same whatever the transport."""
+    return Ambiguous(code=NOT_SENT, reason=reason[:500], detail={**detail, "why": NO_CONNECTION})
+
+
+def never_reached(outcome: Outcome | Evidence) -> bool:
+    """`outcome` (or an attempt's recorded evidence) says its attempt never reached the
+    provider (`unreached`)."""
+    if isinstance(outcome, Evidence):
+        code = _code(outcome)
+    else:
+        code = outcome.code if isinstance(outcome, Ambiguous) else ""
+    return code == NOT_SENT and outcome.detail.get("why") in (NO_CONNECTION, _NOT_CONNECTED)
 
 
 def asked_wait(detail: Mapping[str, Any], limits: Limits) -> timedelta:

@@ -30,7 +30,6 @@ from .evidence import (
     IDEMPOTENCY_MISMATCH,
     IN_FLIGHT,
     KEY_POISONED,
-    NO_CONNECTION,
     NOT_SENT,
     SERVER_ERROR,
     STATE_CONFLICT,
@@ -38,6 +37,7 @@ from .evidence import (
     UNBOUND_RESPONSE,
     UNCODED_REFUSAL,
     asked_wait,
+    never_reached,
 )
 from .models import Ambiguous, Outcome
 
@@ -85,7 +85,7 @@ def pressure_of(outcome: Outcome, limits: Limits) -> Pressure:
             reason=f"the provider asked to wait {wait.total_seconds():g} s ({said})",
         )
     if code == NOT_SENT:
-        if outcome.detail.get("why") == NO_CONNECTION:
+        if never_reached(outcome):
             return Pressure(
                 "refused",
                 release=True,
