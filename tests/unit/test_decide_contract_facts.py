@@ -132,6 +132,32 @@ def test_a_conflicting_state_after_an_earlier_attempt_is_our_own_effect() -> Non
     assert isinstance(first, Rejected) and first.code == "case_already_closed"
 
 
+def test_a_refusal_replayed_under_our_key_is_the_first_requests_own_refusal() -> None:
+    """The same key sent again got the answer stored for the first request that carried it
+    (Stripe's `Idempotent-Replayed: true`): that request was refused, nothing applied."""
+    replay = Rejected(
+        code="http_400",
+        reason="refused",
+        conflicting_state=True,
+        detail={"status": 400, "replayed": True},
+    )
+    second = admit(keyed(), claim(2), replay)
+    assert isinstance(second, Rejected) and not second.conflicting_state
+    assert second.detail["replayed"] is True
+    # a fresh refusal (not replayed) after an attempt that may have applied stays ambiguous
+    fresh = replay.model_copy(update={"detail": {"status": 400, "replayed": False}})
+    assert admit(keyed(), claim(2), fresh).code == STATE_CONFLICT
+    # and so does a replay from a provider that does not check the body under a key: it
+    # may be someone else's request's answer
+    loose = admit(keyed(payload_checked=False), claim(2), replay)
+    assert isinstance(loose, Ambiguous) and loose.code == STATE_CONFLICT
+    # and so does a replay under an operator's new key: the first request that carried it
+    # came after attempts under the old key, one of which may have applied
+    renewed = claim(3).model_copy(update={"operation": operation(idempotency_key=f"{KEY}.k3")})
+    again = admit(keyed(), renewed, replay)
+    assert isinstance(again, Ambiguous) and again.code == STATE_CONFLICT
+
+
 def test_a_stored_conflicting_state_rejects_only_when_one_attempt_was_sent() -> None:
     contract = keyed(lookup="status_api")
     stored = evidence("rejected", at=AFTER, conflicting_state=True, code="case_already_closed")
