@@ -30,7 +30,7 @@ STRIPE_V1 = Contract(
         concurrent="conflict",
         max_key_length=255,
     ),
-    lookup=Lookup(kind="search", lag=timedelta(minutes=1)),
+    lookup=Lookup(kind="search", lag=timedelta(minutes=1), read_after_write=True),
     request_timeout=_timeout,
     max_in_flight=_in_flight,
     # Stripe's rate and concurrency limiters answer 429 before an endpoint starts executing,

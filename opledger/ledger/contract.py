@@ -87,6 +87,10 @@ class Lookup(Record):
     #: provider's own durable records (not from a key cache that a restart may wipe).
     #: search: eventually consistent; absence proves nothing; results may lag by `lag`.
     lag: timedelta = timedelta(0)
+    #: search: the lookup reads something read-after-write first (Stripe's lists), so a hit
+    #: right after the in-flight deadline confirms, before the search could have caught up;
+    #: absence still proves nothing until `lag` has passed
+    read_after_write: bool = False
     #: how long to wait between two lookups while the answer is "still pending"
     interval: timedelta = timedelta(seconds=5)
 

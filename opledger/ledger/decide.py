@@ -194,6 +194,8 @@ def _decide(
         # Rule 6: absence in an eventually consistent search proves nothing.
         visible_after = busy_until + contract.lookup.lag
         if now < visible_after:
+            if contract.lookup.read_after_write and latest is None:
+                return AskProvider()  # a fresh read may find it now; its absence waits
             return HoldUnknown(next_check=visible_after, reason="waiting for search to catch up")
         if latest is None or latest.recorded_at < visible_after:
             return AskProvider()

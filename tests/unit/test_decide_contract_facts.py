@@ -13,10 +13,19 @@ import pytest
 
 from opledger.adapters.crm import CrmAdapter, crm_contract
 from opledger.adapters.registry import Registry
+from opledger.adapters.stripe import stripe_contract
 from opledger.ledger import Ambiguous, Binding, Confirmed, Rejected, Status
 from opledger.ledger.consequences import consequences
 from opledger.ledger.contract import Contract
-from opledger.ledger.decide import AskProvider, Dispatch, NeedsReview, Reject, Wait, decide
+from opledger.ledger.decide import (
+    AskProvider,
+    Dispatch,
+    HoldUnknown,
+    NeedsReview,
+    Reject,
+    Wait,
+    decide,
+)
 from opledger.ledger.evidence import (
     BINDING_MISMATCH,
     STATE_CONFLICT,
@@ -316,3 +325,30 @@ def test_a_search_finding_our_key_at_an_unchecked_key_store_needs_the_digest() -
         update={"idempotency": unchecked.idempotency.model_copy(update={"payload_checked": True})}
     )
     assert binds(evidence("confirmed", key=KEY), op, keys, checked)
+
+
+# -- rule 6: a search that lags, behind a read-after-write list ------------------------------
+
+
+def test_a_read_after_write_lookup_is_asked_at_the_deadline_and_its_absence_waits() -> None:
+    """Stripe's lookup reads its lists first (read-after-write): a lost answer is looked up
+    as soon as no attempt can be in flight, not a search lag later; finding nothing there
+    still proves nothing until the search has caught up."""
+    stripe = stripe_contract(
+        request_timeout=10 * S, max_in_flight=20 * S, lookup_lag=60 * S
+    ).model_copy(update={"max_attempts": 5})
+    assert stripe.lookup.read_after_write
+    op, sent = operation(), [attempt()]
+    lost = [evidence("ambiguous", source="dispatch", attempt_n=1, code="timeout")]
+    right_after = T0 + 25 * S
+    assert decide(stripe, op, sent, lost, grant(), right_after) == AskProvider()
+    # found nothing yet: held until the search could show it, then asked again
+    nothing = evidence("inconclusive", at=right_after, source="lookup", hits=0)
+    held = decide(stripe, op, sent, [*lost, nothing], grant(), right_after + S)
+    assert isinstance(held, HoldUnknown) and held.next_check > right_after + 50 * S
+    # a search-only provider waits for its lag before the first lookup
+    search_only = stripe.model_copy(
+        update={"lookup": stripe.lookup.model_copy(update={"read_after_write": False})}
+    )
+    waiting = decide(search_only, op, sent, lost, grant(), right_after)
+    assert isinstance(waiting, HoldUnknown) and "search to catch up" in waiting.reason

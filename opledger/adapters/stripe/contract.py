@@ -93,6 +93,7 @@ def stripe_contract(
         lookup={
             "kind": "search",
             "lag": lag,
+            "read_after_write": True,  # the lists, read before Search
             "interval": lookup_interval if lookup_interval is not None else base.lookup.interval,
         },
         response_binds="key",
