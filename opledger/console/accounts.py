@@ -303,5 +303,7 @@ class Accounts:
 
 
 def signin_name(name: str) -> str:
-    """The name a sign-in attempt is recorded under: as typed, bounded."""
-    return name.strip()[:120]
+    """The name a sign-in attempt is recorded under: as typed, bounded, with any NUL (which
+    a form can carry and Postgres text cannot) as U+FFFD. No operator has such a name, so
+    it is an unknown name, counted and throttled under a name of its own."""
+    return name.strip()[:120].replace("\x00", "\ufffd")
