@@ -8,13 +8,23 @@ exactly one effect per act in every scenario — a normal run, a kill mid-tool a
 time travel from before the model's first turn, a replay between an AI message and its
 tool node, forks with the same and with a new recipient, two parallel tool calls killed
 between their answers, and each durability mode.
+
+Every run of the agent is a process of its own, ended by its own exit or by a SIGKILL. The
+first is started as users start it (`python examples/langgraph_onboarding.py run ...`);
+the others are forked, each with its command line, from one process that imported the
+example and did nothing else (`Agents`): importing LangGraph is most of a run's CPU.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import select
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +43,141 @@ ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "examples" / "langgraph_onboarding.py"
 CRM = KINDS[0]  # crm.*: keys and a status API
 
+#: Imports the example (LangGraph, LangChain, opledger: most of an agent process's CPU)
+#: once and nothing more, then forks one process per command line it reads: the child runs
+#: the example's `main` with it, its output in files, and exits as the script would. It
+#: answers with the child's pid, then reads what to do — "wait" for it, or "kill" it with
+#: SIGKILL now — and answers with its exit code once it reaped it (so the pid is the run's
+#: until then).
+FORK_SERVER = r"""
+import importlib.util, json, os, signal, sys
+
+spec = importlib.util.spec_from_file_location("langgraph_onboarding", sys.argv[1])
+example = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = example
+spec.loader.exec_module(example)
+print("ready", flush=True)
+for line in sys.stdin:
+    argv, out, err = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        sys.stdin = open(os.devnull)
+        os.dup2(sys.stdin.fileno(), 0)
+        for fd, path in ((1, out), (2, err)):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        sys.argv = [sys.argv[1], *argv]
+        sys.exit(example.main(argv))
+    print(pid, flush=True)
+    if sys.stdin.readline() == "kill\n":
+        os.kill(pid, signal.SIGKILL)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
+
+
+class Agents:
+    """Runs of the example agent, each a process of its own (forked from `FORK_SERVER`,
+    which paid for the imports once): started, killed with SIGKILL, waited for."""
+
+    def __init__(self, env: dict[str, str], workdir: Path) -> None:
+        self.workdir = workdir
+        self.server = subprocess.Popen(
+            [sys.executable, "-c", FORK_SERVER, str(AGENT)],
+            env=env,
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,
+            start_new_session=True,  # its runs are in its group: reaped with it
+        )
+        self._buffer = b""
+        self.runs = 0
+        assert self.line(120) == "ready"
+
+    def line(self, timeout: float) -> str:
+        assert self.server.stdout is not None
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            ready, _, _ = select.select([self.server.stdout], [], [], deadline - time.monotonic())
+            chunk = os.read(self.server.stdout.fileno(), 4096) if ready else b""
+            if not chunk:
+                raise AssertionError(
+                    f"the agents' fork server: no answer (exit {self.server.poll()})"
+                )
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode()
+
+    def start(self, *args: str) -> Run:
+        """A run of the example with this command line, started."""
+        self.runs += 1
+        out, err = (self.workdir / f"agent-{self.runs}.{name}" for name in ("out", "err"))
+        self.tell(json.dumps([list(args), str(out), str(err)]))
+        return Run(self, int(self.line(30)), out, err)
+
+    def tell(self, line: str) -> None:
+        assert self.server.stdin is not None
+        self.server.stdin.write(f"{line}\n".encode())
+
+    def stop(self) -> None:
+        assert self.server.stdin is not None
+        self.server.stdin.close()  # it ends when its input does
+        try:
+            self.server.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.server.pid, signal.SIGKILL)
+            self.server.wait()
+        finally:
+            assert self.server.stdout is not None
+            self.server.stdout.close()
+
+
+class Run:
+    """One run of the example agent: a live process (or one that exited and is not reaped
+    yet) until `wait` or `kill` returns."""
+
+    def __init__(self, agents: Agents, pid: int, out: Path, err: Path) -> None:
+        self.agents, self.pid, self.out, self.err = agents, pid, out, err
+
+    def wait(self, timeout: float = 90) -> int:
+        """Its exit code, once it ended."""
+        self.agents.tell("wait")
+        try:
+            return int(self.agents.line(timeout))
+        except AssertionError:
+            os.kill(self.pid, signal.SIGKILL)  # not reaped: still this run's pid
+            self.agents.line(30)  # its exit code: the next run's answers come next
+            raise
+
+    def kill(self) -> None:
+        """SIGKILL it now (it must still be running)."""
+        self.agents.tell("kill")
+        code = int(self.agents.line(30))
+        assert code == -signal.SIGKILL, f"the run ended (exit {code}) before it was killed"
+
+
+@pytest.fixture(scope="module")
+def agents(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
+    forks = Agents(stack.env, tmp_path_factory.mktemp("agents"))
+    try:
+        yield forks
+    finally:
+        forks.stop()
+
 
 @pytest.fixture
-def agent_stack(running: Stack, sys_ledger: Ledger, sandbox: Sandbox) -> Stack:
+def agent(running: Stack, sys_ledger: Ledger, sandbox: Sandbox, agents: Agents) -> Agents:
     settings = settings_of(running.env)
     sandbox.configure(account=CRM.account, **CRM.sandbox_config(settings))
-    return running
+    return agents
 
 
-def _agent(stack: Stack, *args: str, timeout: float = 90) -> dict[str, Any]:
+def _state(stdout: str) -> dict[str, Any]:
+    state: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    return state
+
+
+def _script(stack: Stack, *args: str, timeout: float = 90) -> dict[str, Any]:
+    """A run of the example as users start it: `python examples/langgraph_onboarding.py`."""
     done = subprocess.run(
         [sys.executable, str(AGENT), *args],
         env=stack.env,
@@ -51,27 +187,21 @@ def _agent(stack: Stack, *args: str, timeout: float = 90) -> dict[str, Any]:
         timeout=timeout,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    state: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return state
+    return _state(done.stdout)
 
 
-def _spawn(stack: Stack, *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, str(AGENT), *args],
-        env=stack.env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+def _agent(agents: Agents, *args: str) -> dict[str, Any]:
+    """A run of the example agent, to its end."""
+    run = agents.start(*args)
+    assert run.wait() == 0, run.err.read_text()[-4000:]
+    return _state(run.out.read_text())
 
 
-def _kill_when(agent: subprocess.Popen[bytes], ready: Any, what: str) -> None:
+def _kill_when(run: Run, ready: Any, what: str) -> None:
     try:
         wait_until(ready, 60, what, every=0.02)
     finally:
-        agent.kill()  # SIGKILL
-        agent.wait()
+        run.kill()  # SIGKILL
 
 
 def _ops(ledger: Ledger, thread: str, action: str | None = None) -> list[Any]:
@@ -118,11 +248,12 @@ def _settled(ledger: Ledger, thread: str, count: int) -> None:
 
 
 def test_a_run_then_time_travel_replay_and_forks_cause_each_act_once(
-    agent_stack: Stack, sys_ledger: Ledger, sandbox: Sandbox
+    agent: Agents, running: Stack, sys_ledger: Ledger, sandbox: Sandbox
 ) -> None:
     thread, case, owner = "reask-1", "case-501", "owner-501@acme.test"
+    # this first run as a user starts the script; the others are forked (`Agents`)
     first = _completed(
-        _agent(agent_stack, "run", "--thread", thread, "--case", case, "--owner", owner)
+        _script(running, "run", "--thread", thread, "--case", case, "--owner", owner)
     )
     assert {a["kind"] for a in first.values()} == {"confirmed"}
     assert not any(a["asked_before"] for a in first.values())
@@ -139,7 +270,7 @@ def test_a_run_then_time_travel_replay_and_forks_cause_each_act_once(
     assert email_op.created_at > closed_at
 
     # time travel to before the model's first turn: asked again, new ids, a new email body
-    travelled = _completed(_agent(agent_stack, "travel", "--thread", thread, "--to", "first-turn"))
+    travelled = _completed(_agent(agent, "travel", "--thread", thread, "--to", "first-turn"))
     assert {n: a["op_id"] for n, a in travelled.items()} == {
         n: a["op_id"] for n, a in first.items()
     }
@@ -152,7 +283,7 @@ def test_a_run_then_time_travel_replay_and_forks_cause_each_act_once(
 
     # replay from between the first AI message and its tool node: the close keeps its id,
     # and the loop asks the model again for the second turn
-    _completed(_agent(agent_stack, "travel", "--thread", thread, "--to", "first-tools"))
+    _completed(_agent(agent, "travel", "--thread", thread, "--to", "first-tools"))
     _once(sandbox, case, owner)
     assert {o.id for o in _ops(sys_ledger, thread)} == recorded
 
@@ -163,7 +294,7 @@ def test_a_run_then_time_travel_replay_and_forks_cause_each_act_once(
     # a fork with the same recipient under another grant: nothing new
     _completed(
         _agent(
-            agent_stack,
+            agent,
             "fork",
             "--thread",
             thread,
@@ -182,7 +313,7 @@ def test_a_run_then_time_travel_replay_and_forks_cause_each_act_once(
     new_owner = "new-owner-501@acme.test"
     forked = _completed(
         _agent(
-            agent_stack,
+            agent,
             "fork",
             "--thread",
             thread,
@@ -201,12 +332,12 @@ def test_a_run_then_time_travel_replay_and_forks_cause_each_act_once(
 
 
 def test_a_fork_to_a_new_recipient_without_a_grant_in_force_is_refused_to_the_model(
-    agent_stack: Stack, sys_ledger: Ledger, sandbox: Sandbox
+    agent: Agents, sys_ledger: Ledger, sandbox: Sandbox
 ) -> None:
     thread, case, owner = "reask-2", "case-502", "owner-502@acme.test"
     _completed(
         _agent(
-            agent_stack,
+            agent,
             "run",
             "--thread",
             thread,
@@ -220,7 +351,7 @@ def test_a_fork_to_a_new_recipient_without_a_grant_in_force_is_refused_to_the_mo
     )
     sys_ledger.revoke("auth_onboarding", by="t", reason="the run is over")
     state = _agent(
-        agent_stack,
+        agent,
         "fork",
         "--thread",
         thread,
@@ -238,7 +369,7 @@ def test_a_fork_to_a_new_recipient_without_a_grant_in_force_is_refused_to_the_mo
 
 @pytest.mark.parametrize("durability", ["sync", "async", "exit"])
 def test_a_kill_mid_tool_then_resume_or_rerun_causes_each_act_once(
-    agent_stack: Stack, sys_ledger: Ledger, sandbox: Sandbox, durability: str
+    agent: Agents, sys_ledger: Ledger, sandbox: Sandbox, durability: str
 ) -> None:
     """Killed while the close executes at the provider. With a checkpoint (sync, async)
     the thread is resumed; with durability "exit" nothing was saved, so the user runs it
@@ -248,15 +379,15 @@ def test_a_kill_mid_tool_then_resume_or_rerun_causes_each_act_once(
     sandbox.configure(account=CRM.account, processing_s=0.7)
     run = ("run", "--thread", thread, "--case", case, "--owner", owner, "--durability", durability)
     _kill_when(
-        _spawn(agent_stack, *run),
+        agent.start(*run),
         lambda: _ops(sys_ledger, thread, "crm.close_case.v1"),
         "the close to be recorded",
     )
     sandbox.configure(account=CRM.account, processing_s=0.0)
     if durability == "exit":
-        final = _agent(agent_stack, *run)
+        final = _agent(agent, *run)
     else:
-        final = _agent(agent_stack, "resume", "--thread", thread, "--durability", durability)
+        final = _agent(agent, "resume", "--thread", thread, "--durability", durability)
     answers = _completed(final)
     assert answers["close_case"]["kind"] == "confirmed"
     _settled(sys_ledger, thread, 3)
@@ -264,7 +395,7 @@ def test_a_kill_mid_tool_then_resume_or_rerun_causes_each_act_once(
 
 
 def test_two_parallel_tool_calls_killed_between_their_answers(
-    agent_stack: Stack, sys_ledger: Ledger, sandbox: Sandbox
+    agent: Agents, sys_ledger: Ledger, sandbox: Sandbox
 ) -> None:
     """The update answers at once, the email takes 2 s at the provider: the agent dies
     after the first answer and before the second; the resumed tool node runs both again."""
@@ -277,12 +408,12 @@ def test_two_parallel_tool_calls_killed_between_their_answers(
         return bool(update and email and update[0].status is Status.CONFIRMED)
 
     _kill_when(
-        _spawn(agent_stack, "run", "--thread", thread, "--case", case, "--owner", owner),
+        agent.start("run", "--thread", thread, "--case", case, "--owner", owner),
         between,
         "the update confirmed while the email is in flight",
     )
     sandbox.configure(account=EMAIL_ACCOUNT, processing_s=0.0)
-    answers = _completed(_agent(agent_stack, "resume", "--thread", thread))
+    answers = _completed(_agent(agent, "resume", "--thread", thread))
     assert answers["tag_case"]["asked_before"] and answers["email_owner"]["asked_before"]
     _settled(sys_ledger, thread, 3)
     _once(sandbox, case, owner)

@@ -31,7 +31,7 @@ from opledger.ledger import Ledger
 from opledger.mcp.clients import Caller, add_client
 from opledger.mcp.tools import RUN_META
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(240)]
 
 #: an update, not a close: a second close would be refused by the CRM (the case is closed),
 #: a second update is applied, so a duplicate would show in the count
@@ -63,17 +63,28 @@ class Gateway:
         self.proc.kill()  # SIGKILL, the whole process group
 
 
-@pytest.fixture
-def gateway(running: Stack, sys_ledger: Ledger, tmp_path: Path) -> Iterator[Gateway]:
-    clients = tmp_path / "clients.json"
+@pytest.fixture(scope="module")
+def module_gateway(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """One gateway process for this file's tests (a test that kills it starts another)."""
+    clients = tmp_path_factory.mktemp("mcp") / "clients.json"
     token = add_client(clients, Caller("bot", "acme", "auth_acme"))
-    gw = Gateway(running, clients, token)
+    gw = Gateway(stack, clients, token)
     gw.start()
     try:
         yield gw
     finally:
         if gw.proc is not None and gw.proc.proc.poll() is None:
             gw.kill()
+
+
+@pytest.fixture
+def gateway(module_gateway: Gateway, running: Stack, sys_ledger: Ledger) -> Gateway:
+    """The gateway running (started again if a test left it killed), the stack's worker
+    and beat running, an empty ledger with the caller's grant."""
+    assert module_gateway.proc is not None
+    if module_gateway.proc.proc.poll() is not None:
+        module_gateway.start()
+    return module_gateway
 
 
 @asynccontextmanager

@@ -27,7 +27,7 @@ from opledger.mcp.tools import RUN_META
 from tests.conftest import truncate_all
 from tests.system.conftest import worker_with
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(240)]
 
 UPSTREAM = Path(__file__).with_name("upstream_mcp.py")
 ACTION = "tickets.create_ticket.v1"
@@ -38,13 +38,24 @@ class Rig:
     url: str
     token: str
     state: Path
+    worker: Proc  #: the stack's `w1` while the proxy runs: it serves the upstream's tools
 
     def upstream_calls(self) -> int:
         return len(json.loads(self.state.read_text())) if self.state.exists() else 0
 
+    @property
+    def slow(self) -> Path:
+        """While this file exists, the upstream answers after the workers gave up."""
+        return self.state.parent / "slow"
 
-@pytest.fixture
-def rig(running: Stack, sys_ledger: Ledger, database_url: str, tmp_path: Path) -> Iterator[Rig]:
+
+@pytest.fixture(scope="module")
+def proxy(
+    stack: Stack, database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Rig]:
+    """The upstream MCP server, a worker serving its effectful tool and the proxy in front
+    of it: started once for this file's tests (`rig` gives each test a fresh upstream)."""
+    tmp_path = tmp_path_factory.mktemp("mcp-proxy")
     state = tmp_path / "tickets.json"
     up_port, port = free_port(), free_port()
     upstream = subprocess.Popen(
@@ -76,18 +87,18 @@ def rig(running: Stack, sys_ledger: Ledger, database_url: str, tmp_path: Path) -
         "OPLEDGER_MCP_UPSTREAM": str(config),
         "OPLEDGER_MCP_CLIENTS": str(clients),
     }
-    for name in [n for n in running.workers if n != "w1"]:  # only this test's worker may
-        running.kill_worker(name)  # take the tickets action's messages
+    for name in [n for n in stack.workers if n != "w1"]:  # only this file's worker may
+        stack.kill_worker(name)  # take the tickets action's messages
     proxy: Proc | None = None
     try:
         wait_until(lambda: listening(up_port), 30, "the upstream MCP server")
-        with worker_with(running, "w1", 2, **env):
+        with worker_with(stack, "w1", 2, **env) as worker:
             argv = ["mcp", "proxy", "--port", str(port), "--wait", "10"]
-            proxy = Proc("mcp-proxy", argv, {**running.env, **env}, tmp_path / "proxy.log")
+            proxy = Proc("mcp-proxy", argv, {**stack.env, **env}, tmp_path / "proxy.log")
             wait_until(lambda: listening(port) or proxy.proc.poll() is not None, 60, "proxy")
             assert proxy.proc.poll() is None, proxy.output()
             try:
-                yield Rig(f"http://127.0.0.1:{port}/mcp", token, state)
+                yield Rig(f"http://127.0.0.1:{port}/mcp", token, state, worker)
             finally:
                 # the plain worker put back next serves no tickets action: an open
                 # operation of one would stop it from starting (its startup check)
@@ -97,6 +108,19 @@ def rig(running: Stack, sys_ledger: Ledger, database_url: str, tmp_path: Path) -
             proxy.kill()
         upstream.kill()
         upstream.wait()
+
+
+@pytest.fixture
+def rig(proxy: Rig, running: Stack, sys_ledger: Ledger) -> Iterator[Rig]:
+    """The proxy, its worker `w1` and the stack's beat running; an empty ledger with the
+    caller's grant; an upstream with no tickets yet, answering at once."""
+    assert running.workers["w1"] is proxy.worker, "the upstream's worker is gone"
+    proxy.state.unlink(missing_ok=True)
+    proxy.slow.unlink(missing_ok=True)
+    try:
+        yield proxy
+    finally:
+        proxy.slow.unlink(missing_ok=True)
 
 
 def call(rig: Rig, tool: str, args: dict[str, Any], run: str = "run-1") -> Any:
@@ -128,7 +152,7 @@ def test_the_proxy_offers_the_named_tools_only_under_their_own_names(rig: Rig) -
 def test_a_lost_answer_of_the_upstream_is_unknown_and_goes_to_a_person_after_one_call(
     rig: Rig, sys_ledger: Ledger
 ) -> None:
-    (rig.state.parent / "slow").touch()  # the upstream answers after the workers gave up
+    rig.slow.touch()  # the upstream answers after the workers gave up
     answer = call(rig, "create_ticket", {"project": "ops", "title": "Printer on fire"})
     assert not answer.is_error, answer
     op_id = answer.structured_content["op_id"]
