@@ -328,6 +328,16 @@ class FaultProxy:
         with self._lock:
             self._faults.clear()
 
+    def close_connections(self) -> None:
+        """Close every connection open now, both sides: a client's next request opens a new
+        one, which carries the faults armed then (a client that keeps connections alive
+        would otherwise send it on an old one, which carries none). Only while the client
+        sends nothing: a request under way loses its answer."""
+        with self._lock:
+            live = list(self._live)
+        for conn in live:
+            conn.close()
+
     def _arm(self, fault: _Fault) -> None:
         if fault.remaining is not None and fault.remaining < 0:
             raise ValueError("times must be None or at least 0")

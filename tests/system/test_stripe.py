@@ -13,6 +13,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,8 @@ REPO = Path(__file__).resolve().parents[2]
 CHARGE, REFUND = "stripe.charge.v1", "stripe.refund.v1"
 #: longer than the worker's 1 s request timeout
 HELD_S = 3.0
+#: Search's lag for the test that shows a lost answer confirmed without waiting for it
+LAG_S = 30
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +53,13 @@ class Rig:
     ) -> None:
         self.ledger, self.proxy, self.mock, self.env = ledger, proxy, mock, env
 
-    def prepare(self, action: str, target: str, payload: dict[str, Any]) -> Operation:
+    def prepare(
+        self, action: str, target: str, payload: dict[str, Any], act: str = ""
+    ) -> Operation:
         return self.ledger.prepare(
             tenant="acme",
             workflow_id="wf",
-            intent_key=f"{action}-{target}",
+            intent_key=f"{action}-{target}{act}",
             action=action,
             target=target,
             payload=payload,
@@ -108,7 +113,11 @@ def lookup_verdicts(history: History) -> list[Verdict]:
 def test_an_answer_cut_after_the_charge_is_confirmed_once(
     running: Stack, ledger: Ledger, database_url: str, mock: StripeMock
 ) -> None:
-    with stripe_worker(running, ledger, database_url, mock) as rig:
+    """Confirmed from Stripe's list (read-after-write) right after the in-flight deadline,
+    without waiting for Search's lag (30 s here)."""
+    with stripe_worker(
+        running, ledger, database_url, mock, OPLEDGER_SEARCH_LAG_SECONDS=str(LAG_S)
+    ) as rig:
         before = len(mock.charges())
         rig.proxy.cut_response(after=b"POST /v1/charges", times=1)
         op = rig.prepare(CHARGE, order(), payment())
@@ -120,6 +129,9 @@ def test_an_answer_cut_after_the_charge_is_confirmed_once(
             "connection_lost"
         ]
         assert Verdict.CONFIRMED in lookup_verdicts(history)  # our marker, read back
+        [found] = [e for e in history.evidence if e.verdict is Verdict.CONFIRMED]
+        deadline = history.attempts[0].deadline_at
+        assert found.recorded_at - deadline < timedelta(seconds=LAG_S / 2), (found, deadline)
         assert len(mock.charges(op.marker)) == 1 and len(mock.charges()) == before + 1
 
 
@@ -210,10 +222,26 @@ def test_a_refund_whose_answer_was_cut_is_refunded_once(
         op = rig.prepare(REFUND, charge["id"], {"amount": 1000})
         dispatch.delay(op.id)
         history = rig.settle(op)
+        assert rig.proxy.fired["cut"] == 1
         assert history.operation.status is Status.CONFIRMED
         [refund] = mock.refunds(charge=charge["id"])
         assert refund["metadata"]["opledger_op"] == op.marker and refund["amount"] == 1000
         assert history.operation.provider_result_id == refund["id"]
+
+        # more than is left, its answer cut: the same key sent again gets Stripe's stored
+        # refusal of the first request, replayed: the first attempt's own, so a rejection
+        rig.proxy.close_connections()  # the worker's next request on a new one, cut
+        rig.proxy.cut_response(after=b"POST /v1/refunds", times=1)
+        too_much = rig.prepare(REFUND, charge["id"], {"amount": 5000}, act="-too-much")
+        dispatch.delay(too_much.id)
+        refused = rig.settle(too_much)
+        assert refused.operation.status is Status.REJECTED, refused.open_review
+        first, second = refused.attempts
+        assert first.response is not None and first.response.get("code") == "connection_lost"
+        assert second.response is not None and second.response["detail"]["replayed"] is True
+        assert second.idempotency_key == first.idempotency_key
+        assert rig.proxy.fired["cut"] == 2
+        assert len(mock.refunds(charge=charge["id"])) == 1  # the first refund only
 
 
 def test_a_worker_killed_after_stripe_answered_is_reconciled_not_recharged(
