@@ -1,6 +1,7 @@
 """`opledger mcp proxy` in front of an MCP server this project did not write (an MCP SDK
 server with one effectful and one read-only tool), with real workers calling it: the
-effectful tool's answer is lost → unknown → a review, after exactly one upstream call; the
+effectful tool's answer is lost → unknown → a review, after exactly one upstream call; an
+upstream down for longer than five attempts is waited out and called once; the
 read-only tool is passed through; asked again, a confirmed call is answered, not repeated."""
 
 from __future__ import annotations
@@ -34,11 +35,37 @@ ACTION = "tickets.create_ticket.v1"
 
 
 @dataclass
+class Upstream:
+    """The upstream MCP server's process, which a test may stop (its port then refuses
+    connections) and start again on the same port."""
+
+    port: int
+    state: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        argv = [str(UPSTREAM), "--port", str(self.port), "--state", str(self.state)]
+        self.proc = subprocess.Popen([sys.executable, *argv])
+        wait_until(lambda: listening(self.port), 30, "the upstream MCP server")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
 class Rig:
     url: str
     token: str
     state: Path
     worker: Proc  #: the stack's `w1` while the proxy runs: it serves the upstream's tools
+    upstream: Upstream
 
     def upstream_calls(self) -> int:
         return len(json.loads(self.state.read_text())) if self.state.exists() else 0
@@ -58,9 +85,8 @@ def proxy(
     tmp_path = tmp_path_factory.mktemp("mcp-proxy")
     state = tmp_path / "tickets.json"
     up_port, port = free_port(), free_port()
-    upstream = subprocess.Popen(
-        [sys.executable, str(UPSTREAM), "--port", str(up_port), "--state", str(state)]
-    )
+    upstream = Upstream(up_port, state)
+    upstream.start()
     config = tmp_path / "upstream.json"
     config.write_text(
         json.dumps(
@@ -86,19 +112,22 @@ def proxy(
         "OPLEDGER_ADAPTERS": "opledger.adapters.mcp:build_registry",
         "OPLEDGER_MCP_UPSTREAM": str(config),
         "OPLEDGER_MCP_CLIENTS": str(clients),
+        # the breaker probes an upstream that refuses connections every second
+        "OPLEDGER_PROVIDER_LIMITS": json.dumps(
+            {"tickets": {"probe_every_seconds": 0.5, "probe_max_seconds": 1}}
+        ),
     }
     for name in [n for n in stack.workers if n != "w1"]:  # only this file's worker may
         stack.kill_worker(name)  # take the tickets action's messages
     proxy: Proc | None = None
     try:
-        wait_until(lambda: listening(up_port), 30, "the upstream MCP server")
         with worker_with(stack, "w1", 2, **env) as worker:
             argv = ["mcp", "proxy", "--port", str(port), "--wait", "10"]
             proxy = Proc("mcp-proxy", argv, {**stack.env, **env}, tmp_path / "proxy.log")
             wait_until(lambda: listening(port) or proxy.proc.poll() is not None, 60, "proxy")
             assert proxy.proc.poll() is None, proxy.output()
             try:
-                yield Rig(f"http://127.0.0.1:{port}/mcp", token, state, worker)
+                yield Rig(f"http://127.0.0.1:{port}/mcp", token, state, worker, upstream)
             finally:
                 # the plain worker put back next serves no tickets action: an open
                 # operation of one would stop it from starting (its startup check)
@@ -106,8 +135,7 @@ def proxy(
     finally:
         if proxy is not None and proxy.proc.poll() is None:
             proxy.kill()
-        upstream.kill()
-        upstream.wait()
+        upstream.stop()
 
 
 @pytest.fixture
@@ -115,6 +143,8 @@ def rig(proxy: Rig, running: Stack, sys_ledger: Ledger) -> Iterator[Rig]:
     """The proxy, its worker `w1` and the stack's beat running; an empty ledger with the
     caller's grant; an upstream with no tickets yet, answering at once."""
     assert running.workers["w1"] is proxy.worker, "the upstream's worker is gone"
+    if not proxy.upstream.running:  # a test stopped it and failed before starting it again
+        proxy.upstream.start()
     proxy.state.unlink(missing_ok=True)
     proxy.slow.unlink(missing_ok=True)
     try:
@@ -182,3 +212,34 @@ def test_a_confirmed_call_asked_again_is_answered_and_not_repeated(rig: Rig) -> 
     other = call(rig, "create_ticket", {"project": "web", "title": "Footer overlaps"})
     assert other.structured_content["op_id"] != first.structured_content["op_id"]
     assert rig.upstream_calls() == 2
+
+
+def test_an_upstream_down_for_more_than_five_attempts_is_waited_out_and_called_once(
+    rig: Rig, sys_ledger: Ledger
+) -> None:
+    """Attempts that never reached the upstream (its port refuses connections) are its
+    outage, not the operation's: its breaker paces them, none counts toward the five an
+    operation may use, nobody is asked, and the call goes through once it is back."""
+    rig.upstream.stop()
+    answer = call(rig, "create_ticket", {"project": "ops", "title": "Upstream was down"})
+    assert not answer.is_error, answer
+    op_id = answer.structured_content["op_id"]
+    assert answer.structured_content["kind"] in ("pending", "unknown"), answer.structured_content
+
+    def refused_or_reviewed() -> bool:
+        history = sys_ledger.history(op_id)
+        return len(history.attempts) > 6 or bool(history.reviews)
+
+    wait_until(refused_or_reviewed, 90, "more than five attempts refused at the door")
+    history = sys_ledger.history(op_id)
+    assert not history.reviews, [r.reason for r in history.reviews]
+    assert history.operation.status not in (Status.CONFIRMED, Status.REJECTED)
+    assert all(
+        a.response and a.response["detail"]["why"] == "no_connection" for a in history.attempts[:-1]
+    )
+    rig.upstream.start()
+    wait_until(
+        lambda: sys_ledger.get(op_id).status is Status.CONFIRMED, 60, "the call once it is back"
+    )
+    assert rig.upstream_calls() == 1
+    assert not sys_ledger.history(op_id).reviews
