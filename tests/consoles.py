@@ -1,26 +1,41 @@
-"""Shared by the console's tests: the real `opledger` command, a running `opledger
-console` process until it answers its health check, an HTTP client that speaks to it as
-its own pages do, and Debian's Chromium driven through its chromedriver."""
+"""Shared by the console's tests (and a few others that run `opledger`): the real `opledger`
+command (a process of its own; or one forked from a server that imported the command once,
+a real process all the same without a second or two of imports; or in this process through
+Typer's test runner), operators added through the library call `opledger operator add`
+makes, a running `opledger console` process until it answers its health check, an HTTP
+client that speaks to it as its own pages do, and Debian's Chromium driven through its
+chromedriver."""
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 
-from opledger.dev.processes import Proc, free_port, wait_until
+from opledger.dev.processes import Proc, free_port, listening, wait_until
+from opledger.ledger.pgschema import SCHEMA_VARIABLE
+from tests.clirun import Run
+from tests.conftest import SCHEMA, connect_ledger
 
 if TYPE_CHECKING:  # the browser tests import Selenium only once there is a browser
     from selenium.webdriver.remote.webdriver import WebDriver
+
+    from opledger.console.accounts import Accounts
 
 PASSWORD = "a long enough password"
 
@@ -51,55 +66,415 @@ def opledger(env: dict[str, str], *args: str, stdin: str = "") -> subprocess.Com
     )
 
 
+def opledger_here(
+    env: Mapping[str, str], *args: str, stdin: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """`opledger ARGS` in this process (Typer's test runner: the same commands, without a
+    process's second or two of imports), with the OPLEDGER_ settings of `env` alone and the
+    settings read afresh; for what a command prints, never for what a process does."""
+    from typer.testing import CliRunner
+
+    from opledger.cli.main import app
+    from opledger.settings import get_settings
+
+    settings: dict[str, str | None] = {k: None for k in os.environ if k.startswith("OPLEDGER_")}
+    settings |= {k: v for k, v in env.items() if k.startswith("OPLEDGER_")}
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(app, list(args), input=stdin, env=settings)
+    finally:
+        get_settings.cache_clear()
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One `opledger ARGS` process of `opledger_forked`: its environment (all of it), its
+    directory and what its stdin holds."""
+
+    args: Sequence[str]
+    env: Mapping[str, str]
+    cwd: Path | None = None
+    stdin: str = ""
+    timeout: float = 60.0
+
+
+#: The fork server: it imports the command and the modules its commands import once they
+#: run (as `python -m opledger.cli` would, reading no setting: checked), then serves JSON
+#: requests, one a line on stdin, each answered with one line: "start" forks a child that
+#: takes the request's directory, environment and standard streams (files) and runs the
+#: command as `python -m opledger.cli` does, so its exit status and its output are a real
+#: process's; "wait" reaps its children until that one has exited (its exit code) or the
+#: time is up (null). Its children stay in its process group; at EOF it kills those left.
+_SERVER = r"""
+import gc, importlib, json, os, signal, sys, time
+
+import opledger.cli.main
+from opledger.settings import get_settings
+
+for module in json.loads(sys.argv[1]):
+    importlib.import_module(module)
+if get_settings.cache_info().currsize:
+    sys.exit("importing the command read the settings: its forks would share them")
+sys.stdout.flush()
+sys.stderr.flush()
+codes, live, mine = {}, set(), None
+
+
+def reap():
+    while live:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if not pid:
+            return
+        live.discard(pid)
+        codes[pid] = os.waitstatus_to_exitcode(status)
+
+
+def answer(reply):
+    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.flush()
+
+
+for line in sys.stdin:
+    request = json.loads(line)
+    if request["op"] == "start":
+        gc.freeze()  # what the parent made stays shared with the child: no collection walks it
+        pid = os.fork()
+        if pid == 0:
+            mine = request
+            break
+        live.add(pid)
+        answer({"pid": pid})
+    else:  # wait
+        pid, deadline = request["pid"], time.monotonic() + request["timeout"]
+        while True:
+            reap()
+            if pid in codes or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+        answer({"code": codes.pop(pid, None)})
+if mine is None:  # the tests are over
+    for pid in live:
+        os.kill(pid, signal.SIGKILL)
+    sys.exit(0)
+
+os.chdir(mine["cwd"])
+os.environ.clear()
+os.environ.update(mine["env"])
+for fd, path, flags in (
+    (0, mine["stdin"], os.O_RDONLY),
+    (1, mine["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND),
+    (2, mine["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND),
+):
+    opened = os.open(path, flags, 0o600)
+    os.dup2(opened, fd)
+    os.close(opened)
+sys.stdin = open(0, closefd=False)  # not the server's requests, read ahead or not
+sys.argv = ["opledger", *mine["args"]]
+del codes, live, mine, line, request, pid
+import runpy
+
+runpy.run_module("opledger.cli", run_name="__main__", alter_sys=True)
+"""
+
+#: what commands import once they run, imported by the fork server too (none of them reads
+#: a setting as it is imported: checked): the start-up checks (worker, beat, check), then
+#: `opledger console` and `opledger operator`
+PRELOAD = (
+    "opledger.cli.checks",
+    "opledger.adapters.crm",
+    "opledger.adapters.imap",
+    "opledger.adapters.smtp",
+    "opledger.adapters.stripe",
+    "opledger.adapters.webhook",
+    "httpx",
+    "kombu.connection",
+    "kombu.transport.redis",
+    "redis",
+    "alembic.script",
+    "opledger.console.accounts",
+    "opledger.console.app",
+    "uvicorn",
+)
+
+
+class ForkServer:
+    """A `_SERVER` process for one environment (that of the commands' imports): started
+    once, then each `opledger` process is a fork of it. Stopped when this process exits."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._lock = threading.Lock()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _SERVER, json.dumps(PRELOAD)],
+            cwd=tempfile.gettempdir(),
+            env=dict(env),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its children are in its group: killed with it
+        )
+        atexit.register(self.close)
+
+    def _ask(self, request: Mapping[str, object]) -> dict[str, int | None]:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        with self._lock:
+            self._proc.stdin.write(json.dumps(request) + "\n")
+            self._proc.stdin.flush()
+            line = self._proc.stdout.readline()
+        assert line, f"the fork server exited ({self._proc.poll()})"
+        reply: dict[str, int | None] = json.loads(line)
+        return reply
+
+    def start(
+        self,
+        args: Sequence[str],
+        env: Mapping[str, str],
+        cwd: Path,
+        stdin: Path,
+        out: Path,
+        err: Path,
+    ) -> int:
+        """Fork `opledger ARGS` (stdout and stderr appended to `out` and `err`): its pid."""
+        request = {
+            "op": "start",
+            "args": list(args),
+            "env": dict(env),
+            "cwd": str(cwd),
+            "stdin": str(stdin),
+            "stdout": str(out),
+            "stderr": str(err),
+        }
+        pid = self._ask(request)["pid"]
+        assert pid is not None
+        return pid
+
+    def wait(self, pid: int, timeout: float) -> int | None:
+        """The exit code of `pid`, once it has exited; None if it runs on after `timeout`."""
+        return self._ask({"op": "wait", "pid": pid, "timeout": timeout})["code"]
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()  # EOF: it kills what is left and exits
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+                self._proc.wait()
+
+
+_servers: dict[tuple[tuple[str, str], ...], ForkServer] = {}
+
+
+def fork_server(env: Mapping[str, str]) -> ForkServer:
+    """The fork server for commands run with `env`: one per environment less its OPLEDGER_
+    settings (but the ledger's schema), which is what importing the command may read (a
+    terminal's width: COLUMNS); each fork then takes `env` whole."""
+    base = {k: v for k, v in env.items() if not k.startswith("OPLEDGER_") or k == SCHEMA_VARIABLE}
+    key = tuple(sorted(base.items()))
+    server = _servers.get(key)
+    if server is None:
+        server = _servers[key] = ForkServer(base)
+    return server
+
+
+def opledger_forked(*jobs: Job, together: bool = False) -> list[subprocess.CompletedProcess[str]]:
+    """Each job's `opledger ARGS` in a process of its own, its output captured, as
+    `opledger` run by itself: forked from a server that imported the command once
+    (`fork_server`), instead of each paying for its imports. One after the other in order,
+    or all `together`."""
+    with tempfile.TemporaryDirectory(prefix="opledger-forks-") as tmp:
+        started: list[tuple[ForkServer, int]] = []
+        codes: list[int] = []
+
+        def finish(server: ForkServer, pid: int, job: Job) -> None:
+            code = server.wait(pid, job.timeout)
+            if code is None:
+                os.kill(pid, signal.SIGKILL)
+                server.wait(pid, 10)
+                raise AssertionError(f"`opledger {' '.join(job.args)}` ran past {job.timeout} s")
+            codes.append(code)
+
+        for i, job in enumerate(jobs):
+            Path(tmp, f"{i}.in").write_text(job.stdin)
+            server = fork_server(job.env)
+            pid = server.start(
+                job.args,
+                job.env,
+                job.cwd or Path(tmp),
+                Path(tmp, f"{i}.in"),
+                Path(tmp, f"{i}.out"),
+                Path(tmp, f"{i}.err"),
+            )
+            started.append((server, pid))
+            if not together:
+                finish(server, pid, job)
+        if together:
+            for (server, pid), job in zip(started, jobs, strict=True):
+                finish(server, pid, job)
+        return [
+            subprocess.CompletedProcess(
+                list(job.args),
+                code,
+                Path(tmp, f"{i}.out").read_text(),
+                Path(tmp, f"{i}.err").read_text(),
+            )
+            for i, (job, code) in enumerate(zip(jobs, codes, strict=True))
+        ]
+
+
+def cli_forked(*calls: tuple[str, ...], **extra: str) -> list[Run]:
+    """`tests.clirun.cli(database_url, *args, **extra)` for each (database_url, *args) of
+    `calls`: processes of their own side by side, forked from a server that imported the
+    command once; their output piped, 80 columns, `cli`'s environment."""
+
+    def env(database_url: str) -> dict[str, str]:
+        own = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}
+        ledger = {"OPLEDGER_DATABASE_URL": database_url, SCHEMA_VARIABLE: SCHEMA}
+        return own | ledger | {"COLUMNS": "80"} | extra
+
+    jobs = (Job(args, env(url)) for url, *args in calls)
+    done = opledger_forked(*jobs, together=True)
+    return [Run(d.returncode, d.stdout, d.stderr) for d in done]
+
+
+_accounts: dict[tuple[str, str], Accounts] = {}
+
+
 def add_operator(env: dict[str, str], name: str, *args: str, password: str = PASSWORD) -> None:
-    """`opledger operator add NAME ARGS` with `password` on stdin; it must succeed."""
-    done = opledger(
-        env,
-        "operator",
-        "add",
-        name,
-        "--by",
-        "test",
-        *args,
-        "--password-stdin",
-        stdin=password + "\n",
-    )
-    assert done.returncode == 0, done.stderr
+    """What `opledger operator add NAME ARGS --by test` with `password` on stdin does (ARGS:
+    --tenant T, --all-tenants, --sso-only), through the library call it makes, in this
+    process: `Accounts(engine).add(...)`, its hash the same argon2 one. (The command itself
+    is run by tests/integration/test_console_access.py.)"""
+    from opledger.ledger import Ledger
+
+    tenants: list[str] = []
+    all_tenants = sso_only = False
+    rest = list(args)
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--tenant":
+            tenants.append(rest.pop(0))
+        elif arg == "--all-tenants":
+            all_tenants = True
+        elif arg == "--sso-only":
+            sso_only = True
+        else:
+            raise ValueError(f"add_operator: {arg!r} is not an option it knows")
+    url = env["OPLEDGER_DATABASE_URL"]
+    schema = env.get(SCHEMA_VARIABLE, "opledger")
+    accounts = _accounts.get((url, schema))
+    if accounts is None:
+        from opledger.console.accounts import Accounts
+
+        ledger = Ledger.from_url(url, schema=schema, pool_size=1)
+        accounts = _accounts[(url, schema)] = Accounts(ledger.engine)
+    try:
+        accounts.add(
+            name,
+            tenants=tenants,
+            all_tenants=all_tenants,
+            password=None if sso_only else password,
+            by="test",
+        )
+    finally:
+        accounts.engine.dispose()  # no connection of it left open between tests
+
+
+def forget_accounts(database_url: str) -> None:
+    """No operator, session nor sign-in attempt left in the test database (what each test's
+    `env` starts from)."""
+    with connect_ledger(database_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE operators, signin_attempts CASCADE")
+
+
+class _ForkedConsole:
+    """An `opledger console` process forked from the `fork_server` (as `Proc` runs one: in
+    its state directory, stdout and stderr appended to `log`)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        log.touch()
+        self._offset = log.stat().st_size  # earlier runs under this name stay above
+        self._server = fork_server(env)
+        cwd = Path(env.get("OPLEDGER_STATE_DIR", os.getcwd()))
+        self.pid = self._server.start(argv, env, cwd, Path(os.devnull), log, log)
+        self.code: int | None = None
+
+    def exited(self, timeout: float = 0) -> bool:
+        if self.code is None:
+            self.code = self._server.wait(self.pid, timeout)
+        return self.code is not None
+
+    def output(self) -> str:
+        with self.log.open("rb") as f:
+            f.seek(self._offset)
+            return f.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        """A graceful stop (SIGTERM), then SIGKILL if it lingers."""
+        if self.exited():
+            return
+        os.kill(self.pid, signal.SIGTERM)
+        if not self.exited(15):
+            os.kill(self.pid, signal.SIGKILL)
+            assert self.exited(15), f"console {self.pid} outlived SIGKILL"
 
 
 @contextmanager
-def running_console(env: dict[str, str], log: Path, *args: str) -> Iterator[str]:
+def running_console(
+    env: dict[str, str], log: Path, *args: str, forked: bool = False
+) -> Iterator[str]:
     """`opledger console ARGS` on a free port, once it answers; yields its base URL and
-    stops it on exit."""
+    stops it on exit. `forked`: forked from the `fork_server` (a process of its own all the
+    same, without a second or two of imports)."""
     port = free_port()
-    proc = Proc("console", ["console", "--port", str(port), *args], env, log)
+    argv = ["console", "--port", str(port), *args]
     url = f"http://127.0.0.1:{port}"
+    forked_proc = _ForkedConsole(argv, env, log) if forked else None
+    proc = None if forked else Proc("console", argv, env, log)
 
-    def up() -> bool:
-        if proc.proc.poll() is not None:
+    def up(client: httpx.Client) -> bool:
+        if forked_proc is not None and forked_proc.exited():
+            raise AssertionError(f"the console died:\n{forked_proc.output()}")
+        if proc is not None and proc.proc.poll() is not None:
             raise AssertionError(f"the console died:\n{proc.output()}")
+        if not listening(port):  # a socket, not a request each time: it costs next to nothing
+            return False
         try:
-            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+            return client.get("/healthz").status_code == 200
         except httpx.HTTPError:
             return False
 
     try:
-        wait_until(up, 30, "the console to answer")
+        with httpx.Client(base_url=url, timeout=1) as health:
+            wait_until(lambda: up(health), 30, "the console to answer", every=0.05)
         yield url
     finally:
-        proc.stop()
+        if forked_proc is not None:
+            forked_proc.stop()
+        if proc is not None:
+            proc.stop()
 
 
 @contextmanager
-def console_client(env: dict[str, str], log: Path, *args: str) -> Iterator[httpx.Client]:
-    """A running console and a client that says it comes from the console's own pages
-    (`Origin`), as a browser posting one of its forms does."""
-    with (
-        running_console(env, log, *args) as url,
-        httpx.Client(
-            base_url=url, follow_redirects=False, timeout=30, headers={"Origin": url}
-        ) as client,
-    ):
+def page_client(url: str) -> Iterator[httpx.Client]:
+    """A client of the console at `url` (no cookie yet) that says it comes from the
+    console's own pages (`Origin`), as a browser posting one of its forms does."""
+    with httpx.Client(
+        base_url=url, follow_redirects=False, timeout=30, headers={"Origin": url}
+    ) as client:
+        yield client
+
+
+@contextmanager
+def console_client(
+    env: dict[str, str], log: Path, *args: str, forked: bool = False
+) -> Iterator[httpx.Client]:
+    """A running console (`running_console`) and a `page_client` of it."""
+    with running_console(env, log, *args, forked=forked) as url, page_client(url) as client:
         yield client
 
 

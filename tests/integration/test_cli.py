@@ -4,8 +4,10 @@ documents, tables at 80 columns on a terminal and piped, and a retry resolved wh
 broker is down.
 
 Every exit code, the rendering and the broker are checked on the real command, run as a
-process (each costs a second or two to start, so a test runs its processes side by side);
-the --json documents, --debug and a few more refusals go through Typer's test runner.
+process: forked from a server that imported the command once (`tests.consoles.cli_forked`:
+a second or two of imports each otherwise), side by side; the one on a terminal is started
+afresh, so that the command is imported with that terminal as its stdout. The --json
+documents, --debug and a few more refusals go through Typer's test runner.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from tests.clirun import (
     BROKER_DOWN,
     WRONG_PORT,
     Run,
-    cli,
     cli_on_terminal,
     fits_80_columns,
     in_review,
@@ -31,6 +32,7 @@ from tests.clirun import (
     side_by_side,
 )
 from tests.conftest import SCHEMA, PostgresServer
+from tests.consoles import cli_forked
 
 
 @pytest.fixture
@@ -67,9 +69,9 @@ def test_refused_grant_changes_nothing_and_grants_list_at_80_columns(
     before = ledger.authorizations()
     db = database_url
 
-    unknown, listed = side_by_side(
-        lambda: cli(db, "grant", "revoke", "auth_nope", "--by", "bob", "--reason", "gone"),
-        lambda: cli(db, "grant", "list", "--tenant", "globex"),
+    unknown, listed = cli_forked(
+        (db, "grant", "revoke", "auth_nope", "--by", "bob", "--reason", "gone"),
+        (db, "grant", "list", "--tenant", "globex"),
     )
     conflict = invoke(
         "grant", "create", "--tenant", "globex", "--scope", "crm.*", "--by", "bob",
@@ -121,10 +123,10 @@ def test_refusals_exit_3_and_operational_failures_exit_4_in_one_line(
 ) -> None:
     op_id = in_review(ledger, "errors", {"note": "x"})
 
-    malformed, wrong_port, empty = side_by_side(
-        lambda: cli(database_url, "ops", "show", "op_not-an-id", "--json"),
-        lambda: cli(WRONG_PORT, "ops", "list"),
-        lambda: cli(unmigrated, "review", "list", "--tenant", "acme", "--json"),
+    malformed, wrong_port, empty = cli_forked(
+        (database_url, "ops", "show", "op_not-an-id", "--json"),
+        (WRONG_PORT, "ops", "list"),
+        (unmigrated, "review", "list", "--tenant", "acme", "--json"),
     )
     debugged = invoke(
         "--debug", "review", "list", "--tenant", "acme", OPLEDGER_DATABASE_URL=WRONG_PORT
@@ -160,7 +162,7 @@ def test_review_show_on_a_terminal_and_piped_at_80_columns(
     show = ("review", "show", "--tenant", "acme", "--operator")
 
     piped, terminal = side_by_side(
-        lambda: cli(database_url, *show, "bob", kept),
+        lambda: cli_forked((database_url, *show, "bob", kept))[0],
         lambda: cli_on_terminal(database_url, *show, "carol", purged),
     )
 
@@ -192,9 +194,10 @@ def test_a_retry_resolved_while_the_broker_is_down_is_saved_and_said(
     ledger.reviews.show(op_id, tenant="acme", operator="bob")
     before = ledger.get(other)
 
-    resolved = cli(
-        database_url, "review", "resolve", op_id, "--tenant", "acme", "--operator", "bob",
-        "--as", "retry", "--new-key", "--note", "asked again", OPLEDGER_BROKER_URL=BROKER_DOWN,
+    [resolved] = cli_forked(
+        (database_url, "review", "resolve", op_id, "--tenant", "acme", "--operator", "bob",
+         "--as", "retry", "--new-key", "--note", "asked again"),
+        OPLEDGER_BROKER_URL=BROKER_DOWN,
     )  # fmt: skip
     # never shown to erin: refused, and nothing about the operation changes
     unseen = invoke(

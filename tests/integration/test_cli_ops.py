@@ -2,6 +2,10 @@
 of evidence proves in words, `ops cancel`, `ops list`'s filters and pages, who ran a
 resolution or a cancel (the OS user and the database role beside the operator's name),
 and failures as one line starting `opledger: `, usage errors included.
+
+The refusals' exit codes and the resolution while the broker is down are real processes'
+(forked from a server that imported the command once: `tests.consoles.cli_forked`); the
+rest goes through Typer's test runner.
 """
 
 from __future__ import annotations
@@ -26,11 +30,10 @@ from opledger.ledger import (
 from tests.clirun import (
     BROKER_DOWN,
     Run,
-    cli,
     in_review,
     one_line_failure,
-    side_by_side,
 )
+from tests.consoles import cli_forked
 
 
 def _prepare(ledger: Ledger, key: str, *, workflow: str = "wf-ops", action: str = "") -> str:
@@ -133,10 +136,10 @@ def test_ops_cancel_records_who_and_refuses_in_one_line(
     missing = "op_01J0000000000000000000000Z"
     db = database_url
 
-    malformed, unknown, refused = side_by_side(
-        lambda: cli(db, "ops", "cancel", "op_nope", "--reason", "r"),
-        lambda: cli(db, "ops", "cancel", missing, "--reason", "r"),
-        lambda: cli(db, "ops", "cancel", attempted, "--reason", "r", "--operator", "alice"),
+    malformed, unknown, refused = cli_forked(
+        (db, "ops", "cancel", "op_nope", "--reason", "r"),
+        (db, "ops", "cancel", missing, "--reason", "r"),
+        (db, "ops", "cancel", attempted, "--reason", "r", "--operator", "alice"),
     )
     one_line_failure(malformed, 3, "opledger: refused: not an operation id", "op_nope")
     one_line_failure(unknown, 3, "opledger: refused: no operation", missing)
@@ -221,9 +224,10 @@ def test_a_resolution_records_the_os_user_and_db_role_beside_the_operator(
     ledger.reviews.show(op_id, tenant="acme", operator="bob")
     ran_as = f"[ran as os user {getpass.getuser()}, db role {_db_role(ledger)}]"
 
-    resolved = cli(
-        database_url, "review", "resolve", op_id, "--tenant", "acme", "--operator", "bob",
-        "--as", "retry", "--new-key", "--note", "asked again", OPLEDGER_BROKER_URL=BROKER_DOWN,
+    [resolved] = cli_forked(
+        (database_url, "review", "resolve", op_id, "--tenant", "acme", "--operator", "bob",
+         "--as", "retry", "--new-key", "--note", "asked again"),
+        OPLEDGER_BROKER_URL=BROKER_DOWN,
     )  # fmt: skip
     assert resolved.code == 0, resolved.err
 

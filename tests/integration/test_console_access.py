@@ -1,6 +1,11 @@
 """Who may use the console: `opledger operator add|disable`, password sign-in, sessions that
 expire, CSRF on every form (sign-in included), the trusted-header SSO mode, and the refusal
-to start without any operator. Real `opledger console` processes, spoken to over HTTP."""
+to start without any operator. Real `opledger console` processes, spoken to over HTTP.
+
+The refusals are real `opledger` processes (forked from one that imported the command once:
+`tests.consoles.opledger_forked`), and so is one `opledger operator add` that succeeds: the
+only test that runs that command itself (the others add operators through the library call
+it makes, `tests.consoles.add_operator`)."""
 
 from __future__ import annotations
 
@@ -13,19 +18,28 @@ import httpx
 
 from opledger.dev.processes import free_port
 from tests.conftest import connect_ledger
-from tests.consoles import PASSWORD, add_operator, console_client, csrf_of, opledger, sign_in
+from tests.consoles import (
+    PASSWORD,
+    Job,
+    add_operator,
+    console_client,
+    csrf_of,
+    opledger_forked,
+    opledger_here,
+    sign_in,
+)
 
 add = add_operator
 
 
 @contextmanager
 def console(env: dict[str, str], tmp_path: Path, *args: str) -> Iterator[httpx.Client]:
-    with console_client(env, tmp_path / "c.log", *args) as client:
+    with console_client(env, tmp_path / "c.log", *args, forked=True) as client:
         yield client
 
 
 def test_the_console_refuses_to_start_without_an_operator(env: dict[str, str]) -> None:
-    done = opledger(env, "console", "--port", str(free_port()))
+    [done] = opledger_forked(Job(["console", "--port", str(free_port())], env))
     assert done.returncode == 4
     lines = done.stderr.strip().splitlines()
     assert lines == [
@@ -37,32 +51,29 @@ def test_the_console_refuses_to_start_without_an_operator(env: dict[str, str]) -
 def test_operator_add_refuses_bad_input_and_keeps_only_a_hash(
     env: dict[str, str], database_url: str
 ) -> None:
-    short = opledger(
-        env,
-        "operator",
-        "add",
-        "alice",
-        "--tenant",
-        "acme",
-        "--by",
-        "t",
-        "--password-stdin",
-        stdin="short\n",
+    adding = ["operator", "add", "alice"]
+    short, nowhere, added, again, listed, nobody = opledger_forked(  # in this order
+        Job([*adding, "--tenant", "acme", "--by", "t", "--password-stdin"], env, stdin="short\n"),
+        Job([*adding, "--by", "t", "--password-stdin"], env, stdin=PASSWORD + "\n"),
+        Job(
+            [*adding, "--tenant", "acme", "--tenant", "globex", "--by", "t", "--password-stdin"],
+            env,
+            stdin=PASSWORD + "\n",
+        ),
+        Job([*adding, "--all-tenants", "--by", "t", "--sso-only"], env),
+        Job(["operator", "list", "--json"], env),
+        Job(["operator", "disable", "nobody", "--by", "t"], env),
     )
     assert short.returncode == 3 and "at least 12 characters" in short.stderr
-    nowhere = opledger(
-        env, "operator", "add", "alice", "--by", "t", "--password-stdin", stdin=PASSWORD + "\n"
-    )
     assert nowhere.returncode == 3 and "--tenant" in nowhere.stderr
-    add(env, "alice", "--tenant", "acme", "--tenant", "globex")
-    again = opledger(env, "operator", "add", "alice", "--all-tenants", "--by", "t", "--sso-only")
+    assert added.returncode == 0, added.stderr
+    assert "operator alice added: acts for acme, globex, signs in with a password" in added.stdout
     assert again.returncode == 3 and "exists already" in again.stderr
     with connect_ledger(database_url) as conn:
         stored = conn.execute("SELECT password_hash FROM operators WHERE name = 'alice'").fetchone()
     assert stored is not None and stored[0].startswith("$argon2id$") and PASSWORD not in stored[0]
-    listed = opledger(env, "operator", "list", "--json")
     assert '"tenants": [\n      "acme",\n      "globex"\n    ]' in listed.stdout
-    assert opledger(env, "operator", "disable", "nobody", "--by", "t").returncode == 3
+    assert nobody.returncode == 3
 
 
 def test_password_sign_in_csrf_sessions_that_expire_and_disabling(
@@ -91,7 +102,8 @@ def test_password_sign_in_csrf_sessions_that_expire_and_disabling(
 
         assert sign_in(client, "alice").status_code == 303
         assert client.get("/").status_code == 200
-        assert opledger(env, "operator", "disable", "alice", "--by", "admin").returncode == 0
+        disabled = opledger_here(env, "operator", "disable", "alice", "--by", "admin")
+        assert disabled.returncode == 0, disabled.stderr
         assert client.get("/").headers["location"].startswith("/login")  # ended at once
         assert sign_in(client, "alice").status_code == 401
 
@@ -105,7 +117,7 @@ def test_password_sign_in_csrf_sessions_that_expire_and_disabling(
 def test_the_trusted_header_mode_trusts_only_the_proxy_and_known_operators(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    opledger(env, "operator", "add", "bob@corp", "--tenant", "globex", "--by", "t", "--sso-only")
+    add(env, "bob@corp", "--tenant", "globex", "--sso-only")
     with console(
         env, tmp_path, "--trusted-header", "X-Remote-User", "--trusted-proxy", "127.0.0.1"
     ) as client:

@@ -3,6 +3,10 @@
 Each case runs the real command in an empty directory with only the variables it names
 (no development mode), and asserts: a non-zero exit, at most three lines on stderr, the
 line names what to fix, and nothing was created (no database, no state directory).
+
+Each command is a process of its own, forked from one that imported `opledger` once
+(`tests.consoles.opledger_forked`): its exit status and stderr are a real process's, without
+a second or two of imports each.
 """
 
 from __future__ import annotations
@@ -10,9 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
@@ -21,24 +23,28 @@ from sqlalchemy.engine import make_url
 
 from opledger.ledger import Ledger
 from tests.conftest import SCHEMA, PostgresServer, require_rabbitmq, truncate_all
+from tests.consoles import Job, opledger_forked
 from tests.intents import prepare
 
 
-def run(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+def _base() -> dict[str, str]:
     # the ledger's schema too: the tests' databases are migrated into it
-    base = {
+    return {
         k: v
         for k, v in os.environ.items()
         if k in ("PATH", "HOME", "LANG", "OPLEDGER_DATABASE_SCHEMA")
     }
-    return subprocess.run(
-        [sys.executable, "-m", "opledger.cli", *args],
-        cwd=cwd,
-        env={**base, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+
+
+def job(cwd: Path, *args: str, **env: str) -> Job:
+    """`opledger ARGS` in `cwd` with only the variables named (and PATH, HOME, LANG)."""
+    return Job(args, {**_base(), **env}, cwd)
+
+
+def run(*jobs: Job, together: bool = False) -> list[subprocess.CompletedProcess[str]]:
+    """Each job in a process of its own (forked from one that imported the command with
+    none of the variables), one after the other or `together`."""
+    return opledger_forked(*jobs, together=together)
 
 
 def databases(server: PostgresServer) -> set[str]:
@@ -125,27 +131,25 @@ def test_the_worker_refuses_each_broken_setup_in_one_line(
 ) -> None:
     before = databases(pg_server)
 
-    # one empty directory per case, made before the threads (mktemp is not thread-safe)
+    # one empty directory per case
     cwds = {case: tmp_path_factory.mktemp("cwd") for case in CASES}
 
-    def attempt(case: str) -> tuple[str, Path, subprocess.CompletedProcess[str]]:
-        env, _ = CASES[case]
-        urls = {
-            "db": database_url,
-            "empty": empty_db,
-            "redis": f"{redis_server}/0",
-            # the test server, as a role it does not have
-            "no_role": make_url(pg_server.url)
-            .set(drivername="postgresql", username="no_such_role", password=None)
-            .set(database="postgres")
-            .render_as_string(hide_password=False),
-        }
-        env = {k: v.format(**urls) for k, v in env.items()}
-        return case, cwds[case], run(cwds[case], "worker", **env)
-
-    with ThreadPoolExecutor(max_workers=4) as pool:  # each case is its own process
-        results = list(pool.map(attempt, CASES))
-    for case, cwd, result in results:
+    urls = {
+        "db": database_url,
+        "empty": empty_db,
+        "redis": f"{redis_server}/0",
+        # the test server, as a role it does not have
+        "no_role": make_url(pg_server.url)
+        .set(drivername="postgresql", username="no_such_role", password=None)
+        .set(database="postgres")
+        .render_as_string(hide_password=False),
+    }
+    jobs = [
+        job(cwds[case], "worker", **{k: v.format(**urls) for k, v in env.items()})
+        for case, (env, _) in CASES.items()
+    ]
+    results = run(*jobs, together=True)  # each case is its own process
+    for case, cwd, result in zip(CASES, cwds.values(), results, strict=True):
         try:
             refused(result, *CASES[case][1])
         except AssertionError as exc:
@@ -159,7 +163,11 @@ def test_check_reports_every_part_and_passes_on_a_good_setup(
     tmp_path: Path, database_url: str, redis_server: str
 ) -> None:
     redis = f"{redis_server}/5"
-    ok = run(tmp_path, "check", OPLEDGER_DATABASE_URL=database_url, OPLEDGER_BROKER_URL=redis)
+    ok, bad = run(
+        job(tmp_path, "check", OPLEDGER_DATABASE_URL=database_url, OPLEDGER_BROKER_URL=redis),
+        job(tmp_path, "check", OPLEDGER_DATABASE_URL=database_url),
+        together=True,
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     # where it reached: the Redis database number is part of it; the ledger's schema too
     assert f"reachable ({redis_server}/5)" in ok.stdout, ok.stdout
@@ -179,7 +187,6 @@ def test_check_reports_every_part_and_passes_on_a_good_setup(
     ]
     assert "warn replication: no standby streams from this server" in ok.stdout, ok.stdout
     assert "ok   ledger epoch: no switch recorded (epoch 0)" in ok.stdout, ok.stdout
-    bad = run(tmp_path, "check", OPLEDGER_DATABASE_URL=database_url)
     assert bad.returncode == 4 and "FAIL broker: OPLEDGER_BROKER_URL is not set" in bad.stdout
 
 
@@ -203,15 +210,18 @@ def test_a_queue_declared_as_another_type_is_refused_in_one_line(
             for queue in queues_of("classic", vhost.url):
                 queue(channel).declare()  # type: ignore[no-untyped-call]  # kombu: untyped
         env = {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_BROKER_URL": vhost.url}
+        worker, check = run(
+            job(tmp_path, "worker", **env, OPLEDGER_RABBITMQ_QUEUE_TYPE="quorum"),
+            job(tmp_path, "check", **env, OPLEDGER_RABBITMQ_QUEUE_TYPE="quorum"),
+        )
         refused(
-            run(tmp_path, "worker", **env, OPLEDGER_RABBITMQ_QUEUE_TYPE="quorum"),
+            worker,
             "broker: queue 'dispatch' and its exchange cannot be declared as "
             "OPLEDGER_RABBITMQ_QUEUE_TYPE=quorum says",
             "PRECONDITION_FAILED - inequivalent arg 'type' for exchange 'dispatch'",
             "new virtual host",
         )
         # `check` only reads: it passes with the type the queues do not have
-        check = run(tmp_path, "check", **env, OPLEDGER_RABBITMQ_QUEUE_TYPE="quorum")
         assert check.returncode == 0, check.stdout + check.stderr
     finally:
         vhost.kill()
@@ -241,10 +251,15 @@ def test_beat_refuses_a_schedule_it_cannot_write_and_the_worker_passes_options_o
 ) -> None:
     env = {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_BROKER_URL": f"{redis_server}/0"}
     unwritable = "/proc/opledger-cannot-write-here/schedule"
-    refused(run(tmp_path, "beat", "--schedule", unwritable, **env), "cannot write", "--schedule")
-    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "beat").mkdir()
+    beat, celery = run(
+        job(tmp_path / "beat", "beat", "--schedule", unwritable, **env),
+        job(tmp_path, "worker", "--", "--help", **env),
+        together=True,
+    )
+    refused(beat, "cannot write", "--schedule")
+    assert list((tmp_path / "beat").iterdir()) == []
     # options after `--` go to Celery's own worker unchanged (its --help exits at once)
-    celery = run(tmp_path, "worker", "--", "--help", **env)
     assert celery.returncode == 0, celery.stderr
     assert "--max-tasks-per-child" in celery.stdout
 
@@ -265,8 +280,16 @@ def test_open_operations_of_an_unserved_action_are_a_warning_and_every_process_s
     schema = os.environ.get("OPLEDGER_DATABASE_SCHEMA")  # the suite's ledger schema, if any
     if schema:
         env["OPLEDGER_DATABASE_SCHEMA"] = schema
+    unwritable = "/proc/opledger-cannot-write-here/schedule"
     try:
-        checked = run(tmp_path, "check", "--json", **env)
+        checked, lines, worker, beat = run(
+            job(tmp_path, "check", "--json", **env),
+            job(tmp_path, "check", **env),
+            # the worker's `--help` after `--` exits at once, once its start-up checks pass
+            job(tmp_path, "worker", "--", "--help", **env),
+            job(tmp_path, "beat", "--schedule", unwritable, **env),
+            together=True,
+        )
         assert checked.returncode == 0, checked.stdout + checked.stderr
         (actions,) = [c for c in json.loads(checked.stdout) if c["name"] == "actions"]
         assert actions["warning"] and not actions["ok"], actions
@@ -275,17 +298,13 @@ def test_open_operations_of_an_unserved_action_are_a_warning_and_every_process_s
             "crm.reopen_case.v1 (1 operation); they are held, not sent"
         ) in actions["detail"]
         assert "crm.close_case.v1" not in actions["detail"]  # served: not listed
-        lines = run(tmp_path, "check", **env)
         assert lines.returncode == 0, lines.stdout + lines.stderr
         assert "warn actions: open operations name actions no adapter serves" in lines.stdout
         # the worker's start-up checks pass (its `--help` after `--` then exits at once)
-        worker = run(tmp_path, "worker", "--", "--help", **env)
         assert worker.returncode == 0, worker.stderr
         assert "--max-tasks-per-child" in worker.stdout
         assert "warning: actions:" in worker.stderr and "crm.close_cse.v1" in worker.stderr
         # the beat's too: what stops this one is the schedule it cannot write, after them
-        unwritable = "/proc/opledger-cannot-write-here/schedule"
-        beat = run(tmp_path, "beat", "--schedule", unwritable, **env)
         assert beat.returncode == 4 and "cannot write the beat schedule" in beat.stderr
         assert "warning: actions:" in beat.stderr
     finally:
