@@ -329,6 +329,10 @@ def bench(
     backlog_only: Annotated[
         bool, typer.Option("--backlog-only", help="Only the backlog drains.")
     ] = False,
+    backlog_concurrency: Annotated[
+        int | None,
+        typer.Option(help="Processes in each of the two backlog workers (default 8)."),
+    ] = None,
     concurrencies: Concurrencies = None,
     tenants: Tenants = None,
     agents: Annotated[
@@ -371,6 +375,7 @@ def bench(
         repeats=repeats,
         backlog=backlog,
         backlog_only=backlog_only,
+        backlog_concurrency=backlog_concurrency,
         concurrencies=concurrencies,
         tenants=tenants,
     )
@@ -395,6 +400,7 @@ def _bench_config(
     backlog_only: bool,
     concurrencies: str | None,
     tenants: str | None,
+    backlog_concurrency: int | None = None,
 ) -> BenchConfig:
     """The quick or the full run's size, with what the options change: a 0 keeps the
     default, except for --backlog (0: no backlog drains) and in the lists (0: none)."""
@@ -408,6 +414,7 @@ def _bench_config(
         "tasks": tasks,
         "prepares": prepares,
         "repeats": repeats,
+        "backlog_concurrency": backlog_concurrency,
     }
     if sizes:
         two = _counts("--sizes", sizes)

@@ -77,6 +77,7 @@ def backlog_drain(
             "queued_max": float(sampler.queued_max),
             "settled": float(sampler.now.settled),
             "duplicates": float(sum(max(0, int(c) - 1) for c in effects.values())),
+            "wiped_unsettled": float(sampler.wiped_unsettled),
             "elapsed_s": elapsed,
         }
     raise AssertionError("unreachable")  # pragma: no cover
@@ -170,6 +171,8 @@ class _Sampler:
         self.ratio_max = 0.0
         self.queued_max = 0
         self.wiped = False
+        #: operations not yet settled when the broker was wiped (0: it never was)
+        self.wiped_unsettled = 0
         self.start = self.now = self.counts()
 
     def counts(self) -> Any:
@@ -196,6 +199,7 @@ class _Sampler:
         if self.mode == "wipe" and not self.wiped and self.now.settled >= self.n // 2:
             self.redis.restart()  # every queued message is gone
             self.wiped = True
+            self.wiped_unsettled = self.n - self.now.settled
 
     def settle(self, deadline: float) -> None:
         """Every operation must end settled, where a sweep runs at all."""
@@ -233,6 +237,9 @@ def backlog(
         "backlog_queued_max": guarded["queued_max"],
         "backlog_duplicates": guarded["duplicates"] + off["duplicates"] + wipe["duplicates"],
         "backlog_wipe_settled": wipe["settled"],
+        # how many were still to settle when the broker was wiped: above 0, the wipe
+        # took messages that the relay and the sweeps had to make up for
+        "backlog_wipe_unsettled": wipe["wiped_unsettled"],
         "backlog_wipe_drain_ops_s": wipe["ops_s"],
         "backlog_wipe_msgs_per_op_max": wipe["msgs_per_op_max"],
     }
