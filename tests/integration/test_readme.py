@@ -31,8 +31,9 @@ and the new key). A block's verdict is one of:
 
 Nothing here starts a service of its own: no `OPLEDGER_DEV`, every URL is the fixtures'.
 The blocks run side by side (each CLI start costs a second or two of CPU), and a command
-that an earlier block runs exactly so (`opledger migrate`, `opledger sandbox --port ...`)
-runs once.
+that an earlier block runs exactly so (`opledger migrate`) runs once; so does a
+long-running one that a block starts in the background and uses (`opledger sandbox
+--port ...`).
 """
 
 from __future__ import annotations
@@ -232,6 +233,10 @@ SWITCHES_TEST = (
     "tests/integration/test_switches.py::"
     "test_the_switches_command_lists_epochs_orphans_and_ends_a_window"
 )
+CHECK_TEST = (
+    "tests/integration/test_startup_checks.py::"
+    "test_check_reports_every_part_and_passes_on_a_good_setup"
+)
 DEMO_TEST = "tests/system/test_demo.py::test_the_demo_runs_from_a_clean_clone_with_zero_duplicates"
 CHAOS_TEST = "tests/system/test_chaos.py::test_ci_sized_chaos_run_keeps_every_invariant"
 BENCH_TEST = "tests/system/test_bench_smoke.py::test_a_tiny_bench_run"
@@ -319,6 +324,9 @@ assert "case-319" in rows, rows
     ),
     "3d012deb05": Shell(
         "opledger migrate",
+        # its output is only thrown away here: the startup checks' test runs it as a process
+        # and reads each line it promises
+        covered={"opledger check": (CHECK_TEST,)},
         long_running=(
             "opledger worker -c 4",
             "opledger beat",
@@ -399,6 +407,8 @@ assert "case-319" in rows, rows
             "opledger bench [--quick] [--json]": (BENCH_TEST,),
             # switch 1 exists only after a failover: the command's own test makes one
             "opledger switches end 1 --operator alice": (SWITCHES_TEST,),
+            # the console script's own test runs it as written and reads what it prints
+            "opledger --version": ("tests/unit/test_version.py::test_opledger_version_prints_it",),
         },
         substitute=(
             ("op_01J...", "{op}"),
@@ -503,7 +513,7 @@ assert current_app._get_current_object() is theirs
         # the contract check with this very setting against a server of its own
         covered={
             "opledger check": (
-                "tests/integration/test_startup_checks.py::test_check_reports_every_part_and_passes_on_a_good_setup",
+                CHECK_TEST,
                 "tests/unit/test_load_registry.py::test_the_example_factory_says_what_it_misses",
             ),
             "opledger contract check tickets.open.v1": (
@@ -683,7 +693,11 @@ def parses(words: list[str]) -> None:
     """`opledger ARGS` resolves to a command whose options all exist (nothing runs)."""
     assert words[0] == "opledger", words
     command: Any = typer.main.get_command(cli_app)
-    ctx = command.make_context("opledger", words[1:])
+    try:
+        ctx = command.make_context("opledger", words[1:])
+    except typer.Exit as done:  # an eager option (--version) answered: it parsed
+        assert done.exit_code == 0, words
+        return
     while hasattr(command, "resolve_command"):  # a group: on to the subcommand
         protected = getattr(ctx, "protected_args", None) or getattr(ctx, "_protected_args", [])
         name, command, rest = command.resolve_command(ctx, [*protected, *ctx.args])
@@ -764,6 +778,42 @@ for block in json.load(open(sys.argv[1])):
             print(f"{where}: the block ran, but did not do what it says", file=sys.stderr)
             traceback.print_exc()
             sys.exit(2)
+"""
+
+
+#: parses argument lists of examples/langgraph_onboarding.py (a JSON list of lists, argv[2])
+#: with the example's own parser, in one process (the example imports LangGraph: seconds of
+#: CPU each time): `main` is stopped right after its parse, before it touches anything. A
+#: list that does not parse is named on stderr, with argparse's message, and exits 1.
+EXAMPLE_PARSES = r"""
+import argparse, json, runpy, sys
+
+sys.argv[0] = sys.argv[1]  # argparse names it in its messages
+example = runpy.run_path(sys.argv[1], run_name="example")  # defines, does not run
+
+
+class Parsed(Exception):
+    pass
+
+
+def parse_then_stop(self, args=None, namespace=None):
+    raise Parsed(parse(self, args, namespace))
+
+
+parse = argparse.ArgumentParser.parse_args
+argparse.ArgumentParser.parse_args = parse_then_stop
+bad = 0
+for argv in json.loads(sys.argv[2]):
+    try:
+        example["main"](argv)
+    except Parsed:
+        continue
+    except SystemExit as exc:  # argparse's error (its message above), or --help
+        print(f"{argv!r}: does not parse (exit {exc.code})", file=sys.stderr)
+    else:
+        print(f"{argv!r}: main() returned without parsing its arguments", file=sys.stderr)
+    bad += 1
+sys.exit(1 if bad else 0)
 """
 
 
@@ -902,22 +952,25 @@ def test_the_shell_blocks_run_as_written(
     """Every block's commands and every long-running process, side by side."""
     jobs: list[tuple[Callable[[str, str, dict[str, str], Path], Outcome], str, str, Path]] = []
     seen: set[str] = set()
-    for block in all_blocks():
-        verdict = verdict_of(block)
-        if not isinstance(verdict, Shell):
-            continue
-        steps = plan(block, verdict, values)
-        here = tmp_path / block.page.replace("/", "_") / f"block{block.line}"
+    shells = [
+        (block, plan(block, verdict, values), tmp_path / block.page.replace("/", "_"))
+        for block in all_blocks()
+        if isinstance(verdict := verdict_of(block), Shell)
+    ]
+    for block, steps, here in shells:
         script = [c.raw for c in steps.run if c.text not in seen]
         seen.update(c.text.removesuffix(" &") for c in steps.run)
         if script:
-            jobs.append((run_script, block.where, "\n".join(script), here))
+            jobs.append((run_script, block.where, "\n".join(script), here / f"block{block.line}"))
+    for block, steps, here in shells:
         for n, command in enumerate(steps.long_running):
             if command.text in seen:
-                continue  # an earlier block runs it, in the background
+                # a block runs it (in the background, and uses it: `opledger sandbox
+                # --port ...`), or it was started once already
+                continue
             seen.add(command.text)
             where = f"{block.where} (long-running)"
-            jobs.append((run_long, where, command.raw, here / f"long{n}"))
+            jobs.append((run_long, where, command.raw, here / f"block{block.line}" / f"long{n}"))
     jobs.sort(key=lambda job: -len(job[2].splitlines()))  # the longest script first
     with ThreadPoolExecutor(max_workers=LANES) as pool:
         futures = [pool.submit(fn, where, what, readme_env, here) for fn, where, what, here in jobs]
@@ -929,6 +982,7 @@ def test_the_shell_blocks_run_as_written(
 
 def test_covered_commands_name_real_tests_and_still_parse() -> None:
     values = dict.fromkeys(("op", "port", "flower_port", "flower_password"), "1")
+    example_argvs: list[list[str]] = []  # parsed together below, in one process
     for block in all_blocks():
         verdict = verdict_of(block)
         if isinstance(verdict, Covered):
@@ -945,17 +999,25 @@ def test_covered_commands_name_real_tests_and_still_parse() -> None:
             if words[0] == "opledger" or words[0].endswith("/bin/opledger"):
                 parses(["opledger", *words[1:]])
             elif words[:2] == ["python", "examples/langgraph_onboarding.py"]:
-                example = subprocess.run(
-                    [sys.executable, str(REPO / words[1]), *words[2:], "--help"],
-                    capture_output=True,
-                    text=True,
-                )
-                assert example.returncode == 0, (key, example.stderr)
+                example_argvs.append(words[2:])
             elif words[0] == "make":
                 dry = make_dry_run(*words[1:])
                 assert dry.returncode == 0, (key, dry.stderr)
                 if words[1:] in (["demo"], ["bench"]):  # what the demo's and bench's tests run
                     assert f"bin/opledger {words[1]}" in dry.stdout, dry.stdout
+    if example_argvs:
+        example = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                EXAMPLE_PARSES,
+                str(REPO / "examples/langgraph_onboarding.py"),
+                json.dumps(example_argvs),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        assert example.returncode == 0, example.stderr
 
 
 def test_make_test_runs_lint_types_contracts_and_the_suite() -> None:
