@@ -183,6 +183,8 @@ def result_of(answer: Answer) -> EffectResult:
         return EffectCancelled(operation=op, reason=last)
     if op.status is Status.UNKNOWN:
         review = answer.open_review
+        if review is None and answer.unsent_why is not None:
+            return _unsent(answer, answer.unsent_why)
         if review is not None:
             waiting = f"a person: review {review.id} ({review.reason})"
         elif op.next_check_at is not None:
@@ -205,6 +207,32 @@ def result_of(answer: Answer) -> EffectResult:
     else:
         on, waiting = "worker", "a worker to take it"
     return EffectPending(operation=op, awaiting=on, waiting_for=waiting, blocked_by=blocked)
+
+
+def _unsent(answer: Answer, why: str) -> EffectPending:
+    """An unknown operation of which no attempt may have reached the provider: nothing
+    happened yet, and the agent is told so (not "it may have"), with what it waits for."""
+    op = answer.operation
+    when = f" (tried again at {op.next_check_at.isoformat()})" if op.next_check_at else ""
+    if why == "no_adapter":
+        return EffectPending(
+            operation=op,
+            awaiting="worker",
+            waiting_for=f"a worker that serves {op.action}: the workers that took it have no "
+            f"adapter for it, and nothing was sent{when}",
+        )
+    if why == "no_connection":
+        return EffectPending(
+            operation=op,
+            awaiting="provider",
+            waiting_for=f"{op.provider}, which did not take the connection: nothing was sent "
+            f"yet{when}",
+        )
+    return EffectPending(
+        operation=op,
+        awaiting="worker",
+        waiting_for=f"another attempt: nothing was sent yet ({why}){when}",
+    )
 
 
 def _describe(dep: Dependency) -> str:

@@ -191,15 +191,26 @@ def _decide(
     if contract.lookup.kind == "status_api":
         return _on_status(contract, operation, attempts, evidence, latest, authorized, now, sent)
     if contract.lookup.kind == "search":
-        # Rule 6: absence in an eventually consistent search proves nothing.
-        visible_after = busy_until + contract.lookup.lag
-        if now < visible_after:
-            if contract.lookup.read_after_write and latest is None:
-                return AskProvider()  # a fresh read may find it now; its absence waits
-            return HoldUnknown(next_check=visible_after, reason="waiting for search to catch up")
-        if latest is None or latest.recorded_at < visible_after:
-            return AskProvider()
+        waiting = _on_search(contract, latest, busy_until, now)
+        if waiting is not None:
+            return waiting
     return _retry(contract, operation, attempts, evidence, authorized, now, False)
+
+
+def _on_search(
+    contract: Contract, latest: Evidence | None, busy_until: datetime, now: datetime
+) -> Decision | None:
+    """Rule 6: absence in an eventually consistent search proves nothing before its lag has
+    passed since the in-flight deadline (`busy_until`); a lookup that reads something up to
+    date first is asked at once, its absence waiting like any. None: the lookups are done."""
+    visible_after = busy_until + contract.lookup.lag
+    if now < visible_after:
+        if contract.lookup.read_after_write and latest is None:
+            return AskProvider()  # a fresh read may find it now; its absence waits
+        return HoldUnknown(next_check=visible_after, reason="waiting for search to catch up")
+    if latest is None or latest.recorded_at < visible_after:
+        return AskProvider()
+    return None
 
 
 def _key_taken(operation: Operation, evidence: Sequence[Evidence]) -> NeedsReview | None:

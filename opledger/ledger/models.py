@@ -403,6 +403,9 @@ class Answer(Record):
     open_review: Review | None
     #: while it waits on dependencies (prepared), those not confirmed yet, as they stand
     blocked_by: tuple[Dependency, ...]
+    #: while it is unknown although no attempt may have reached the provider (each one sent
+    #: nothing): why the newest sent nothing (`no_adapter`, `no_connection`, ...); else None
+    unsent_why: str | None = None
 
 
 class Ask(Record):

@@ -129,7 +129,7 @@ class Store(Connector):
         """The answer a `queries.SELECT_ANSWERS` row (a tuple) gives, its result document
         opened."""
         op = operation_of(values)
-        last_reason, detail, review, blocked_by = values[len(q.OPERATION_COLUMNS) :]
+        last_reason, detail, review, blocked_by, unsent = values[len(q.OPERATION_COLUMNS) :]
         detail = detail or {}
         if "result" in detail:  # as `opened` does for a history's evidence
             result = open_result(self.payload_keys, op.id, detail["result"])
@@ -141,6 +141,7 @@ class Store(Connector):
             settled_detail=detail,
             open_review=None if review is None else Review.model_validate(review),
             blocked_by=tuple(Dependency.model_validate(d) for d in blocked_by or ()),
+            unsent_why=unsent,
         )
 
     def history(self, conn: Connection, op_id: str) -> History:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from opledger.agents.results import EffectPending, EffectUnknown, result_of
 from opledger.ledger import (
     Ambiguous,
     Answer,
@@ -34,12 +35,16 @@ def expected(ledger: Ledger, op_id: str) -> Answer:
     op = history.operation
     settled = [e for e in history.evidence if e.applied and e.verdict == op.status.value]
     waiting = op.status is Status.PREPARED
+    dispatched = [e for e in history.evidence if e.source.value == "dispatch"]
+    unsent = {e.attempt_n for e in dispatched if e.detail.get("code") == "not_sent"}
+    never_sent = op.status is Status.UNKNOWN and all(a.n in unsent for a in history.attempts)
     return Answer(
         operation=op,
         last_reason=history.transitions[-1].reason if history.transitions else None,
         settled_detail=settled[-1].detail if settled else {},
         open_review=history.open_review if op.status is Status.UNKNOWN else None,
         blocked_by=tuple(d for d in ledger.dependencies(op_id) if d.blocking and waiting),
+        unsent_why=dispatched[-1].detail.get("why") if never_sent and dispatched else None,
     )
 
 
@@ -88,6 +93,18 @@ def test_the_answers_say_what_the_histories_say(sealing: Ledger) -> None:
     held = ledger.get(ops["held"])
     assert ledger.open_review(held.id, fence=held.fence, reason="no lookup") is not None
 
+    # held by workers without its adapter: nothing sent, twice; and one sent before
+    unserved = Ambiguous(code="not_sent", reason="no adapter", detail={"why": "no_adapter"})
+    ambiguous = Ambiguous(code="timeout", reason="no answer")
+    for name, first in (("unsent", unserved), ("sent then unsent", ambiguous)):
+        ops[name] = prepare(ledger, name)
+        claim = ledger.claim(ops[name], owner="w")
+        assert claim is not None
+        ledger.record_outcome(claim, first)
+        again = ledger.claim_retry(ops[name], owner="w", expected_fence=claim.fence)
+        assert again is not None
+        ledger.record_outcome(again, unserved)
+
     ops["waiting"] = prepare(ledger, "waiting", after=[ops["held"], ops["confirmed"]])
     ops["cancelled"] = prepare(ledger, "cancelled", after=[ops["rejected"]])
 
@@ -102,6 +119,9 @@ def test_the_answers_say_what_the_histories_say(sealing: Ledger) -> None:
     [blocked] = answers[ops["waiting"]].blocked_by  # the confirmed dependency blocks nothing
     assert blocked.op_id == ops["held"] and blocked.review_id is not None
     assert answers[ops["cancelled"]].operation.status.value == "cancelled"
+    assert answers[ops["unsent"]].unsent_why == "no_adapter"
+    assert answers[ops["sent then unsent"]].unsent_why is None  # the first may have applied
+    assert answers[ops["unknown"]].unsent_why is None
     assert ledger.answer(ops["prepared"]) == answers[ops["prepared"]]
 
 
@@ -132,3 +152,34 @@ def test_the_listeners_reads_are_planned_once(
     finally:
         own.engine.dispose()
     assert rows == [(12, 0)], rows
+
+
+def test_an_agent_is_told_nothing_was_sent_when_no_attempt_reached_the_provider(
+    ledger: Ledger, grant: str
+) -> None:
+    """A worker without the action's adapter held it (`no_adapter`), or the provider never
+    took the connection: the ledger knows nothing was sent, so the agent is told it waits,
+    not that it may have happened. After an attempt that may have applied, it may have."""
+    unserved = Ambiguous(code="not_sent", reason="no adapter", detail={"why": "no_adapter"})
+    refused = Ambiguous(code="not_sent", reason="refused", detail={"why": "no_connection"})
+    told = {}
+    for name, outcomes in (
+        ("held", [unserved]),
+        ("refused", [refused, refused]),
+        ("sent, then held", [Ambiguous(code="timeout", reason="no answer"), unserved]),
+    ):
+        op_id = prepare(ledger, name)
+        claim = ledger.claim(op_id, owner="w")
+        for n, outcome in enumerate(outcomes):
+            assert claim is not None
+            if n:
+                claim = ledger.claim_retry(op_id, owner="w", expected_fence=claim.fence)
+                assert claim is not None
+            ledger.record_outcome(claim, outcome)
+        told[name] = result_of(ledger.answer(op_id))
+    held, down, maybe = told["held"], told["refused"], told["sent, then held"]
+    assert isinstance(held, EffectPending) and held.awaiting == "worker"
+    assert "no adapter for it, and nothing was sent" in held.message
+    assert isinstance(down, EffectPending) and down.awaiting == "provider"
+    assert "nothing was sent yet" in down.message
+    assert isinstance(maybe, EffectUnknown) and "it may have" in maybe.message

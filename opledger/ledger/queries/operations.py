@@ -196,7 +196,16 @@ SELECT_ANSWERS = text(
          JOIN operations AS d ON d.id = od.dep_id
          LEFT JOIN reviews AS dr ON dr.op_id = d.id AND dr.resolved_at IS NULL
          WHERE o.status = 'prepared' AND o.waiting_on > 0 AND od.op_id = o.id
-           AND d.status <> 'confirmed') AS blocked_by
+           AND d.status <> 'confirmed') AS blocked_by,
+        -- unknown, yet no attempt may have reached the provider (each one's outcome was
+        -- not_sent): why the newest sent nothing
+        (SELECT e.detail->>'why' FROM evidence AS e
+         WHERE o.status = 'unknown' AND e.op_id = o.id AND e.source = 'dispatch'
+           AND NOT EXISTS (
+               SELECT 1 FROM attempts AS a WHERE a.op_id = o.id AND NOT EXISTS (
+                   SELECT 1 FROM evidence AS s WHERE s.op_id = a.op_id AND s.attempt_n = a.n
+                     AND s.source = 'dispatch' AND s.detail->>'code' = 'not_sent'))
+         ORDER BY e.id DESC LIMIT 1) AS unsent_why
     FROM operations AS o
     WHERE o.id = ANY(:ids)
     """
