@@ -214,25 +214,18 @@ def _unsent(answer: Answer, why: str) -> EffectPending:
     happened yet, and the agent is told so (not "it may have"), with what it waits for."""
     op = answer.operation
     when = f" (tried again at {op.next_check_at.isoformat()})" if op.next_check_at else ""
+    on: Literal["worker", "provider"] = "worker"
     if why == "no_adapter":
-        return EffectPending(
-            operation=op,
-            awaiting="worker",
-            waiting_for=f"a worker that serves {op.action}: the workers that took it have no "
-            f"adapter for it, and nothing was sent{when}",
+        waiting = (
+            f"a worker that serves {op.action}: the workers that took it have no adapter for "
+            "it, and nothing was sent"
         )
-    if why == "no_connection":
-        return EffectPending(
-            operation=op,
-            awaiting="provider",
-            waiting_for=f"{op.provider}, which did not take the connection: nothing was sent "
-            f"yet{when}",
-        )
-    return EffectPending(
-        operation=op,
-        awaiting="worker",
-        waiting_for=f"another attempt: nothing was sent yet ({why}){when}",
-    )
+    elif why == "no_connection":
+        on = "provider"
+        waiting = f"{op.provider}, which did not take the connection: nothing was sent yet"
+    else:
+        waiting = f"another attempt: nothing was sent yet ({why})"
+    return EffectPending(operation=op, awaiting=on, waiting_for=waiting + when)
 
 
 def _describe(dep: Dependency) -> str:
