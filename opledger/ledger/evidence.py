@@ -140,9 +140,10 @@ def admit(contract: Contract | None, claim: Claim, outcome: Outcome) -> Outcome:
     A confirmation that names another key, target or body, or lacks what the provider's
     responses bind, confirms nothing: it becomes ambiguous. A refusal saying the target is
     already in the state we asked for is ambiguous after an earlier attempt that may have
-    applied, unless the provider replayed it under our key (the first request's own
-    refusal, `_replays_bind`). Without a contract (the ledger's own API) only the binding is
-    checked. With a keyed contract, the outcome records the scope the attempt was sent into.
+    applied, unless the provider replayed it under our key to the second attempt (the
+    first request's own refusal, `_first_replayed`). Without a contract (the ledger's own
+    API) only the binding is checked. With a keyed contract, the outcome records the scope
+    the attempt was sent into.
     """
     outcome = _bounded(outcome)
     if contract is not None and contract.idempotency.kind == "keyed":
@@ -176,10 +177,9 @@ def admit(contract: Contract | None, claim: Claim, outcome: Outcome) -> Outcome:
             )
         return outcome
     if isinstance(outcome, Rejected) and outcome.conflicting_state and claim.attempt_n > 1:
-        if replayed and _replays_bind(contract) and claim.idempotency_key == claim.operation.marker:
-            # the answer stored under our key for the first request that carried it, and
-            # every attempt carried it (no operator's retry under a new key): the first
-            # attempt's own refusal, replayed, not a refusal of what an earlier one did
+        if replayed and _first_replayed(contract, claim):
+            # the answer stored under our key for the one request that carried it before:
+            # the first attempt's own refusal, replayed, not a refusal of what it did
             return outcome.model_copy(update={"conflicting_state": False})
         return Ambiguous(
             code=STATE_CONFLICT,
@@ -191,14 +191,19 @@ def admit(contract: Contract | None, claim: Claim, outcome: Outcome) -> Outcome:
     return outcome
 
 
-def _replays_bind(contract: Contract | None) -> bool:
-    """A replay from this provider is the stored answer to our own first request with the
-    key: it keys requests and checks each key's body, so what it replays under our key
-    answered our request, no one else's."""
+def _first_replayed(contract: Contract | None, claim: Claim) -> bool:
+    """A replay on this attempt can only be the first attempt's stored answer: this is the
+    second attempt, both under the operation's own key (no operator's retry under a new
+    one), to a provider that keys requests and checks each key's body (what it replays
+    under our key answered our request, no one else's). A later attempt's replay may be
+    the stored answer of a second request that a provider which lost its keys ran afresh,
+    and refused because of what the first did."""
     return (
         contract is not None
         and contract.idempotency.kind == "keyed"
         and contract.idempotency.payload_checked
+        and claim.attempt_n == 2
+        and claim.idempotency_key == claim.operation.marker
     )
 
 

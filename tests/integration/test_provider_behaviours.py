@@ -137,7 +137,7 @@ KNOWN: dict[str, dict[str, object]] = {
     "status_api_after_a_5xx": {"lookup": "status_api", "fault": "error_after_commit"},
     "status_api_stored_5xx": {"lookup": "status_api", "fault": "error_before_commit"},
     # someone else closed the case; our first answer ("already closed") was lost and the
-    # same-key retry got it replayed: a stored refusal, not new information (rule 5)
+    # same-key retry got it replayed: the first attempt's own refusal (rule 11), rejected
     "replayed_refusal": {"verb": "close", "already_closed": True, "fault": "drop_after_commit"},
     # someone else's request holds our key and the refusal of ours has no code: a 422 that
     # may be a key collision is no definitive refusal of our act
@@ -145,7 +145,6 @@ KNOWN: dict[str, dict[str, object]] = {
 }
 #: how each of these ends: (attempts sent, the reason the review opened with)
 HELD: dict[str, tuple[int, str]] = {
-    "replayed_refusal": (2, "replays what it stored for this key"),
     # someone else's answer under our key, naming their body: a person at once (rule 12)
     "foreign_replay_bound_by_digest": (1, "a receipt for another one (it binds another"),
     "foreign_key_refused_without_code": (1, "nothing tells which"),
@@ -167,6 +166,10 @@ def test_the_worlds_that_went_wrong(ledger: Ledger, sandbox_server: Sandbox, nam
         assert status is Status.CONFIRMED  # an authoritative status API settles it
     if name == "status_api_stored_5xx":
         assert status is Status.REJECTED  # failed without effect, and its key replays that
+    if name == "replayed_refusal":  # the second attempt got the first one's refusal back
+        assert status is Status.REJECTED and len(history.attempts) == 2, history
+        second = history.attempts[1].response
+        assert second is not None and second["detail"]["replayed"] is True
 
 
 @settings(

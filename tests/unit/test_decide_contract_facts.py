@@ -163,9 +163,13 @@ def test_a_refusal_replayed_under_our_key_is_the_first_requests_own_refusal() ->
     assert isinstance(loose, Ambiguous) and loose.code == STATE_CONFLICT
     # and so does a replay under an operator's new key: the first request that carried it
     # came after attempts under the old key, one of which may have applied
-    renewed = claim(3).model_copy(update={"operation": operation(idempotency_key=f"{KEY}.k3")})
+    renewed = claim(2).model_copy(update={"operation": operation(idempotency_key=f"{KEY}.k2")})
     again = admit(keyed(), renewed, replay)
     assert isinstance(again, Ambiguous) and again.code == STATE_CONFLICT
+    # and a replay to a third attempt: the second may have been run afresh by a provider
+    # that lost its keys, and refused because of what the first did
+    third = admit(keyed(), claim(3), replay)
+    assert isinstance(third, Ambiguous) and third.code == STATE_CONFLICT
 
 
 def test_a_stored_conflicting_state_rejects_only_when_one_attempt_was_sent() -> None:
