@@ -1,23 +1,31 @@
 """`make wheel`: the package as a pip user gets it, built, checked, installed and run.
 
-1. `python -m build` makes the sdist from a copy of the working tree's files (those git
-   tracks or would track: nothing a build or an editable install left behind) and, from the
-   unpacked sdist, the wheel (so a file the sdist leaves out is missing from the wheel too),
-   all in a temporary directory outside the checkout.
+1. The sdist is built from a copy of the working tree's files (those git tracks or would
+   track: nothing a build or an editable install left behind) and, from the unpacked sdist,
+   the wheel (so a file the sdist leaves out is missing from the wheel too), all in a
+   temporary directory outside the checkout. As `python -m build` does, through its API,
+   in an isolated environment holding only `[build-system] requires`: one environment for
+   both builds, set up once, instead of one each.
 2. `twine check --strict` reads both; the license (an SPDX expression and the LICENSE file)
    must be in both.
 3. A fresh virtualenv outside the checkout gets the wheel with every runtime extra, its
-   dependencies from the index pip is configured with.
-4. From a directory outside the checkout, with no PYTHONPATH and no OPLEDGER_ setting:
-   `opledger --version` (the version in `opledger/__init__.py`), `opledger check --help`,
-   `python -m opledger.cli --version`, and one Python process that imports every module of
-   the installed package (each from the virtualenv, none from the checkout), renders the
-   migrations offline as SQL (env.py, script.py.mako and every version file), compiles
-   every console template, and lists the installed files: every file of the checkout's
-   under `opledger/` must be there (migrations, schema.sql, templates, static, py.typed).
+   dependencies from the index pip is configured with (not byte-compiled: see 4).
+4. From a directory outside the checkout, with no PYTHONPATH and no OPLEDGER_ setting: one
+   Python process (`-I`) imports every module of the installed package (each from the
+   virtualenv, none from the checkout), runs the console script's entry point
+   (`opledger check --help`) and `-m opledger.cli --version` as `python -m` does (runpy),
+   renders the migrations offline as SQL (env.py, script.py.mako and every version file),
+   compiles every console template, and lists the installed files: every file of the
+   checkout's under `opledger/` must be there (migrations, schema.sql, templates, static,
+   py.typed). Then `opledger --version`, the installed script in a process of its own,
+   must print the version in `opledger/__init__.py`. These processes may write bytecode
+   (PYTHONDONTWRITEBYTECODE is not passed on): the first compiles what it imports, once,
+   instead of pip compiling every installed file or each process compiling again.
 
 Prints one line per step and exits 1 on any failure. `--keep` leaves the temporary
-directory (its path is printed).
+directory (its path is printed). The test suite builds once for the tests that install the
+package (tests/packaging.py): `--build-only DIR` builds the sdist and the wheel into DIR
+and stops; `--built DIR` checks those instead of building.
 """
 
 from __future__ import annotations
@@ -32,9 +40,12 @@ import sys
 import tarfile
 import tempfile
 import time
+import tomllib
 import zipfile
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "opledger"
@@ -55,7 +66,8 @@ SKIPPED = {
 #: Run by the virtualenv's Python (`-I`: no PYTHONPATH, no user site, no working
 #: directory on sys.path); prints one JSON document.
 PROBE = r"""
-import importlib, importlib.metadata, io, json, pkgutil, sys, sysconfig, traceback
+import contextlib, importlib, importlib.metadata, io, json, pkgutil, runpy, sys, sysconfig
+import traceback
 from pathlib import Path
 
 skipped = set(json.loads(sys.argv[1]))
@@ -83,6 +95,32 @@ for info in pkgutil.walk_packages(opledger.__path__, "opledger.", onerror=failur
     imported.append((info.name, str(Path(module.__file__ or "").resolve())))
 report["imported"] = imported
 report["failed"] = failed
+
+def cli(argv, call):
+    # a command run in this process: its exit code and what it printed
+    out, saved, code = io.StringIO(), sys.argv, 0
+    sys.argv = list(argv)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            call()
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:
+        return {"error": traceback.format_exc(limit=-3)}
+    finally:
+        sys.argv = saved
+    return {"code": code, "output": out.getvalue()}
+
+scripts = importlib.metadata.entry_points(group="console_scripts", name="opledger")
+report["script"] = [script.value for script in scripts]
+if len(scripts) == 1:
+    main = next(iter(scripts)).load()
+    report["check_help"] = cli(["opledger", "check", "--help"], main)
+# `python -m opledger.cli` is runpy running the package's __main__
+report["module_version"] = cli(
+    [sys.executable, "--version"],
+    lambda: runpy.run_module("opledger.cli", run_name="__main__", alter_sys=True),
+)
 
 report["files"] = sorted(
     str(p.relative_to(package_dir))
@@ -180,20 +218,76 @@ def source_files() -> list[str]:
     return sorted({name for name in out if name and (REPO / name).is_file()})
 
 
-def build(
+def hook_runner(
+    cmd: Sequence[str], cwd: str | None = None, extra_environ: Mapping[str, str] | None = None
+) -> None:
+    """Runs the build backend's hooks (one process each) quietly, their output kept for a
+    failure; they may write bytecode into the build environment, so that setuptools is
+    compiled by the first hook, not by every one."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(extra_environ or {})
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise subprocess.CalledProcessError(done.returncode, cmd, done.stdout, done.stderr)
+
+
+def build_failure(exc: Exception) -> str:
+    """What a failed build step said: the failed process's output, when there was one."""
+    cause = getattr(exc, "exception", exc)  # build.BuildBackendException wraps it
+    said = ""
+    if isinstance(cause, subprocess.CalledProcessError):
+        said = "".join(
+            part.decode(errors="replace") if isinstance(part, bytes) else part
+            for part in (cause.stdout or "", cause.stderr or "")
+        )
+    return f"{exc}\n{said[-6000:]}"
+
+
+def build_dists(
     dist: Path, source: Path, files: list[str], version: str, check: Check
 ) -> tuple[Path, Path]:
     """The sdist from a copy of the working tree's files (as a fresh clone of it would have
-    them), then the wheel from the sdist."""
+    them), then the wheel from the unpacked sdist, both in one isolated build environment
+    that holds only what the project's `[build-system]` (and the backend) ask for."""
+    import build
+    import build.env
+
     started = time.monotonic()
     for name in files:
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / name, source / name)
-    run(
-        [sys.executable, "-m", "build", "--outdir", str(dist), str(source)],
-        cwd=dist.parent,
-        what="python -m build",
-    )
+    unpacked = source.parent / "unpacked"
+    try:
+        with build.env.DefaultIsolatedEnv() as env:
+            builder = build.ProjectBuilder.from_isolated_env(env, source, runner=hook_runner)
+            installed = set(builder.build_system_requires)
+            env.install(installed)
+            needs = builder.get_requires_for_build("sdist") - installed
+            env.install(needs)
+            installed |= needs
+            sdist = Path(builder.build("sdist", dist))
+            with tarfile.open(sdist) as tar:  # as `python -m build` unpacks it
+                if hasattr(tarfile, "data_filter"):
+                    tar.extractall(unpacked, filter="data")
+                else:
+                    tar.extractall(unpacked)
+            root = unpacked / sdist.name.removesuffix(".tar.gz")
+            builder = build.ProjectBuilder.from_isolated_env(env, root, runner=hook_runner)
+            env.install(set(builder.build_system_requires) - installed)
+            installed |= builder.build_system_requires
+            env.install(builder.get_requires_for_build("wheel") - installed)
+            builder.build("wheel", dist)
+    except Exception as exc:  # build.BuildException, BuildBackendException, a failed pip
+        raise Failed(f"building the sdist and the wheel: {build_failure(exc)}") from exc
+    finally:
+        shutil.rmtree(unpacked, ignore_errors=True)
+    sdist, wheel = built(dist, version, check)
+    say("built", f"{sdist.name}, {wheel.name} ({time.monotonic() - started:.1f} s)")
+    return sdist, wheel
+
+
+def built(dist: Path, version: str, check: Check) -> tuple[Path, Path]:
+    """The sdist and the wheel in `dist`: one of each, named for the checkout's version."""
     sdists, wheels = sorted(dist.glob("*.tar.gz")), sorted(dist.glob("*.whl"))
     if len(sdists) != 1 or len(wheels) != 1:
         raise Failed(f"expected one sdist and one wheel, found {[p.name for p in dist.iterdir()]}")
@@ -205,7 +299,6 @@ def build(
         wheel.name.startswith(f"{PACKAGE}-{version}-"),
         f"wheel named {wheel.name}, not for {version}",
     )
-    say("built", f"{sdist.name}, {wheel.name} ({time.monotonic() - started:.1f} s)")
     return sdist, wheel
 
 
@@ -252,7 +345,8 @@ def install(venv: Path, wheel: Path) -> None:
         what="python -m venv",
     )
     # the checkout's pip installs into the new environment (`--python`): no pip of its own
-    # to bootstrap; byte-compiling everything installed costs more than the imports save
+    # to bootstrap. Nothing byte-compiled: compiling every installed file costs more than
+    # compiling what the probe imports, once (it may write the bytecode: `user_env`)
     run(
         [
             sys.executable,
@@ -275,12 +369,16 @@ def install(venv: Path, wheel: Path) -> None:
     )
 
 
+#: Not passed on to the virtualenv's processes: the checkout's interpreter settings, and
+#: PYTHONDONTWRITEBYTECODE (a pip user's shell has none; with it, every process would compile
+#: again what the one before it compiled, as nothing was byte-compiled at install)
+NOT_PASSED = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONDONTWRITEBYTECODE")
+
+
 def user_env(venv: Path) -> dict[str, str]:
     """A pip user's shell: the virtualenv first on PATH, nothing of the checkout's."""
     env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("OPLEDGER_") and k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")
+        k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_") and k not in NOT_PASSED
     }
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env["VIRTUAL_ENV"] = str(venv)
@@ -288,42 +386,57 @@ def user_env(venv: Path) -> dict[str, str]:
     return env
 
 
-def check_cli(venv: Path, work: Path, version: str, check: Check) -> None:
-    env = user_env(venv)
-    opledger = str(venv / "bin" / "opledger")
-    with ThreadPoolExecutor(3) as pool:
-        said = pool.submit(
-            run, [opledger, "--version"], cwd=work, env=env, what="opledger --version"
-        )
-        helped = pool.submit(
-            run, [opledger, "check", "--help"], cwd=work, env=env, what="opledger check --help"
-        )
-        module = pool.submit(
-            run,
-            [str(venv / "bin" / "python"), "-I", "-m", "opledger.cli", "--version"],
-            cwd=work,
-            env=env,
-            what="python -m opledger.cli --version",
-        )
-        printed = said.result().stdout.strip()
-        check(
-            printed == f"opledger {version}",
-            f"opledger --version printed {printed!r}, not 'opledger {version}'",
-        )
-        check(
-            module.result().stdout.strip() == printed, "python -m opledger.cli --version disagrees"
-        )
-        help_text = helped.result().stdout
-        check(
-            "Usage:" in help_text and "check" in help_text, "opledger check --help printed no usage"
-        )
-    say(
-        "cli",
-        f"opledger --version: {printed!r}; opledger check --help and python -m opledger.cli ran",
+def console_script() -> str:
+    """The `opledger` console script's entry point as pyproject.toml declares it."""
+    with (REPO / "pyproject.toml").open("rb") as f:
+        return str(tomllib.load(f)["project"]["scripts"][PACKAGE])
+
+
+def check_cli(venv: Path, work: Path, version: str, report: dict[str, Any], check: Check) -> None:
+    """`opledger --version` in a process of its own (the installed script, after the probe
+    compiled what it imports); `opledger check --help` and `python -m opledger.cli --version`
+    as the probe ran them."""
+    failures_before = len(check.failures)
+    done = run(
+        [str(venv / "bin" / "opledger"), "--version"],
+        cwd=work,
+        env=user_env(venv),
+        what="opledger --version",
     )
+    printed = done.stdout.strip()
+    check(
+        printed == f"opledger {version}",
+        f"opledger --version printed {printed!r}, not 'opledger {version}'",
+    )
+    declared = console_script()
+    check(
+        report["script"] == [declared],
+        f"the installed console scripts named {PACKAGE}: {report['script']}, not [{declared!r}]",
+    )
+    module = report["module_version"]
+    check(
+        module.get("code") in (0, None) and module.get("output", "").strip() == printed,
+        f"python -m opledger.cli --version disagrees: {module}",
+    )
+    helped = report.get("check_help", {})
+    check(
+        helped.get("code") in (0, None)
+        and "Usage:" in helped.get("output", "")
+        and "check" in helped.get("output", ""),
+        f"opledger check --help printed no usage: {helped}",
+    )
+    if len(check.failures) == failures_before:
+        say(
+            "cli",
+            f"opledger --version: {printed!r}; opledger check --help and python -m opledger.cli "
+            "ran",
+        )
 
 
-def check_installed(venv: Path, work: Path, files: list[str], version: str, check: Check) -> None:
+def check_installed(
+    venv: Path, work: Path, files: list[str], version: str, check: Check
+) -> dict[str, Any]:
+    """The probe's report, checked (the commands it ran are checked by `check_cli`)."""
     done = run(
         [str(venv / "bin" / "python"), "-I", "-c", PROBE, json.dumps(sorted(SKIPPED))],
         cwd=work,
@@ -411,11 +524,25 @@ def check_installed(venv: Path, work: Path, files: list[str], version: str, chec
             f"{migrations['create_tables']} CREATE TABLE); console: "
             f"{len(templates)} templates compiled, {len(static)} static",
         )
+    return report
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", action="store_true", help="leave the temporary directory")
+    given = parser.add_mutually_exclusive_group()
+    given.add_argument(
+        "--build-only",
+        metavar="DIR",
+        type=Path,
+        help="build the sdist and the wheel into DIR (empty or new) and stop",
+    )
+    given.add_argument(
+        "--built",
+        metavar="DIR",
+        type=Path,
+        help="check the sdist and the wheel --build-only built into DIR instead of building",
+    )
     args = parser.parse_args()
     started = time.monotonic()
     check = Check()
@@ -427,15 +554,25 @@ def main() -> int:
         work.mkdir()
         version = checkout_version()
         files = source_files()
-        sdist, wheel = build(dist, source, files, version, check)
-        with ThreadPoolExecutor(1) as pool:
-            metadata = pool.submit(check_metadata, sdist, wheel, version, check)
-            install(venv, wheel)
-            metadata.result()
-        with ThreadPoolExecutor(1) as pool:
-            cli = pool.submit(check_cli, venv, work, version, check)
-            check_installed(venv, work, files, version, check)
-            cli.result()
+        if args.built is not None:
+            dist = args.built.resolve()
+            sdist, wheel = built(dist, version, check)
+            say("built", f"{sdist.name}, {wheel.name} (built by --build-only into {dist})")
+        else:
+            if args.build_only is not None:
+                dist = args.build_only.resolve()
+                if dist.exists() and any(dist.iterdir()):
+                    raise Failed(f"--build-only {dist}: not empty")
+            dist.mkdir(parents=True, exist_ok=True)
+            sdist, wheel = build_dists(dist, source, files, version, check)
+        if args.build_only is None:
+            with ThreadPoolExecutor(1) as pool:
+                metadata = pool.submit(check_metadata, sdist, wheel, version, check)
+                install(venv, wheel)
+                metadata.result()
+            # one process after the other: the probe compiles what the next one imports
+            report = check_installed(venv, work, files, version, check)
+            check_cli(venv, work, version, report, check)
     except Failed as exc:
         check(False, str(exc))
     finally:
@@ -447,10 +584,12 @@ def main() -> int:
     if check.failures:
         say("failed", f"{len(check.failures)} failure(s) ({elapsed:.1f} s)")
         return 1
-    say(
-        "ok",
-        f"{PACKAGE} {version} builds, installs and runs outside the checkout ({elapsed:.1f} s)",
+    done = (
+        "builds"
+        if args.build_only is not None
+        else "builds, installs and runs outside the checkout"
     )
+    say("ok", f"{PACKAGE} {version} {done} ({elapsed:.1f} s)")
     return 0
 
 

@@ -1,14 +1,25 @@
 """The README's pip quick start, run as written by a pip user: a fresh virtualenv, opledger
-installed from a clean clone as a package (no editable install, no dev extra), then every
-command of the block in one shell, against a database and a Redis of the test's own.
+installed as a package (no editable install, no dev extra), then every command of the
+block in one shell, against a database and a Redis of the test's own.
 
-What is replaced, and only that: the package name becomes the clone's path (opledger is
-installed from this checkout), the two exported URLs become the test's, and the sandbox
-gets free ports (the CRM adapter is told them). Everything else runs verbatim, the
-processes it starts in the background included (stopped at the end)."""
+What is replaced, and only that: the package name becomes the wheel of this checkout's
+working tree (the run's one build, `tests.packaging`: the sdist from the tracked files,
+the wheel from the sdist; tests/system/test_wheel.py checks the same files), the two
+exported URLs become the test's, and the sandbox gets free ports (the CRM adapter is told
+them). Everything else runs verbatim, the processes it starts in the background included
+(stopped at the end).
+
+The virtualenv has the pip of the suite's own environment (a current one, as
+`python -m venv --upgrade-deps` would give; the pip an interpreter bundles can be years
+older, and took twice the CPU for the same install). Its shell is a pip user's: no
+OPLEDGER_ setting and no PYTHONDONTWRITEBYTECODE of the suite's, and PIP_COMPILE=0: pip
+byte-compiles nothing it installs, and the block's first process to import a module writes
+its bytecode for the next ones (compiling every installed file cost more than compiling
+what the block imports)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import signal
@@ -26,6 +37,7 @@ from opledger.ledger import Ledger, Status
 from opledger.ledger.connector import sqlalchemy_url
 from opledger.ledger.pgschema import DEFAULT_SCHEMA
 from tests.conftest import PostgresServer
+from tests.packaging import built_dists
 
 pytestmark = [pytest.mark.system, pytest.mark.own_processes]
 
@@ -67,17 +79,34 @@ def _stop_group(proc: subprocess.Popen[str]) -> None:
 
 
 @pytest.mark.timeout(420)
-def test_the_pip_quick_start_runs_as_written(tmp_path: Path, scratch: str) -> None:
-    clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+def test_the_pip_quick_start_runs_as_written(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, scratch: str
+) -> None:
+    wheel = built_dists(tmp_path_factory).wheel
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    # the virtualenv's own pip (the block runs it), the version of the suite's, installed by
+    # the suite's: no older pip bootstrapped first
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "--quiet",
+            "--no-compile",
+            f"pip=={importlib.metadata.version('pip')}",
+        ],
+        check=True,
+    )
     redis = PrivateRedis(tmp_path)
     redis.start()
     http, smtp = free_port(), free_port()
     block = quickstart_block()
     replacements = {
-        "pip install 'opledger[": f"pip install --quiet '{clone}[",
+        "pip install 'opledger[": f"pip install --quiet '{wheel}[",
         "export OPLEDGER_DATABASE_URL=postgresql://app@127.0.0.1:5432/app": (
             f"export OPLEDGER_DATABASE_URL={scratch}"
         ),
@@ -90,17 +119,23 @@ def test_the_pip_quick_start_runs_as_written(tmp_path: Path, scratch: str) -> No
     for written, replacement in replacements.items():
         assert written in script, f"the block no longer says {written!r}"
         script = script.replace(written, replacement)
-    # a pip user's shell: no OPLEDGER_ setting of the suite's (its schema included), the
-    # fresh virtualenv first on PATH, the sandbox's ports for the CRM adapter
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPLEDGER_")}
+    # a pip user's shell: no OPLEDGER_ setting of the suite's (its schema included), no
+    # PYTHONPATH or PYTHONDONTWRITEBYTECODE, the fresh virtualenv first on PATH, the
+    # sandbox's ports for the CRM adapter; pip compiles nothing (PIP_COMPILE=0: note that
+    # pip reads PIP_NO_COMPILE=1 as --compile), the block's processes write the bytecode
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("OPLEDGER_") and k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")
+    }
     env.update(
         PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
         VIRTUAL_ENV=str(venv),
         OPLEDGER_CRM_URL=f"http://127.0.0.1:{http}",
         OPLEDGER_STATE_DIR=str(tmp_path / "state"),
         PYTHONUNBUFFERED="1",
+        PIP_COMPILE="0",
     )
-    env.pop("PYTHONPATH", None)
     work = tmp_path / "work"
     work.mkdir()
     log = tmp_path / "quickstart.log"
