@@ -8,8 +8,6 @@ chromedriver."""
 
 from __future__ import annotations
 
-import atexit
-import json
 import os
 import re
 import shutil
@@ -17,7 +15,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +28,7 @@ from opledger.dev.processes import Proc, free_port, listening, wait_until
 from opledger.ledger.pgschema import SCHEMA_VARIABLE
 from tests.clirun import Run
 from tests.conftest import SCHEMA, connect_ledger
+from tests.forks import ForkedProc, ForkServer, fork_server
 
 if TYPE_CHECKING:  # the browser tests import Selenium only once there is a browser
     from selenium.webdriver.remote.webdriver import WebDriver
@@ -99,185 +97,6 @@ class Job:
     cwd: Path | None = None
     stdin: str = ""
     timeout: float = 60.0
-
-
-#: The fork server: it imports the command and the modules its commands import once they
-#: run (as `python -m opledger.cli` would, reading no setting: checked), then serves JSON
-#: requests, one a line on stdin, each answered with one line: "start" forks a child that
-#: takes the request's directory, environment and standard streams (files) and runs the
-#: command as `python -m opledger.cli` does, so its exit status and its output are a real
-#: process's; "wait" reaps its children until that one has exited (its exit code) or the
-#: time is up (null). Its children stay in its process group; at EOF it kills those left.
-_SERVER = r"""
-import gc, importlib, json, os, signal, sys, time
-
-import opledger.cli.main
-from opledger.settings import get_settings
-
-for module in json.loads(sys.argv[1]):
-    importlib.import_module(module)
-if get_settings.cache_info().currsize:
-    sys.exit("importing the command read the settings: its forks would share them")
-sys.stdout.flush()
-sys.stderr.flush()
-codes, live, mine = {}, set(), None
-
-
-def reap():
-    while live:
-        pid, status = os.waitpid(-1, os.WNOHANG)
-        if not pid:
-            return
-        live.discard(pid)
-        codes[pid] = os.waitstatus_to_exitcode(status)
-
-
-def answer(reply):
-    sys.stdout.write(json.dumps(reply) + "\n")
-    sys.stdout.flush()
-
-
-for line in sys.stdin:
-    request = json.loads(line)
-    if request["op"] == "start":
-        gc.freeze()  # what the parent made stays shared with the child: no collection walks it
-        pid = os.fork()
-        if pid == 0:
-            mine = request
-            break
-        live.add(pid)
-        answer({"pid": pid})
-    else:  # wait
-        pid, deadline = request["pid"], time.monotonic() + request["timeout"]
-        while True:
-            reap()
-            if pid in codes or time.monotonic() >= deadline:
-                break
-            time.sleep(0.01)
-        answer({"code": codes.pop(pid, None)})
-if mine is None:  # the tests are over
-    for pid in live:
-        os.kill(pid, signal.SIGKILL)
-    sys.exit(0)
-
-os.chdir(mine["cwd"])
-os.environ.clear()
-os.environ.update(mine["env"])
-for fd, path, flags in (
-    (0, mine["stdin"], os.O_RDONLY),
-    (1, mine["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND),
-    (2, mine["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND),
-):
-    opened = os.open(path, flags, 0o600)
-    os.dup2(opened, fd)
-    os.close(opened)
-sys.stdin = open(0, closefd=False)  # not the server's requests, read ahead or not
-sys.argv = ["opledger", *mine["args"]]
-del codes, live, mine, line, request, pid
-import runpy
-
-runpy.run_module("opledger.cli", run_name="__main__", alter_sys=True)
-"""
-
-#: what commands import once they run, imported by the fork server too (none of them reads
-#: a setting as it is imported: checked): the start-up checks (worker, beat, check), then
-#: `opledger console` and `opledger operator`
-PRELOAD = (
-    "opledger.cli.checks",
-    "opledger.adapters.crm",
-    "opledger.adapters.imap",
-    "opledger.adapters.smtp",
-    "opledger.adapters.stripe",
-    "opledger.adapters.webhook",
-    "httpx",
-    "kombu.connection",
-    "kombu.transport.redis",
-    "redis",
-    "alembic.script",
-    "opledger.console.accounts",
-    "opledger.console.app",
-    "uvicorn",
-)
-
-
-class ForkServer:
-    """A `_SERVER` process for one environment (that of the commands' imports): started
-    once, then each `opledger` process is a fork of it. Stopped when this process exits."""
-
-    def __init__(self, env: Mapping[str, str]) -> None:
-        self._lock = threading.Lock()
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", _SERVER, json.dumps(PRELOAD)],
-            cwd=tempfile.gettempdir(),
-            env=dict(env),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,  # its children are in its group: killed with it
-        )
-        atexit.register(self.close)
-
-    def _ask(self, request: Mapping[str, object]) -> dict[str, int | None]:
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        with self._lock:
-            self._proc.stdin.write(json.dumps(request) + "\n")
-            self._proc.stdin.flush()
-            line = self._proc.stdout.readline()
-        assert line, f"the fork server exited ({self._proc.poll()})"
-        reply: dict[str, int | None] = json.loads(line)
-        return reply
-
-    def start(
-        self,
-        args: Sequence[str],
-        env: Mapping[str, str],
-        cwd: Path,
-        stdin: Path,
-        out: Path,
-        err: Path,
-    ) -> int:
-        """Fork `opledger ARGS` (stdout and stderr appended to `out` and `err`): its pid."""
-        request = {
-            "op": "start",
-            "args": list(args),
-            "env": dict(env),
-            "cwd": str(cwd),
-            "stdin": str(stdin),
-            "stdout": str(out),
-            "stderr": str(err),
-        }
-        pid = self._ask(request)["pid"]
-        assert pid is not None
-        return pid
-
-    def wait(self, pid: int, timeout: float) -> int | None:
-        """The exit code of `pid`, once it has exited; None if it runs on after `timeout`."""
-        return self._ask({"op": "wait", "pid": pid, "timeout": timeout})["code"]
-
-    def close(self) -> None:
-        if self._proc.poll() is None:
-            assert self._proc.stdin is not None
-            self._proc.stdin.close()  # EOF: it kills what is left and exits
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-                self._proc.wait()
-
-
-_servers: dict[tuple[tuple[str, str], ...], ForkServer] = {}
-
-
-def fork_server(env: Mapping[str, str]) -> ForkServer:
-    """The fork server for commands run with `env`: one per environment less its OPLEDGER_
-    settings (but the ledger's schema), which is what importing the command may read (a
-    terminal's width: COLUMNS); each fork then takes `env` whole."""
-    base = {k: v for k, v in env.items() if not k.startswith("OPLEDGER_") or k == SCHEMA_VARIABLE}
-    key = tuple(sorted(base.items()))
-    server = _servers.get(key)
-    if server is None:
-        server = _servers[key] = ForkServer(base)
-    return server
 
 
 def opledger_forked(*jobs: Job, together: bool = False) -> list[subprocess.CompletedProcess[str]]:
@@ -390,39 +209,6 @@ def forget_accounts(database_url: str) -> None:
         conn.execute("TRUNCATE operators, signin_attempts CASCADE")
 
 
-class _ForkedConsole:
-    """An `opledger console` process forked from the `fork_server` (as `Proc` runs one: in
-    its state directory, stdout and stderr appended to `log`)."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
-        self.log = log
-        log.touch()
-        self._offset = log.stat().st_size  # earlier runs under this name stay above
-        self._server = fork_server(env)
-        cwd = Path(env.get("OPLEDGER_STATE_DIR", os.getcwd()))
-        self.pid = self._server.start(argv, env, cwd, Path(os.devnull), log, log)
-        self.code: int | None = None
-
-    def exited(self, timeout: float = 0) -> bool:
-        if self.code is None:
-            self.code = self._server.wait(self.pid, timeout)
-        return self.code is not None
-
-    def output(self) -> str:
-        with self.log.open("rb") as f:
-            f.seek(self._offset)
-            return f.read().decode(errors="replace")
-
-    def stop(self) -> None:
-        """A graceful stop (SIGTERM), then SIGKILL if it lingers."""
-        if self.exited():
-            return
-        os.kill(self.pid, signal.SIGTERM)
-        if not self.exited(15):
-            os.kill(self.pid, signal.SIGKILL)
-            assert self.exited(15), f"console {self.pid} outlived SIGKILL"
-
-
 @contextmanager
 def running_console(
     env: dict[str, str], log: Path, *args: str, forked: bool = False
@@ -433,13 +219,10 @@ def running_console(
     port = free_port()
     argv = ["console", "--port", str(port), *args]
     url = f"http://127.0.0.1:{port}"
-    forked_proc = _ForkedConsole(argv, env, log) if forked else None
-    proc = None if forked else Proc("console", argv, env, log)
+    proc = (ForkedProc if forked else Proc)("console", argv, env, log)
 
     def up(client: httpx.Client) -> bool:
-        if forked_proc is not None and forked_proc.exited():
-            raise AssertionError(f"the console died:\n{forked_proc.output()}")
-        if proc is not None and proc.proc.poll() is not None:
+        if proc.proc.poll() is not None:
             raise AssertionError(f"the console died:\n{proc.output()}")
         if not listening(port):  # a socket, not a request each time: it costs next to nothing
             return False
@@ -453,10 +236,7 @@ def running_console(
             wait_until(lambda: up(health), 30, "the console to answer", every=0.05)
         yield url
     finally:
-        if forked_proc is not None:
-            forked_proc.stop()
-        if proc is not None:
-            proc.stop()
+        proc.stop()
 
 
 @contextmanager

@@ -301,6 +301,19 @@ def private_broker(kind: str, workdir: Path) -> PrivateBroker:
     raise ValueError(f"unknown broker kind {kind!r} (redis or rabbitmq)")
 
 
+class Process(Protocol):
+    """What `Proc` keeps of its process: a `subprocess.Popen`, or a handle of the same
+    shape for a process started another way (the test suite forks its stacks' processes
+    from one that imported the command once)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 class Proc:
     """An `opledger` command (or `python -m <module>`) in its own process group, logging to
     a file."""
@@ -319,7 +332,12 @@ class Proc:
             env = {**env, "OPLEDGER_DEV": "1"}
         self._log_file = log.open("ab")
         self._offset = self._log_file.tell()  # earlier runs under this name stay above
-        self.proc = subprocess.Popen(
+        self.proc: Process = self._start(argv, env, module)
+
+    def _start(self, argv: list[str], env: dict[str, str], module: str) -> Process:
+        """`python -m module ARGV` in a session of its own (its process group), in the state
+        directory, its output appended to the log."""
+        return subprocess.Popen(
             [sys.executable, "-m", module, *argv],
             env=env,
             cwd=env.get("OPLEDGER_STATE_DIR", os.getcwd()),
@@ -363,10 +381,18 @@ class Proc:
 class Stack:
     """Workers and a beat against one database, broker and sandbox."""
 
-    def __init__(self, env: dict[str, str], workdir: Path, name: str = "stack") -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        workdir: Path,
+        name: str = "stack",
+        proc: type[Proc] = Proc,
+    ) -> None:
         self.env = env
         self.workdir = workdir
         self.name = name  #: prefixes the log files, so two stacks never share one
+        #: what starts its workers and beat (`Proc`, or a subclass that starts them otherwise)
+        self.proc = proc
         self.workers: dict[str, Proc] = {}
         self.beat: Proc | None = None
 
@@ -386,7 +412,7 @@ class Stack:
         """Start a worker without waiting for it to be ready."""
         if name in self.workers:  # never leave a process behind under a reused name
             self.workers.pop(name).kill()
-        proc = Proc(
+        proc = self.proc(
             name,
             ["worker", "-c", str(concurrency), "--hostname", f"{name}@%h", "--loglevel", "INFO"],
             {**self.env, **env},
@@ -400,7 +426,7 @@ class Stack:
         printed), and raise if it died before (a broker refusing it, say)."""
         if self.beat is not None:
             self.beat.kill()
-        beat = self.beat = Proc(
+        beat = self.beat = self.proc(
             "beat", ["beat", "--loglevel", "INFO"], self.env, self.workdir / f"{self.name}-beat.log"
         )
         if wait:

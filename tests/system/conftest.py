@@ -38,6 +38,7 @@ from opledger.ledger import Ledger, Status
 from opledger.settings import Settings
 from tests import stacks
 from tests.conftest import require_rabbitmq
+from tests.forks import ForkedProc
 
 
 @pytest.fixture
@@ -70,7 +71,11 @@ def stack(
 
     app.conf.broker_url = private_redis.url  # this process publishes to the private broker
     stack = stacks.keep(
-        Stack(stack_env(database_url, private_redis.url, sandbox_server, workdir), workdir)
+        Stack(
+            stack_env(database_url, private_redis.url, sandbox_server, workdir),
+            workdir,
+            proc=ForkedProc,
+        )
     )
     try:
         yield stack
@@ -95,7 +100,7 @@ def rabbit_stack(
     database_url: str, rabbit_vhost: PrivateVhost, sandbox_server: Sandbox, workdir: Path
 ) -> Iterator[Stack]:
     env = stack_env(database_url, rabbit_vhost.url, sandbox_server, workdir)
-    stack = stacks.keep(Stack(env, workdir, name="rabbitmq"))
+    stack = stacks.keep(Stack(env, workdir, name="rabbitmq", proc=ForkedProc))
     try:
         yield stack
     finally:

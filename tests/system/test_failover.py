@@ -45,6 +45,7 @@ from opledger.ledger import DatabaseUnavailable, Ledger, Status
 from opledger.ledger.migrate import upgrade
 from opledger.settings import Settings
 from tests.conftest import SCHEMA
+from tests.forks import ForkedProc
 from tests.pgcluster import Cluster, Server, cluster_or_skip, multi_host_url
 
 pytestmark = [pytest.mark.system, pytest.mark.own_processes, pytest.mark.timeout(600)]
@@ -157,7 +158,7 @@ def run_for(tmp_path: Path, broker: Celery) -> Iterator[Any]:
         ledger = Ledger.from_url(url, actions=build_registry(settings))
         started.append(ledger.engine.dispose)
         ledger.grant(tenant=TENANT, scope=["*"], granted_by="test", ref="auth_failover")
-        stack = Stack(env, tmp_path, name="failover")
+        stack = Stack(env, tmp_path, name="failover", proc=ForkedProc)
         started.append(stack.stop_all)
         stack.start_worker("f1", concurrency=1)
         stack.start_worker("f2", concurrency=1)

@@ -19,6 +19,7 @@ from opledger.dev.processes import PrivateRedis, Proc, Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.ledger.migrate import upgrade
+from tests.forks import ForkedProc
 from tests.intents import key_of, prepare
 
 from .conftest import settings_of, settled
@@ -40,7 +41,7 @@ def own_stack(
         conn.execute("CREATE DATABASE opledger_restart")
     upgrade(url)
     env = stack_env(url, private_redis.url, sandbox, workdir)
-    own = Stack(env, workdir, name="own")
+    own = Stack(env, workdir, name="own", proc=ForkedProc)
     ledger = Ledger.from_url(url, actions=load_registry(settings_of(env)))
     ledger.grant(tenant="acme", scope=["*"], granted_by="test", ref="auth_acme")
     own.start_worker("wpg")

@@ -24,6 +24,7 @@ from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.queues import QUEUES, queues_of
 from tests.conftest import require_rabbitmq
+from tests.forks import ForkedProc
 from tests.intents import prepare
 
 from .conftest import crashes, settled
@@ -43,7 +44,7 @@ def quorum_stack(
     vhost.start()
     env = stack_env(database_url, vhost.url, sandbox_server, workdir)
     env["OPLEDGER_RABBITMQ_QUEUE_TYPE"] = "quorum"
-    quorum = Stack(env, workdir, name="quorum")
+    quorum = Stack(env, workdir, name="quorum", proc=ForkedProc)
     try:
         yield quorum, vhost
     finally:
