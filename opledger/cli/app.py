@@ -114,7 +114,9 @@ def preflight(command: str, *, broker: bool = True, declare: bool = False) -> No
     checks = run_checks(broker=broker, declare=declare)
     for check in checks:
         if check.warning:
-            err_console.print(f"opledger {command}: warning: {check.name}: {check.detail}")
+            err_console.print(
+                f"opledger {command}: warning: {check.name}: {check.detail}", markup=False
+            )
     failed = failures(checks)
     if failed:
         first = failed[0]

@@ -76,6 +76,10 @@ CASES = {
         {"OPLEDGER_DATABASE_ULR": "postgresql://x/y"},
         ["OPLEDGER_DATABASE_URL is not set", "OPLEDGER_DATABASE_ULR is set, a typo?"],
     ),
+    "another name for the database's variable": (
+        {"OPLEDGER_DB_URL": "postgresql://x/y", "OPLEDGER_BROKER_URL": "{redis}"},
+        ["OPLEDGER_DATABASE_URL is not set", "OPLEDGER_DB_URL is set, a typo?"],
+    ),
     "no broker": ({"OPLEDGER_DATABASE_URL": "{db}"}, ["OPLEDGER_BROKER_URL is not set"]),
     "a lease that is not a number": (
         {"OPLEDGER_DATABASE_URL": "{db}", "OPLEDGER_LEASE_SECONDS": "abc"},
@@ -188,6 +192,27 @@ def test_check_reports_every_part_and_passes_on_a_good_setup(
     assert "warn replication: no standby streams from this server" in ok.stdout, ok.stdout
     assert "ok   ledger epoch: no switch recorded (epoch 0)" in ok.stdout, ok.stdout
     assert bad.returncode == 4 and "FAIL broker: OPLEDGER_BROKER_URL is not set" in bad.stdout
+
+
+def test_a_variable_that_means_a_setting_is_named_at_every_start(
+    tmp_path: Path, database_url: str
+) -> None:
+    """OPLEDGER_DB_URL set beside the real setting: `check`, the worker and the beat each
+    say which setting it likely means (it was once taken for OPLEDGER_CRM_URL)."""
+    env = {
+        "OPLEDGER_DATABASE_URL": database_url,
+        "OPLEDGER_DB_URL": "postgresql://elsewhere/db",
+        "OPLEDGER_BROKER_URL": "redis://127.0.0.1:1/0",  # refused after the warnings
+    }
+    check, worker, beat = run(
+        job(tmp_path, "check", **env), job(tmp_path, "worker", **env), job(tmp_path, "beat", **env)
+    )
+    meant = "OPLEDGER_DB_URL (did you mean OPLEDGER_DATABASE_URL?)"
+    assert f"warn variables: not settings, a typo? {meant}" in check.stdout, check.stdout
+    for name, result in (("worker", worker), ("beat", beat)):
+        assert result.returncode == 4, (name, result.stdout, result.stderr)
+        warning = f"opledger {name}: warning: variables: not settings, a typo? {meant}"
+        assert warning in result.stderr, (name, result.stderr)
 
 
 def test_a_queue_declared_as_another_type_is_refused_in_one_line(
