@@ -48,9 +48,10 @@ def migrate(
             f'moved the ledger from schema "{from_schema}" (at {revision}) to "{schema}"',
             markup=False,
         )
+        console.print(f'ledger schema "{schema}" is at head', style="green", markup=False)
     else:
-        upgrade(database_url(), schema=schema)
-    console.print(f'ledger schema "{schema}" is at head', style="green", markup=False)
+        migrated = upgrade(database_url(), schema=schema)
+        console.print(migrated.summary(), style="green", markup=False)
 
 
 @app.command()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import re
 from importlib.resources import files
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import Connection, TextClause, pool
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # Alembic is imported when migrating, not by every user of th
     from alembic.config import Config
 
 __all__ = [
+    "Migrated",
     "SchemaConflict",
     "alembic_config",
     "downgrade",
@@ -45,6 +46,23 @@ _MARKERS = ("operations", "transitions", VERSION_TABLE)
 
 class SchemaConflict(LedgerError):
     """The ledger's schema cannot be created or moved as asked."""
+
+
+class Migrated(NamedTuple):
+    """What `upgrade` did to the ledger in `schema`: its Alembic revision `before` (None:
+    it held no ledger, which was created) and `after`."""
+
+    schema: str
+    before: str | None
+    after: str | None
+
+    def summary(self) -> str:
+        """In one line: created, already at the revision asked for, or upgraded."""
+        if self.before is None:
+            return f'created the ledger in schema "{self.schema}" at revision {self.after}'
+        if self.before == self.after:
+            return f'ledger schema "{self.schema}" is at head (revision {self.after}): no change'
+        return f'upgraded ledger schema "{self.schema}" from revision {self.before} to {self.after}'
 
 
 @functools.cache
@@ -68,15 +86,18 @@ def alembic_config(url: str, schema: str | None = None) -> Config:
     return config
 
 
-def upgrade(url: str, revision: str = "head", *, schema: str | None = None) -> None:
+def upgrade(url: str, revision: str = "head", *, schema: str | None = None) -> Migrated:
     """Bring the ledger at `url` to `revision` (default: the newest schema), creating its
-    schema when it does not exist yet. Refused (`SchemaConflict`) when the schema holds no
-    ledger yet while another schema of the database does."""
+    schema when it does not exist yet; what it did (its revision before and after).
+    Refused (`SchemaConflict`) when the schema holds no ledger yet while another schema of
+    the database does."""
     from alembic import command
 
     config = alembic_config(url, schema)
-    _refuse_a_second_ledger(url, config.attributes["schema"])
+    target = config.attributes["schema"]
+    before = _refuse_a_second_ledger(url, target)
     command.upgrade(config, revision)
+    return Migrated(target, before, _ledgers(url, target).get(target))
 
 
 def downgrade(url: str, revision: str, *, schema: str | None = None) -> None:
@@ -96,16 +117,22 @@ def ledger_schemas(conn: Connection) -> dict[str, str | None]:
     return found
 
 
-def _refuse_a_second_ledger(url: str, schema: str) -> None:
+def _ledgers(url: str, schema: str) -> dict[str, str | None]:
     engine = ledger_engine(url, schema=schema, poolclass=pool.NullPool)
     try:
         with engine.connect() as conn:
-            found = ledger_schemas(conn)
+            return ledger_schemas(conn)
     finally:
         engine.dispose()
+
+
+def _refuse_a_second_ledger(url: str, schema: str) -> str | None:
+    """The revision of the ledger in `schema` (None: it holds none yet); refused when it
+    holds none while another schema of the database does."""
+    found = _ledgers(url, schema)
     others = {name: rev for name, rev in found.items() if name != schema}
     if schema in found or not others:
-        return
+        return found.get(schema)
     name, revision = sorted(others.items())[0]
     raise SchemaConflict(
         f'a ledger already lives in schema "{name}" of this database (at revision {revision})'

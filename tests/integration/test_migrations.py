@@ -13,6 +13,7 @@ from opledger.ledger.connector import ledger_engine
 from opledger.ledger.migrate import downgrade, ledger_tables, upgrade
 from tests.catalog import catalog
 from tests.conftest import SCHEMA, PostgresServer, connect_ledger
+from tests.consoles import opledger_here
 
 
 @pytest.fixture
@@ -53,23 +54,34 @@ def test_upgrade_head_then_down_and_up_again_builds_the_same(empty_db: str) -> N
     assert catalog(empty_db) == built
 
 
-def test_the_cli_migrates_the_configured_database(
-    empty_db: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from typer.testing import CliRunner
-
-    from opledger.cli.main import app
-    from opledger.settings import get_settings
-
-    monkeypatch.setenv("OPLEDGER_DATABASE_URL", empty_db)
-    get_settings.cache_clear()  # an earlier test may have read the settings without it
-    try:
-        result = CliRunner().invoke(app, ["migrate"])
-    finally:
-        get_settings.cache_clear()
-    assert result.exit_code == 0, result.output
-    assert "head" in result.output
+def test_the_cli_migrates_the_configured_database_and_says_what_it_did(empty_db: str) -> None:
+    """An empty database: the ledger is created, and the line says so with its revision;
+    again: nothing to do; a ledger at an older revision: upgraded from it to head."""
+    env = {"OPLEDGER_DATABASE_URL": empty_db, "OPLEDGER_DATABASE_SCHEMA": SCHEMA}
+    created = opledger_here(env, "migrate")
+    assert created.returncode == 0, created.stdout + created.stderr
+    head = _revision(empty_db)
+    assert created.stdout.strip() == f'created the ledger in schema "{SCHEMA}" at revision {head}'
     assert _tables(empty_db) == {*ledger_tables(), "alembic_version"}
+
+    again = opledger_here(env, "migrate")
+    assert again.stdout.strip() == (
+        f'ledger schema "{SCHEMA}" is at head (revision {head}): no change'
+    ), again.stdout + again.stderr
+
+    downgrade(empty_db, "0015")
+    upgraded = opledger_here(env, "migrate")
+    assert upgraded.stdout.strip() == (
+        f'upgraded ledger schema "{SCHEMA}" from revision 0015 to {head}'
+    ), upgraded.stdout + upgraded.stderr
+    assert _revision(empty_db) == head
+
+
+def _revision(url: str) -> str:
+    with connect_ledger(url) as conn:
+        row = conn.execute(f'SELECT version_num FROM "{SCHEMA}".alembic_version').fetchone()
+    assert row is not None
+    return str(row[0])
 
 
 AUDITED_CHANGE = """
