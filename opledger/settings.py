@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 from collections.abc import Mapping
 from datetime import timedelta
 from functools import lru_cache
+from pathlib import Path
 from typing import Literal, TypedDict
 from urllib.parse import urlsplit
 
@@ -629,8 +631,6 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
 def _typo_hint(name: str) -> str:
     """What a message that `OPLEDGER_<name>` is not set adds when a variable that likely
     means it is set."""
-    import os
-
     meant = f"OPLEDGER_{name}"
     typos = [
         key
@@ -641,6 +641,12 @@ def _typo_hint(name: str) -> str:
         and suggestion(key) == meant
     ]
     return f"; {typos[0]} is set, a typo?" if typos else ""
+
+
+def state_dir() -> Path:
+    """Where a process keeps local state (beat's schedule file; in development, the
+    embedded services): `OPLEDGER_STATE_DIR`, else `.opledger` in the working directory."""
+    return Path(os.environ.get("OPLEDGER_STATE_DIR", ".opledger"))
 
 
 @lru_cache(maxsize=1)

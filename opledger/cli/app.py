@@ -19,6 +19,7 @@ from opledger.adapters.registry import load_registry
 from opledger.cli.failures import OpledgerGroup
 from opledger.ledger import Ledger
 from opledger.settings import get_settings
+from opledger.settings import state_dir as settings_state_dir
 
 from . import devmode
 
@@ -169,4 +170,4 @@ ByOption = Annotated[str, typer.Option("--by", help="Your name, for the audit tr
 def state_dir() -> Path:
     """Where local state goes (beat's schedule; in development, the embedded services):
     `OPLEDGER_STATE_DIR`, else `.opledger` in the working directory."""
-    return Path(os.environ.get("OPLEDGER_STATE_DIR", ".opledger"))
+    return settings_state_dir()

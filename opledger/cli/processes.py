@@ -19,7 +19,6 @@ from .app import (
     err_console,
     missing_extra,
     preflight,
-    state_dir,
 )
 
 if TYPE_CHECKING:
@@ -125,9 +124,9 @@ def beat(
     """Run the beat scheduler (sweep, relay, purge). Refuses to start if one already runs."""
     preflight("beat", declare=True)
     from opledger.tasks.app import app as celery_app
-    from opledger.tasks.beat import BeatLock, BeatLockTaken
+    from opledger.tasks.beat import BeatLock, BeatLockTaken, schedule_file
 
-    path = Path(schedule) if schedule else state_dir() / "celerybeat-schedule"
+    path = Path(schedule) if schedule else schedule_file()
     try:  # beat keeps its schedule there: find out now, not after it said ready
         path.parent.mkdir(parents=True, exist_ok=True)
         probe = path.parent / f".{path.name}.writable"

@@ -31,6 +31,12 @@ Once connected, a running beat already rides refusals out: a publish that fails 
 by `apply_entry` and the entry runs again at its next interval, on a connection kombu
 re-opens (declaring the queues on it again, so nothing goes to a missing exchange).
 
+Its schedule file (when each entry last ran) goes to the state directory
+(`OPLEDGER_STATE_DIR`, else `.opledger`: `state_dir()/celerybeat-schedule`), not Celery's
+default of the working directory, unless the app chose `beat_schedule_filename` or beat was
+given `--schedule`/`-s` with another path: for `opledger beat`, `celery -A
+opledger.tasks.app beat` and an app of your own with `register(app)` alike.
+
 The lock lives on one connection. If Postgres restarts, that connection (and the lock) is
 gone, so a guard thread checks it and takes the lock again; if another beat got there
 first, this one exits at once.
@@ -42,6 +48,7 @@ import logging
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -51,6 +58,7 @@ from kombu.exceptions import OperationalError
 from opledger.ledger.connector import dedicated, run
 from opledger.ledger.pgschema import beat_lock_key
 from opledger.ledger.queries.dedicated import IN_RECOVERY, TRY_BEAT_LOCK
+from opledger.settings import state_dir
 
 log = logging.getLogger("opledger.beat")
 
@@ -58,12 +66,28 @@ log = logging.getLogger("opledger.beat")
 FIRST_WAIT_S = 1.0
 MAX_WAIT_S = 30.0
 
+#: the schedule file Celery's beat is given when neither the app nor `-s` names one:
+#: relative, so in whatever directory beat was started from
+CELERY_SCHEDULE_FILE = "celerybeat-schedule"
+
+
+def schedule_file() -> Path:
+    """Where opledger's beat keeps its schedule unless told otherwise."""
+    return state_dir() / CELERY_SCHEDULE_FILE
+
 
 class Scheduler(PersistentScheduler):  # type: ignore[misc]
-    """`PersistentScheduler` whose broker connection outlives the broker's refusals."""
+    """`PersistentScheduler` whose broker connection outlives the broker's refusals, and
+    whose schedule file is in the state directory unless one was chosen."""
 
     #: time.sleep, replaceable in tests
     sleep = staticmethod(time.sleep)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        app = kwargs.get("app", args[0] if args else None)
+        if kwargs.get("schedule_filename") == CELERY_SCHEDULE_FILE and not _chosen_file(app):
+            kwargs["schedule_filename"] = str(_in_state_dir())
+        super().__init__(*args, **kwargs)
 
     def _ensure_connected(self) -> Any:
         conn = self.connection
@@ -91,6 +115,31 @@ class Scheduler(PersistentScheduler):  # type: ignore[misc]
                 conn.collect()
             except Exception:  # it is being thrown away
                 log.debug("beat: closing a refused connection failed", exc_info=True)
+
+
+def _chosen_file(app: Any) -> bool:
+    """Whether the app chose its schedule file (`beat_schedule_filename`, in any way)."""
+    from .integrate import chosen
+
+    return app is not None and chosen(app, "beat_schedule_filename")
+
+
+def _in_state_dir() -> Path:
+    """The schedule file in the state directory, which is created if missing; the
+    working directory's (Celery's default) if it cannot be, said in one line."""
+    path = schedule_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log.error(
+            "beat: cannot create the state directory %s (%s): the schedule goes to %s in the "
+            "working directory (set OPLEDGER_STATE_DIR, or pass --schedule PATH)",
+            path.parent,
+            exc.strerror or exc,
+            CELERY_SCHEDULE_FILE,
+        )
+        return Path(CELERY_SCHEDULE_FILE)
+    return path.resolve()
 
 
 # -- exactly one beat ------------------------------------------------------------------
@@ -159,4 +208,4 @@ def _standby(conn: psycopg.Connection) -> bool:
     return bool(row and row[0])
 
 
-__all__ = ["BeatLock", "BeatLockTaken", "Scheduler"]
+__all__ = ["BeatLock", "BeatLockTaken", "Scheduler", "schedule_file"]

@@ -44,7 +44,7 @@ def _conf(app: Any, name: str) -> Any:
     return app.conf.get(name)
 
 
-def _chosen(app: Any, name: str) -> bool:
+def chosen(app: Any, name: str) -> bool:
     """Whether `app` was given `name` (by `conf.update`, an attribute, `config_from_object`
     or the environment), not merely left at Celery's default."""
     conf = app.conf
@@ -138,7 +138,9 @@ def register(app: Any) -> Any:
     Two of Celery's defaults change unless the app chose a value itself (in any way: an
     attribute, `conf.update`, `config_from_object`): beat gets opledger's scheduler
     (`opledger.tasks.beat:Scheduler`, which waits out a broker refusing its first
-    connection) and `broker_channel_error_retry` is turned on (a channel error restarts
+    connection, and keeps its schedule file in opledger's state directory unless the app
+    chose `beat_schedule_filename` or beat is given `-s`) and `broker_channel_error_retry`
+    is turned on (a channel error restarts
     the worker's consumer instead of ending the worker). kombu's Redis channels keep one
     Redis client each from then on, in the whole process (`opledger.redis_transport`).
 
@@ -152,11 +154,11 @@ def register(app: Any) -> Any:
     app.conf.task_routes = _routes(app)
     ours = beat_schedule(get_settings().sweep_interval_seconds, prefix="opledger-")
     app.conf.beat_schedule = {**(_conf(app, "beat_schedule") or {}), **ours}
-    if not _chosen(app, "broker_channel_error_retry"):
+    if not chosen(app, "broker_channel_error_retry"):
         # Celery's default ends the worker on a channel error (RabbitMQ's consumer_timeout);
         # an explicit choice of yours is kept.
         app.conf.broker_channel_error_retry = True
-    if not _chosen(app, "beat_scheduler"):
+    if not chosen(app, "beat_scheduler"):
         # Celery's own scheduler exits on the first broker refusal; ours waits it out.
         # A scheduler of your own choosing (django-celery-beat, ...) is left as it is.
         app.conf.beat_scheduler = SCHEDULER
