@@ -1,14 +1,35 @@
 """Maintenance, for beat: expired leases, due checks, the relay and its backlog guard,
-payload purges and review notifications; and, for an operator, payload key rotation."""
+payload purges and review notifications; and, for an operator, payload key rotation.
+
+No lock is held across a stall. Every maintenance transaction is bounded (`Bounds`, set by
+its first statement, `SET LOCAL` through `set_config(..., true)`): it waits for a lock at
+most half its bound (`lock_timeout`), and when it sits idle between two statements longer
+than its bound (its process stopped, a paused VM, a long GC) the server ends its session
+(`idle_in_transaction_session_timeout`), which rolls back what it did and releases its
+locks. The bound is the interval of its cycle (the sweep interval; at least a second), so
+a frozen process costs the others at most one cycle. Nothing waits for a row another
+maintenance transaction holds: rows are taken `FOR UPDATE SKIP LOCKED`, and a backlog
+guard another run holds is skipped for this cycle (logged at debug): that run is
+publishing into the queue (or is frozen, and its transaction ends at its bound).
+
+A process that resumes after its transaction was ended changed nothing: its next statement
+or its commit fails (25P03, or 55P03 for a lock waited for too long), and the run returns
+what it does when there is nothing to do, with a warning: it lost the cycle, the next one
+does the work. The messages a frozen relay published before its stall are published again
+later, which the fenced claim makes harmless.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, TextClause
+from sqlalchemy.exc import DBAPIError
 
 from . import backlog, store
 from . import queries as q
@@ -24,6 +45,53 @@ from .payload_keys import (
     seal_result,
     sealed_columns,
 )
+from .queries.maintenance import BOUND_TRANSACTION
+
+log = logging.getLogger("opledger.ledger")
+
+T = TypeVar("T")
+
+#: the cycle of a maintenance call not given its interval: the sweep interval's default
+#: (`OPLEDGER_SWEEP_INTERVAL_SECONDS`)
+DEFAULT_INTERVAL = timedelta(seconds=15)
+#: no bound is shorter: a process merely descheduled for a moment keeps its transaction
+#: (the development stack's sub-second sweeps are bounded by this instead)
+MIN_BOUND = timedelta(seconds=1)
+
+#: what the server says when it ended a bounded transaction: the lock it waited for
+#: (lock_not_available), the session idle in it (idle_in_transaction_session_timeout)
+LOST_CYCLE = {"55P03": "waited for a lock", "25P03": "sat idle between its statements"}
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How long one maintenance transaction may wait for a lock (`lock`) and sit idle
+    between its statements (`idle`) before the server ends it."""
+
+    lock: timedelta
+    idle: timedelta
+
+    @classmethod
+    def of(cls, interval: timedelta | None) -> Bounds:
+        """The bounds of a transaction of a cycle of `interval` (None: `DEFAULT_INTERVAL`):
+        idle at most one interval (at least `MIN_BOUND`), a lock waited for half that."""
+        idle = max(interval or DEFAULT_INTERVAL, MIN_BOUND)
+        return cls(lock=idle / 2, idle=idle)
+
+    def params(self) -> dict[str, str]:
+        """`BOUND_TRANSACTION`'s parameters."""
+        return {"lock_ms": _ms(self.lock), "idle_ms": _ms(self.idle)}
+
+
+def _ms(span: timedelta) -> str:
+    return str(max(1, round(span.total_seconds() * 1000)))
+
+
+def lost_cycle(exc: BaseException) -> str | None:
+    """Why the server ended a bounded transaction (`LOST_CYCLE`), or None when `exc` (a
+    SQLAlchemy `DBAPIError`) is any other error."""
+    state = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    return LOST_CYCLE.get(state or "")
 
 
 @dataclass(frozen=True)
@@ -38,21 +106,60 @@ class Rotation:
 
 class Maintenance(LedgerBase):
     """What beat's sweep, relay and purge ask of the ledger: batches, `FOR UPDATE SKIP
-    LOCKED`, safe to run twice."""
+    LOCKED`, safe to run twice, each a bounded transaction (the module says how)."""
+
+    @contextmanager
+    def _bounded(self, interval: timedelta | None) -> Iterator[Connection]:
+        """A maintenance transaction, bounded by `Bounds.of(interval)`."""
+        with self._tx() as conn:
+            conn.execute(BOUND_TRANSACTION, Bounds.of(interval).params())
+            yield conn
+
+    def _cycle(
+        self,
+        what: str,
+        interval: timedelta | None,
+        body: Callable[[Connection], T],
+        lost: T,
+    ) -> T:
+        """`body` in a bounded transaction; `lost` when the server ended it (`lost_cycle`):
+        nothing of it was kept, and the next cycle does the work."""
+        try:
+            with self._bounded(interval) as conn:
+                return body(conn)
+        except DBAPIError as exc:
+            why = lost_cycle(exc)
+            if why is None:
+                raise
+            log.warning(
+                "%s lost its cycle: its transaction %s longer than its bound (%s), and the "
+                "database ended it; nothing of it was kept",
+                what,
+                why,
+                Bounds.of(interval),
+            )
+            return lost
 
     def expire_leases(
-        self, *, limit: int = 500, backoff: timedelta = timedelta(0), actor: str = "sweeper"
+        self,
+        *,
+        limit: int = 500,
+        backoff: timedelta = timedelta(0),
+        actor: str = "sweeper",
+        interval: timedelta | None = None,
     ) -> list[str]:
         """Fence out claims whose lease expired: dispatching -> unknown, fence + 1.
 
         The stalled or dead worker can no longer write; the operations are due for
-        reconciliation after `backoff`. Safe to run from two sweepers at once.
+        reconciliation after `backoff`. Safe to run from two sweepers at once. `interval`:
+        the sweep's, which bounds its transaction.
         """
-        with self._single() as conn:
-            rows = conn.execute(
-                q.EXPIRE_LEASES, {"limit": limit, "backoff": backoff, "actor": actor}
-            )
-            return [r.id for r in rows]
+
+        def expire(conn: Connection) -> list[str]:
+            params = {"limit": limit, "backoff": backoff, "actor": actor}
+            return [r.id for r in conn.execute(q.EXPIRE_LEASES, params)]
+
+        return self._cycle("the lease expiry", interval, expire, [])
 
     def due_checks(self, *, limit: int = 500, backoff: timedelta) -> list[str]:
         """Unknown operations whose check is due; each is pushed `backoff` into the future
@@ -75,19 +182,23 @@ class Maintenance(LedgerBase):
         workers drain in two intervals, so a check does not wait in the queue long enough
         to fall due again: at most one outstanding check per operation.
         """
-        rows: Sequence[Any] = []
-        if interval is None:
-            with self._single() as conn:
-                rows = conn.execute(q.DUE_CHECKS, {"limit": limit, "backoff": backoff}).all()
+
+        def hand_out(conn: Connection) -> list[Handout]:
+            allowed = limit
+            budget = None
+            if interval is not None:
+                budget = self._guard(conn, queue, depth=depth, interval=interval, limit=limit)
+                if budget is None:
+                    return []
+                allowed = budget.allowed
+            rows: Sequence[Any] = []
+            if allowed:
+                rows = conn.execute(q.DUE_CHECKS, {"limit": allowed, "backoff": backoff}).all()
+            if budget is not None:
+                self._save_guard(conn, queue, budget.state, published=len(rows))
             return [Handout(r.id, r.check_gen) for r in rows]
-        with self._tx() as conn:
-            budget = self._guard(conn, queue, depth=depth, interval=interval, limit=limit)
-            if budget.allowed:
-                rows = conn.execute(
-                    q.DUE_CHECKS, {"limit": budget.allowed, "backoff": backoff}
-                ).all()
-            self._save_guard(conn, queue, budget.state, published=len(rows))
-        return [Handout(r.id, r.check_gen) for r in rows]
+
+        return self._cycle("the hand-out of due checks", interval, hand_out, [])
 
     def relay(
         self,
@@ -113,9 +224,12 @@ class Maintenance(LedgerBase):
         message queued behind a backlog had that long to arrive), and then only into the
         headroom. In one transaction: lock a batch (SKIP LOCKED), publish each, then mark
         them. A crash between publishing and marking only publishes them again later,
-        which the fenced claim makes harmless.
+        which the fenced claim makes harmless; so does a stall past the transaction's bound
+        (the relay then returns [], having marked nothing). A guard another relay holds
+        is skipped: nothing is published this cycle.
         """
-        with self._tx() as conn:
+
+        def relay(conn: Connection) -> list[str]:
             budget = None
             allowed = limit
             if interval is not None:
@@ -129,6 +243,8 @@ class Maintenance(LedgerBase):
                     hold_for=older_than,
                     counter=counter,
                 )
+                if budget is None:
+                    return []
                 allowed = budget.allowed
             rows: Sequence[Any] = []
             if allowed:
@@ -145,7 +261,9 @@ class Maintenance(LedgerBase):
                 conn.execute(q.MARK_ENQUEUED, {"ids": ids})
             if budget is not None:
                 self._save_guard(conn, queue, budget.state, published=len(ids))
-        return ids
+            return ids
+
+        return self._cycle("the relay", interval, relay, [])
 
     def _guard(
         self,
@@ -157,9 +275,15 @@ class Maintenance(LedgerBase):
         limit: int,
         hold_for: timedelta = timedelta(0),
         counter: int | None = None,
-    ) -> backlog.Plan:
-        conn.execute(q.ENSURE_QUEUE_GUARD, {"queue": queue})
-        row = conn.execute(q.LOCK_QUEUE_GUARD, {"queue": queue}).one()
+    ) -> backlog.Plan | None:
+        """The guard's plan for this run, its row locked until the transaction ends; None
+        when another run holds it (skipped, not waited for: it is that run's cycle)."""
+        row = conn.execute(q.LOCK_QUEUE_GUARD, {"queue": queue}).one_or_none()
+        if row is None:
+            if conn.execute(q.ENSURE_QUEUE_GUARD, {"queue": queue}).one_or_none() is None:
+                log.debug("the backlog guard of %s is held by another run: skipped", queue)
+                return None
+            row = conn.execute(q.LOCK_QUEUE_GUARD, {"queue": queue}).one()  # ours, new
         return backlog.plan(
             _guard_state(row),
             depth=depth,
@@ -192,15 +316,19 @@ class Maintenance(LedgerBase):
             row = conn.execute(q.SELECT_QUEUE_GUARD, {"queue": queue}).one_or_none()
         return None if row is None else _guard_state(row)
 
-    def purge_payloads(self, *, older_than: timedelta, limit: int = 1000) -> int:
+    def purge_payloads(
+        self, *, older_than: timedelta, limit: int = 1000, interval: timedelta | None = None
+    ) -> int:
         """Delete frozen payloads of finished operations older than `older_than`.
 
-        The digest, the attempts and the evidence stay.
+        The digest, the attempts and the evidence stay. `interval` bounds its transaction.
         """
-        with self._single() as conn:
-            return len(
-                conn.execute(q.PURGE_PAYLOADS, {"older_than": older_than, "limit": limit}).all()
-            )
+
+        def purge(conn: Connection) -> int:
+            params = {"older_than": older_than, "limit": limit}
+            return len(conn.execute(q.PURGE_PAYLOADS, params).all())
+
+        return self._cycle("the payload purge", interval, purge, 0)
 
     def rotate_payloads(
         self, *, batch: int = 500, progress: Callable[[int], None] | None = None
@@ -208,9 +336,11 @@ class Maintenance(LedgerBase):
         """Seal every frozen payload not yet under the current key (the first of the
         configured keys): those under older keys and those in clear.
 
-        A batch at a time, each one short transaction: lock up to `batch` rows (`FOR UPDATE
-        SKIP LOCKED`, in id order), decrypt each with the key it names, seal it under the
-        current key, commit; `progress(n)` hears each batch's count. Safe while workers
+        A batch at a time, each one short bounded transaction: lock up to `batch` rows (`FOR
+        UPDATE SKIP LOCKED`, in id order), decrypt each with the key it names, seal it under
+        the current key, commit; `progress(n)` hears each batch's count. A batch the
+        database ended (this process stalled past its bound) ends that pass, its rows
+        left for a later run and counted in `remaining`. Safe while workers
         run (a claim reads the row as last committed, under a key still configured) and
         safe to run twice (a second run finds nothing to do). Rows another transaction
         holds are left for a later run and counted in `remaining`. Raises
@@ -225,16 +355,21 @@ class Maintenance(LedgerBase):
         if batch < 1:
             raise InvalidInput("batch must be at least 1", field="batch")
         key_id, after, resealed = keys.current, "", 0
+
+        def reseal_payloads(conn: Connection) -> Sequence[Any]:
+            rows = conn.execute(
+                q.PAYLOADS_TO_SEAL, {"key_id": key_id, "after": after, "limit": batch}
+            ).all()
+            for r in rows:
+                text = payload_text(keys, r.op_id, r.canonical, r.key_id, r.sealed)
+                assert text is not None  # a row is clear or sealed
+                sealed = sealed_columns(keys, r.op_id, text)
+                conn.execute(q.RESEAL_PAYLOAD, {"op_id": r.op_id, **sealed})
+            return rows
+
+        none: Sequence[Any] = ()
         while True:
-            with self._tx() as conn:
-                rows = conn.execute(
-                    q.PAYLOADS_TO_SEAL, {"key_id": key_id, "after": after, "limit": batch}
-                ).all()
-                for r in rows:
-                    text = payload_text(keys, r.op_id, r.canonical, r.key_id, r.sealed)
-                    assert text is not None  # a row is clear or sealed
-                    sealed = sealed_columns(keys, r.op_id, text)
-                    conn.execute(q.RESEAL_PAYLOAD, {"op_id": r.op_id, **sealed})
+            rows = self._cycle("a payload rotation batch", None, reseal_payloads, none)
             if not rows:
                 break
             after, resealed = rows[-1].op_id, resealed + len(rows)
@@ -260,31 +395,41 @@ class Maintenance(LedgerBase):
         details, attempt responses) in clear or under an older key, a batch at a time.
         One that cannot be opened (its key no longer configured) is left as it is."""
         after, resealed = 0, 0
+
+        def reseal_batch(conn: Connection) -> tuple[Sequence[Any], int]:
+            rows = conn.execute(
+                to_seal, {"key_id": keys.current, "after": after, "limit": batch}
+            ).all()
+            done = 0
+            for r in rows:
+                doc = open_result(keys, r.op_id, r.result)
+                if set(doc) == {"unreadable"}:
+                    continue
+                sealed = seal_result(keys, r.op_id, doc)
+                conn.execute(reseal, {"id": r.id, "result": store.to_json(sealed)})
+                done += 1
+            return rows, done
+
+        nothing: tuple[Sequence[Any], int] = ((), 0)
         while True:
-            with self._tx() as conn:
-                rows = conn.execute(
-                    to_seal, {"key_id": keys.current, "after": after, "limit": batch}
-                ).all()
-                done = 0
-                for r in rows:
-                    doc = open_result(keys, r.op_id, r.result)
-                    if set(doc) == {"unreadable"}:
-                        continue
-                    sealed = seal_result(keys, r.op_id, doc)
-                    conn.execute(reseal, {"id": r.id, "result": store.to_json(sealed)})
-                    done += 1
+            rows, done = self._cycle("a result rotation batch", None, reseal_batch, nothing)
             if not rows:
                 return resealed
             after, resealed = rows[-1].id, resealed + done
             if progress is not None:
                 progress(done)
 
-    def due_notifications(self, *, limit: int = 500, backoff: timedelta) -> list[str]:
+    def due_notifications(
+        self, *, limit: int = 500, backoff: timedelta, interval: timedelta | None = None
+    ) -> list[str]:
         """Operations whose open review has not been notified yet; each is handed out
-        once per `backoff` until `mark_notified`."""
-        with self._single() as conn:
-            rows = conn.execute(q.DUE_NOTIFICATIONS, {"limit": limit, "backoff": backoff})
-            return [r.op_id for r in rows]
+        once per `backoff` until `mark_notified`. `interval` bounds its transaction."""
+
+        def due(conn: Connection) -> list[str]:
+            params = {"limit": limit, "backoff": backoff}
+            return [r.op_id for r in conn.execute(q.DUE_NOTIFICATIONS, params)]
+
+        return self._cycle("the hand-out of review notifications", interval, due, [])
 
     def mark_notified(self, review_id: int) -> None:
         """Record that the notification of a review is prepared (it is an operation itself)."""

@@ -1,4 +1,9 @@
-"""Beat's statements: expired leases, due checks, the relay, the backlog guard, purging."""
+"""Beat's statements: expired leases, due checks, the relay, the backlog guard, purging.
+
+Each runs in a bounded transaction (`BOUND_TRANSACTION` first): none waits for another's
+lock or sits idle between its statements longer than the bound, and none waits for a row
+another maintenance transaction holds (`SKIP LOCKED`), so a frozen process holding one
+costs the others at most its bound (`ledger.maintenance`)."""
 
 from __future__ import annotations
 
@@ -7,6 +12,17 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import Text
 
 # -- maintenance (beat) ---------------------------------------------------------------------
+
+# The first statement of every maintenance transaction: for this transaction only, a lock
+# is waited for at most `lock_ms`, and the server ends the session when the transaction
+# sits idle (its process frozen, stopped, paused) longer than `idle_ms`, rolling back
+# whatever it did and releasing its locks. Both as milliseconds in text.
+BOUND_TRANSACTION = text(
+    """
+    SELECT set_config('lock_timeout', :lock_ms, true),
+           set_config('idle_in_transaction_session_timeout', :idle_ms, true)
+    """
+)
 
 # Expired leases: the worker may have died or stalled. Fence it out (fence + 1) and make the
 # operation unknown, due for reconciliation now. SKIP LOCKED: overlapping sweeps share out.
@@ -90,16 +106,23 @@ MARK_ENQUEUED = text(
     """
 ).bindparams(bindparam("ids", type_=ARRAY(Text)))
 
-# The backlog guard's state for one queue (see ledger/backlog.py), locked for one run.
-ENSURE_QUEUE_GUARD = text(
-    "INSERT INTO queue_guards (queue) VALUES (:queue) ON CONFLICT (queue) DO NOTHING"
-)
-
+# The backlog guard's state for one queue (see ledger/backlog.py), locked for one run. A
+# guard another run holds is skipped, never waited for: that run is publishing into the
+# queue this cycle (or is frozen, and its transaction ends at its idle bound). No row:
+# either none was made yet or another run holds it; ENSURE_QUEUE_GUARD tells which (a row
+# it returns is new, and this transaction's).
 LOCK_QUEUE_GUARD = text(
     """
     SELECT sampled_at, depth_after, counter, drain_per_s, shallow_since, now() AS now
     FROM queue_guards WHERE queue = :queue
-    FOR UPDATE
+    FOR UPDATE SKIP LOCKED
+    """
+)
+
+ENSURE_QUEUE_GUARD = text(
+    """
+    INSERT INTO queue_guards (queue) VALUES (:queue) ON CONFLICT (queue) DO NOTHING
+    RETURNING queue
     """
 )
 
