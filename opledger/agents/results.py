@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from opledger.ledger import Answer, Dependency, Operation, Review, Status
+from opledger.ledger.contract import Contract
 
 
 class _Result(BaseModel):
@@ -160,8 +161,10 @@ def watched(result: EffectResult) -> set[str]:
     return ids
 
 
-def result_of(answer: Answer) -> EffectResult:
-    """The ledger's answer for one operation (`Ledger.answer`) as a result."""
+def result_of(answer: Answer, contract: Contract | None = None) -> EffectResult:
+    """The ledger's answer for one operation (`Ledger.answer`) as a result; with its
+    action's `contract` (what its adapter declares), an unknown operation's next check is
+    said as what it can do (a provider with no lookup is never asked)."""
     op = answer.operation
     last = answer.last_reason if answer.last_reason is not None else op.status.value
     detail = answer.settled_detail
@@ -188,7 +191,7 @@ def result_of(answer: Answer) -> EffectResult:
         if review is not None:
             waiting = f"a person: review {review.id} ({review.reason})"
         elif op.next_check_at is not None:
-            waiting = f"evidence: the next check at {op.next_check_at.isoformat()}"
+            waiting = _next_check(op, contract)
         else:
             waiting = "evidence: a check is under way"
         return EffectUnknown(operation=op, review=review, waiting_for=waiting)
@@ -207,6 +210,27 @@ def result_of(answer: Answer) -> EffectResult:
     else:
         on, waiting = "worker", "a worker to take it"
     return EffectPending(operation=op, awaiting=on, waiting_for=waiting, blocked_by=blocked)
+
+
+def _next_check(op: Operation, contract: Contract | None) -> str:
+    """What an unknown operation's next check can do: look for evidence, unless its
+    provider has no lookup (SMTP without a Sent folder). Then nothing can show whether it
+    happened: once it can no longer be in flight, a provider that deduplicates is sent it
+    again under the same key, and one that does not is left to a person (rule 7)."""
+    at = op.next_check_at.isoformat() if op.next_check_at is not None else "once due"
+    if contract is None or contract.lookup.kind != "none":
+        return f"evidence: the next check at {at}"
+    if contract.idempotency.kind == "none":
+        return (
+            f"a person: {op.provider} can neither be asked whether it happened nor be sent it "
+            "again safely (no lookup, no deduplication), so a review opens once it can no "
+            f"longer be in flight (checked next at {at})"
+        )
+    return (
+        f"a retry under the same key once it can no longer be in flight ({op.provider} has no "
+        f"lookup; it deduplicates by the key), or a person if the rules allow none (checked "
+        f"next at {at})"
+    )
 
 
 def _unsent(answer: Answer, why: str) -> EffectPending:
