@@ -130,8 +130,13 @@ class EffectPending(_Result):
     waiting_for: str
     #: the dependencies not confirmed yet (each with the review holding it, if any)
     blocked_by: tuple[Dependency, ...] = ()
+    #: why nothing was sent, when the ledger knows no attempt reached the provider (no
+    #: worker that took it serves the action; the provider refused the connection)
+    not_sent: str | None = None
 
     def _state(self) -> str:
+        if self.not_sent is not None:
+            return f"{self._act()} is not sent: {self.not_sent}; it waits for {self.waiting_for}."
         return f"{self._act()} is recorded and not settled yet: it waits for {self.waiting_for}."
 
 
@@ -235,21 +240,22 @@ def _next_check(op: Operation, contract: Contract | None) -> str:
 
 def _unsent(answer: Answer, why: str) -> EffectPending:
     """An unknown operation of which no attempt may have reached the provider: nothing
-    happened yet, and the agent is told so (not "it may have"), with what it waits for."""
+    happened yet, and the agent is told so (not "it may have"), with why and what it waits
+    for."""
     op = answer.operation
     when = f" (tried again at {op.next_check_at.isoformat()})" if op.next_check_at else ""
     on: Literal["worker", "provider"] = "worker"
     if why == "no_adapter":
-        waiting = (
-            f"a worker that serves {op.action}: the workers that took it have no adapter for "
-            "it, and nothing was sent"
-        )
+        not_sent = f"no worker that took it serves {op.action} (none has an adapter for it)"
+        waiting = f"a worker whose adapters (OPLEDGER_ADAPTERS) serve {op.action}"
     elif why == "no_connection":
         on = "provider"
-        waiting = f"{op.provider}, which did not take the connection: nothing was sent yet"
+        not_sent = f"{op.provider} did not take the connection"
+        waiting = f"{op.provider} to take it"
     else:
-        waiting = f"another attempt: nothing was sent yet ({why})"
-    return EffectPending(operation=op, awaiting=on, waiting_for=waiting + when)
+        not_sent = f"the attempt sent nothing ({why})"
+        waiting = "another attempt"
+    return EffectPending(operation=op, awaiting=on, waiting_for=waiting + when, not_sent=not_sent)
 
 
 def _describe(dep: Dependency) -> str:

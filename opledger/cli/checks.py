@@ -363,40 +363,66 @@ def _schema(engine: Any, url: str, schema: str) -> Check:
     return _attempt("schema", probe)
 
 
+#: open operations by action, and how many of them a worker held because no adapter of
+#: its served the action (an unknown one whose newest dispatch evidence says `no_adapter`:
+#: read through the evidence index for the unknown ones only)
+_OPEN_BY_ACTION = (
+    "SELECT o.action, count(*),"
+    " count(*) FILTER (WHERE CASE WHEN o.status = 'unknown' THEN ("
+    "SELECT e.detail->>'why' FROM evidence AS e WHERE e.op_id = o.id"
+    " AND e.source = 'dispatch' ORDER BY e.id DESC LIMIT 1) END = 'no_adapter')"
+    " FROM operations AS o WHERE o.status IN ('prepared', 'dispatching', 'unknown')"
+    " GROUP BY o.action"
+)
+
+
 def _actions_served(engine: Any, registry: Any) -> Check:
-    """Open operations whose action no configured adapter serves: a warning naming each
-    action and how many operations, never a refusal to start. A worker holds such an
-    operation (nothing sent, no review) and checks it again later, so a worker that serves
-    the action (another configuration in a rolling deploy, or this one once fixed) sends
-    it; refusing to start would let one operation (a mistyped action prepared through a
-    ledger without the adapters) stop the whole fleet."""
+    """Open operations whose action no configured adapter serves, or that a worker held
+    because none of its adapters does (a worker configured with other OPLEDGER_ADAPTERS
+    than this process): a warning naming each action and how many operations, never a
+    refusal to start. A worker holds such an operation (nothing sent, no review) and
+    checks it again later, so a worker that serves the action (another configuration in
+    a rolling deploy, or this one once fixed) sends it; refusing to start would let one
+    operation (a mistyped action prepared through a ledger without the adapters) stop
+    the whole fleet."""
     from sqlalchemy import text
 
     missing: list[tuple[str, int]] = []
+    held: list[tuple[str, int]] = []
 
     def probe() -> str:
         with engine.connect() as conn:
-            counts = conn.execute(
-                text(
-                    "SELECT action, count(*) FROM operations"
-                    " WHERE status IN ('prepared', 'dispatching', 'unknown') GROUP BY action"
-                )
-            ).all()
-        missing.extend(sorted((a, n) for a, n in counts if a not in registry.actions))
+            counts = conn.execute(text(_OPEN_BY_ACTION)).all()
+        for action, n, unserved in sorted(counts):
+            if action not in registry.actions:
+                missing.append((action, n))
+            elif unserved:
+                held.append((action, unserved))
         return "every open operation's action has an adapter"
 
     check = _attempt("actions", probe)
-    if not check.ok or not missing:
+    if not check.ok or not (missing or held):
         return check
-    named = ", ".join(f"{a} ({n} operation{'' if n == 1 else 's'})" for a, n in missing)
+    said = []
+    if missing:
+        said.append(f"open operations name actions no adapter serves: {_counted(missing)}")
+    if held:
+        said.append(
+            f"workers without its adapter hold operations of {_counted(held)}: no worker "
+            "that took them serves the action (their OPLEDGER_ADAPTERS differs from this "
+            "process's)"
+        )
     return Check(
         "actions",
         False,
-        f"open operations name actions no adapter serves: {named}; they are held, not sent, "
-        "until a worker whose OPLEDGER_ADAPTERS serves them runs; held longer than "
-        "OPLEDGER_REVIEW_AFTER_SECONDS, a person is asked",
+        "; ".join(said) + "; they are held, not sent, until a worker whose OPLEDGER_ADAPTERS "
+        "serves them runs; held longer than OPLEDGER_REVIEW_AFTER_SECONDS, a person is asked",
         warning=True,
     )
+
+
+def _counted(actions: list[tuple[str, int]]) -> str:
+    return ", ".join(f"{a} ({n} operation{'' if n == 1 else 's'})" for a, n in actions)
 
 
 def _replication(engine: Any, settings: Settings) -> Check:

@@ -179,7 +179,7 @@ def test_an_agent_is_told_nothing_was_sent_when_no_attempt_reached_the_provider(
         told[name] = result_of(ledger.answer(op_id))
     held, down, maybe = told["held"], told["refused"], told["sent, then held"]
     assert isinstance(held, EffectPending) and held.awaiting == "worker"
-    assert "no adapter for it, and nothing was sent" in held.message
+    assert "is not sent: no worker that took it serves crm.close_case.v1" in held.message
     assert isinstance(down, EffectPending) and down.awaiting == "provider"
-    assert "nothing was sent yet" in down.message
+    assert "is not sent: crm did not take the connection" in down.message
     assert isinstance(maybe, EffectUnknown) and "it may have" in maybe.message
