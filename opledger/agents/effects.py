@@ -25,6 +25,7 @@ holds it (or holds a dependency it waits on), or when the time is up. Unknown is
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,10 +33,12 @@ from datetime import timedelta
 from typing import Any
 
 from opledger.ledger import (
+    Answer,
     Asked,
     IntentConflict,
     InvalidInput,
     Status,
+    UnknownAction,
 )
 from opledger.ledger.connector import conninfo
 from opledger.ledger.facades import IntentLedger
@@ -299,7 +302,17 @@ class Effects:
 
     def result(self, op_id: str) -> EffectResult:
         """How `op_id` stands now, as a result an agent can reason on (one statement)."""
-        return result_of(self.ledger.answer(op_id))
+        return self._result_of(self.ledger.answer(op_id))
+
+    def _result_of(self, answer: Answer) -> EffectResult:
+        """`result_of` with the action's contract where this ledger's adapters know it (an
+        unknown operation's next check is then said as what its provider allows)."""
+        contract_for = getattr(getattr(self.ledger, "actions", None), "contract_for", None)
+        contract = None
+        if callable(contract_for):
+            with contextlib.suppress(UnknownAction):
+                contract = contract_for(answer.operation.action)
+        return result_of(answer, contract)
 
     def wait(self, op_id: str, timeout: float) -> EffectResult:
         """Wait up to `timeout` seconds for `op_id` to settle (see `settled`); how it stands.
@@ -364,7 +377,7 @@ class Effects:
                 # of everyone after the listener reconnected)
                 answer = waiter.answer()
                 if answer is not None:
-                    result = result_of(answer)
+                    result = self._result_of(answer)
                 else:
                     result = yield Call(self.result, op_id)
             return result

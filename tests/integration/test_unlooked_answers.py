@@ -8,6 +8,7 @@ from datetime import timedelta
 
 from opledger.adapters.registry import load_registry
 from opledger.adapters.smtp import smtp_contract
+from opledger.agents.effects import Effects
 from opledger.agents.results import EffectUnknown, result_of
 from opledger.ledger import Ambiguous, Ledger
 from opledger.ledger.decide import NeedsReview, ReviewPolicy, decide
@@ -36,6 +37,9 @@ def test_an_smtp_send_without_a_sent_folder_waits_for_a_person_not_a_check(
     assert due is not None and due == attempt.deadline_at
 
     told = result_of(answer, plain)
+    # what the agent's own calls say (Effects reads the contract from the ledger's adapters)
+    agent = Effects(ledger, publish=lambda op_id: None).result(op_id)
+    assert agent.message == told.message
     assert isinstance(told, EffectUnknown) and told.review is None
     assert "evidence" not in told.waiting_for, told.message
     assert told.waiting_for.startswith("a person: smtp can neither be asked"), told.message
