@@ -12,6 +12,7 @@ from opledger.dev.processes import PrivateRedis, Proc, Stack, free_port, wait_un
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.tasks.app import dispatch
+from tests.forks import ForkedProc
 from tests.intents import key_of, prepare
 
 from .conftest import settled, worker_with
@@ -139,7 +140,9 @@ def test_messages_lost_in_a_redis_restart_are_relayed(
 def test_flower_lists_the_worker_and_the_opledger_tasks(running: Stack, sys_ledger: Ledger) -> None:
     port = free_port()
     env = {**running.env, "OPLEDGER_FLOWER_PASSWORD": "test-only"}
-    flower = Proc("flower", ["flower", "--port", str(port)], env, running.workdir / "flower.log")
+    flower = ForkedProc(
+        "flower", ["flower", "--port", str(port)], env, running.workdir / "flower.log"
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         wait_until(lambda: _answers(base), 30, "flower to listen")
@@ -195,7 +198,7 @@ def test_the_beat_is_exclusive(running: Stack) -> None:
     first = running.beat
     assert first is not None
     wait_until(lambda: "Scheduler: Sending due task" in first.output(), 30, "the first beat")
-    second = Proc("beat2", ["beat"], running.env, running.workdir / "beat2.log")
+    second = ForkedProc("beat2", ["beat"], running.env, running.workdir / "beat2.log")
     try:
         assert second.wait(timeout=30) == 4  # operational: exactly one beat may run
         assert "another opledger beat" in second.output()

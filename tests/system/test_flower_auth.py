@@ -11,7 +11,8 @@ import httpx
 import pytest
 import yaml
 
-from opledger.dev.processes import PrivateRedis, Proc, free_port, unconfigured_environ, wait_until
+from opledger.dev.processes import PrivateRedis, free_port, unconfigured_environ, wait_until
+from tests.forks import ForkedProc
 
 pytestmark = pytest.mark.system
 
@@ -39,7 +40,7 @@ def test_every_flower_endpoint_asks_for_the_password(
         OPLEDGER_FLOWER_PASSWORD=PASSWORD,
         OPLEDGER_STATE_DIR=str(tmp_path),
     )
-    flower = Proc("flower", ["flower", "--port", str(port)], env, tmp_path / "flower.log")
+    flower = ForkedProc("flower", ["flower", "--port", str(port)], env, tmp_path / "flower.log")
     base = f"http://127.0.0.1:{port}"  # the default address: loopback
     try:
         wait_until(lambda: flower.proc.poll() is not None or _answers(base), 60, "Flower to listen")

@@ -30,6 +30,7 @@ from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger
 from opledger.mcp.clients import Caller, add_client
 from opledger.mcp.tools import RUN_META
+from tests.forks import ForkedProc
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(240)]
 
@@ -54,7 +55,7 @@ class Gateway:
         env = {**self.stack.env, "OPLEDGER_MCP_CLIENTS": str(self.clients)}
         log = self.stack.workdir / f"{self.stack.name}-mcp.log"
         argv = ["mcp", "serve", "--port", str(self.port), "--wait", "15"]
-        self.proc = proc = Proc("mcp", argv, env, log)
+        self.proc = proc = ForkedProc("mcp", argv, env, log)
         wait_until(lambda: listening(self.port) or proc.proc.poll() is not None, 60, "mcp")
         assert proc.proc.poll() is None, proc.output()
 

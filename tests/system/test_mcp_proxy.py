@@ -26,6 +26,7 @@ from opledger.ledger import Ledger, Status
 from opledger.mcp.clients import Caller, add_client
 from opledger.mcp.tools import RUN_META
 from tests.conftest import truncate_all
+from tests.forks import ForkedProc
 from tests.system.conftest import worker_with
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(240)]
@@ -123,7 +124,7 @@ def proxy(
     try:
         with worker_with(stack, "w1", 2, **env) as worker:
             argv = ["mcp", "proxy", "--port", str(port), "--wait", "10"]
-            proxy = Proc("mcp-proxy", argv, {**stack.env, **env}, tmp_path / "proxy.log")
+            proxy = ForkedProc("mcp-proxy", argv, {**stack.env, **env}, tmp_path / "proxy.log")
             wait_until(lambda: listening(port) or proxy.proc.poll() is not None, 60, "proxy")
             assert proxy.proc.poll() is None, proxy.output()
             try:

@@ -6,6 +6,8 @@ extra), so restarting it disturbs nothing else on the machine.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 from opledger.adapters.registry import load_registry
 from opledger.dev.chaos.run import stack_env
 from opledger.dev.devstack import EmbeddedPostgres
-from opledger.dev.processes import PrivateRedis, Proc, Stack, wait_until
+from opledger.dev.processes import PrivateRedis, Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.ledger.migrate import upgrade
@@ -32,7 +34,11 @@ def own_stack(
     workdir: Path, private_redis: PrivateRedis, sandbox: Sandbox, stack: Stack
 ) -> Iterator[tuple[Stack, Ledger, EmbeddedPostgres]]:
     stack.stop_all()  # the shared workers and beat would take this test's messages
-    pg = EmbeddedPostgres(workdir / "own-postgres")
+    # Not under pytest's temporary directory: a pytest process starting on this machine
+    # takes group and other access off /tmp/pytest-of-USER, and the server (run as a user of
+    # its own when the tests run as root) could no longer reach its data directory.
+    root = Path(tempfile.mkdtemp(prefix="opledger-restart-"))
+    pg = EmbeddedPostgres(root / "own-postgres")
     url = pg.url.replace("/postgres?", "/opledger_restart?")
     import psycopg
 
@@ -52,6 +58,7 @@ def own_stack(
         own.stop_all()
         ledger.engine.dispose()
         pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_postgres_restart_mid_run(
@@ -85,7 +92,7 @@ def test_the_beat_takes_its_lock_again_after_a_postgres_restart(
     pg.restart()
     wait_until(lambda: "taking the lock again" in beat.output(), 30, "the beat to notice")
     time.sleep(3)  # a guard period for it to hold the lock again
-    second = Proc("beat2", ["beat"], stack.env, stack.workdir / "beat-after-restart.log")
+    second = ForkedProc("beat2", ["beat"], stack.env, stack.workdir / "beat-after-restart.log")
     try:
         assert second.wait(timeout=60) == 4  # operational: exactly one beat may run
         assert "another opledger beat" in second.output()

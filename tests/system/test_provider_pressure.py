@@ -24,11 +24,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from opledger.dev.chaos.variants import KINDS, provider_limits
 from opledger.dev.faultproxy import FaultProxy
-from opledger.dev.processes import Proc, Stack, free_port, wait_until
+from opledger.dev.processes import Stack, free_port, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.ledger.contract import Limits
 from opledger.tasks.app import dispatch
+from tests.forks import ForkedProc
 from tests.intents import key_of, prepare
 
 from .conftest import settings_of, settled, worker_with
@@ -70,7 +71,7 @@ def limited_worker(
 def metrics_server(stack: Stack) -> Iterator[str]:
     """`opledger metrics` on a port of its own; its URL."""
     port, password = free_port(), "scrape-pressure"
-    server = Proc(
+    server = ForkedProc(
         "metrics-pressure",
         ["metrics", "--port", str(port)],
         {**stack.env, "OPLEDGER_FLOWER_PASSWORD": password},
