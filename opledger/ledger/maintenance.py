@@ -13,15 +13,17 @@ guard another run holds is skipped for this cycle (logged at debug): that run is
 publishing into the queue (or is frozen, and its transaction ends at its bound).
 
 A process that resumes after its transaction was ended changed nothing: its next statement
-or its commit fails (25P03, or 55P03 for a lock waited for too long), and the run returns
-what it does when there is nothing to do, with a warning: it lost the cycle, the next one
-does the work. The messages a frozen relay published before its stall are published again
+or its commit fails (25P03; or the connection reads as closed, when it was stopped waiting
+for a result; 55P03 for a lock waited for too long), and the run returns what it does when
+there is nothing to do, with a warning: it lost the cycle, the next one does the work (no
+error, so no task retry). The messages a frozen relay published before its stall are published again
 later, which the fenced claim makes harmless.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,7 +37,7 @@ from . import backlog, store
 from . import queries as q
 from .backlog import RELAY_MAX_DOUBLINGS, Handout
 from .base import LedgerBase
-from .errors import InvalidInput
+from .errors import DatabaseUnavailable, InvalidInput
 from .payload_keys import (
     KEYS_VARIABLE,
     PayloadKeys,
@@ -60,7 +62,7 @@ MIN_BOUND = timedelta(seconds=1)
 
 #: what the server says when it ended a bounded transaction: the lock it waited for
 #: (lock_not_available), the session idle in it (idle_in_transaction_session_timeout)
-LOST_CYCLE = {"55P03": "waited for a lock", "25P03": "sat idle between its statements"}
+LOST_CYCLE = {"55P03": "waited for a lock too long", "25P03": "sat idle too long"}
 
 
 @dataclass(frozen=True)
@@ -87,11 +89,18 @@ def _ms(span: timedelta) -> str:
     return str(max(1, round(span.total_seconds() * 1000)))
 
 
-def lost_cycle(exc: BaseException) -> str | None:
-    """Why the server ended a bounded transaction (`LOST_CYCLE`), or None when `exc` (a
-    SQLAlchemy `DBAPIError`) is any other error."""
-    state = getattr(getattr(exc, "orig", None), "sqlstate", None)
-    return LOST_CYCLE.get(state or "")
+def lost_cycle(exc: BaseException, *, took: timedelta, bounds: Bounds) -> str | None:
+    """Why the server ended a bounded transaction that took `took`, or None when `exc`
+    (SQLAlchemy's `DBAPIError`, or the ledger's `DatabaseUnavailable` over the driver's
+    error) is any other error. The server says why (`LOST_CYCLE`), unless the process was
+    stopped while it waited for a statement's result: then it reads only that the
+    connection was closed, which a transaction that outlived its idle bound takes as its
+    end (the next cycle runs, where a database that really is away is retried as ever)."""
+    driver = getattr(exc, "orig", None) or exc.__cause__
+    why = LOST_CYCLE.get(getattr(driver, "sqlstate", None) or "")
+    if why is None and isinstance(exc, DatabaseUnavailable) and took > bounds.idle:
+        why = f"lost its connection after {took.total_seconds():.1f} s"
+    return why
 
 
 @dataclass(frozen=True)
@@ -124,19 +133,23 @@ class Maintenance(LedgerBase):
     ) -> T:
         """`body` in a bounded transaction; `lost` when the server ended it (`lost_cycle`):
         nothing of it was kept, and the next cycle does the work."""
+        bounds = Bounds.of(interval)
+        started = time.monotonic()
         try:
             with self._bounded(interval) as conn:
                 return body(conn)
-        except DBAPIError as exc:
-            why = lost_cycle(exc)
+        except (DBAPIError, DatabaseUnavailable) as exc:
+            took = timedelta(seconds=time.monotonic() - started)
+            why = lost_cycle(exc, took=took, bounds=bounds)
             if why is None:
                 raise
             log.warning(
-                "%s lost its cycle: its transaction %s longer than its bound (%s), and the "
-                "database ended it; nothing of it was kept",
+                "%s lost its cycle: its transaction %s (its bounds: a lock waited for %.1f s, "
+                "idle %.1f s), and the database ended it; nothing of it was kept",
                 what,
                 why,
-                Bounds.of(interval),
+                bounds.lock.total_seconds(),
+                bounds.idle.total_seconds(),
             )
             return lost
 
