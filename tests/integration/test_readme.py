@@ -393,7 +393,7 @@ assert "case-319" in rows, rows
             "--restart-postgres --chaos-seconds 300 --settle-timeout 900 --json": (CHAOS_TEST,),
         },
     ),
-    "cd24e6e24a": Shell(
+    "db20721c52": Shell(
         "opledger migrate                      # apply the ledger's migrations",
         long_running=("opledger sandbox --port 8025",),
         covered={

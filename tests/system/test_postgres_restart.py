@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,8 @@ from opledger.dev.processes import PrivateRedis, Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from opledger.ledger.migrate import upgrade
+from opledger.ledger.pgschema import beat_lock_key
+from tests.conftest import SCHEMA
 from tests.forks import ForkedProc
 from tests.intents import key_of, prepare
 
@@ -91,7 +92,9 @@ def test_the_beat_takes_its_lock_again_after_a_postgres_restart(
     wait_until(lambda: "beat: Starting" in beat.output(), 30, "the beat to hold its lock")
     pg.restart()
     wait_until(lambda: "taking the lock again" in beat.output(), 30, "the beat to notice")
-    time.sleep(3)  # a guard period for it to hold the lock again
+    # its lock held again (it tries every few seconds while the server comes back up)
+    key = beat_lock_key(SCHEMA)
+    wait_until(lambda: _lock_held(pg.url, key), 60, "the beat to hold its lock again")
     second = ForkedProc("beat2", ["beat"], stack.env, stack.workdir / "beat-after-restart.log")
     try:
         assert second.wait(timeout=60) == 4  # operational: exactly one beat may run
@@ -99,3 +102,17 @@ def test_the_beat_takes_its_lock_again_after_a_postgres_restart(
     finally:
         second.kill()  # already gone when the test passes
     assert beat.proc.poll() is None  # the first beat still runs
+
+
+def _lock_held(url: str, key: int) -> bool:
+    """Whether some session holds the advisory lock `key` (a bigint lock is listed with
+    its high and low halves as classid and objid)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND objsubid = 1 AND (classid::bigint << 32 | objid::bigint) = %s",
+            [key],
+        ).fetchone()
+    return bool(row and row[0])
