@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from typing import Any
 
@@ -33,23 +34,71 @@ SENT_HEADER = "opledger_sent"
 
 
 def queue_depth(app: Any, queue: str) -> int | None:
-    """Messages waiting in `queue`; None when the broker cannot be read."""
+    """Messages waiting in `queue`; None when the broker cannot be read.
+
+    Read on a connection and channel this process keeps for it (`_DepthReader`): a new
+    connection for each read cost the sweep and the relay a connect, a handshake and a
+    channel every cycle, more than the rest of an idle cycle. A kept connection the
+    broker dropped (a restart) is opened again once within the same read."""
     from amqp.exceptions import NotFound
     from kombu.exceptions import ChannelError
 
-    try:
-        with app.connection_for_write() as conn:
-            channel = conn.channel()
-            try:
-                return int(channel.queue_declare(queue=queue, passive=True).message_count)
-            except (ChannelError, NotFound):
-                return 0  # no such queue: nothing waiting (Redis drops an empty list)
-            finally:
-                with contextlib.suppress(Exception):  # a channel the broker already closed
-                    channel.close()
-    except Exception as exc:  # an unreadable broker only disables the guard
-        log.warning("cannot read the depth of queue %s: %s", queue, exc)
-        return None
+    reader = _DepthReader.of(app)
+    for last in (False, True):
+        try:
+            return int(reader.channel().queue_declare(queue=queue, passive=True).message_count)
+        except (ChannelError, NotFound):
+            reader.after_refusal()
+            return 0  # no such queue: nothing waiting (Redis drops an empty list)
+        except Exception as exc:  # an unreadable broker only disables the guard
+            reader.drop()
+            if last:
+                log.warning("cannot read the depth of queue %s: %s", queue, exc)
+    return None
+
+
+class _DepthReader:
+    """The broker connection and channel one process reads queue depths on, per app;
+    made anew in a forked child (never one shared across a fork) and after an error."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.pid = os.getpid()
+        self._conn: Any = None
+        self._channel: Any = None
+
+    @classmethod
+    def of(cls, app: Any) -> _DepthReader:
+        reader = _readers.get(id(app))
+        if reader is None or reader.pid != os.getpid() or reader.app is not app:
+            reader = _readers[id(app)] = cls(app)
+        return reader
+
+    def channel(self) -> Any:
+        if self._conn is None:
+            self._conn = self.app.connection_for_write()
+        if self._channel is None:
+            self._channel = self._conn.channel()
+        return self._channel
+
+    def after_refusal(self) -> None:
+        """A missing queue was asked for: RabbitMQ closes the channel that asked (its
+        connection stays), Redis keeps it."""
+        if self._channel is not None and getattr(self._channel, "is_open", True) is False:
+            with contextlib.suppress(Exception):
+                self._channel.close()
+            self._channel = None
+
+    def drop(self) -> None:
+        for part in (self._channel, self._conn):
+            if part is not None:
+                with contextlib.suppress(Exception):  # one the broker already closed
+                    part.close()
+        self._conn = self._channel = None
+
+
+#: each app's depth reader in this process
+_readers: dict[int, _DepthReader] = {}
 
 
 class Generations:
