@@ -32,10 +32,10 @@ docs: $(STAMP)
 wheel: $(STAMP)
 	$(BIN)/python scripts/check_wheel.py
 
-# Three pytest processes (pytest-xdist), each taking whole test files as it frees up: the
+# Four pytest processes (pytest-xdist), each taking whole test files as it frees up: the
 # longest first, and every process that takes system tests runs a stack of real processes
 # of its own (tests/conftest.py).
-TEST_JOBS ?= 3
+TEST_JOBS ?= 4
 test: lint typecheck contracts
 	$(BIN)/pytest -n $(TEST_JOBS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 

@@ -67,7 +67,7 @@ def require_rabbitmq() -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """For `pytest -n 3 --dist loadscope --no-loadscope-reorder` (`make test`): each test file
+    """For `pytest -n 4 --dist loadscope --no-loadscope-reorder` (`make test`): each test file
     runs whole in one pytest worker process, so a system test file's tests share the stack
     of real processes they need, and every worker that takes system files has a stack of its
     own (its own database, broker, providers, Celery worker and beat:

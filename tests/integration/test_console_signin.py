@@ -7,7 +7,7 @@ banners from the server's own record.
 Two console processes with the default options are shared by the module's tests (each
 test starts from no operator, session nor sign-in attempt: the `env` fixture, and clients
 of its own); a test that needs other options starts its own. Every `opledger` process here
-is forked from one that imported the command once (`tests.consoles.fork_server`). Operators
+is forked from one that imported the command once (`tests.forks.fork_server`). Operators
 are added through the library call `opledger operator add` makes (test_console_access.py
 runs the command itself)."""
 

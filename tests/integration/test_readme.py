@@ -287,7 +287,7 @@ assert ledger.get(op.id).status is Status.PREPARED
 """
 
 BLOCKS: dict[str, Verdict] = {
-    "f1f8ed91d9": Shell(
+    "2ec3bac971": Shell(
         "make demo    # creates .venv",
         covered={
             "make demo": (DEMO_TEST,),
