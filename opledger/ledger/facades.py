@@ -186,11 +186,16 @@ class BeatLedger(Protocol):
     due checks and notifications, relay what was never dispatched, purge payloads."""
 
     def check_switch(
-        self, *, by: str = ..., terms: ClaimTerms | None = None
+        self, *, by: str = ..., terms: ClaimTerms | None = None, interval: timedelta | None = None
     ) -> LedgerEpoch | None: ...
 
     def expire_leases(
-        self, *, limit: int = ..., backoff: timedelta = ..., actor: str = ...
+        self,
+        *,
+        limit: int = ...,
+        backoff: timedelta = ...,
+        actor: str = ...,
+        interval: timedelta | None = None,
     ) -> list[str]: ...
 
     def hand_out_checks(
@@ -203,7 +208,9 @@ class BeatLedger(Protocol):
         queue: str = ...,
     ) -> list[Handout]: ...
 
-    def due_notifications(self, *, limit: int = ..., backoff: timedelta) -> list[str]: ...
+    def due_notifications(
+        self, *, limit: int = ..., backoff: timedelta, interval: timedelta | None = None
+    ) -> list[str]: ...
 
     def relay(
         self,

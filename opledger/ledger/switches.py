@@ -23,19 +23,23 @@ not a receipt from the world, so after such a switch it finds out and says so:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import AwareDatetime
 from sqlalchemy import TextClause
+from sqlalchemy.exc import DBAPIError
 
 from . import queries as q
 from . import store
 from .base import LedgerBase
 from .errors import DatabaseUnavailable, InvalidInput, Quarantined
 from .ids import check_identifier
+from .maintenance import Bounds, lost_cycle
 from .models import Binding, Claim, ClaimTerms, Record
+from .queries.maintenance import BOUND_TRANSACTION
 
 log = logging.getLogger("opledger.ledger")
 
@@ -261,14 +265,21 @@ class Switches(LedgerBase):
         raise DatabaseUnavailable(f"the ledger kept switching while {what}")
 
     def check_switch(
-        self, *, by: str = DETECTOR, terms: ClaimTerms | None = None
+        self,
+        *,
+        by: str = DETECTOR,
+        terms: ClaimTerms | None = None,
+        interval: timedelta | None = None,
     ) -> LedgerEpoch | None:
         """Whether the ledger's database went back since this process last saw it: another
         timeline, an older epoch, its WAL behind what was durable. If so, the switch is
         recorded once, whichever process notices it first, and every open operation is
         quarantined (the module's docstring says how). Returns the newest epoch (None where
         the server does not let its WAL position be read). The beat asks it before every
-        sweep; claims and outcomes ask it in their own statement."""
+        sweep; claims and outcomes ask it in their own statement. `interval`: the sweep's,
+        which bounds its transaction as every maintenance transaction is (`Bounds`): a
+        sweep frozen inside it holds the epochs' lock no longer, and one the server ended
+        returns None (the next sweep checks again)."""
         witness = self._store.witness
         if witness.wal is None:
             self._probe_wal()
@@ -277,8 +288,36 @@ class Switches(LedgerBase):
         check_identifier("by", by)
         holds, hold = holds_of(terms, self.send_window)
         params = witness.params()
+        bounds = Bounds.of(interval)
+        started = time.monotonic()
+        try:
+            row = self._record_switch(by, params, holds, hold, bounds if interval else None)
+        except (DBAPIError, DatabaseUnavailable) as exc:
+            took = timedelta(seconds=time.monotonic() - started)
+            why = lost_cycle(exc, took=took, bounds=bounds) if interval else None
+            if why is None:
+                raise
+            log.warning("the switch check lost its cycle: its transaction %s", why)
+            return None
+        epoch = store.record(LedgerEpoch, row)
+        witness.adopt(epoch.epoch, epoch.timeline, row.flushed)
+        if row.made or (epoch.is_switch and epoch.epoch > params["seen_epoch"] >= 0):
+            self._announce(epoch, made=bool(row.made))
+        return epoch
+
+    def _record_switch(
+        self,
+        by: str,
+        params: Mapping[str, Any],
+        holds: Any,
+        hold: Any,
+        bounds: Bounds | None,
+    ) -> Any:
+        """`RECORD_SWITCH`'s row, in a transaction of its own (bounded by `bounds`)."""
         with self._tx() as conn:
-            row = conn.execute(
+            if bounds is not None:
+                conn.execute(BOUND_TRANSACTION, bounds.params())
+            return conn.execute(
                 q.RECORD_SWITCH,
                 {
                     "by": by,
@@ -291,11 +330,6 @@ class Switches(LedgerBase):
                     "lossless": self.claims_synchronous,
                 },
             ).one()
-        epoch = store.record(LedgerEpoch, row)
-        witness.adopt(epoch.epoch, epoch.timeline, row.flushed)
-        if row.made or (epoch.is_switch and epoch.epoch > params["seen_epoch"] >= 0):
-            self._announce(epoch, made=bool(row.made))
-        return epoch
 
     def _announce(self, epoch: LedgerEpoch, *, made: bool) -> None:
         if made:

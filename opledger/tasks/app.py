@@ -422,22 +422,28 @@ def sweep(self: OperationTask) -> dict[str, int]:
     # written: the switch is recorded, and every open operation quarantined, before the
     # sweep moves anything
     lease = timedelta(seconds=rt.settings.lease_seconds)
-    rt.beat.check_switch(by=rt.owner, terms=rt.registry.claim_terms(lease))
+    # each of its transactions bounded by the interval: a frozen sweep holds nothing longer
+    interval = timedelta(seconds=rt.settings.sweep_interval_seconds)
+    rt.beat.check_switch(by=rt.owner, terms=rt.registry.claim_terms(lease), interval=interval)
     backoff = timedelta(seconds=rt.settings.check_backoff_seconds)
-    expired = rt.beat.expire_leases(limit=rt.settings.sweep_batch, backoff=timedelta(0))
+    expired = rt.beat.expire_leases(
+        limit=rt.settings.sweep_batch, backoff=timedelta(0), interval=interval
+    )
     queue = queue_of("opledger.reconcile", self.app)
     handouts = rt.beat.hand_out_checks(
         limit=rt.settings.sweep_batch,
         backoff=backoff,
         depth=backlog.queue_depth(self.app, queue),
-        interval=timedelta(seconds=rt.settings.sweep_interval_seconds),
+        interval=interval,
         queue=queue,
     )
     reconcile_task = _sibling(self, "opledger.reconcile")
     for handout in handouts:
         reconcile_task.apply_async((handout.op_id,), {"gen": handout.gen})
     generations(self.app).published("check", list(handouts))
-    unnotified = rt.beat.due_notifications(limit=rt.settings.sweep_batch, backoff=backoff)
+    unnotified = rt.beat.due_notifications(
+        limit=rt.settings.sweep_batch, backoff=backoff, interval=interval
+    )
     for op_id in unnotified:
         _sibling(self, "opledger.notify_review").delay(op_id)
     metrics.SWEEP_DURATION.observe(time.perf_counter() - started)

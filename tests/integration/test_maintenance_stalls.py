@@ -281,3 +281,17 @@ def test_a_lock_waited_for_past_the_bound_loses_the_cycle(
     assert "the lease expiry lost its cycle" in caplog.text
     assert "waited for a lock too long" in caplog.text
     assert ledger.expire_leases(interval=INTERVAL) == [expiring]
+
+
+def test_a_sweeps_switch_check_waits_for_the_epochs_lock_at_most_its_bound(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert ledger.check_switch(interval=INTERVAL) is not None  # nothing held: the epoch
+    held = _held(ledger, "LOCK TABLE ledger_epochs IN SHARE ROW EXCLUSIVE MODE")
+    with held, caplog.at_level(logging.WARNING, logger="opledger"):
+        checked, took = _timed(lambda: ledger.check_switch(interval=INTERVAL))
+    assert checked is None  # lost this cycle: the next sweep checks again
+    assert "the switch check lost its cycle" in caplog.text
+    lock = Bounds.of(INTERVAL).lock.total_seconds()
+    assert lock - 0.1 <= took < HELD_AT_MOST_S - 1  # its bound, not the holder's time
+    assert ledger.check_switch(interval=INTERVAL) is not None  # released: checked again
