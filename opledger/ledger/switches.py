@@ -35,9 +35,9 @@ from sqlalchemy.exc import DBAPIError
 from . import queries as q
 from . import store
 from .base import LedgerBase
+from .bounds import Bounds, lost_cycle
 from .errors import DatabaseUnavailable, InvalidInput, Quarantined
 from .ids import check_identifier
-from .maintenance import Bounds, lost_cycle
 from .models import Binding, Claim, ClaimTerms, Record
 from .queries.maintenance import BOUND_TRANSACTION
 

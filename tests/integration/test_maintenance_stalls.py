@@ -24,7 +24,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
 from opledger.ledger import Ambiguous, Ledger
-from opledger.ledger.maintenance import MIN_BOUND, Bounds
+from opledger.ledger.bounds import MIN_BOUND, Bounds
 from tests.intents import prepare
 
 T = TypeVar("T")

@@ -25,7 +25,7 @@ from sqlalchemy import text
 
 from opledger.dev.processes import Proc, Stack, wait_until
 from opledger.ledger import Ledger, Status
-from opledger.ledger.maintenance import Bounds
+from opledger.ledger.bounds import Bounds
 from opledger.tasks.app import dispatch
 from tests.intents import prepare
 
