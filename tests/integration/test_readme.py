@@ -488,13 +488,13 @@ assert current_app._get_current_object() is theirs
 """,
     ),
     "ebfb315962": Covered("pip install 'opledger[console,metrics,sandbox]'", PIP_QUICKSTART_TEST),
-    "4fa99f821c": NotCode(
+    "d563a2b071": NotCode(
         "opledger/ledger/     the core, one module per part",
         "the directory layout",
     ),
     # -- docs/architecture.md
     "9c35a08bfd": NotCode("opledger.cli          the `opledger` command", "the layers"),
-    "d23bc0c1c0": NotCode("facades        the narrow protocols each caller", "the ledger's layers"),
+    "8dc7437641": NotCode("facades        the narrow protocols each caller", "the ledger's layers"),
     # -- docs/adapters.md
     "62bea7c34c": Shell("opledger adapter new tickets --dir myapp"),
     "0a1c91b3f8": Covered("def tickets_contract(", ADAPTER_EXCERPT),

@@ -26,6 +26,7 @@ from sqlalchemy.exc import DBAPIError
 
 from opledger.adapters.smtp import message_id_for
 from opledger.dev import crashpoints, devstack
+from opledger.dev.forks import ForkedProc
 from opledger.dev.processes import (
     PrivateBroker,
     Stack,
@@ -267,7 +268,9 @@ class _Rig:
         sandbox.start()
         env = stack_env(database_url, broker.url, sandbox, work)
         settings = Settings.from_environ(env)
-        stack = Stack(env, work)
+        # workers forked from one process that imported them: a kill is followed by a
+        # restart in a fraction of the start-up's CPU (`dev.forks`)
+        stack = Stack(env, work, proc=ForkedProc)
         cleanup.callback(stack.stop_all)
         ledger = Ledger.from_url(
             database_url, actions=build_registry(settings), **settings.ledger_options()

@@ -16,6 +16,7 @@ from opledger.adapters.registry import load_registry
 from opledger.dev.chaos.audit import effect_key
 from opledger.dev.chaos.run import stack_env
 from opledger.dev.chaos.variants import KINDS, configure_sandbox
+from opledger.dev.forks import ForkedProc
 from opledger.dev.processes import Proc, Stack, free_port, use_broker, wait_until
 from opledger.ledger import Ledger, Status
 from opledger.settings import Settings
@@ -50,7 +51,7 @@ class Story:
         self.run = uuid.uuid4().hex[:6]
         self.env = self._env()
         self.settings = Settings.from_environ(self.env)
-        self.stack = Stack(self.env, svc.workdir, name="demo")  # the beat
+        self.stack = Stack(self.env, svc.workdir, name="demo", proc=ForkedProc)  # the beat
         self.workers = Workers(self.env, svc.workdir, self.run)
         self.all_ops: list[str] = []
         self.armed: str | None = None

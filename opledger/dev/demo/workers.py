@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
+from opledger.dev.forks import ForkedProc
 from opledger.dev.processes import Proc, wait_until
 from opledger.queues import QUEUES
 
@@ -59,7 +60,11 @@ class Workers:
             argv += ["--queues", self.standby(name)]
         if name in self.procs:
             self.kill(name)
-        proc = Proc(name, argv, {**self.env, **(env or {})}, self.workdir / f"worker-{name}.log")
+        # forked from one process that imported the worker (`dev.forks`): a crashed
+        # worker's successor is up in a fraction of a start-up's CPU
+        proc = ForkedProc(
+            name, argv, {**self.env, **(env or {})}, self.workdir / f"worker-{name}.log"
+        )
         self.procs[name] = proc
         self.consuming[name] = set(QUEUES) if active else {self.standby(name)}
         return proc
