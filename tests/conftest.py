@@ -72,19 +72,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     of real processes they need, and every worker that takes system files has a stack of its
     own (its own database, broker, providers, Celery worker and beat:
     `tests/system/conftest.py`). The files are handed out in this order as workers free up:
-    the system tests that bring every process of their own (`own_processes`: the demo,
-    chaos, bench and failover runs), the other system tests, the integration tests, then
-    the unit tests, so the longest files start early and the short ones fill in at the end.
+    the system files that take minutes (`long`: the crash windows, provider pressure,
+    Stripe), the system tests that bring every process of their own (`own_processes`: the
+    demo, chaos, bench and failover runs), the other system tests, the integration tests,
+    then the unit tests, so the longest files start early and the short ones fill in at
+    the end (a long file handed out late would be the run's tail).
 
     (pytest-xdist's `loadgroup` would group by `xdist_group` marks, but on pytest 9 its
     renamed node ids no longer reach the scheduler: every test went its own way.)"""
 
     def rank(item: pytest.Item) -> int:
-        if item.get_closest_marker("own_processes"):
+        if item.get_closest_marker("long"):
             return 0
-        if item.get_closest_marker("system"):
+        if item.get_closest_marker("own_processes"):
             return 1
-        return 2 if item.nodeid.startswith("tests/integration/") else 3
+        if item.get_closest_marker("system"):
+            return 2
+        return 3 if item.nodeid.startswith("tests/integration/") else 4
 
     items.sort(key=rank)  # stable: each file's tests stay together and in their order
 

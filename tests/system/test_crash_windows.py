@@ -33,7 +33,7 @@ from tests.intents import key_of, prepare
 
 from .conftest import crashes, settings_of, settled, worker_with
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.long]
 
 ACTIONS = [kind.action for kind in KINDS] + ["email.send.v1", "email.smtp_send.v1"]
 

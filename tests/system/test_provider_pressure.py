@@ -34,7 +34,7 @@ from tests.intents import key_of, prepare
 
 from .conftest import settings_of, settled, worker_with
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.long]
 
 LIMITED = next(kind for kind in KINDS if kind.limits is not None)
 KEYED = KINDS[0]  # keyed, with a status API: crm.close_case.v1 at account keyed-status

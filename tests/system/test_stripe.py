@@ -30,7 +30,7 @@ from tests.stripemock import API_KEY, StripeMock, stripe_mock
 
 from .conftest import crashes, settings_of, settled, worker_with
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.long]
 
 REPO = Path(__file__).resolve().parents[2]
 CHARGE, REFUND = "stripe.charge.v1", "stripe.refund.v1"
