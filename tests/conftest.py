@@ -11,6 +11,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -19,6 +20,7 @@ from hypothesis import settings
 from sqlalchemy.engine import make_url
 
 from opledger.dev import devstack
+from opledger.dev.processes import PrivateRedis
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger
 from opledger.ledger.migrate import ledger_tables, upgrade
@@ -248,6 +250,16 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield "redis://127.0.0.1:6379"
     finally:
         local.close()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A Redis server of the test's own (it keeps nothing on disk), killed after it: a
+    test may restart or kill it."""
+    server = PrivateRedis(tmp_path)
+    server.start()
+    yield server
+    server.kill()
 
 
 @pytest.fixture(scope="session")

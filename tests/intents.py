@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypedDict, Unpack
 
+from sqlalchemy import text
+
 from opledger.ledger import Binding, Confirmed, Ledger, Operation
 from opledger.ledger.ids import intent_idempotency_key
 
@@ -136,3 +138,15 @@ def settle(ledger: Ledger, op_id: str) -> None:
     ledger.record_outcome(
         claim, Confirmed(receipt_id="r", binding=Binding(idempotency_key=claim.idempotency_key))
     )
+
+
+def age(ledger: Ledger, op_id: str, seconds: float, column: str = "created_at") -> None:
+    """Move one of `op_id`'s timestamps `seconds` into the past (an operation prepared, or
+    a check due, that long ago)."""
+    with ledger.engine.begin() as conn:
+        conn.execute(
+            text(
+                f"UPDATE operations SET {column} = now() - make_interval(secs => :s) WHERE id = :id"
+            ),
+            {"s": seconds, "id": op_id},
+        )

@@ -18,7 +18,7 @@ from opledger.ledger import (
     StaleFence,
     Status,
 )
-from tests.intents import key_of, prepare
+from tests.intents import age, key_of, prepare
 
 
 def _unknown(ledger: Ledger, key: str) -> str:
@@ -27,16 +27,6 @@ def _unknown(ledger: Ledger, key: str) -> str:
     assert claim is not None
     ledger.record_outcome(claim, Ambiguous(code="timeout", reason="lost"))
     return op_id
-
-
-def _age(ledger: Ledger, op_id: str, seconds: float, column: str = "created_at") -> None:
-    with ledger.engine.begin() as conn:
-        conn.execute(
-            text(
-                f"UPDATE operations SET {column} = now() - make_interval(secs => :s) WHERE id = :id"
-            ),
-            {"s": seconds, "id": op_id},
-        )
 
 
 def test_expired_leases_are_fenced_out_once_even_by_overlapping_sweeps(
@@ -74,10 +64,10 @@ def test_relay_publishes_unclaimed_prepared_operations_then_marks_them(
     ledger: Ledger, grant: str
 ) -> None:
     old = prepare(ledger, "old")
-    _age(ledger, old, 120)
+    age(ledger, old, 120)
     fresh = prepare(ledger, "fresh")
     claimed = prepare(ledger, "claimed")
-    _age(ledger, claimed, 120)
+    age(ledger, claimed, 120)
     ledger.claim(claimed, owner="w")
     published: list[str] = []
     assert ledger.relay(
@@ -95,7 +85,7 @@ def test_relay_publishes_unclaimed_prepared_operations_then_marks_them(
 
 def test_a_crash_between_publish_and_mark_publishes_again(ledger: Ledger, grant: str) -> None:
     old = prepare(ledger, "old")
-    _age(ledger, old, 120)
+    age(ledger, old, 120)
     published: list[str] = []
 
     def crash() -> None:
@@ -120,9 +110,9 @@ def test_purge_deletes_old_finished_payloads_and_keeps_digests(ledger: Ledger, g
     ledger.record_outcome(
         claim, Confirmed(receipt_id="r", binding=Binding(idempotency_key=claim.idempotency_key))
     )
-    _age(ledger, done, 3600, column="updated_at")
+    age(ledger, done, 3600, column="updated_at")
     waiting = prepare(ledger, "waiting", payload={"k": "waiting"})
-    _age(ledger, waiting, 3600, column="updated_at")
+    age(ledger, waiting, 3600, column="updated_at")
     assert ledger.purge_payloads(older_than=timedelta(minutes=30)) == 1
     assert ledger.payload(done) is None
     assert ledger.get(done).payload_digest == claim.operation.payload_digest
@@ -207,7 +197,7 @@ def test_the_relay_holds_while_the_queue_is_deep_and_resumes_once_it_drained(
 ) -> None:
     waiting = [prepare(ledger, f"w{i}") for i in range(5)]
     for op_id in waiting:
-        _age(ledger, op_id, 120)
+        age(ledger, op_id, 120)
     # Their messages are queued behind 10,000 others: late, not lost.
     assert _relay(ledger, depth=10_000) == []
     assert _relay(ledger, depth=9_990) == []
@@ -223,10 +213,10 @@ def test_the_relay_holds_while_the_queue_is_deep_and_resumes_once_it_drained(
 
 def test_each_republication_doubles_the_wait(ledger: Ledger, grant: str) -> None:
     op_id = prepare(ledger, "lost-again")
-    _age(ledger, op_id, 120)
+    age(ledger, op_id, 120)
     published: list[int] = []
     for _ in range(3):
-        _age(ledger, op_id, 0.65, column="enqueued_at")
+        age(ledger, op_id, 0.65, column="enqueued_at")
         ledger.relay(
             older_than=timedelta(seconds=0.2), publish=lambda _op, gen: published.append(gen)
         )
@@ -246,7 +236,7 @@ def test_checks_are_handed_out_only_into_the_headroom_and_numbered(
 ) -> None:
     ops = [_unknown(ledger, f"u{i}") for i in range(6)]
     for op_id in ops:
-        _age(ledger, op_id, 5, column="next_check_at")
+        age(ledger, op_id, 5, column="next_check_at")
     backoff = timedelta(seconds=30)
     every = timedelta(seconds=0.5)
     # A reconcile queue 500 deep that drained 100 since the last sample: hold.

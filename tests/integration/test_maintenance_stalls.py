@@ -25,7 +25,7 @@ from sqlalchemy.exc import DBAPIError
 
 from opledger.ledger import Ambiguous, Ledger
 from opledger.ledger.bounds import MIN_BOUND, Bounds
-from tests.intents import prepare
+from tests.intents import age, prepare
 
 T = TypeVar("T")
 
@@ -39,20 +39,10 @@ HELD_AT_MOST_S = 6.0
 PROMPT_S = 0.5
 
 
-def _age(ledger: Ledger, op_id: str, seconds: float, column: str = "created_at") -> None:
-    with ledger.engine.begin() as conn:
-        conn.execute(
-            text(
-                f"UPDATE operations SET {column} = now() - make_interval(secs => :s) WHERE id = :id"
-            ),
-            {"s": seconds, "id": op_id},
-        )
-
-
 def _lost(ledger: Ledger, key: str) -> str:
     """A prepared operation whose message the relay takes for lost."""
     op_id = prepare(ledger, key)
-    _age(ledger, op_id, 120)
+    age(ledger, op_id, 120)
     return op_id
 
 
@@ -62,7 +52,7 @@ def _due(ledger: Ledger, key: str) -> str:
     claim = ledger.claim(op_id, owner="w")
     assert claim is not None
     ledger.record_outcome(claim, Ambiguous(code="timeout", reason="lost"))
-    _age(ledger, op_id, 5, column="next_check_at")
+    age(ledger, op_id, 5, column="next_check_at")
     return op_id
 
 
@@ -167,7 +157,7 @@ def test_a_backlog_guard_another_run_holds_is_skipped_not_waited_for(
                 assert sorted(handed) == sorted(due)
                 assert relayed == [] and published == [] and took_relay < PROMPT_S
     # released: the next cycle takes the guard again
-    _age(ledger, lost, 600, column="enqueued_at")
+    age(ledger, lost, 600, column="enqueued_at")
     published = []
     assert _relay(ledger, published) == [lost]
 

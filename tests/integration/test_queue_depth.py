@@ -5,23 +5,12 @@ never one shared across a fork, and read again on a new one after the broker res
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 import redis
 from celery import Celery
 
 from opledger.dev.processes import PrivateRedis
 from opledger.tasks.backlog import queue_depth
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(tmp_path)
-    server.start()
-    yield server
-    server.kill()
 
 
 def _app(url: str) -> Celery:
@@ -37,20 +26,20 @@ def _connections_made(url: str) -> int:
 
 
 def test_depth_is_read_on_one_kept_connection_and_again_after_a_restart(
-    broker: PrivateRedis,
+    own_redis: PrivateRedis,
 ) -> None:
-    sender, app = _app(broker.url), _app(broker.url)
+    sender, app = _app(own_redis.url), _app(own_redis.url)
     for n in range(3):
         sender.send_task("t.noop", (n,), queue="dispatch")
     assert queue_depth(app, "dispatch") == 3
-    made = _connections_made(broker.url)
+    made = _connections_made(own_redis.url)
     for _ in range(20):
         assert queue_depth(app, "dispatch") == 3
         assert queue_depth(app, "no-such-queue") == 0  # nothing waiting, not an error
     # none made per read (each question about the count is one connection more)
-    assert _connections_made(broker.url) == made + 1
+    assert _connections_made(own_redis.url) == made + 1
 
-    broker.restart()  # empty (it keeps nothing on disk): the kept connection is dead
+    own_redis.restart()  # empty (it keeps nothing on disk): the kept connection is dead
     assert queue_depth(app, "dispatch") == 0  # read on a new connection, not None
     sender.send_task("t.noop", (9,), queue="dispatch")
     assert queue_depth(app, "dispatch") == 1
@@ -64,9 +53,9 @@ def test_depth_is_read_on_one_kept_connection_and_again_after_a_restart(
     assert queue_depth(app, "dispatch") == 1  # the parent's still works
 
 
-def test_an_unreachable_broker_reads_as_unknown(broker: PrivateRedis) -> None:
-    app = _app(broker.url)
+def test_an_unreachable_broker_reads_as_unknown(own_redis: PrivateRedis) -> None:
+    app = _app(own_redis.url)
     app.conf.broker_connection_timeout = 1
     assert queue_depth(app, "dispatch") == 0
-    broker.kill()
+    own_redis.kill()
     assert queue_depth(app, "dispatch") is None  # the guard is off for this cycle

@@ -6,8 +6,6 @@ across a broker restart."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,14 +16,6 @@ from kombu import transport
 from opledger.dev.processes import PrivateRedis
 from opledger.queues import REDIS_TRANSPORT, keep_one_client_per_channel
 from opledger.redis_transport import Transport
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(tmp_path)
-    server.start()
-    yield server
-    server.kill()
 
 
 def _app(url: str) -> Celery:
@@ -51,7 +41,7 @@ def _served_by(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
 
 @pytest.mark.parametrize("kept", [True, False])
 def test_messages_and_events_reach_redis_over_one_client(
-    broker: PrivateRedis, kept: bool, monkeypatch: pytest.MonkeyPatch
+    own_redis: PrivateRedis, kept: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _served_by(monkeypatch, REDIS_TRANSPORT if kept else "kombu.transport.redis:Transport")
     built: list[int] = []
@@ -61,15 +51,15 @@ def test_messages_and_events_reach_redis_over_one_client(
         built.append(1)
         init(self, *args, **kwargs)
 
-    app = _app(broker.url)
+    app = _app(own_redis.url)
     app.send_task("t.noop", (0,))  # the connection and its channel set up
-    events = redis.Redis.from_url(broker.url).pubsub()  # type: ignore[no-untyped-call]
+    events = redis.Redis.from_url(own_redis.url).pubsub()  # type: ignore[no-untyped-call]
     events.psubscribe("*celeryev*")
     with monkeypatch.context() as counting:
         counting.setattr(redis.Redis, "__init__", counted)
         for n in range(50):
             app.send_task("t.noop", (n,))
-    assert broker.queued("celery") == 51
+    assert own_redis.queued("celery") == 51
     sent = 0
     while events.get_message(timeout=1.0) is not None:
         sent += 1
@@ -84,12 +74,12 @@ def test_messages_and_events_reach_redis_over_one_client(
 
 
 def test_publishing_goes_on_after_the_broker_restarts(
-    broker: PrivateRedis, monkeypatch: pytest.MonkeyPatch
+    own_redis: PrivateRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _served_by(monkeypatch, REDIS_TRANSPORT)
-    app = _app(broker.url)
+    app = _app(own_redis.url)
     app.send_task("t.noop", (0,))
-    broker.restart()  # nothing kept on disk: the queue is empty again
+    own_redis.restart()  # nothing kept on disk: the queue is empty again
     for n in range(3):
         app.send_task("t.noop", (n,), retry=True)
-    assert broker.queued("celery") == 3
+    assert own_redis.queued("celery") == 3

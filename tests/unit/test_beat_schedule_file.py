@@ -13,16 +13,7 @@ from celery.beat import Service
 
 import opledger.tasks
 import opledger.tasks.app as tasks
-
-GOOD = {
-    "task_acks_late": True,
-    "worker_prefetch_multiplier": 1,
-    "task_reject_on_worker_lost": False,
-    "task_serializer": "json",
-    "accept_content": ["json"],
-    "task_time_limit": 60,
-    "broker_transport_options": {"visibility_timeout": 600},
-}
+from tests.userapps import their_app
 
 
 @pytest.fixture
@@ -36,12 +27,8 @@ def dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
 
 @pytest.fixture
 def theirs() -> Iterator[Celery]:
-    app = Celery("theirs", broker="redis://127.0.0.1:6379/15", set_as_current=False)
-    app.conf.update(GOOD)
-    try:
+    with their_app() as app:
         yield app
-    finally:
-        tasks.app.set_current()  # opledger's own app is the suite's current one
 
 
 def opened(app: Celery, schedule: str | None = None) -> Path:

@@ -15,26 +15,13 @@ from opledger.cli.failures import OPERATIONAL, describe
 from opledger.settings import get_settings
 from opledger.tasks import AppMisconfigured
 from opledger.tasks.integrate import check_app
-
-GOOD: dict[str, Any] = {
-    "task_acks_late": True,
-    "worker_prefetch_multiplier": 1,
-    "task_reject_on_worker_lost": False,
-    "task_serializer": "json",
-    "accept_content": ["json"],
-    "task_time_limit": 60,
-    "broker_transport_options": {"visibility_timeout": 600},
-}
+from tests.userapps import GOOD, their_app
 
 
 @pytest.fixture
 def theirs() -> Iterator[Celery]:
-    app = Celery("theirs", broker="redis://127.0.0.1:6379/15", set_as_current=False)
-    app.conf.update(GOOD)
-    try:
+    with their_app() as app:
         yield app
-    finally:
-        tasks.app.set_current()  # opledger's own app is the suite's current one
 
 
 def test_a_well_configured_app_gets_queues_routes_beat_and_tasks(theirs: Celery) -> None:
