@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -58,8 +59,10 @@ def queue_depth(app: Any, queue: str) -> int | None:
 
 
 class _DepthReader:
-    """The broker connection and channel one process reads queue depths on, per app;
-    made anew in a forked child (never one shared across a fork) and after an error."""
+    """The broker connection and channel one thread of one process reads queue depths on,
+    per app (a channel is not shared between threads: a worker of the threads pool runs a
+    sweep and a relay at once); made anew in a forked child (never one shared across a
+    fork) and after an error."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -69,9 +72,10 @@ class _DepthReader:
 
     @classmethod
     def of(cls, app: Any) -> _DepthReader:
-        reader = _readers.get(id(app))
+        key = (id(app), threading.get_ident())
+        reader = _readers.get(key)
         if reader is None or reader.pid != os.getpid() or reader.app is not app:
-            reader = _readers[id(app)] = cls(app)
+            reader = _readers[key] = cls(app)
         return reader
 
     def channel(self) -> Any:
@@ -97,8 +101,8 @@ class _DepthReader:
         self._conn = self._channel = None
 
 
-#: each app's depth reader in this process
-_readers: dict[int, _DepthReader] = {}
+#: the depth reader of each app and thread in this process
+_readers: dict[tuple[int, int], _DepthReader] = {}
 
 
 class Generations:

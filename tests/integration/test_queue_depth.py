@@ -5,6 +5,7 @@ never one shared across a fork, and read again on a new one after the broker res
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import redis
 from celery import Celery
@@ -51,6 +52,12 @@ def test_depth_is_read_on_one_kept_connection_and_again_after_a_restart(
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert queue_depth(app, "dispatch") == 1  # the parent's still works
+
+    made = _connections_made(own_redis.url)
+    with ThreadPoolExecutor(1) as other:  # another thread reads on a channel of its own
+        assert other.submit(queue_depth, app, "dispatch").result() == 1
+    # a reader of its own (the transport's connection and its channel's), and the count's
+    assert _connections_made(own_redis.url) == made + 3
 
 
 def test_an_unreachable_broker_reads_as_unknown(own_redis: PrivateRedis) -> None:
