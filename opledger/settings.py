@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 from collections.abc import Mapping
@@ -24,6 +23,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from opledger import variables
 from opledger.ledger.canonical import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit
 from opledger.ledger.contract import Limits
 from opledger.ledger.errors import InvalidInput
@@ -42,17 +42,6 @@ UNCONFIGURED_BROKER_URL = "redis://opledger-broker-not-configured.invalid:6379/0
 
 #: Celery brokers opledger is built and tested for
 BROKER_SCHEMES = ("redis", "rediss", "sentinel", "amqp", "amqps", "pyamqp")
-#: OPLEDGER_ variables that are not settings but are read by the tooling
-TOOLING_VARIABLES = frozenset(
-    {
-        "OPLEDGER_DEBUG",
-        "OPLEDGER_STATE_DIR",
-        "OPLEDGER_CRASHPOINT",
-        "OPLEDGER_CRASHPOINT_SIGNAL",
-        "OPLEDGER_BEHAVIOUR_EXAMPLES",
-        "OPLEDGER_MCP_TOKEN",  # the caller of `opledger mcp serve --transport stdio`
-    }
-)
 
 
 class LedgerOptions(TypedDict):
@@ -539,7 +528,8 @@ class Settings(BaseSettings):
         if not self.database_url:
             raise NotConfigured(
                 "OPLEDGER_DATABASE_URL is not set: set it to the ledger's postgresql:// URL "
-                "(or OPLEDGER_DEV=1 on a development machine)" + _typo_hint("DATABASE_URL")
+                "(or OPLEDGER_DEV=1 on a development machine)"
+                + variables.typo_hint("DATABASE_URL", setting_names(), os.environ)
             )
         return self.database_url
 
@@ -549,7 +539,7 @@ class Settings(BaseSettings):
             raise NotConfigured(
                 "OPLEDGER_BROKER_URL is not set: set it to the Celery broker's redis:// or "
                 "amqp:// URL (or OPLEDGER_DEV=1 on a development machine)"
-                + _typo_hint("BROKER_URL")
+                + variables.typo_hint("BROKER_URL", setting_names(), os.environ)
             )
         return self.broker_url
 
@@ -568,79 +558,20 @@ class Settings(BaseSettings):
             raise SettingsInvalid.from_error(exc) from None
 
 
-#: words people write for a setting's word: OPLEDGER_DB_URL means OPLEDGER_DATABASE_URL
-WORD_ALIASES = {
-    "DB": ("DATABASE",),
-    "PG": ("DATABASE",),
-    "POSTGRES": ("DATABASE",),
-    "POSTGRESQL": ("DATABASE",),
-    "DSN": ("DATABASE", "URL"),
-    "URI": ("URL",),
-    "REDIS": ("BROKER",),
-    "AMQP": ("BROKER",),
-    "CELERY": (),  # OPLEDGER_CELERY_BROKER_URL: Celery's own name, prefixed
-    "SECS": ("SECONDS",),
-    "SEC": ("SECONDS",),
-    "PASS": ("PASSWORD",),
-    "PWD": ("PASSWORD",),
-}
-
-
-def suggestion(variable: str) -> str | None:
-    """The setting an unknown `OPLEDGER_` variable most likely means, or None.
-
-    Compared without the prefix every name shares (which made OPLEDGER_DB_URL look closer
-    to OPLEDGER_CRM_URL than to OPLEDGER_DATABASE_URL): the words people use for a
-    setting's words first (DB, URI, REDIS, ...), then a close spelling of the whole name,
-    then the one setting with the fewest other words that has all of its words in order
-    (OPLEDGER_SCHEMA: OPLEDGER_DATABASE_SCHEMA)."""
-    prefix = "OPLEDGER_"
-    known = {name.upper() for name in Settings.model_fields}
-    words = [w for w in variable.removeprefix(prefix).split("_") if w]
-    words = [part for w in words for part in WORD_ALIASES.get(w, (w,))]
-    name = "_".join(words)
-    if name in known:
-        return prefix + name
-    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
-    if close:
-        return prefix + close[0]
-    holding = sorted(
-        (len(k.split("_")), k) for k in known if words and _in_order(words, k.split("_"))
-    )
-    if holding and (len(holding) == 1 or holding[0][0] < holding[1][0]):
-        return prefix + holding[0][1]
-    return None
-
-
-def _in_order(words: list[str], within: list[str]) -> bool:
-    rest = iter(within)
-    return all(word in rest for word in words)
+def setting_names() -> frozenset[str]:
+    """Every setting's name, upper-case and without its prefix (DATABASE_URL, ...)."""
+    return frozenset(name.upper() for name in Settings.model_fields)
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
-    """`OPLEDGER_` variables that are no setting (likely typos), each with a suggestion."""
-    known = {f"OPLEDGER_{name.upper()}" for name in Settings.model_fields}
-    found = []
-    for key in sorted(environ):
-        if key.startswith("OPLEDGER_") and key not in known and key not in TOOLING_VARIABLES:
-            meant = suggestion(key)
-            found.append(f"{key} (did you mean {meant}?)" if meant else key)
-    return found
+    """`OPLEDGER_` variables that are no setting (likely typos), each with a suggestion
+    (`opledger.variables`)."""
+    return variables.unknown(environ, setting_names())
 
 
-def _typo_hint(name: str) -> str:
-    """What a message that `OPLEDGER_<name>` is not set adds when a variable that likely
-    means it is set."""
-    meant = f"OPLEDGER_{name}"
-    typos = [
-        key
-        for key in sorted(os.environ)
-        if key.startswith("OPLEDGER_")
-        and key != meant
-        and key not in TOOLING_VARIABLES
-        and suggestion(key) == meant
-    ]
-    return f"; {typos[0]} is set, a typo?" if typos else ""
+def suggestion(variable: str) -> str | None:
+    """The setting an unknown `OPLEDGER_` variable most likely means, or None."""
+    return variables.suggestion(variable, setting_names())
 
 
 def state_dir() -> Path:
