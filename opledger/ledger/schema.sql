@@ -456,6 +456,19 @@ CREATE INDEX ix_orphan_receipts_intent ON orphan_receipts USING btree (tenant, w
     intent_key) WHERE ((matched_op_id IS NULL) AND forgotten);
 CREATE INDEX ix_orphan_receipts_op_id ON orphan_receipts USING btree (op_id);
 
+-- The beat's heartbeat (migration 0018): one row, written by the running beat's scheduler
+-- loop every few seconds; `seen_at` is the database's time of its last tick. No row: no
+-- beat has run against this ledger (or not since the row was removed).
+CREATE TABLE beat_heartbeat (
+    id integer DEFAULT 1 NOT NULL,
+    host text NOT NULL,
+    pid integer NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    seen_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT ck_beat_heartbeat_one_row CHECK ((id = 1))
+);
+ALTER TABLE ONLY beat_heartbeat ADD CONSTRAINT pk_beat_heartbeat PRIMARY KEY (id);
+
 -- == trigger functions ===================================================================
 
 -- Records an operation's creation in `transitions` (the AFTER INSERT trigger below).
