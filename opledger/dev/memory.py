@@ -359,9 +359,12 @@ class MemoryLedger:
         *,
         recheck: timedelta = timedelta(0),
         limits: Limits | None = None,
+        wake: Callable[[str], None] | None = None,
     ) -> Operation:
         """Close the claim's attempt, keep the evidence, move the status; under a stale
-        fence the evidence is kept and `StaleFence` raised (`evidence_kept`, `status`)."""
+        fence the evidence is kept and `StaleFence` raised (`evidence_kept`, `status`).
+        No slots here (the module's docstring), so nothing waits for one: `wake` is never
+        called."""
         row = self._row(claim.op_id)
         outcome = admit(None, claim, outcome)
         at = next(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, NoReturn
 
@@ -251,6 +252,7 @@ class Claims(Switches):
         *,
         recheck: timedelta = timedelta(0),
         limits: Limits | None = None,
+        wake: Callable[[str], None] | None = None,
     ) -> Operation:
         """Record what the provider call produced, conditional on the claim's fence.
 
@@ -265,6 +267,8 @@ class Claims(Switches):
         an answered call gives back its concurrency slot and closes an open breaker; a
         refused connection counts toward the breaker (`limits.breaker_after`); a "not now"
         pauses the provider for the wait it asked for (within `limits.retry_after_max`).
+        A slot given back wakes the provider's oldest operation deferred for room (due now):
+        `wake` is called with its id, to publish it (the relay does, should that be lost).
         """
         outcome = _sealed(admit(None, claim, outcome), self._store.payload_keys, claim.op_id)
         limits = limits or Limits()
@@ -280,9 +284,11 @@ class Claims(Switches):
         row, _ = self._checked(
             q.RECORD_OUTCOME, params, by=claim.owner, terms=None, what=f"saving {claim.op_id}"
         )
-        _announce_breaker(claim.operation.provider, row[-1], limits)
+        _announce_breaker(claim.operation.provider, row[-2], limits)
+        if row[-1] is not None and wake is not None:
+            wake(row[-1])
         if row[1] is not None:
-            return store.operation_of(row[1:-1])
+            return store.operation_of(row[1:-2])
         with self._single() as conn:
             self._raise_fenced(
                 conn,

@@ -170,6 +170,9 @@ CREATE INDEX ix_operations_prepared ON operations USING btree (created_at)
     WHERE (status = 'prepared'::op_status);
 CREATE INDEX ix_operations_stale_lease ON operations USING btree (lease_expires_at)
     WHERE (status = 'dispatching'::op_status);
+-- the operations deferred for their provider's room, by provider and age (0019)
+CREATE INDEX ix_operations_waiting_room ON operations USING btree (provider, created_at)
+    WHERE ((status = 'prepared'::op_status) AND (next_check_at IS NOT NULL));
 CREATE INDEX ix_operations_tenant_status ON operations USING btree (tenant, status);
 
 -- One row per claim: written before the provider call (with its send-by and in-flight
@@ -588,7 +591,9 @@ $$;
 -- == provider pressure ===================================================================
 
 -- Called by the claim statement before it takes an operation: a paused provider, a full
--- set of slots or an empty rate bucket refuse the claim with how long to wait and why.
+-- set of slots or an empty rate bucket refuse the claim with how long to wait and why (for
+-- full slots: until the first frees on its own, at its call's in-flight deadline; a call
+-- answering sooner gives its slot back and wakes a waiting operation, 0019).
 CREATE FUNCTION opledger_admit(
     p_provider text, p_limits jsonb, p_token text, p_op_id text, p_hold interval
 )
@@ -630,7 +635,7 @@ BEGIN
             SELECT min(greatest(held_until, clock_timestamp())) INTO next_at FROM provider_slots
             WHERE provider = p_provider AND slot <= n;
             RETURN QUERY SELECT false,
-                least(greatest(extract(epoch FROM next_at - clock_timestamp()), 0.01), 0.05)
+                greatest(extract(epoch FROM next_at - clock_timestamp()), 0.01)
                     ::double precision,
                 format('%s calls in flight, the most allowed', n);
             RETURN;

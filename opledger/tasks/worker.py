@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from opledger.adapters.base import Adapter, extra, sending
+from opledger.adapters.base import Adapter, sending
 from opledger.adapters.registry import Registry
 from opledger.ledger import (
     Ambiguous,
@@ -40,7 +40,6 @@ from opledger.ledger import (
     UnknownAction,
     UnknownAuthorization,
 )
-from opledger.ledger.consequences import consequences
 from opledger.ledger.decide import (
     AskProvider,
     Confirm,
@@ -60,6 +59,7 @@ from .held import announce_held, hold_until
 from .hooks import HOOKS, Hooks
 from .notices import notify_review
 from .results import Step, StepResult
+from .snapshots import snapshot
 
 if TYPE_CHECKING:
     from opledger.settings import Settings
@@ -69,9 +69,12 @@ log = logging.getLogger("opledger.worker")
 #: the review policy when the caller names none (the settings' defaults)
 DEFAULT_POLICY = ReviewPolicy()
 
-#: how long a dispatch waits in its task for its provider's room by default
-#: (OPLEDGER_PROVIDER_WAIT_SECONDS)
+#: the most a dispatch waits in its task, in all, for room its provider's ledger says comes
+#: within that time, by default (OPLEDGER_PROVIDER_WAIT_SECONDS)
 DEFAULT_WAIT = timedelta(seconds=2)
+
+#: the most `_spread` adds to a wait
+SPREAD_MAX = timedelta(seconds=1)
 
 
 def utcnow() -> datetime:
@@ -106,7 +109,8 @@ class WorkerConfig:
 
     lease: timedelta = timedelta(seconds=60)
     policy: ReviewPolicy = field(default_factory=ReviewPolicy)
-    #: how long a dispatch waits in its task for its provider's room
+    #: the most a dispatch waits in its task, in all, for room the ledger says comes
+    #: within it; room further off is waited for outside any task (`Worker.dispatch`)
     wait: timedelta = DEFAULT_WAIT
     #: lookups one reconcile makes at most before it looks again later
     max_lookups: int = 2
@@ -159,9 +163,11 @@ class Worker:
         """First dispatch of a prepared operation. A no-op for anything else (redelivery).
 
         When its provider has no room (`ProviderBusy`: its declared limits, a "not now", an
-        open breaker), nothing is claimed: the step waits here for up to `config.wait` in
-        all, trying again as the ledger says room should come; past that it leaves the
-        operation for later (`defer`: the relay publishes it again then): `Step.BUSY`."""
+        open breaker), nothing is claimed, and the refusal says when room comes for sure
+        (the rate's next call, a pause's end, the first slot's in-flight deadline). Room
+        within `config.wait` (in all) is waited for here; later room outside any process:
+        the operation is deferred until then (the relay publishes it), `Step.BUSY`, and a
+        call that answers sooner wakes the provider's oldest waiting operation (`_wake`)."""
         claimed = self._claim(op_id)
         if isinstance(claimed, StepResult):
             return claimed
@@ -202,7 +208,8 @@ class Worker:
                 return claim
 
     def _defer(self, op_id: str, busy: ProviderBusy) -> StepResult:
-        """Leave a prepared operation whose provider has no room for later, and say why."""
+        """Leave a prepared operation whose provider has no room for later, and say why:
+        until room comes for sure (`busy.retry_in`); a slot given back sooner wakes it."""
         until = self.clock() + _spread(busy.retry_in)
         self.ledger.defer(op_id, until=until)
         log.info(
@@ -284,13 +291,31 @@ class Worker:
         limits = self.registry.limits_for(provider)
         for n in range(tries):
             try:
-                return self.ledger.record_outcome(claim, outcome, recheck=recheck, limits=limits)
+                return self.ledger.record_outcome(
+                    claim, outcome, recheck=recheck, limits=limits, wake=self._wake
+                )
             except DatabaseUnavailable:
                 if n == tries - 1:
                     raise
                 log.warning("saving the outcome of %s failed; retrying", claim.op_id)
                 self.sleep(min(0.5 * 2**n, 5.0))
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _wake(self, op_id: str) -> None:
+        """An outcome gave its provider's slot back and woke `op_id`, the provider's oldest
+        operation deferred for room (now due): publish it. Best effort: a lost publish is
+        the relay's (the operation is due), a slot taken first wakes another at its end."""
+        try:
+            self.follow_ups.dispatch(op_id)
+        except Exception as exc:  # kombu/redis/amqp errors differ by transport
+            log.warning(
+                "%s was woken for its provider's free slot but not published (%s: %s); "
+                "the relay will publish it",
+                op_id,
+                type(exc).__name__,
+                exc,
+                extra={"op_id": op_id},
+            )
 
     # -- held: no adapter of this worker serves the action ---------------------------------
 
@@ -556,26 +581,9 @@ def _not_sent(claim: Claim) -> Ambiguous:
 
 
 def _spread(retry_in: timedelta) -> timedelta:
-    """`retry_in` and up to a quarter more: operations that waited for one pause do not all
-    come back in the same instant."""
-    return retry_in * (1 + random.uniform(0, 0.25))
-
-
-def snapshot(history: History, adapter: Adapter, reason: str, now: datetime) -> dict[str, Any]:
-    """What the review opens with: the attempts, the evidence, the contract, and what each
-    resolution could cause."""
-    effects = consequences(
-        adapter.contract, history.operation, history.attempts, now, history.evidence
-    )
-    hint = extra(adapter, "search_hint")
-    return {
-        "reason": reason,
-        "search_hint": hint(history.operation) if callable(hint) else None,
-        "contract": adapter.contract.model_dump(mode="json"),
-        "attempts": [a.model_dump(mode="json") for a in history.attempts],
-        "evidence": [e.model_dump(mode="json") for e in history.evidence],
-        "consequences": effects.model_dump(mode="json"),
-    }
+    """`retry_in` and up to a quarter more (at most `SPREAD_MAX`): operations that waited
+    for one pause do not all come back in the same instant."""
+    return retry_in + min(retry_in / 4, SPREAD_MAX) * random.uniform(0, 1)
 
 
 __all__ = [

@@ -216,11 +216,11 @@ def test_the_providers_add_one_statement_to_a_scrape_however_many_there_are(
     assert statements() == none
 
 
-def test_the_waiting_operations_are_read_from_the_prepared_index(ledger: Ledger) -> None:
+def test_the_waiting_operations_are_read_from_the_waiting_room_index(ledger: Ledger) -> None:
     with ledger.engine.connect() as conn:
         conn.execute(text("SET LOCAL enable_seqscan = off"))
         plan = "\n".join(conn.execute(text(f"EXPLAIN {PROVIDERS}")).scalars())
-    assert "ix_operations_prepared" in plan, plan
+    assert "ix_operations_waiting_room" in plan, plan  # deferred ones only (0019)
 
 
 # -- the command ---------------------------------------------------------------------------

@@ -72,25 +72,43 @@ DUE_CHECKS = text(
 # operation whose message is merely late is not published again and again; a publish that
 # was due (a provider's wait ended, a dependency was confirmed) starts the doubling again.
 # One waiting on a dependency is never published; one whose last dependency was confirmed
-# is published at once (its earlier messages found it waiting and were dropped).
+# is published at once (its earlier messages found it waiting and were dropped); one
+# deferred for its provider's room not before its time.
+# The budget (`limit`) is shared by the providers in turns: each provider's oldest first,
+# then each one's second, and so on (`turn`), so a provider with a backlog of thousands
+# takes no more of a run than one with a handful, and the queue gets them interleaved. The
+# rows are locked after the choice (SKIP LOCKED: a row another relay holds is left to it),
+# their conditions checked again under the lock.
 RELAY_CANDIDATES = text(
     """
-    SELECT id, relay_gen FROM operations
-    WHERE status = 'prepared' AND waiting_on = 0
-      -- a provider's capacity it waits for (next_check_at on a prepared operation): not
-      -- before then, and then at once
-      AND (next_check_at IS NULL OR next_check_at <= now())
-      AND (
-        -- its last dependency was just confirmed: nobody has published it yet
-        released_at IS NOT NULL
-        OR next_check_at IS NOT NULL
-        OR (created_at < now() - :after
-            AND coalesce(enqueued_at, created_at)
-                < now() - :after * power(2, least(relay_lost, :max_doublings)))
-      )
-    ORDER BY created_at
-    LIMIT :limit
-    FOR UPDATE SKIP LOCKED
+    WITH due AS (
+        SELECT id, provider, created_at FROM operations
+        WHERE status = 'prepared' AND waiting_on = 0
+          -- a provider's capacity it waits for (next_check_at on a prepared operation):
+          -- not before then, and then at once
+          AND (next_check_at IS NULL OR next_check_at <= now())
+          AND (
+            -- its last dependency was just confirmed: nobody has published it yet
+            released_at IS NOT NULL
+            OR next_check_at IS NOT NULL
+            OR (created_at < now() - :after
+                AND coalesce(enqueued_at, created_at)
+                    < now() - :after * power(2, least(relay_lost, :max_doublings)))
+          )
+    ),
+    turns AS (
+        SELECT id, created_at,
+               row_number() OVER (PARTITION BY provider ORDER BY created_at, id) AS turn
+        FROM due
+    ),
+    chosen AS (
+        SELECT id, turn, created_at FROM turns ORDER BY turn, created_at, id LIMIT :limit
+    )
+    SELECT o.id, o.relay_gen FROM operations AS o JOIN chosen ON chosen.id = o.id
+    WHERE o.status = 'prepared' AND o.waiting_on = 0
+      AND (o.next_check_at IS NULL OR o.next_check_at <= now())
+    ORDER BY chosen.turn, chosen.created_at, o.id
+    FOR UPDATE OF o SKIP LOCKED
     """
 )
 

@@ -441,6 +441,22 @@ RECORD_OUTCOME = text(
     slot AS (
         UPDATE provider_slots SET held_until = now(), claim_token = NULL, op_id = NULL
         WHERE claim_token = :token AND provider = :provider AND CAST(:release AS boolean)
+        RETURNING slot
+    ),
+    -- a slot given back wakes the provider's oldest operation deferred for room: due now,
+    -- and named in the row for the worker to publish (the relay publishes it if that is
+    -- lost); not after a "not now" or a refused connection, which leave no room to use
+    woken AS (
+        UPDATE operations AS w SET next_check_at = now(), updated_at = now()
+        WHERE w.id = (
+            SELECT d.id FROM operations AS d
+            WHERE d.provider = :provider AND d.status = 'prepared' AND d.next_check_at > now()
+            ORDER BY d.created_at LIMIT 1
+            FOR UPDATE SKIP LOCKED
+        )
+          AND EXISTS (SELECT 1 FROM slot)
+          AND CAST(:press AS text) NOT IN ('throttled', 'refused')
+        RETURNING w.id
     ),
     -- what the call says about the provider itself: reachable, refusing, or "not now" (an
     -- answer from a provider that never pushed back changes nothing: no call at all)
@@ -457,7 +473,7 @@ RECORD_OUTCOME = text(
                                WHERE pp.provider = :provider)))
     )
     SELECT (SELECT n FROM attempt) AS attempt_n, {columns_of("op")},
-           (SELECT breaker FROM pressure) AS breaker,
+           (SELECT breaker FROM pressure) AS breaker, (SELECT id FROM woken) AS woken,
            fresh.epoch, fresh.timeline, fresh.flushed, fresh.ok
     FROM fresh LEFT JOIN op ON true
     """
