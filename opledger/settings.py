@@ -159,6 +159,13 @@ class Settings(BaseSettings):
         gt=0,
         description="A prepared operation unclaimed this long is enqueued again.",
     )
+    beat_missing_after_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="No beat heartbeat for this long counts as no beat: `opledger check` "
+        "fails, workers log it, agents waiting on the relay are told; keep it several "
+        "sweep intervals.",
+    )
     payload_retention_days: float = Field(
         default=30.0,
         gt=0,

@@ -20,6 +20,7 @@ from pydantic import SecretStr
 from . import queries as q
 from . import store
 from .base import ActionResolver, LedgerBase, PrefixResolver
+from .beats import Beats
 from .canonical import DEFAULT_MAX_PAYLOAD_BYTES
 from .claims import Claims
 from .connector import ledger_engine
@@ -56,7 +57,7 @@ from .providers import Providers
 from .reviews import Reviews
 
 
-class Ledger(Prepare, Claims, Grants, Maintenance, Providers, LedgerBase):
+class Ledger(Prepare, Claims, Grants, Maintenance, Providers, Beats, LedgerBase):
     """The durable record of intended external effects, on Postgres.
 
     Thread-safe: each call checks a connection out of the engine's pool. Share one Ledger

@@ -27,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 from sqlalchemy import Engine
 
 from .backlog import Handout
+from .beats import BeatSeen
 from .contract import Limits
 from .intents import Intent
 from .models import (
@@ -180,11 +181,19 @@ class IntentLedger(Protocol):
 
     def watch(self, op_id: str) -> None: ...
 
+    def beat_seen(self) -> BeatSeen:
+        """The last beat seen: an answer about an operation waiting on the relay says
+        when none has been seen for a while."""
+        ...
+
 
 @runtime_checkable
 class BeatLedger(Protocol):
-    """What beat's tasks ask of the ledger: notice a switch, expire leases, hand out the
-    due checks and notifications, relay what was never dispatched, purge payloads."""
+    """What beat asks of the ledger: its scheduler's heartbeat; for its tasks, notice a
+    switch, expire leases, hand out the due checks and notifications, relay what was
+    never dispatched, purge payloads."""
+
+    def beat_heartbeat(self, *, host: str, pid: int, started_at: datetime) -> None: ...
 
     def check_switch(
         self, *, by: str = ..., terms: ClaimTerms | None = None, interval: timedelta | None = None

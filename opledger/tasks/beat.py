@@ -37,6 +37,15 @@ default of the working directory, unless the app chose `beat_schedule_filename` 
 given `--schedule`/`-s` with another path: for `opledger beat`, `celery -A
 opledger.tasks.app beat` and an app of your own with `register(app)` alike.
 
+The heartbeat. Without beat nothing relays, sweeps or reconciles, and a beat whose process
+lives but whose scheduler is stuck is no better. So the scheduler's own loop (`tick`) writes
+the beat's heartbeat into the ledger (`Heartbeat`: host, pid, since when, and the
+database's time of this tick), at most every `HEARTBEAT_EVERY_S` (a quarter of
+`OPLEDGER_BEAT_MISSING_AFTER_SECONDS` when that is shorter), waking for it when no entry is
+due sooner. `opledger check`, the workers, the metrics and the agents' answers read it
+(`opledger.ledger.beats`). A heartbeat that cannot be written is logged once, and once
+again when it can; the schedule runs on regardless.
+
 The lock lives on one connection. If Postgres restarts, that connection (and the lock) is
 gone, so a guard thread checks it and takes the lock again; if another beat got there
 first, this one exits at once.
@@ -46,8 +55,10 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +66,11 @@ import psycopg
 from celery.beat import PersistentScheduler
 from kombu.exceptions import OperationalError
 
-from opledger.ledger.connector import dedicated, run
+from opledger.ledger.connector import dedicated, ledger_engine, run
+from opledger.ledger.facades import BeatLedger
 from opledger.ledger.pgschema import beat_lock_key
 from opledger.ledger.queries.dedicated import IN_RECOVERY, TRY_BEAT_LOCK
-from opledger.settings import state_dir
+from opledger.settings import get_settings, state_dir
 
 log = logging.getLogger("opledger.beat")
 
@@ -69,6 +81,11 @@ MAX_WAIT_S = 30.0
 #: the schedule file Celery's beat is given when neither the app nor `-s` names one:
 #: relative, so in whatever directory beat was started from
 CELERY_SCHEDULE_FILE = "celerybeat-schedule"
+
+#: how often the scheduler's loop writes the beat's heartbeat, at most
+HEARTBEAT_EVERY_S = 5.0
+#: how long the heartbeat's connection attempt may take (the schedule waits for it)
+HEARTBEAT_CONNECT_TIMEOUT_S = 5
 
 
 def schedule_file() -> Path:
@@ -107,6 +124,16 @@ class Scheduler(PersistentScheduler):  # type: ignore[misc]
                 self.sleep(wait)
                 wait = min(wait * 2, MAX_WAIT_S)
 
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """One pass of beat's loop (Celery's), then the heartbeat (`Heartbeat.beat`: at most
+        every `heartbeat.every` seconds); sleeps no longer than that before the next pass."""
+        interval = float(super().tick(*args, **kwargs))
+        heartbeat = self.__dict__.get("heartbeat")
+        if heartbeat is None:
+            heartbeat = self.__dict__["heartbeat"] = Heartbeat()
+        heartbeat.beat()
+        return min(interval, heartbeat.every)
+
     def _forget_connection(self) -> None:
         """Drop the half-open connection, so the next attempt starts from a clean one."""
         conn = self.__dict__.pop("connection", None)
@@ -140,6 +167,74 @@ def _in_state_dir() -> Path:
         )
         return Path(CELERY_SCHEDULE_FILE)
     return path.resolve()
+
+
+class Heartbeat:
+    """The running beat's heartbeat, written into the ledger at most every `every` seconds.
+
+    Its ledger is opened on the first beat (never when a scheduler is only built), on a
+    pool of one connection whose attempts give up after a few seconds."""
+
+    def __init__(
+        self,
+        ledger: BeatLedger | None = None,
+        *,
+        every: float | None = None,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self._ledger = ledger
+        if every is None:
+            missing_after = get_settings().beat_missing_after_seconds
+            every = min(HEARTBEAT_EVERY_S, missing_after / 4)
+        self.every = every
+        self._clock = clock
+        self.host = socket.gethostname()
+        self.started_at = datetime.now(UTC)
+        self._last: float | None = None
+        self._failing = False
+
+    def beat(self) -> bool:
+        """Write the heartbeat if `every` seconds passed since the last; whether it was
+        written. A failure is logged once (and its end once), never raised."""
+        now = self._clock()
+        if self._last is not None and now - self._last < self.every:
+            return False
+        self._last = now
+        try:
+            self.ledger().beat_heartbeat(
+                host=self.host, pid=os.getpid(), started_at=self.started_at
+            )
+        except Exception as exc:  # the database is away, or refuses: the schedule goes on
+            if not self._failing:
+                log.warning(
+                    "beat: cannot write its heartbeat into the ledger (%s: %s): `opledger "
+                    "check` and the workers will say no beat runs; trying again every %.0f s",
+                    type(exc).__name__,
+                    " ".join(str(exc).split())[:300],
+                    self.every,
+                )
+            self._failing = True
+            return False
+        if self._failing:
+            log.info("beat: its heartbeat is written into the ledger again")
+        self._failing = False
+        return True
+
+    def ledger(self) -> BeatLedger:
+        if self._ledger is None:
+            from opledger.ledger import Ledger
+
+            settings = get_settings()
+            engine = ledger_engine(
+                settings.require_database_url(),
+                schema=settings.database_schema,
+                pool_size=1,
+                max_overflow=0,
+                pool_recycle=1800,
+                connect_args={"connect_timeout": HEARTBEAT_CONNECT_TIMEOUT_S},
+            )
+            self._ledger = Ledger(engine, schema=settings.database_schema)
+        return self._ledger
 
 
 # -- exactly one beat ------------------------------------------------------------------
@@ -208,4 +303,4 @@ def _standby(conn: psycopg.Connection) -> bool:
     return bool(row and row[0])
 
 
-__all__ = ["BeatLock", "BeatLockTaken", "Scheduler", "schedule_file"]
+__all__ = ["BeatLock", "BeatLockTaken", "Heartbeat", "Scheduler", "schedule_file"]
