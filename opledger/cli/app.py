@@ -112,7 +112,7 @@ def preflight(command: str, *, broker: bool = True, declare: bool = False) -> No
         err_console.print(f"opledger {command}: {exc}", style="red", markup=False)
         raise typer.Exit(4) from None
 
-    checks = run_checks(broker=broker, declare=declare)
+    checks = run_checks(broker=broker, declare=declare, beat=False)
     for check in checks:
         if check.warning:
             err_console.print(

@@ -46,18 +46,26 @@ def run_checks(
     broker: bool = True,
     database: bool = True,
     declare: bool = False,
+    beat: bool = True,
 ) -> list[Check]:
     """Every check, in order; a later check that depends on a failed one is skipped.
 
     With `declare` (the worker's and the beat's startup checks: they declare them anyway
     moments later), opledger's queues are declared on RabbitMQ, so a queue or exchange
-    that exists with another type or arguments is one line, not a crash loop."""
+    that exists with another type or arguments is one line, not a crash loop. `beat`:
+    whether a beat was seen within `OPLEDGER_BEAT_MISSING_AFTER_SECONDS` is checked (not by
+    those startup checks: a worker may start before beat, and beat before its first tick)."""
     env = os.environ if environ is None else environ
-    return list(_checks(env, broker=broker, database=database, declare=declare))
+    return list(_checks(env, broker=broker, database=database, declare=declare, beat=beat))
 
 
 def _checks(  # noqa: C901
-    env: Mapping[str, str], *, broker: bool, database: bool, declare: bool = False
+    env: Mapping[str, str],
+    *,
+    broker: bool,
+    database: bool,
+    declare: bool = False,
+    beat: bool = True,
 ) -> Iterator[Check]:
     typos = unknown_variables(env)
     if typos:
@@ -101,6 +109,8 @@ def _checks(  # noqa: C901
                         yield _replication(engine, settings)
                         yield from _switches(engine, settings.database_schema)
                     yield _beat_lock(engine, settings.database_schema)
+                    if schema.ok and beat:
+                        yield _beat_seen(engine, settings)
             finally:
                 engine.dispose()
     if broker:
@@ -491,6 +501,35 @@ def _beat_lock(engine: Any, schema: str) -> Check:
         return "free (no beat running)" if pid is None else f"held by a beat (backend pid {pid})"
 
     return _attempt("beat lock", probe)
+
+
+def _beat_seen(engine: Any, settings: Settings) -> Check:
+    """Whether a beat ticked within `OPLEDGER_BEAT_MISSING_AFTER_SECONDS` (its heartbeat,
+    written by its scheduler's loop): without one nothing relays, sweeps or reconciles."""
+    from opledger.ledger import Ledger
+    from opledger.ledger.beats import START_BEAT
+
+    try:
+        seen = Ledger(engine, schema=settings.database_schema).beat_seen()
+    except Exception as exc:  # one line is what a person needs
+        return Check("beat", False, f"its heartbeat cannot be read: {exc}")
+    after = settings.beat_missing_after_seconds
+    if not seen.missing(timedelta(seconds=after)):
+        age = seen.age.total_seconds() if seen.age is not None else 0.0
+        return Check("beat", True, f"ticked {age:.0f} s ago ({seen.who()})")
+    if not seen.ever:
+        said = "no beat has ever run against this ledger"
+    else:
+        said = (
+            f"no beat seen for {after:g} s (OPLEDGER_BEAT_MISSING_AFTER_SECONDS): beat "
+            f"{seen.since()}, last {seen.who()}"
+        )
+    return Check(
+        "beat",
+        False,
+        f"{said}; without beat nothing relays, sweeps or reconciles (prepared operations whose "
+        f"message was lost are never sent, unknown ones never checked): {START_BEAT}",
+    )
 
 
 def _broker(url: str, queues: Sequence[Any] = (), queue_type: str = "classic") -> Check:

@@ -15,6 +15,7 @@ import functools
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -90,6 +91,11 @@ def test_migrate_and_check_pass_past_a_dead_first_host(
         first, *others = urls.values()
         migrated = cli(first, "migrate")  # an empty database: the whole schema is made
         assert migrated.code == 0, migrated.err
+        beat = Ledger.from_url(first, schema=SCHEMA)
+        try:  # a beat ticked (`check` fails without one)
+            beat.beat_heartbeat(host="beat-host", pid=1, started_at=datetime.now(UTC))
+        finally:
+            beat.engine.dispose()
         # the others find it migrated; `check` reaches Postgres, the schema and the lock
         broker = f"{redis_server}/5"
         runs = side_by_side(
@@ -103,7 +109,7 @@ def test_migrate_and_check_pass_past_a_dead_first_host(
             assert run.code == 0, (run.out, run.err)
             assert PASSWORD not in run.out + run.err and PW not in run.out + run.err
         for checked in runs[len(others) :]:
-            for line in ("ok   postgres", "ok   schema", "ok   beat lock"):
+            for line in ("ok   postgres", "ok   schema", "ok   beat lock", "ok   beat"):
                 assert line in checked.out, checked.out
         # ground truth: the ledger's tables in the fresh database, at the latest migration
         with psycopg.connect(libpq(fresh)) as conn:

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
@@ -58,6 +59,12 @@ def _empty_ledger(database_url: str) -> None:
     """Each test starts from an empty ledger: what an earlier test of this pytest process
     left there (an operation held for want of an adapter, say) would be warned about."""
     truncate_all(database_url)
+
+
+def ticked(ledger: Ledger) -> None:
+    """A beat ticked a moment ago (its heartbeat, as its scheduler writes it): `check`
+    fails without one."""
+    ledger.beat_heartbeat(host="beat-host", pid=1, started_at=datetime.now(UTC))
 
 
 @pytest.fixture(scope="module")
@@ -171,9 +178,10 @@ def test_the_worker_refuses_each_broken_setup_in_one_line(
 
 
 def test_check_reports_every_part_and_passes_on_a_good_setup(
-    tmp_path: Path, database_url: str, redis_server: str
+    tmp_path: Path, ledger: Ledger, database_url: str, redis_server: str
 ) -> None:
     redis = f"{redis_server}/5"
+    ticked(ledger)  # a good setup runs a beat
     ok, bad = run(
         job(tmp_path, "check", OPLEDGER_DATABASE_URL=database_url, OPLEDGER_BROKER_URL=redis),
         job(tmp_path, "check", OPLEDGER_DATABASE_URL=database_url),
@@ -194,11 +202,13 @@ def test_check_reports_every_part_and_passes_on_a_good_setup(
         "warn replication",  # the test server streams to no standby: a failover is a restore
         "ok   ledger epoch",
         "ok   beat lock",
+        "ok   beat",
         "ok   broker",
     ]
     assert "warn replication: no standby streams from this server" in ok.stdout, ok.stdout
     assert "ok   ledger epoch: no switch recorded (epoch 0)" in ok.stdout, ok.stdout
     assert bad.returncode == 4 and "FAIL broker: OPLEDGER_BROKER_URL is not set" in bad.stdout
+    assert "ok   beat: ticked" in ok.stdout and "ok   beat: ticked" in bad.stdout
 
 
 def test_a_variable_that_means_a_setting_is_named_at_every_start(
@@ -223,7 +233,7 @@ def test_a_variable_that_means_a_setting_is_named_at_every_start(
 
 
 def test_a_queue_declared_as_another_type_is_refused_in_one_line(
-    tmp_path: Path, database_url: str
+    tmp_path: Path, ledger: Ledger, database_url: str
 ) -> None:
     """Switching OPLEDGER_RABBITMQ_QUEUE_TYPE under queues that exist: RabbitMQ refuses to
     redeclare them (PRECONDITION_FAILED), and the worker would restart its consumer on that
@@ -242,6 +252,7 @@ def test_a_queue_declared_as_another_type_is_refused_in_one_line(
             for queue in queues_of("classic", vhost.url):
                 queue(channel).declare()  # type: ignore[no-untyped-call]  # kombu: untyped
         env = {"OPLEDGER_DATABASE_URL": database_url, "OPLEDGER_BROKER_URL": vhost.url}
+        ticked(ledger)
         worker, check = run(
             job(tmp_path, "worker", **env, OPLEDGER_RABBITMQ_QUEUE_TYPE="quorum"),
             job(tmp_path, "check", **env, OPLEDGER_RABBITMQ_QUEUE_TYPE="quorum"),
@@ -313,6 +324,7 @@ def test_open_operations_of_an_unserved_action_are_a_warning_and_every_process_s
     if schema:
         env["OPLEDGER_DATABASE_SCHEMA"] = schema
     unwritable = "/proc/opledger-cannot-write-here/schedule"
+    ticked(ledger)
     try:
         checked, lines, worker, beat = run(
             job(tmp_path, "check", "--json", **env),
