@@ -41,7 +41,7 @@ from opledger.ledger.ids import check_operation_id
 from opledger.observability import logs, metrics, tracing
 from opledger.settings import UNCONFIGURED_BROKER_URL, Settings, get_settings
 
-from . import backlog
+from . import backlog, beatwatch
 from .hooks import HOOKS, Hooks
 from .worker import FollowUps, Worker, WorkerConfig, utcnow
 
@@ -51,6 +51,7 @@ log = logging.getLogger("opledger.tasks")
 #: here because Celery's `-A` names a module attribute; it configures nothing else
 app = Celery("opledger")
 app.config_from_object("opledger.celeryconfig")
+beatwatch.install(app)  # each worker logs a missing beat once (`tasks.beatwatch`)
 
 _installed = False
 
