@@ -15,6 +15,11 @@ an index whose size is the backlog, never a count of the whole history.
   workers hold them, nothing is sent, until a worker that serves the action runs. Read
   from the same rows as `opledger_operations`, no statement of its own.
 - `opledger_beat_lock_held`: 1 while a beat holds its advisory lock (`pg_locks`), else 0.
+- The beat's heartbeat, written by its scheduler's loop every few seconds (one row, read
+  by its key): `opledger_beat_last_seen_timestamp_seconds` (unix time of its last tick; 0
+  when no beat ever ran against this ledger) and `opledger_beat_last_seen_age_seconds`
+  (how long ago, by the database's clock; +Inf when none ever ran), so an alert on the age
+  fires for a beat that stopped and for one that never started.
 - Per provider that has pushed back, holds a slot or has operations waiting (one statement,
   `Ledger.providers`'s): `opledger_provider_paused` 1 while claims for it are held back
   (an open breaker, or a "not now" still in force), `opledger_provider_paused_since_seconds`
@@ -41,10 +46,12 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from opledger.ledger.beats import BeatSeen, beat_seen_of
 from opledger.ledger.connector import Connector
 from opledger.ledger.pgschema import beat_lock_key, lock_words
 from opledger.ledger.providers import ProviderState, provider_state
 from opledger.ledger.queries import gauges as q
+from opledger.ledger.queries.beat import BEAT_SEEN
 from opledger.ledger.queries.providers import PROVIDERS
 
 log = logging.getLogger("opledger.metrics")
@@ -76,6 +83,7 @@ class _Scrape:
     oldest_review: float
     estimated: int | None
     beat_held: bool
+    beat: BeatSeen
     providers: list[ProviderState]
     durability: tuple[Any, ...]
 
@@ -99,6 +107,7 @@ class LedgerCollector(Collector):
             reviews, oldest_review = conn.execute(q.OPEN_REVIEWS).one()
             estimated = conn.execute(q.ESTIMATED_ROWS).scalar()
             holder = conn.execute(q.BEAT_LOCK_HOLDER, lock_words(self.beat_lock_key)).first()
+            beat = beat_seen_of(conn.execute(BEAT_SEEN).one())
             providers = [provider_state(r) for r in conn.execute(PROVIDERS).all()]
             durability = tuple(conn.execute(q.DURABILITY).one())
         return _Scrape(
@@ -107,6 +116,7 @@ class LedgerCollector(Collector):
             float(oldest_review),
             estimated,
             holder is not None,
+            beat,
             providers,
             durability,
         )
@@ -142,6 +152,7 @@ class LedgerCollector(Collector):
             ),
         ):
             yield _gauge(name, doc, value)
+        yield from beat_gauges(scrape.beat)
         yield from durability_gauges(*scrape.durability)
         yield from provider_gauges(scrape.providers)
 
@@ -239,6 +250,24 @@ def provider_gauges(providers: list[ProviderState]) -> Iterator[GaugeMetricFamil
         if not providers:
             gauge.add_metric([""], 0)
         yield gauge
+
+
+def beat_gauges(beat: BeatSeen) -> Iterator[GaugeMetricFamily]:
+    """When the beat last ticked, and how long ago (+Inf, and 0 as its time, when no beat
+    ever ran against this ledger)."""
+    age = beat.age
+    yield _gauge(
+        "opledger_beat_last_seen_timestamp_seconds",
+        "When the beat's scheduler last ticked (its heartbeat, unix time); 0 when no beat "
+        "ever ran against this ledger.",
+        beat.seen_at.timestamp() if beat.seen_at is not None else 0.0,
+    )
+    yield _gauge(
+        "opledger_beat_last_seen_age_seconds",
+        "Seconds since the beat's scheduler last ticked (its heartbeat); +Inf when no beat "
+        "ever ran against this ledger.",
+        age.total_seconds() if age is not None else float("inf"),
+    )
 
 
 def durability_gauges(

@@ -112,6 +112,7 @@ def test_alerts_and_dashboard_use_only_metrics_opledger_exports() -> None:
         "OpledgerReviewBacklogGrowing",
         "OpledgerNothingConfirmed",
         "OpledgerBeatLockLost",
+        "OpledgerBeatMissing",
     } <= names
     dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "opledger.json").read_text())
     exprs += [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
