@@ -4,16 +4,21 @@ deliberately repeated act. One wording for every agent surface."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from opledger.ledger import (
     AuthorizationError,
     IntentFieldsUndeclared,
     InvalidInput,
+    LedgerError,
+    Status,
     UnknownAction,
 )
+from opledger.ledger.beats import DEFAULT_MISSING_AFTER, BeatSeen
 
-from .results import EffectResult
+from .results import EffectPending, EffectResult
 
 #: the argument a model sets to ask for a deliberately repeated act: a number, which a
 #: model asked again (a replay, a fork) repeats far more faithfully than any wording it
@@ -77,3 +82,48 @@ def refused(exc: Exception) -> dict[str, Any]:
 def refusal(error: str, why: str) -> dict[str, Any]:
     """A call refused for `why` (`error` names the kind of refusal)."""
     return {"kind": "refused", "error": error, "message": f"Not done, nothing was sent: {why}"}
+
+
+def beat_missing_after() -> timedelta:
+    """How long without a beat heartbeat counts as no beat (`OPLEDGER_BEAT_MISSING_AFTER_SECONDS`;
+    the default where the settings cannot be read)."""
+    from opledger.settings import SettingsInvalid, get_settings
+
+    try:
+        return timedelta(seconds=get_settings().beat_missing_after_seconds)
+    except SettingsInvalid:
+        return DEFAULT_MISSING_AFTER
+
+
+def on_relay(result: EffectResult) -> bool:
+    """Whether `result` waits on what beat's relay does: a prepared operation a worker has
+    not taken (its message may be lost, or its publish failed) or left for later (its
+    provider had no room): only the relay publishes it again."""
+    return (
+        isinstance(result, EffectPending)
+        and result.operation.status is Status.PREPARED
+        and result.awaiting != "dependencies"
+    )
+
+
+def waits_for_beat(
+    result: EffectResult, seen: Callable[[], BeatSeen], missing_after: timedelta
+) -> EffectResult:
+    """`result`, saying "it waits for beat, not seen since ..." when it waits on the relay
+    (`on_relay`) and no beat ticked within `missing_after`: one read of the beat's
+    heartbeat (`seen`), only for such a result. Unchanged when the heartbeat cannot be
+    read."""
+    if not on_relay(result):
+        return result
+    try:
+        beat = seen()
+    except LedgerError:  # an answer is never lost to this
+        return result
+    if not beat.missing(missing_after):
+        return result
+    assert isinstance(result, EffectPending)
+    waiting = (
+        f"{result.waiting_for}; it waits for beat, {beat.since()}: beat's relay publishes "
+        "what no worker got, and none runs"
+    )
+    return result.model_copy(update={"waiting_for": waiting})

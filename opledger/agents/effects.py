@@ -45,6 +45,7 @@ from opledger.ledger.facades import IntentLedger
 from opledger.ledger.intents import Intent, act_key, payload_differences
 from opledger.observability import tracing
 
+from .answers import beat_missing_after, waits_for_beat
 from .blocking import Body, Call, Sleep, arun, run
 from .listener import Waiter, listener_for
 from .results import (
@@ -112,6 +113,7 @@ class Effects:
         self._publish = publish if publish is not None else _default_publish
         self.poll = poll
         self._dsn = conninfo(ledger.engine)  # every host the engine's URL names
+        self._beat_missing_after = beat_missing_after()
 
     # -- recording ---------------------------------------------------------------------
 
@@ -301,8 +303,16 @@ class Effects:
     # -- reading -----------------------------------------------------------------------
 
     def result(self, op_id: str) -> EffectResult:
-        """How `op_id` stands now, as a result an agent can reason on (one statement)."""
+        """How `op_id` stands now, as a result an agent can reason on (one statement; one
+        more for an operation waiting on beat's relay: whether a beat runs)."""
+        return self._noted(self._read(op_id))
+
+    def _read(self, op_id: str) -> EffectResult:
         return self._result_of(self.ledger.answer(op_id))
+
+    def _noted(self, result: EffectResult) -> EffectResult:
+        """`result`, saying that it waits for beat when none runs (`waits_for_beat`)."""
+        return waits_for_beat(result, self.ledger.beat_seen, self._beat_missing_after)
 
     def _result_of(self, answer: Answer) -> EffectResult:
         """`result_of` with the action's contract where this ledger's adapters know it (an
@@ -364,7 +374,7 @@ class Effects:
             if known is not None and waiter.heard:
                 result = known
             else:
-                result = yield Call(self.result, op_id)
+                result = yield Call(self._read, op_id)
             published = publish
             while not at_rest(result):
                 waiter.watch(watched(result))
@@ -379,8 +389,9 @@ class Effects:
                 if answer is not None:
                     result = self._result_of(answer)
                 else:
-                    result = yield Call(self.result, op_id)
-            return result
+                    result = yield Call(self._read, op_id)
+            noted: EffectResult = yield Call(self._noted, result)
+            return noted
 
     def _interval(self) -> float:
         """How long a waiter sleeps at most between two reads: its poll, or the fallback

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 import typer
@@ -12,6 +12,7 @@ from rich.text import Text
 
 from opledger.console.redaction import Redaction
 from opledger.ledger import ForbiddenTransition, History, Ledger, Operation, Status
+from opledger.ledger.beats import START_BEAT, BeatSeen
 from opledger.ledger.contract import Contract
 from opledger.ledger.evidence import Proof, proves
 from opledger.ledger.ids import check_operation_id
@@ -254,20 +255,45 @@ def reviews_table(history: History) -> Table:
     return records_table(header, rows, title="reviews")
 
 
+def waits_for_beat(op: Operation, seen: BeatSeen) -> str | None:
+    """For a prepared operation no dependency holds (only beat's relay publishes it again,
+    if its message was lost or it was left for later) while no beat ticked within
+    `OPLEDGER_BEAT_MISSING_AFTER_SECONDS`: that it waits for beat, and since when none was
+    seen. None otherwise."""
+    after = get_settings().beat_missing_after_seconds
+    if (
+        op.status is not Status.PREPARED
+        or op.waiting_on
+        or not seen.missing(timedelta(seconds=after))
+    ):
+        return None
+    return (
+        f"waits for beat, {seen.since()}: beat's relay publishes a prepared operation no "
+        f"worker got, and none runs; {START_BEAT}"
+    )
+
+
 @ops_app.command("show")
 def ops_show(op_id: str, as_json: JsonOption = False) -> None:
-    """Status, attempts, evidence, transitions and asks of one operation."""
+    """Status, attempts, evidence, transitions and asks of one operation; for a prepared
+    one, whether it waits for a beat that is not running."""
     with open_ledger() as ledger:
         history = ledger.history(op_id)
         asks = ledger.asks(op_id)
         contract = contract_of(ledger, history.operation.action)
+        op = history.operation
+        beat = waits_for_beat(op, ledger.beat_seen()) if op.status is Status.PREPARED else None
     shown = redaction()
     if as_json:
         document = history_document(history, contract, shown)
-        emit_json({**document, "asks": [a.model_dump(mode="json") for a in asks]})
+        emit_json(
+            {**document, "asks": [a.model_dump(mode="json") for a in asks], "waits_for_beat": beat}
+        )
         return
     for table in history_tables(history, shown, contract):
         console.print(table)
+    if beat is not None:
+        console.print(Text(f"{op.id} {beat}", style="yellow"))
     if history.reviews:
         console.print(reviews_table(history))
     if asks:
