@@ -178,8 +178,9 @@ class Worker:
         return self.send(adapter, claimed)
 
     def _claim(self, op_id: str) -> Claim | StepResult:
-        """The dispatch's claim, waiting for the provider's room; or what the step did."""
-        waited = 0.0
+        """The dispatch's claim, waiting for the provider's room; or what the step did.
+        Deferred, it asks once more: a slot given back before the deferral woke no one."""
+        waited, deferred = 0.0, False
         terms = self.registry.claim_terms(self.config.lease)
         while True:
             with self.hooks.claim(op_id) as span:
@@ -192,9 +193,14 @@ class Worker:
                     self.follow_ups.reconcile(op_id)
                     return StepResult(Step.QUARANTINED, self.ledger.get(op_id))
                 except ProviderBusy as busy:
+                    if deferred:
+                        return StepResult(Step.BUSY)
                     pause = max(_spread(busy.retry_in).total_seconds(), 0.001)
                     if waited + pause > self.config.wait.total_seconds():
-                        return self._defer(op_id, busy)
+                        deferred = self._defer(op_id, busy)
+                        if not deferred:  # no longer prepared (claimed, cancelled)
+                            return StepResult(Step.NOOP)
+                        continue
                     waited += pause
                     self.sleep(pause)
                     continue
@@ -207,11 +213,12 @@ class Worker:
                 span.claim(claim)
                 return claim
 
-    def _defer(self, op_id: str, busy: ProviderBusy) -> StepResult:
-        """Leave a prepared operation whose provider has no room for later, and say why:
-        until room comes for sure (`busy.retry_in`); a slot given back sooner wakes it."""
+    def _defer(self, op_id: str, busy: ProviderBusy) -> bool:
+        """Leave a prepared operation whose provider has no room until room comes for sure
+        (`busy.retry_in`), and say why; False when it is no longer prepared."""
         until = self.clock() + _spread(busy.retry_in)
-        self.ledger.defer(op_id, until=until)
+        if not self.ledger.defer(op_id, until=until):
+            return False
         log.info(
             "%s waits for %s until %s: %s",
             op_id,
@@ -220,7 +227,7 @@ class Worker:
             busy.why,
             extra={"op_id": op_id, "provider": busy.provider},
         )
-        return StepResult(Step.BUSY)
+        return True
 
     # -- the provider call and its outcome ---------------------------------------------------
 

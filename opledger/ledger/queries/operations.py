@@ -445,7 +445,7 @@ RECORD_OUTCOME = text(
     ),
     -- a slot given back wakes the provider's oldest operation deferred for room: due now,
     -- and named in the row for the worker to publish (the relay publishes it if that is
-    -- lost); not after a "not now" or a refused connection, which leave no room to use
+    -- lost); if the provider is paused, that operation waits for the pause's end instead
     woken AS (
         UPDATE operations AS w SET next_check_at = now(), updated_at = now()
         WHERE w.id = (
