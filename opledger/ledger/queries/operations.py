@@ -455,7 +455,6 @@ RECORD_OUTCOME = text(
             FOR UPDATE SKIP LOCKED
         )
           AND EXISTS (SELECT 1 FROM slot)
-          AND CAST(:press AS text) NOT IN ('throttled', 'refused')
         RETURNING w.id
     ),
     -- what the call says about the provider itself: reachable, refusing, or "not now" (an
