@@ -227,6 +227,48 @@ IDEMPOTENCY_MIDDLEWARE = Contract(
     "survives no restart",
 )
 
+EXPRESS_IDEMPOTENCY = Contract(
+    provider="express-idempotency",
+    idempotency=Idempotency(
+        kind="keyed",
+        scope="the API process",
+        retention=24 * H,
+        after_error="key_released",
+        keys_durable=False,
+        payload_checked=True,
+        concurrent="conflict",
+    ),
+    lookup=Lookup(kind="none"),
+    request_timeout=_timeout,
+    max_in_flight=_in_flight,
+    source="express-idempotency 1.0.6 defaults (its source, npm): keys in process memory, "
+    "never expired, all lost on a restart; only a 2xx answer is stored, any other deletes "
+    "the key, also after the route committed; 409 while the first request runs; 417 for "
+    "another URL, method, query or body; replays unmarked; no lookup (add one that reads "
+    "your API's own records); the 24 h retention is a bound of ours",
+)
+
+IETF_IDEMPOTENCY_KEY = Contract(
+    provider="ietf-idempotency-key",
+    idempotency=Idempotency(
+        kind="keyed",
+        scope="resource",
+        retention=24 * H,
+        after_error="replayed",
+        keys_durable=True,
+        payload_checked=True,
+        concurrent="conflict",
+    ),
+    lookup=Lookup(kind="none"),
+    request_timeout=_timeout,
+    max_in_flight=_in_flight,
+    source="a middleware that follows draft-ietf-httpapi-idempotency-key-header (-06, -07) "
+    "with a durable store: a retry after completion gets the first result, success or "
+    "error; 409 while the first request runs; 422 for another payload; 400 without a key; "
+    "no replay header; expiry left to the server's published policy (24 h assumed); the "
+    "durable store is assumed (keys_durable=False for an in-memory one)",
+)
+
 PRESETS: dict[str, Contract] = {
     c.provider: c
     for c in (
@@ -241,5 +283,7 @@ PRESETS: dict[str, Contract] = {
         ZENDESK,
         SHOPIFY,
         IDEMPOTENCY_MIDDLEWARE,
+        EXPRESS_IDEMPOTENCY,
+        IETF_IDEMPOTENCY_KEY,
     )
 }
