@@ -12,7 +12,9 @@ the first two are "not observable" and the two requests are sent as they come. A
 the endpoint gives no way to test is "not observable", never a traceback: what was found
 before is still reported. Every probe is a real request with a fresh target and a fresh
 key, so it runs only against loopback or the test URL the adapter declares, unless the
-caller explicitly accepts the risk.
+caller explicitly accepts the risk. Each disagreement carries the change it asks for
+(`opledger.adapters.hints`): the field, its value, and whether the declared fact
+over-promised.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from opledger.ledger.models import Verdict as Says
 from opledger.net import is_loopback
 
 from .base import IDEMPOTENCY_MISMATCH, IN_FLIGHT, Adapter, LookupResult, extra
+from .hints import hint_for
 
 #: "not observed": probed, but what came back could not tell; "not observable": this
 #: endpoint gives no way to probe it (no fault routes, no lookup declared)
@@ -53,6 +56,10 @@ class Finding(Record):
     declared: str
     observed: str
     verdict: Verdict
+    #: on a disagreement: the field to change and to what, and what the probe saw
+    hint: str = ""
+    #: the declared fact promises more than the provider keeps: a duplicate's way through
+    over_promises: bool = False
 
 
 class Probe(Protocol):
@@ -240,7 +247,17 @@ def check_contract(
             findings += faults_not_observable(contract, NO_FAULTS)
         else:
             findings += faults.facts(s, contract)
-    return findings
+    return [_with_hint(f, contract) for f in findings]
+
+
+def _with_hint(finding: Finding, contract: Contract) -> Finding:
+    """A disagreement with the change it asks for (`opledger.adapters.hints`)."""
+    if finding.verdict != "disagrees":
+        return finding
+    hint = hint_for(finding.fact, finding.declared, finding.observed, contract)
+    if hint is None:
+        return finding
+    return finding.model_copy(update={"hint": str(hint), "over_promises": hint.over_promises})
 
 
 def _probes(

@@ -100,8 +100,20 @@ def _print_findings(findings: list[Finding], title: str) -> None:
     wrong = [f.fact for f in findings if f.verdict == "disagrees"]
     if wrong:
         console.print(f"[red]the contract disagrees with the provider on: {', '.join(wrong)}[/red]")
+        _print_hints(findings)
         raise typer.Exit(1)
     console.print("[green]no disagreement observed[/green]")
+
+
+def _print_hints(findings: list[Finding]) -> None:
+    """One line per disagreement that names its change: what over-promises first (a way
+    for a duplicate through), then what is only more cautious than the provider."""
+    hinted = sorted((f for f in findings if f.hint), key=lambda f: not f.over_promises)
+    for f in hinted:
+        line = Text("over-promises: " if f.over_promises else "cautious: ", style="bold")
+        line.stylize("red" if f.over_promises else "yellow")
+        line.append(f"set {f.hint}" if not f.hint.startswith("the adapter") else f"fix {f.hint}")
+        console.print(line)
 
 
 # -- the review console ---------------------------------------------------------------------
