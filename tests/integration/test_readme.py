@@ -507,6 +507,10 @@ assert current_app._get_current_object() is theirs
     "9d2d435688": Covered("    def search_hint(self, operation", ADAPTER_EXCERPT),
     "02702d44b9": Covered("def build_registry(settings: Settings)", ADAPTER_EXCERPT),
     "0a9d094578": Covered('"""An adapter for Tickets', ADAPTER_EXCERPT),
+    "12191047ac": Covered("def contacts_contract(", ADAPTER_EXCERPT),
+    "e9fc204376": Covered("def middleware_outcome(", ADAPTER_EXCERPT),
+    "89ba27d262": Covered("    def lookup(self, operation: Operation", ADAPTER_EXCERPT),
+    "cfe75c6e8f": NotCode("the contract disagrees with the provider on:", "sample output"),
     "d96ebbb200": Shell(
         "export OPLEDGER_ADAPTERS=examples.adapter_tickets:build_registry",
         # a Tickets server at that URL, and the example importable: the guide's test runs
