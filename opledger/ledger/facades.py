@@ -164,6 +164,8 @@ class IntentLedger(Protocol):
 
     def intent_fields(self, action: str) -> tuple[str, ...]: ...
 
+    def intent_scope(self, action: str) -> str: ...
+
     def ask_intent(
         self,
         intent: Intent,

@@ -82,6 +82,9 @@ class Operation(Record):
     #: how many of the operations it runs after (`after`) are not confirmed yet; it is
     #: claimed only at 0
     waiting_on: int = 0
+    #: how wide its act is: `run` (one act of `workflow_id`'s run) or `tenant` (one act of
+    #: the tenant whatever run asks; `workflow_id` is the run that asked it first)
+    intent_scope: Literal["run", "tenant"] = "run"
     record_version: int
     created_at: AwareDatetime
     updated_at: AwareDatetime

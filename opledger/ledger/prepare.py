@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, TextClause
 from sqlalchemy.orm import Session
 
 from . import queries as q
@@ -33,7 +33,7 @@ from .ids import (
     intent_idempotency_key,
     new_operation_id,
 )
-from .intents import Intent, check_fields
+from .intents import RUN, TENANT, Intent, check_fields, check_scope, tenant_wide
 from .models import (
     Ask,
     Asked,
@@ -58,6 +58,14 @@ class _Recording:
     def names(self) -> dict[str, str]:
         """What names the intent: its tenant, workflow and intent key."""
         return {k: self.values[k] for k in ("tenant", "workflow_id", "intent_key")}
+
+    @property
+    def lookup(self) -> TextClause:
+        """The statement that finds the operation already recorded under the intent: a
+        run's act in its run, a tenant-wide act in its tenant (whatever run asked it)."""
+        if self.values["intent_scope"] == TENANT:
+            return q.SELECT_OPERATION_BY_TENANT_INTENT
+        return q.SELECT_OPERATION_BY_INTENT
 
     @property
     def asking(self) -> bool:
@@ -87,10 +95,12 @@ class Prepare(LedgerBase):
         """Record an intended effect before anything crosses the boundary.
 
         Idempotent per (tenant, workflow_id, intent_key): the same call again returns the
-        same operation. The same intent with another action, target, payload,
-        authorization or `after` raises `IntentConflict`. `tenant`, `workflow_id`,
-        `intent_key` and `target` are normalised to Unicode NFC (an NFD spelling names the
-        same operation) and may not contain invisible characters. With `session=`, the
+        same operation. The key is yours: it names an act of the run `workflow_id`, whatever
+        scope the action declares (a tenant-wide act is keyed by `ask_intent`). The same
+        intent with another action, target, payload, authorization or `after` raises
+        `IntentConflict`. `tenant`, `workflow_id`, `intent_key` and `target` are normalised
+        to Unicode NFC (an NFD spelling names the same operation) and may not contain
+        invisible characters. With `session=`, the
         insert joins the caller's transaction (outbox): it exists only if the caller commits.
 
         `after` names operations (of the same tenant) this one runs after: it is claimed
@@ -149,7 +159,8 @@ class Prepare(LedgerBase):
         tool-call id or an MCP request id — as evidence of which call asked (kept as text,
         control characters replaced, never refused). That id is never the intent: derive
         `intent_key` from the act (`opledger.ledger.intents.intent_key`), or give the act
-        itself to `ask_intent`."""
+        itself to `ask_intent`. As with `prepare`, a key of your own names an act of the run
+        `workflow_id`."""
         intent = Intent(
             tenant=tenant,
             workflow_id=workflow_id,
@@ -176,8 +187,14 @@ class Prepare(LedgerBase):
     ) -> Asked:
         """`ask` for an `Intent` record, keyed by the act unless it names its own
         `intent_key` (`Intent.keyed`: raises `IntentFieldsUndeclared` where the intent
-        fields are neither given nor declared)."""
-        keyed = intent.keyed(self.intent_fields)
+        fields are neither given nor declared), in the action's scope (`intent_scope`).
+
+        An act of the tenant's scope asked from any run of the tenant is answered with the
+        operation the first ask recorded (its `workflow_id` is that run), as an act asked
+        again in its own run is: under the asker's grant, checked first (another tenant's,
+        or one that does not cover the action, is refused, never answered), with what this
+        ask asked differently named and never sent."""
+        keyed = intent.keyed(self.intent_fields, self.intent_scope)
         recording = self._recording(
             keyed, actor=actor, notify=notify, traceparent=traceparent, asking=True
         )
@@ -203,6 +220,7 @@ class Prepare(LedgerBase):
             check_identifier("traceparent", traceparent, max_length=TRACEPARENT_MAX)
         workflow_id = check_key("workflow_id", intent.workflow_id)
         intent_key = check_key("intent_key", intent.intent_key)
+        scope = _check_scope(intent.scope, intent_key)
         target = check_key("target", intent.target)
         action, authorization_ref = intent.action, intent.authorization_ref
         check_identifier("authorization_ref", authorization_ref)
@@ -211,11 +229,12 @@ class Prepare(LedgerBase):
         provider = self.actions.provider_for(action)
         frozen = canonicalize(intent.payload, max_bytes=self.max_payload_bytes)
         # derived from the intent, never random: asked again after the ledger lost its
-        # record (a failover, a restore), the act reaches the provider under the same key
+        # record (a failover, a restore), the act reaches the provider under the same key —
+        # a tenant-wide act under the same key whatever run asks it then (no run is "")
         key = intent_idempotency_key(
             self._store.key_namespace(),
             tenant=tenant,
-            workflow_id=workflow_id,
+            workflow_id=workflow_id if scope == RUN else "",
             action=action,
             intent_key=intent_key,
         )
@@ -223,6 +242,7 @@ class Prepare(LedgerBase):
             "tenant": tenant,
             "workflow_id": workflow_id,
             "intent_key": intent_key,
+            "intent_scope": scope,
             "action": action,
             "target": target,
             "provider": provider,
@@ -303,7 +323,7 @@ class Prepare(LedgerBase):
 
     def _recorded(self, conn: Connection, recording: _Recording) -> Asked | None:
         """The intent as already recorded, answered as an ask of it; None if it is new."""
-        row = conn.execute(q.SELECT_OPERATION_BY_INTENT, recording.names).one_or_none()
+        row = conn.execute(recording.lookup, recording.names).one_or_none()
         return None if row is None else self._same_intent(conn, store.operation(row), recording)
 
     def _insert(
@@ -317,7 +337,13 @@ class Prepare(LedgerBase):
         already rejected or cancelled (`doomed`) cancels it at once."""
         row = conn.execute(q.INSERT_OPERATION, values).one_or_none()
         if row is None:  # another caller inserted the same intent just now
-            row = conn.execute(q.SELECT_OPERATION_BY_INTENT, recording.names).one()
+            row = conn.execute(recording.lookup, recording.names).one_or_none()
+            if row is None:  # a row of the other scope under this key (one of old: refused)
+                raise IntentConflict(
+                    f"intent {values['intent_key']!r} of workflow {values['workflow_id']!r} "
+                    "already names an operation of another intent scope",
+                    differs=("intent_scope",),
+                )
             return self._same_intent(conn, store.operation(row), recording)
         op_id = values["id"]
         if recording.deps:
@@ -431,12 +457,37 @@ class Prepare(LedgerBase):
             )
         return check_fields(declared(action))
 
+    def intent_scope(self, action: str) -> str:
+        """How wide an act of `action` is — `run` (one act per run) or `tenant` (one act
+        whatever run of the tenant asks) — as the action resolver (the adapter registry:
+        the adapter's `intent_scopes`, or the deployment's `OPLEDGER_INTENT_SCOPES`)
+        declares it; `run` where it declares none."""
+        declared = getattr(self.actions, "intent_scope", None)  # a resolver of your own
+        return RUN if not callable(declared) else check_scope(declared(action))
+
 
 #: the longest trace context `prepare` keeps (a W3C traceparent is 55 characters)
 TRACEPARENT_MAX = 256
 
 #: how many operations one operation may run after
 MAX_DEPENDENCIES = 100
+
+
+def _check_scope(scope: str | None, intent_key: str) -> str:
+    """The scope of an intent under `intent_key`: a run's (no scope given) or a tenant's,
+    whose key has a form of its own (`intents.tenant_wide`) that no run's key may take, so
+    an act of one scope can never answer an ask of the other."""
+    chosen = RUN if scope is None else check_scope(scope, field="scope")
+    if (chosen == TENANT) != tenant_wide(intent_key):
+        raise InvalidInput(
+            "a tenant-wide act is named by the key derived from it (ask_intent): "
+            f"{intent_key!r} is not such a key"
+            if chosen == TENANT
+            else f"{intent_key!r} has the form of a tenant-wide act's key, which only "
+            "ask_intent derives: name an act of your run with another key",
+            field="intent_key",
+        )
+    return chosen
 
 
 def _check_after(after: Sequence[str]) -> tuple[str, ...]:

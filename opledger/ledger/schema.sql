@@ -110,7 +110,8 @@ CREATE INDEX ix_signin_attempts_address_at ON signin_attempts USING btree (addre
 CREATE INDEX ix_signin_attempts_operator_at ON signin_attempts USING btree (operator, at);
 
 -- One row per intended external effect, written before anything is sent. Its intent
--- (tenant, workflow_id, intent_key) is unique; `fence` grows by one on every claim and
+-- (tenant, workflow_id, intent_key) is unique, and a tenant-wide act's (`intent_scope`
+-- 'tenant', 0020) is unique in its tenant; `fence` grows by one on every claim and
 -- every controlled write is conditional on it; `status` moves only as the guard trigger
 -- below allows. `waiting_on` counts unconfirmed dependencies (the claim takes only 0);
 -- `notify_settle` makes its changes NOTIFY opledger_settle.
@@ -149,10 +150,13 @@ CREATE TABLE operations (
     notify_settle boolean DEFAULT false NOT NULL,
     released_at timestamp with time zone,
     traceparent text,
+    intent_scope text DEFAULT 'run'::text NOT NULL,
     CONSTRAINT ck_operations_ck_operations_waiting_nonnegative CHECK ((waiting_on >= 0)),
     CONSTRAINT ck_operations_digest_format CHECK ((payload_digest ~ '^[0-9a-f]{64}$'::text)),
     CONSTRAINT ck_operations_fence_nonnegative CHECK ((fence >= 0)),
     CONSTRAINT ck_operations_id_format CHECK ((id ~ '^op_[0-9A-HJKMNP-TV-Z]{26}$'::text)),
+    CONSTRAINT ck_operations_intent_scope
+        CHECK ((intent_scope = ANY (ARRAY['run'::text, 'tenant'::text]))),
     CONSTRAINT ck_operations_lease_matches_status CHECK (((status = 'unknown'::op_status)
         OR ((status = 'dispatching'::op_status)
             = ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))))
@@ -160,6 +164,9 @@ CREATE TABLE operations (
 ALTER TABLE ONLY operations ADD CONSTRAINT pk_operations PRIMARY KEY (id);
 ALTER TABLE ONLY operations
     ADD CONSTRAINT uq_operations_intent UNIQUE (tenant, workflow_id, intent_key);
+-- a tenant-wide act, whatever run asked it (0020): its key's form is no run's key's
+CREATE UNIQUE INDEX uq_operations_tenant_intent ON operations USING btree (tenant, intent_key)
+    WHERE (intent_scope = 'tenant'::text);
 ALTER TABLE ONLY operations
     ADD CONSTRAINT fk_operations_authorization_ref_authorizations FOREIGN KEY (authorization_ref)
         REFERENCES authorizations(ref);

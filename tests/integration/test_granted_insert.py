@@ -32,6 +32,7 @@ def _values(ref: str, action: str, tenant: str = "acme") -> dict[str, Any]:
         "tenant": tenant,
         "workflow_id": "granted",
         "intent_key": uuid.uuid4().hex,
+        "intent_scope": "run",
         "action": action,
         "target": "case-1",
         "provider": "crm",

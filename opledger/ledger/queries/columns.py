@@ -31,6 +31,7 @@ OPERATION_COLUMNS = (
     "operator_retry_by",
     "traceparent",
     "waiting_on",
+    "intent_scope",
     "record_version",
     "created_at",
     "updated_at",

@@ -39,7 +39,7 @@ REVOKE_AUTHORIZATION = text(
 )
 
 _OPERATION_VALUES = """
-    :id, :tenant, :workflow_id, :intent_key, :action, :target, :provider,
+    :id, :tenant, :workflow_id, :intent_key, :intent_scope, :action, :target, :provider,
     :payload_digest, :payload_size, :authorization_ref, :idempotency_key,
     :actor, 'prepared', :waiting_on, :notify_settle, :traceparent
 """
@@ -47,17 +47,20 @@ _OPERATION_VALUES = """
 
 def _inserting(rows: str) -> TextClause:
     """The insert of a new operation (its row from `rows`) with its frozen payload and its
-    ask, in one statement; nothing when the intent is already recorded."""
+    ask, in one statement; nothing when the intent is already recorded: a run's act in its
+    run (`uq_operations_intent`), a tenant-wide act in its tenant
+    (`uq_operations_tenant_intent`) — the conflict names no one constraint, so either
+    counts (the operation's id is new: no other unique column can clash)."""
     return text(
         f"""
     WITH ins AS (
         INSERT INTO operations (
-            id, tenant, workflow_id, intent_key, action, target, provider,
+            id, tenant, workflow_id, intent_key, intent_scope, action, target, provider,
             payload_digest, payload_size, authorization_ref, idempotency_key,
             changed_by, change_reason, waiting_on, notify_settle, traceparent
         )
         {rows}
-        ON CONFLICT (tenant, workflow_id, intent_key) DO NOTHING
+        ON CONFLICT DO NOTHING
         RETURNING *
     ),
     payload AS (
@@ -116,6 +119,15 @@ SELECT_OPERATION_BY_INTENT = text(
     f"""
     SELECT {columns_of("o")} FROM operations AS o
     WHERE o.tenant = :tenant AND o.workflow_id = :workflow_id AND o.intent_key = :intent_key
+    """
+)
+
+# A tenant-wide act (intent scope `tenant`) as recorded, whatever run asked it first: its
+# key has a form no run's key takes (`intents.tenant_wide`), unique in the tenant.
+SELECT_OPERATION_BY_TENANT_INTENT = text(
+    f"""
+    SELECT {columns_of("o")} FROM operations AS o
+    WHERE o.tenant = :tenant AND o.intent_key = :intent_key AND o.intent_scope = 'tenant'
     """
 )
 
