@@ -27,6 +27,7 @@ from opledger import variables
 from opledger.ledger.canonical import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit
 from opledger.ledger.contract import Limits
 from opledger.ledger.errors import InvalidInput
+from opledger.ledger.intents import parse_scopes
 from opledger.ledger.payload_keys import KEYS_VARIABLE, PayloadKeysInvalid, parse_payload_keys
 from opledger.ledger.pgschema import DEFAULT_SCHEMA, SCHEMA_VARIABLE, check_schema
 from opledger.ledger.sensitive import RedactionRuleInvalid, parse_rules, rule_specs
@@ -196,6 +197,14 @@ class Settings(BaseSettings):
         description="A deployment's limits for its providers, as JSON by provider name: "
         '{"crm": {"concurrency": 4, "rate": 20, "burst": 5}}; they replace what the '
         "adapters' contracts declare (every process must give the same).",
+    )
+
+    intent_scopes: str | None = Field(
+        default=None,
+        description="A deployment's intent scope per action, over what its adapter declares: "
+        "action=run|tenant pairs separated by ',' (e.g. 'stripe.payment_intent.v1=tenant'). "
+        "'tenant': one act whatever run or agent of the tenant asks; 'run': one act per run. "
+        "Every process must give the same.",
     )
 
     switch_suspect_seconds: float = Field(
@@ -382,6 +391,16 @@ class Settings(BaseSettings):
                 raise ValueError(
                     'not JSON: the form is {"crm": {"concurrency": 4, "rate": 20, "burst": 5}}'
                 ) from exc
+        return raw
+
+    @field_validator("intent_scopes")
+    @classmethod
+    def _intent_scopes(cls, raw: str | None) -> str | None:
+        if raw is not None:
+            try:
+                parse_scopes(raw)  # the ledger's own parser: one rule for both
+            except InvalidInput as exc:
+                raise ValueError(str(exc)) from None
         return raw
 
     @field_validator("max_payload_bytes", mode="before")

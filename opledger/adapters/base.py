@@ -129,17 +129,22 @@ class AdapterExtras(Protocol):
     """What an adapter may offer beyond `Adapter`: every member is optional, and opledger
     reads each only through `extra(adapter, name)`, so this class is the one list of them.
 
-    `Registry` reads `intent_fields`, `payload_schemas` and `descriptions` (and calls
-    `close` on shutdown); the review snapshot
-    calls `search_hint`; `opledger contract check` sends `contract_probe`'s requests, and
-    only to an endpoint that is loopback or the declared `test_base_url` (`base_url`, `url`
-    or `host` say where the adapter's requests go); the check's sandbox settings name the
+    `Registry` reads `intent_fields`, `intent_scopes`, `payload_schemas` and
+    `descriptions` (and calls `close` on shutdown); the review snapshot calls
+    `search_hint`; `opledger contract check` sends `contract_probe`'s requests, and only to
+    an endpoint that is loopback or the declared `test_base_url` (`base_url`, `url` or
+    `host` say where the adapter's requests go); the check's sandbox settings name the
     `account`.
     """
 
     #: action -> the payload fields whose values make another act of it (see
     #: `opledger.ledger.intents`); an action left out is one act per run and target
     intent_fields: Mapping[str, Sequence[str]]
+    #: action -> how wide one act of it is: "run" (one act per run: the default for an
+    #: action left out) or "tenant" (one act whatever run or agent of the tenant asks: a
+    #: refund of one charge, closing one case); a deployment may say otherwise
+    #: (`OPLEDGER_INTENT_SCOPES`)
+    intent_scopes: Mapping[str, str]
     #: action -> the JSON Schema of its payload (what an agent's tool offers, e.g. the MCP
     #: gateway's input schema); an action left out takes any JSON object
     payload_schemas: Mapping[str, Mapping[str, Any]]
@@ -169,7 +174,7 @@ class AdapterExtras(Protocol):
 
 #: the optional members `extra` reads
 EXTRAS = frozenset(
-    {"intent_fields", "payload_schemas", "descriptions"}
+    {"intent_fields", "intent_scopes", "payload_schemas", "descriptions"}
     | {"base_url", "url", "host", "test_base_url", "account"}
     | {"search_hint", "contract_probe", "close"}
 )

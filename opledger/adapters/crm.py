@@ -160,6 +160,10 @@ class CrmAdapter:
         # what makes another act on the same case: the fields an update sets (a note is
         # wording); a close of a case is one act whatever its note says
         self.intent_fields = {f"{namespace}.update_case.v1": ("fields",)}
+        # closing a case is one act whatever run or agent asks (a second thread picking up
+        # the same ticket closes nothing twice); an update is one act per run: a later run
+        # may set a field back to a value an earlier run set, and must be able to
+        self.intent_scopes = {f"{namespace}.close_case.v1": "tenant"}
         self.payload_schemas = {
             f"{namespace}.close_case.v1": CLOSE_SCHEMA,
             f"{namespace}.update_case.v1": UPDATE_SCHEMA,

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from opledger.ledger import ClaimTerms, UnknownAction
 from opledger.ledger.contract import Contract, Limits
 from opledger.ledger.ids import LONGEST_KEY, check_action
-from opledger.ledger.intents import check_fields
+from opledger.ledger.intents import RUN, check_fields, check_scope, parse_scopes
 from opledger.settings import Settings, SettingsInvalid
 
 from .base import Adapter, extra
@@ -34,6 +34,9 @@ class Registry:
         self._by_action: dict[str, Adapter] = {}
         self._terms: dict[timedelta, ClaimTerms] = {}
         self._intent_fields: dict[str, tuple[str, ...]] = {}
+        self._intent_scopes: dict[str, str] = {}
+        #: the deployment's own scopes (`scope`), over what the adapters declare
+        self._scoped: dict[str, str] = {}
         self._schemas: dict[str, dict[str, Any]] = {}
         self._descriptions: dict[str, str] = {}
         self._limits: dict[str, Limits] = {}
@@ -52,10 +55,12 @@ class Registry:
                 f"opledger's keys take up to {LONGEST_KEY}"
             )
         declared = dict(extra(adapter, "intent_fields") or {})
+        scopes = dict(extra(adapter, "intent_scopes") or {})
         schemas = dict(extra(adapter, "payload_schemas") or {})
         descriptions = dict(extra(adapter, "descriptions") or {})
         for member, named in (
             ("intent_fields", declared),
+            ("intent_scopes", scopes),
             ("payload_schemas", schemas),
             ("descriptions", descriptions),
         ):
@@ -73,6 +78,7 @@ class Registry:
                 raise ValueError(f"{action} is already served by another adapter")
             self._by_action[action] = adapter
             self._intent_fields[action] = check_fields(declared.get(action, ()))
+            self._intent_scopes[action] = check_scope(scopes.get(action, RUN))
             self._schemas[action] = dict(schemas.get(action, ANY_OBJECT))
             self._descriptions[action] = str(descriptions.get(action, "")) or (
                 f"{action} ({adapter.contract.effect}, at {adapter.contract.provider})"
@@ -96,6 +102,20 @@ class Registry:
         `intent_fields`; none declared: the action and the target alone)."""
         self.adapter_for(action)
         return self._intent_fields[action]
+
+    def intent_scope(self, action: str) -> str:
+        """How wide one act of `action` is: "run" or "tenant" (the deployment's `scope`,
+        else its adapter's `intent_scopes`, else "run": one act per run)."""
+        self.adapter_for(action)
+        return self._scoped.get(action, self._intent_scopes[action])
+
+    def scope(self, action: str, scope: str) -> None:
+        """Make `action` an act of `scope` ("run" or "tenant") whatever its adapter
+        declares: a deployment's own choice (`OPLEDGER_INTENT_SCOPES`, which
+        `load_registry` applies). Every process must say the same, or one act gets two
+        keys."""
+        self.adapter_for(action)
+        self._scoped[action] = check_scope(scope)
 
     def payload_schema(self, action: str) -> dict[str, Any]:
         """The JSON Schema of `action`'s payload (its adapter's `payload_schemas`; none
@@ -275,6 +295,7 @@ def load_registry(settings: Settings) -> Registry:
             "(opledger.adapters.registry.Registry)"
         )
     _apply_limits(registry, settings, where)
+    _apply_scopes(registry, settings, where)
     return registry
 
 
@@ -288,6 +309,18 @@ def _apply_limits(registry: Registry, settings: Settings, where: str) -> None:
                 f"{where} serves (its providers: {', '.join(registry.providers) or 'none'})"
             )
         registry.limit(provider, given.apply(registry.limits_for(provider)))
+
+
+def _apply_scopes(registry: Registry, settings: Settings, where: str) -> None:
+    """The deployment's own intent scopes (`OPLEDGER_INTENT_SCOPES`) over the adapters'; an
+    action no adapter serves is refused (a typo would otherwise widen nothing)."""
+    for action, scope in parse_scopes(settings.intent_scopes or "").items():
+        if action not in registry.actions:
+            raise SettingsInvalid(
+                f"OPLEDGER_INTENT_SCOPES names action {action!r}, which no adapter of {where} "
+                f"serves (its actions: {', '.join(registry.actions) or 'none'})"
+            )
+        registry.scope(action, scope)
 
 
 def _import(where: str, module_name: str) -> ModuleType:

@@ -11,16 +11,18 @@
 The intent is the workflow run plus the act itself — the action, the target, the action's
 declared intent fields and an explicit `purpose` (`opledger.ledger.intents`) — never the
 payload's wording and never an id the model or the transport invented (`asked_by` is kept
-as evidence of which call asked). Asking for the same act again, whatever new id or
-rewording the model chose, returns the operation it recorded and how it stands, never a
-second effect; what the new ask asked differently is named in the result (`differs`) and
-was not sent. Waiting is `LISTEN opledger_settle` (the ledger NOTIFYs in the transaction
-that settles an operation an agent waits on) on one connection per process, however many
-agents wait in it (`opledger.agents.listener`), with a slow poll as the fallback; the
-answer is read in one statement (`Ledger.answers`), by the listener for every waiter a
-batch of notifications wakes. It returns when the operation is final, or when a person
-holds it (or holds a dependency it waits on), or when the time is up. Unknown is never
-"failed".
+as evidence of which call asked). An action whose act is the tenant's (its declared intent
+scope: a refund of one charge, closing one case) leaves the run out: the same act asked
+from any run of the tenant is one act, answered with the run that asked it first. Asking
+for the same act again, whatever new id or rewording the model chose, returns the
+operation it recorded and how it stands, never a second effect; what the new ask asked
+differently is named in the result (`differs`) and was not sent. Waiting is `LISTEN
+opledger_settle` (the ledger NOTIFYs in the transaction that settles an operation an agent
+waits on) on one connection per process, however many agents wait in it
+(`opledger.agents.listener`), with a slow poll as the fallback; the answer is read in one
+statement (`Ledger.answers`), by the listener for every waiter a batch of notifications
+wakes. It returns when the operation is final, or when a person holds it (or holds a
+dependency it waits on), or when the time is up. Unknown is never "failed".
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -42,6 +44,7 @@ from opledger.ledger import (
 )
 from opledger.ledger.connector import conninfo
 from opledger.ledger.facades import IntentLedger
+from opledger.ledger.ids import check_key
 from opledger.ledger.intents import Intent, act_key, payload_differences
 from opledger.observability import tracing
 
@@ -143,8 +146,9 @@ class Effects:
         (a key of your workflow's own, stable across re-runs). `asked_by` is the asker's id
         for this call (a tool-call id, a request id): kept as evidence, never the intent.
 
-        Asking again for an act this run already asked for returns its operation as it
-        stands (`asked_before`), never a second effect; a payload, authorization or
+        Asking again for an act this run already asked for — or, for an action of the
+        tenant's scope, any run of the tenant (`first_asked_in` names it) — returns its
+        operation as it stands (`asked_before`), never a second effect; a payload, authorization or
         `after` that differs is named in `differs` and is not sent (the result's `kind` is
         the recorded operation's). Only where `intent_key=` names an intent that already names
         another action or target does it raise `IntentConflict`: one key cannot name two
@@ -219,7 +223,8 @@ class Effects:
         purpose: str | None = None,
         intent_fields: Sequence[str] | None = None,
     ) -> str:
-        """The intent key `effect` records this act under (without `intent_key`)."""
+        """The intent key `effect` records this act under (without `intent_key`), in the
+        action's scope."""
         return act_key(
             action,
             target,
@@ -227,6 +232,7 @@ class Effects:
             declared=self.ledger.intent_fields,
             fields=intent_fields,
             purpose=purpose,
+            scoped=self.ledger.intent_scope,
         )
 
     def _effect(self, intent: Intent, timeout: float | None) -> Body[EffectResult]:
@@ -243,7 +249,7 @@ class Effects:
                 op_id, timeout, publish=_publishable(asked), known=fresh
             )
         if not asked.first:
-            result = yield Call(self._as_asked, result, asked, intent.payload)
+            result = yield Call(self._as_asked, result, asked, intent)
         return result
 
     def _record(self, intent: Intent, publish: bool) -> Asked:
@@ -259,11 +265,10 @@ class Effects:
                 self._try_publish(op.id)
         return asked
 
-    def _as_asked(
-        self, result: EffectResult, asked: Asked, payload: Mapping[str, Any]
-    ) -> EffectResult:
-        """The result as the answer to this ask: whether the intent was recorded before,
-        and what this ask asked differently (payload fields named)."""
+    def _as_asked(self, result: EffectResult, asked: Asked, intent: Intent) -> EffectResult:
+        """The result as the answer to this ask: whether the intent was recorded before (by
+        another run, for an act of the tenant's scope), and what this ask asked differently
+        (payload fields named)."""
         if asked.first:
             return result
         clash = [part for part in asked.differs if part in ("action", "target")]
@@ -285,8 +290,19 @@ class Effects:
             if recorded is None:  # purged after its retention: the digest says it differs
                 differs.append("payload")
             else:
-                differs.extend(f"payload.{f}" for f in payload_differences(recorded, payload))
-        return result.model_copy(update={"asked_before": True, "differs": tuple(differs)})
+                differs.extend(
+                    f"payload.{f}" for f in payload_differences(recorded, intent.payload)
+                )
+        first_run: str | None = asked.operation.workflow_id
+        if first_run == check_key("workflow_id", intent.workflow_id):  # as it was recorded
+            first_run = None
+        return result.model_copy(
+            update={
+                "asked_before": True,
+                "differs": tuple(differs),
+                "first_asked_in": first_run,
+            }
+        )
 
     def _try_publish(self, op_id: str) -> None:
         try:

@@ -12,7 +12,11 @@ intent. Each effect's intent is:
 
 (`opledger.ledger.intents`), so the same act asked again in the thread — resumed,
 replayed, forked, re-asked under new ids, reworded — gets the operation it recorded and
-its outcome back as the tool's answer, never a second effect. The tool call id and the
+its outcome back as the tool's answer, never a second effect. An action whose act is the
+tenant's (its intent scope: a refund of one charge, closing one case) leaves the run out:
+another thread, a restarted agent under a new thread id, a fork into a thread of its own
+asking the same act get the operation the first one recorded (`first_asked_in` names that
+run), under their own grant, checked first. The tool call id and the
 node are kept as evidence of which call asked (`Ledger.asks`). A changed business intent
 (a fork that emails another recipient) is a new act: a new operation, under the grant the
 tool names at that moment. The model asks for a deliberately repeated act (a second
@@ -133,7 +137,8 @@ def effect_tool(
     own grant); `run(config)` names the workflow run (the thread by default). With
     `repeatable` (the default) the tool takes an optional integer `repeat` argument the
     model sets only to ask for the same act again on purpose (2 for the second time);
-    without it, the act happens at most once per run. An `args_schema` with a `repeat`
+    without it, the act happens at most once per run (per tenant, for an action of the
+    tenant's scope). An `args_schema` with a `repeat`
     field of its own needs `repeatable=False` (raises `ValueError`).
 
     The tool's answer (the ToolMessage content) is the result as JSON (`describe`): its

@@ -25,6 +25,9 @@ class _Result(BaseModel):
     #: "authorization_ref", "after" — none of which was recorded or sent: the `kind` and
     #: everything else here are the recorded operation's, not this ask's
     differs: tuple[str, ...] = ()
+    #: the run that asked for the act first, where that is another run than this ask's: an
+    #: act of the tenant's scope (one act whatever run asks) that another run recorded
+    first_asked_in: str | None = None
 
     @property
     def op_id(self) -> str:
@@ -46,8 +49,9 @@ class _Result(BaseModel):
         """How it stands, in words an agent (or a person) reads."""
         if not self.asked_before:
             return self._state()
+        who = "This run" if self.first_asked_in is None else f"Run {self.first_asked_in}"
         text = (
-            f"This run already asked for {self._act()} (operation {self.op_id}); "
+            f"{who} already asked for {self._act()} (operation {self.op_id}); "
             f"{self._state()} Nothing new was sent."
         )
         if self.differs:

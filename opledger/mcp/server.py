@@ -4,10 +4,12 @@ Each `tools/call` of an action's tool becomes an `Intent` asked through `Effects
 tenant and the grant are the caller's (`clients`), the run is the call's
 `_meta["opledger/run"]` under the caller's name, the intent is the act — so a call re-issued
 under a new request id, after a lost answer or from a restarted agent, is answered with the
-operation it recorded. The answer is structured content: the kind (confirmed, rejected,
-cancelled, unknown, pending) and what goes with it. A call that cannot be an effect
-(arguments that do not match the tool's schema, no run, a revoked grant) is a tool error
-and writes nothing; an unknown tool is a protocol error.
+operation it recorded (an act of the tenant's scope, whichever caller's run recorded it:
+the status tool follows it for any caller of the tenant). The answer is structured
+content: the kind (confirmed, rejected, cancelled, unknown, pending) and what goes with
+it. A call that cannot be an effect (arguments that do not match the tool's schema, no
+run, a revoked grant) is a tool error and writes nothing; an unknown tool is a protocol
+error.
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ from opledger.adapters.registry import Registry
 from opledger.agents import answers
 from opledger.agents.answers import REFUSED, REPEAT, UNFIXABLE, purpose_of, refused, summary
 from opledger.agents.effects import EffectResult, Effects, at_rest
-from opledger.ledger import InvalidInput, OperationNotFound
+from opledger.ledger import InvalidInput, Operation, OperationNotFound
 from opledger.ledger.ids import check_operation_id
-from opledger.ledger.intents import Intent
+from opledger.ledger.intents import TENANT, Intent
 from opledger.observability import metrics
 
 from .clients import Caller, Clients
@@ -54,7 +56,8 @@ from .tools import (
 log = logging.getLogger(__name__)
 
 INSTRUCTIONS = (
-    "Each tool causes one external effect at most once per act in your run: set "
+    "Each tool causes one external effect at most once per act in your run (or, where its "
+    "description says so, whoever asks): set "
     f"_meta['{RUN_META}'] to your run's id (the same on every retry and restart). Asking "
     "again for an act answers how it stands; an unknown answer means it may have happened: "
     f"never do it another way. Ask {STATUS_TOOL} about a pending one."
@@ -180,13 +183,22 @@ class Gateway:
         except (InvalidInput, OperationNotFound) as exc:
             return refused_answer(STATUS_TOOL, exc)
         op = result.operation
-        if op.tenant != caller.tenant or not op.workflow_id.startswith(caller.workflow_id("")):
+        if not _readable(op, caller):
             # another caller's operation reads as no operation: no oracle for its ids
             return refused_answer(STATUS_TOOL, OperationNotFound(f"no operation {op_id}"))
         wait = float(args.get("wait", 0))
         if wait > 0 and not at_rest(result):
             result = await self.effects.await_result(op_id, wait)
         return answer(STATUS_TOOL, result)
+
+
+def _readable(op: Operation, caller: Caller) -> bool:
+    """Whether `caller` may read `op`: one of its own runs' operations, or a tenant-wide act
+    of its tenant (one act whoever asks: a call of any of the tenant's callers is answered
+    with it, so its status is theirs to follow)."""
+    if op.tenant != caller.tenant:
+        return False
+    return op.intent_scope == TENANT or op.workflow_id.startswith(caller.workflow_id(""))
 
 
 def problems(validator: Draft202012Validator, args: dict[str, Any]) -> str:

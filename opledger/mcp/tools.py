@@ -13,6 +13,7 @@ from typing import Any
 from opledger.adapters.registry import Registry
 from opledger.agents.answers import REPEAT, REPEAT_HELP
 from opledger.ledger.ids import MAX_IDENTIFIER_LENGTH
+from opledger.ledger.intents import TENANT
 
 #: the tool that tells how an earlier call's operation stands (and waits for it)
 STATUS_TOOL = "opledger.status"
@@ -42,15 +43,21 @@ def input_schema(registry: Registry, action: str) -> dict[str, Any]:
 
 
 def description(registry: Registry, action: str) -> str:
-    """The action's description, and what makes a call of it another act."""
+    """The action's description, what makes a call of it another act, and how wide an act
+    is (the action's intent scope: one run, or every run of the tenant)."""
     fields = registry.intent_fields(action)
     act = (
         f"the target and the payload's {', '.join(fields)}"
         if fields
         else "the target alone (the rest of the payload is wording)"
     )
+    where = (
+        "whoever asks (any run or agent of your organisation)"
+        if registry.intent_scope(action) == TENANT
+        else "in your run"
+    )
     return (
-        f"{registry.description(action)} Done at most once per act in your run: an act is "
+        f"{registry.description(action)} Done at most once per act {where}: an act is "
         f"{act}; calling again for the same act answers how the first call's act stands "
         "and does nothing new. The answer's kind is confirmed, rejected, cancelled, unknown "
         "(it may have happened: never do it another way) or pending (ask opledger.status)."

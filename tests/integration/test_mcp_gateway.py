@@ -53,6 +53,7 @@ def gw(ledger: Ledger, grant: str, tmp_path: Path) -> Iterator[Gw]:
     ledger.grant(tenant="globex", scope=["crm.*"], granted_by="test", ref="auth_globex")
     ledger.grant(tenant="acme", scope=["crm.*"], granted_by="test", ref="auth_revoked")
     ledger.revoke("auth_revoked", by="security", reason="the agent misbehaved")
+    ledger.grant(tenant="acme", scope=["email.*"], granted_by="test", ref="auth_mail")
     registry = Registry(
         [
             CrmAdapter("http://127.0.0.1:9", account="acme"),
@@ -64,6 +65,8 @@ def gw(ledger: Ledger, grant: str, tmp_path: Path) -> Iterator[Gw]:
         "bot": add_client(path, Caller("bot", "acme", grant)),
         "other": add_client(path, Caller("other", "globex", "auth_globex")),
         "revoked": add_client(path, Caller("revoked", "acme", "auth_revoked")),
+        "helper": add_client(path, Caller("helper", "acme", grant)),  # another agent of acme
+        "mailer": add_client(path, Caller("mailer", "acme", "auth_mail")),  # email.* only
     }
     published: list[str] = []
     effects = Effects(Ledger(ledger.engine, actions=registry), publish=published.append)
@@ -154,11 +157,48 @@ def test_a_call_is_an_effect_and_the_same_call_under_a_new_request_id_is_answere
     assert set(gw.published) == {op.id}  # (a waiting call may publish it again: one message)
     asks = gw.ledger.asks(op.id)  # each ask kept, with the caller and its request id
     assert len(asks) == 2 and all(str(a.asked_by).startswith("mcp:bot:") for a in asks)
-    # another run of the same agent, or a deliberate repeat, is another act
-    other = call(gw, "crm.close_case.v1", CLOSE, run="run-2")
+    # a deliberate repeat is another act
     repeat = call(gw, "crm.close_case.v1", {**CLOSE, "repeat": 2})
-    ids = {other.structured_content["op_id"], repeat.structured_content["op_id"], op.id}
-    assert len(ids) == 3
+    assert repeat.structured_content["op_id"] != op.id
+
+
+def test_a_tenant_wide_act_is_one_act_whichever_agent_and_run_asks(gw: Gw) -> None:
+    """Closing a case is the tenant's act (crm.close_case.v1's intent scope): another
+    agent's run asking it is answered with the first run's operation, whose status it may
+    follow; a caller whose grant does not cover the action is refused, never answered; an
+    update (one act per run) in another run is another act."""
+    first = call(gw, "crm.close_case.v1", CLOSE).structured_content
+    op = gw.ledger.get(first["op_id"])
+    assert op.intent_scope == "tenant" and op.workflow_id == "mcp:bot:run-1"
+    theirs = call(gw, "crm.close_case.v1", CLOSE, run="run-7", token="helper")
+    answer = theirs.structured_content
+    assert (answer["op_id"], answer["asked_before"]) == (op.id, True)
+    assert "Run mcp:bot:run-1 already asked" in answer["message"]
+    assert call(gw, "crm.close_case.v1", CLOSE, run="run-2").structured_content["op_id"] == op.id
+    followed = call(gw, STATUS_TOOL, {"op_id": op.id}, token="helper")
+    assert not followed.is_error and followed.structured_content["op_id"] == op.id
+    out_of_scope = call(gw, "crm.close_case.v1", CLOSE, token="mailer")
+    assert out_of_scope.is_error
+    assert out_of_scope.structured_content["error"] == "OutOfScope"
+    assert op.id not in str(out_of_scope.structured_content)
+    assert len(gw.ledger.asks(op.id)) == 3  # the refused call asked nothing of it
+    tools = _descriptions(gw)
+    assert "whoever asks" in tools["crm.close_case.v1"]
+    assert "in your run" in tools["crm.update_case.v1"]
+    update = {"target": "case-318", "payload": {"fields": {"priority": "high"}}}
+    mine = call(gw, "crm.update_case.v1", update).structured_content["op_id"]
+    other = call(gw, "crm.update_case.v1", update, run="run-2").structured_content["op_id"]
+    assert mine != other
+    # another agent follows a tenant-wide act, never another run's own act
+    assert call(gw, STATUS_TOOL, {"op_id": mine}, token="helper").is_error
+
+
+def _descriptions(gw: Gw) -> dict[str, str]:
+    async def go() -> Any:
+        async with client(gw, gw.tokens["bot"]) as c:
+            return await c.list_tools()
+
+    return {t.name: t.description or "" for t in anyio.run(go).tools}
 
 
 def test_the_status_tool_answers_for_the_callers_own_operations_only(gw: Gw) -> None:

@@ -58,6 +58,16 @@ class StripeAdapter:
             CHARGE: ("amount", "currency", "customer", "source"),
             REFUND: ("amount",),
         }
+        # how wide one act is. A refund's target is Stripe's own object (the charge or
+        # PaymentIntent refunded): the same amount of the same payment refunded again is
+        # almost always the same refund asked twice (a re-planning agent, a second thread
+        # on the same ticket), so it is one act for the tenant whatever run asks; a second
+        # refund of that amount on purpose says so (`purpose`, a tool's `repeat`). A
+        # payment's target is the caller's own reference, which a later run may reuse for
+        # a payment it means (a renewal, a checkout the customer starts again): one act
+        # per run. A deployment whose reference names one payment for good (an order id)
+        # widens it: OPLEDGER_INTENT_SCOPES=stripe.payment_intent.v1=tenant.
+        self.intent_scopes = {REFUND: "tenant"}
         self.payload_schemas = {
             PAYMENT_INTENT: PAYMENT_INTENT_SCHEMA,
             CHARGE: CHARGE_SCHEMA,
@@ -77,7 +87,8 @@ class StripeAdapter:
             ),
             REFUND: (
                 "Refund a Stripe payment; the target is the PaymentIntent (pi_...) or "
-                "charge (ch_...) id. Another amount is another refund."
+                "charge (ch_...) id. Another amount is another refund; the same amount of "
+                "the same payment is one refund, whoever asks for it."
             ),
         }
         self._client = http_client(
