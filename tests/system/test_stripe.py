@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from opledger.adapters.registry import load_registry
+from opledger.agents import EffectConfirmed, EffectResult, Effects
 from opledger.dev.faultproxy import FaultProxy
 from opledger.dev.processes import Stack, wait_until
 from opledger.ledger import History, Ledger, Operation, Status
@@ -266,3 +268,46 @@ def test_a_worker_killed_after_stripe_answered_is_reconciled_not_recharged(
         assert len(history.attempts) == 1
         assert Verdict.CONFIRMED in lookup_verdicts(history)
         assert len(mock.charges(op.marker)) == 1
+
+
+def test_two_runs_asking_the_same_refund_of_one_charge_refund_it_once(
+    running: Stack, ledger: Ledger, database_url: str, mock: StripeMock
+) -> None:
+    """A refund is the tenant's act (`stripe.refund.v1`'s intent scope): two agent runs
+    asking at once to refund the same charge the same amount for the same reason get one
+    operation, refunded once at Stripe, and both are answered with it."""
+    with stripe_worker(running, ledger, database_url, mock) as rig:
+        charge = mock.post(
+            "/v1/charges", {"amount": "3000", "currency": "usd", "source": "tok_visa"}
+        ).json()
+        effects = Effects(rig.ledger, publish=lambda op_id: dispatch.delay(op_id))
+
+        def ask(run: str) -> EffectResult:
+            return effects.effect(
+                tenant="acme",
+                run=run,
+                action=REFUND,
+                target=charge["id"],
+                payload={"amount": 1000, "reason": "requested_by_customer"},
+                authorization_ref="auth_stripe",
+                asked_by=f"{run}:call_1",
+                wait=30,
+            )
+
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(ask, ["langgraph:ticket-7", "langgraph:ticket-7-replanned"]))
+        refunds = mock.refunds(charge=charge["id"])
+        assert len(refunds) == 1, refunds  # Stripe's own count
+        first, second = sorted(answers, key=lambda a: a.asked_before)
+        assert isinstance(first, EffectConfirmed) and isinstance(second, EffectConfirmed), answers
+        assert first.op_id == second.op_id and (first.asked_before, second.asked_before) == (
+            False,
+            True,
+        )
+        assert second.first_asked_in == first.operation.workflow_id
+        [refund] = refunds
+        assert refund["amount"] == 1000 and refund["metadata"]["opledger_op"] == (
+            first.operation.marker
+        )
+        assert first.receipt_id == second.receipt_id == refund["id"]
+        assert len(rig.ledger.history(first.op_id).attempts) == 1
