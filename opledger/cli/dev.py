@@ -438,6 +438,7 @@ def _print_bench(result: dict[str, Any], config: BenchConfig) -> None:
     table = Table("measure", "value", "target")
     targets = {
         "backlog_ratio": ">= 0.9",
+        "pressure_ratio": ">= 0.9",
         "backlog_msgs_per_op_max": "<= 1.5",
         "backlog_wipe_settled": f"= {config.backlog}",
         "ratio": ">= 0.8",

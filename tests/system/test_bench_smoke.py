@@ -89,6 +89,14 @@ def test_a_tiny_bench_run(own_env: dict[str, str]) -> None:
     # the wipe came while operations were still to settle (not after the drain's end)
     assert result["backlog_wipe_unsettled"] > 0
     assert result["backlog_wipe_settled"] == 150
+    # a healthy provider's drain alone and beside a hanging one (timings reported, the
+    # counts asserted): the hanging one got its two slots' calls and no more, and its
+    # waiting operations were never published again while they waited
+    assert result["pressure_healthy_ops"] == 100
+    assert result["pressure_alone_ops_s"] > 0 and result["pressure_beside_hung_ops_s"] > 0
+    assert result["pressure_ratio"] > 0
+    assert result["pressure_hung_connections"] == 2
+    assert result["pressure_waiting_published_again"] == 0
 
 
 @pytest.mark.timeout(300)

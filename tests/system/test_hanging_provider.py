@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
 from sqlalchemy import text
 
 from opledger.dev.chaos.variants import provider_limits
+from opledger.dev.hanging import hanging_server
 from opledger.dev.processes import Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
@@ -36,35 +33,6 @@ pytestmark = [pytest.mark.system]
 
 HUNG_SLOTS = 2  #: the hanging provider's concurrency: its calls in flight at most
 HEALTHY = Limits(concurrency=1, rate=1000, burst=50)  #: one slot: its operations take turns
-
-
-@contextmanager
-def hanging_server() -> Iterator[tuple[int, list[socket.socket]]]:
-    """A loopback server that accepts every connection and never answers: its port, and
-    the connections it accepted (kept open until the block ends)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(0.1)
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            accepted.append(conn)
-
-    thread = threading.Thread(target=serve, name="hanging-provider", daemon=True)
-    thread.start()
-    try:
-        yield listener.getsockname()[1], accepted
-    finally:
-        stop.set()
-        thread.join(5)
-        for conn in accepted:
-            conn.close()
-        listener.close()
 
 
 def mails(ledger: Ledger, n: int) -> list[str]:

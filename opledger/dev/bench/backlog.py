@@ -223,15 +223,21 @@ def backlog(
     cfg: BenchConfig, server_url: str, work: Path, progress: Callable[[str], None]
 ) -> dict[str, float]:
     """The backlog benchmark: guarded drain beside a drain without relay and sweep, then
-    a guarded drain whose broker is wiped halfway."""
-    redis = PrivateRedis(work)  # one broker URL for the three runs (the producer pool)
+    a guarded drain whose broker is wiped halfway; then a healthy provider's drain alone
+    and beside a hanging one (`pressure`)."""
+    from .pressure import pressure
+
+    redis = PrivateRedis(work)  # one broker URL for every run (the producer pool)
     try:
         guarded = backlog_drain(cfg, server_url, work, "guarded", redis, progress)
         off = backlog_drain(cfg, server_url, work, "off", redis, progress)
         wipe = backlog_drain(cfg, server_url, work, "wipe", redis, progress)
+        # a healthy provider's drain beside a hanging one (`pressure`)
+        beside_hung = pressure(cfg, server_url, work, redis, progress)
     finally:
         redis.kill()
     return {
+        **beside_hung,
         "backlog_ops": cfg.backlog,
         "backlog_drain_ops_s": guarded["ops_s"],
         "backlog_drain_off_ops_s": off["ops_s"],
