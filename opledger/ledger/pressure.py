@@ -16,6 +16,8 @@ the provider's row in the same round trip:
 Whether the call's concurrency slot goes back now (`release`) is decided alongside: only
 once the call is known to have finished at the provider. A call whose answer was lost may
 still be executing there, so its slot stays taken until the attempt's in-flight deadline.
+A slot given back wakes the provider's oldest operation deferred for room (the same
+statement makes it due and names it for the worker to publish).
 """
 
 from __future__ import annotations

@@ -88,8 +88,10 @@ class Providers(LedgerBase):
     def defer(self, op_id: str, *, until: datetime) -> bool:
         """Leave a prepared operation for later: its provider had no room for it (its
         limits, a "not now", an open breaker). No claim, fence or attempt: the relay
-        publishes it again at `until` (`next_check_at` on a prepared operation), and the
-        dispatch that finds room sends it. False when it is no longer prepared."""
+        publishes it again at `until` (`next_check_at` on a prepared operation: when room
+        comes for sure), unless a call of its provider gives its slot back sooner and wakes
+        it (the outcome statement), and the dispatch that finds room sends it. False when it
+        is no longer prepared."""
         check_operation_id(op_id)
         with self._single() as conn:
             row = conn.execute(DEFER, {"op_id": op_id, "until": until}).one_or_none()
