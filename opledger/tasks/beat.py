@@ -106,6 +106,16 @@ class Scheduler(PersistentScheduler):  # type: ignore[misc]
             kwargs["schedule_filename"] = str(_in_state_dir())
         super().__init__(*args, **kwargs)
 
+    def adjust(self, n: Any, drift: float = -0.010) -> Any:
+        """When an entry is next due, without Celery's early wake-up.
+
+        Celery's scheduler puts each entry in its heap `drift` (10 ms) before it is due;
+        woken there, the entry says it is not due yet, is put back, and beat ticks again at
+        once: a busy loop for the last 10 ms before every run, about 40 ms of CPU a second
+        with two entries every half second. Waking when the entry is due runs it on time
+        without the loop."""
+        return n
+
     def _ensure_connected(self) -> Any:
         conn = self.connection
         refused = (OperationalError, *conn.connection_errors, *conn.channel_errors)
