@@ -29,6 +29,7 @@ from kombu.entity import Exchange, Queue
 from opledger.queues import is_amqp, keep_one_client_per_channel, queues_of
 from opledger.settings import NotConfigured, get_settings
 
+from . import beatwatch
 from .wiring import GUARANTEES, SCHEDULER, beat_schedule, task_routes
 
 #: kombu's Redis visibility timeout when none is configured
@@ -141,7 +142,8 @@ def register(app: Any) -> Any:
     connection, and keeps its schedule file in opledger's state directory unless the app
     chose `beat_schedule_filename` or beat is given `-s`) and `broker_channel_error_retry`
     is turned on (a channel error restarts
-    the worker's consumer instead of ending the worker). kombu's Redis channels keep one
+    the worker's consumer instead of ending the worker). Its workers watch the beat's
+    heartbeat (`opledger.tasks.beatwatch`). kombu's Redis channels keep one
     Redis client each from then on, in the whole process (`opledger.redis_transport`).
 
     Returns `app`. Call it where you configure your app, before its worker or beat starts.
@@ -168,6 +170,7 @@ def register(app: Any) -> Any:
     # the agent API, the outbox) use it from any thread.
     app.set_current()
     opledger.tasks.app.use_for_publishing(app)
+    beatwatch.install(app)  # its workers log a missing beat once, as opledger's own do
     keep_one_client_per_channel()
     return app
 

@@ -14,6 +14,7 @@ import opledger.tasks.app as tasks
 from opledger.cli.failures import OPERATIONAL, describe
 from opledger.settings import get_settings
 from opledger.tasks import AppMisconfigured
+from opledger.tasks.beatwatch import BeatWatchStep
 from opledger.tasks.integrate import check_app
 from tests.userapps import GOOD, their_app
 
@@ -45,6 +46,7 @@ def test_a_well_configured_app_gets_queues_routes_beat_and_tasks(theirs: Celery)
     assert theirs.conf.beat_schedule["opledger-sweep"]["task"] == "opledger.sweep"
     assert {"opledger.dispatch", "opledger.relay", "theirs.report"} <= set(theirs.tasks)
     assert current_app._get_current_object() is theirs  # dispatch.delay publishes through it
+    assert BeatWatchStep in theirs.steps["worker"]  # its workers say when beat is missing
 
 
 def test_celerys_defaults_for_beat_and_channel_errors_become_ours_and_choices_are_kept(
