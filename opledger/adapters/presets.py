@@ -29,6 +29,7 @@ STRIPE_V1 = Contract(
         payload_checked=True,
         concurrent="conflict",
         max_key_length=255,
+        marks_replays=True,
     ),
     lookup=Lookup(kind="search", lag=timedelta(minutes=1), read_after_write=True),
     request_timeout=_timeout,
@@ -38,7 +39,8 @@ STRIPE_V1 = Contract(
     limits=Limits(throttle_applies_nothing=True),
     source="Stripe API v1: keys per account, may be pruned after 24 h; once execution began the "
     "first response (400/500 included) is stored and replayed; another payload gets an "
-    "idempotency_error; 409 idempotency_key_in_use; keys <= 255 chars; no lookup by key, search "
+    "idempotency_error; 409 idempotency_key_in_use; keys <= 255 chars; every replay is marked "
+    "Idempotent-Replayed: true; no lookup by key, search "
     "normally < 1 min behind, up to an hour during outages, lists read-after-write; 429 from "
     "the rate and concurrency limiters before execution, never stored under the key "
     "(docs.stripe.com idempotent_requests, error-low-level, search, rate-limits)",

@@ -171,6 +171,13 @@ def _print_payload(view: ReviewView, shown: Any, hidden: list[str], *, purged: b
 def _consequences_table(view: ReviewView) -> Table:
     """What each resolution could cause, from the contract's facts."""
     effects = new_table("resolution", "what it could cause", title="consequences")
+    if view.operation.status.final:  # a possible duplicate: the operation stays as it is
+        effects.add_row(
+            "acknowledged",
+            f"{view.operation.id} stays {view.operation.status.value}; your note records what "
+            "you found (a second effect or none) and what you did about it",
+        )
+        return effects
     if view.consequences is None:
         effects.add_row("all", "no adapter contract is known for this action: judge with care")
         return effects
@@ -211,7 +218,14 @@ def review_resolve(
     op_id: str,
     tenant: TenantOption,
     operator: OperatorOption,
-    as_: Annotated[Resolution, typer.Option("--as", help="confirmed, rejected, retry or cancel.")],
+    as_: Annotated[
+        Resolution,
+        typer.Option(
+            "--as",
+            help="confirmed, rejected, retry or cancel; acknowledged for the review of a "
+            "confirmed operation (a possible duplicate), which moves nothing.",
+        ),
+    ],
     note: Annotated[str, typer.Option(help="Why: kept in the audit trail.")],
     evidence: Annotated[str | None, typer.Option(help="What you checked, if anything.")] = None,
     new_key: Annotated[
@@ -254,7 +268,9 @@ def review_resolve(
             override_evidence=override_evidence,
         )
     unpublished = publish_retry(op_id, debug=debugging(ctx)) if as_ is Resolution.RETRY else None
-    if as_ is not Resolution.RETRY:
+    if as_ is Resolution.ACKNOWLEDGED:
+        message = f"resolved: acknowledged; {op_id} stays {after.status.value}"
+    elif as_ is not Resolution.RETRY:
         message = f"resolved: {op_id} is now {after.status.value}"
     elif unpublished is None:
         message = (

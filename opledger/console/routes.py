@@ -253,7 +253,9 @@ class Routes:
             ),
             payload=shown,
             hidden=hidden,
-            open_review=open_review and history.operation.status is Status.UNKNOWN,
+            # an unknown operation's review, or a settled one's (a possible duplicate)
+            open_review=open_review
+            and (history.operation.status is Status.UNKNOWN or history.operation.status.final),
         )
 
     def search(self, request: Request, auth: Auth) -> Response:

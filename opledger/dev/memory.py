@@ -360,11 +360,12 @@ class MemoryLedger:
         recheck: timedelta = timedelta(0),
         limits: Limits | None = None,
         wake: Callable[[str], None] | None = None,
+        review: Mapping[str, Any] | None = None,
     ) -> Operation:
         """Close the claim's attempt, keep the evidence, move the status; under a stale
         fence the evidence is kept and `StaleFence` raised (`evidence_kept`, `status`).
         No slots here (the module's docstring), so nothing waits for one: `wake` is never
-        called."""
+        called. `review` opens a review of a possible duplicate when it confirms."""
         row = self._row(claim.op_id)
         outcome = admit(None, claim, outcome)
         at = next(
@@ -421,7 +422,7 @@ class MemoryLedger:
         )
         row.token = None
         receipt = outcome.receipt_id if isinstance(outcome, Confirmed) else None
-        return self._move(
+        moved = self._move(
             row,
             claim.owner,
             f"{outcome.kind}",
@@ -432,6 +433,9 @@ class MemoryLedger:
             evidence_checked_at=self.clock(),
             next_check_at=self.clock() + recheck if to is Status.UNKNOWN else None,
         )
+        if review is not None and to is Status.CONFIRMED:
+            self._open(row, str(review.get("reason") or "possible_duplicate")[:2000], review)
+        return moved
 
     def defer(self, op_id: str, *, until: datetime) -> bool:
         row = self._row(op_id)
@@ -571,11 +575,15 @@ class MemoryLedger:
         row = self._row(op_id)
         if row.op.fence != fence or row.op.status is not Status.UNKNOWN:
             self._moved(row, fence)
+        return self._open(row, reason, snapshot)
+
+    def _open(self, row: _Row, reason: str, snapshot: Mapping[str, Any] | None) -> Review | None:
+        """A review of `row`'s operation; None when one is open already."""
         if any(r.resolved_at is None for r in row.reviews):
             return None
         review = Review(
             id=next(self._ids),
-            op_id=op_id,
+            op_id=row.op.id,
             reason=reason,
             opened_at=self.clock(),
             snapshot=dict(snapshot or {}),

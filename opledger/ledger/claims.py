@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, NoReturn
 
@@ -25,7 +25,7 @@ from .errors import (
     ProviderBusy,
     StaleFence,
 )
-from .evidence import admit, replayed_answer
+from .evidence import POSSIBLE_DUPLICATE, admit, replayed_answer
 from .ids import (
     check_identifier,
     check_operation_id,
@@ -253,6 +253,7 @@ class Claims(Switches):
         recheck: timedelta = timedelta(0),
         limits: Limits | None = None,
         wake: Callable[[str], None] | None = None,
+        review: Mapping[str, Any] | None = None,
     ) -> Operation:
         """Record what the provider call produced, conditional on the claim's fence.
 
@@ -269,6 +270,11 @@ class Claims(Switches):
         pauses the provider for the wait it asked for (within `limits.retry_after_max`).
         A slot given back wakes the provider's oldest operation deferred for room (due now):
         `wake` is called with its id, to publish it (the relay does, should that be lost).
+
+        `review`, given for a success that may repeat an earlier attempt
+        (`evidence.possible_duplicate`), is the snapshot of a review to open (its "reason"
+        says why) should this outcome confirm the operation: in the same statement, so the
+        confirmation never commits without it. A review already open is left as it is.
         """
         outcome = _sealed(admit(None, claim, outcome), self._store.payload_keys, claim.op_id)
         limits = limits or Limits()
@@ -278,6 +284,7 @@ class Claims(Switches):
             else Binding(idempotency_key=claim.idempotency_key)
         )
         params = _outcome_params(claim, outcome, binding, recheck, limits)
+        params.update(_review_params(review))
         # nothing is written where the ledger went back: the switch is recorded first (the
         # operation quarantined), then the outcome is kept as whatever the ledger now makes
         # of this claim
@@ -422,6 +429,15 @@ def _outcome_params(
         "probe": limits.probe_every,
         "probe_max": limits.probe_max,
     }
+
+
+def _review_params(review: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The outcome statement's review of a possible duplicate (none: NULL)."""
+    if review is None:
+        return {"review_reason": None, "review_snapshot": None}
+    # never refused: the provider has acted, and its answer must be recorded whatever this is
+    reason = str(review.get("reason") or POSSIBLE_DUPLICATE)[:2000]
+    return {"review_reason": reason, "review_snapshot": store.to_json(dict(review))}
 
 
 _STATUS_OF = {

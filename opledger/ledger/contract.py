@@ -69,6 +69,14 @@ class Idempotency(Record):
     failed_attempt_poisons_key: bool = False
     #: the longest key the provider accepts; a longer key is never sent
     max_key_length: int | None = None
+    #: every answer the provider replays from what it stored under a key says so (Stripe's
+    #: `Idempotent-Replayed: true`), and the adapter records it (`replayed` in the outcome's
+    #: detail). Then a success that is *not* marked, on a same-key resend after an attempt
+    #: that may have applied, is a fresh execution: the provider did not know the key any
+    #: more, and may have applied the effect twice. The operation is confirmed and a person
+    #: is asked to check for a duplicate (`evidence.possible_duplicate`). Not marked (the
+    #: default): a fresh success and a replay look alike, and nothing can be told from it.
+    marks_replays: bool = False
 
     @model_validator(mode="after")
     def _keyed_needs_retention(self) -> Idempotency:
@@ -76,6 +84,10 @@ class Idempotency(Record):
             raise ValueError("a keyed contract must state how long keys are kept")
         if self.max_key_length is not None and self.max_key_length < 1:
             raise ValueError("max_key_length must be positive")
+        if self.marks_replays and self.kind != "keyed":
+            raise ValueError(
+                "marks_replays needs a keyed contract: nothing is replayed without keys"
+            )
         return self
 
 

@@ -167,6 +167,11 @@ class RetryNeedsAcknowledgement(ReviewError):
     you accept the risk you were shown (`acknowledge_risk=True`, `--accept-risk`)."""
 
 
+class ResolutionNotAllowed(ReviewError):
+    """This resolution does not fit the review: a settled operation's review (a possible
+    duplicate) is only acknowledged, and an unknown operation's is never just acknowledged."""
+
+
 class ContradictsEvidence(ReviewError):
     """The resolution contradicts evidence on record that binds this operation (a receipt
     that confirms it, a definitive refusal): it needs an explicit override."""

@@ -207,6 +207,75 @@ def _first_replayed(contract: Contract | None, claim: Claim) -> bool:
     )
 
 
+#: how a review of a possible duplicate names itself (the start of its reason)
+POSSIBLE_DUPLICATE = "possible_duplicate"
+
+
+def possible_duplicate(
+    contract: Contract | None,
+    claim: Claim,
+    outcome: Outcome,
+    attempts: Sequence[Attempt],
+    evidence: Sequence[Evidence],
+) -> tuple[Attempt, ...]:
+    """The earlier attempts a fresh success may have repeated; empty when there are none.
+
+    A provider that marks every replay (`Idempotency.marks_replays`) answers a same-key
+    resend of a request it executed with the stored answer, marked. So an admitted
+    confirmation (`outcome`, after `admit`) on a later attempt (`claim.attempt_n > 1`) that
+    is *not* marked as a replay means the provider ran the request afresh: it no longer
+    knew our key (a restart that lost its key store, a key pruned early). Every earlier
+    attempt under the same key whose request may have reached the provider and executed
+    (`sent_attempts`: not one that provably sent nothing, or was refused as in flight
+    where the contract says so) may then have applied it already: the effect may exist
+    twice. An authoritative "no such request" by our key (a status API), recorded after an
+    earlier attempt's in-flight deadline, proves that attempt applied nothing (rule 6).
+
+    The operation is still confirmed (this attempt's receipt binds it); a person is asked
+    to check the earlier attempts. Pure: reads `attempts` and `evidence` as recorded before
+    this outcome (the claim's own attempt, if present, is ignored)."""
+    if contract is None or not fresh_resend(contract, claim, outcome):
+        return ()
+    earlier = [
+        a
+        for a in sent_attempts(contract, attempts, evidence)
+        if a.n < claim.attempt_n and a.idempotency_key == claim.idempotency_key
+    ]
+    absent = _proven_absent(contract, claim.idempotency_key, evidence)
+    return tuple(a for a in earlier if absent is None or absent < a.deadline_at)
+
+
+def fresh_resend(contract: Contract | None, claim: Claim, outcome: Outcome) -> bool:
+    """Whether `outcome` is a success the provider did not mark as a replay, on a resend
+    (`claim.attempt_n > 1`), from a keyed provider that marks every replay: the part of
+    `possible_duplicate` that needs no history (an attempt's first send is never one)."""
+    return (
+        contract is not None
+        and contract.idempotency.kind == "keyed"
+        and contract.idempotency.marks_replays
+        and claim.attempt_n > 1
+        and isinstance(outcome, Confirmed)
+        and not replayed_answer(outcome)
+    )
+
+
+def _proven_absent(contract: Contract, key: str, evidence: Sequence[Evidence]) -> datetime | None:
+    """When an authoritative status API last said it has no request under `key` (None:
+    never). An attempt whose in-flight deadline had passed by then applied nothing."""
+    if contract.lookup.kind != "status_api":
+        return None
+    return max(
+        (
+            ev.recorded_at
+            for ev in evidence
+            if ev.source == LOOKUP
+            and ev.verdict == Verdict.ABSENT
+            and ev.binding.idempotency_key == key
+        ),
+        default=None,
+    )
+
+
 def _scope_of(outcome: Outcome) -> dict[str, Any]:
     """The key scope the attempt was sent into, kept at the top of whatever it becomes (what
     the retry risk reads)."""

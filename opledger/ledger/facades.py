@@ -79,6 +79,7 @@ class WorkerLedger(Protocol):
         recheck: timedelta = ...,
         limits: Limits | None = None,
         wake: Callable[[str], None] | None = None,
+        review: Mapping[str, Any] | None = None,
     ) -> Operation: ...
 
     def defer(self, op_id: str, *, until: datetime) -> bool: ...

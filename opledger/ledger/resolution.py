@@ -11,7 +11,12 @@ from typing import Any
 
 from .consequences import consequences
 from .contract import Contract
-from .errors import InvalidInput, RetryNeedsAcknowledgement, RetryNeedsNewKey
+from .errors import (
+    InvalidInput,
+    ResolutionNotAllowed,
+    RetryNeedsAcknowledgement,
+    RetryNeedsNewKey,
+)
 from .evidence import binds, our_keys
 from .ids import new_key_for
 from .models import Attempt, Evidence, EvidenceSource, History, Operation, Verdict
@@ -23,6 +28,13 @@ class Resolution(StrEnum):
     REJECTED = "rejected"  #: it did not and will not
     RETRY = "retry"  #: send again, under the same operation
     CANCEL = "cancel"  #: stop; whatever happened stays
+    #: a settled operation's review (a possible duplicate) was dealt with: the operation
+    #: stays as it is; the note says what the operator found and did
+    ACKNOWLEDGED = "acknowledged"
+
+
+#: the resolutions that move an unknown operation (the review of a settled one takes none)
+MOVING = frozenset({Resolution.CONFIRMED, Resolution.REJECTED, Resolution.RETRY, Resolution.CANCEL})
 
 
 def resolution_of(resolution: Resolution | str, *, new_key: bool) -> Resolution:
@@ -33,6 +45,30 @@ def resolution_of(resolution: Resolution | str, *, new_key: bool) -> Resolution:
     if new_key and chosen is not Resolution.RETRY:
         raise InvalidInput("--new-key only goes with a retry")
     return chosen
+
+
+def check_fits(op: Operation, chosen: Resolution) -> None:
+    """Refuse a resolution that does not fit the review (`ResolutionNotAllowed`): the
+    review of a settled operation (a possible duplicate: it was confirmed, and a person is
+    asked to check for a second effect) is resolved as acknowledged and moves nothing; an
+    unknown operation's review needs a resolution that settles it or retries it."""
+    if op.status.final and chosen in MOVING:
+        raise ResolutionNotAllowed(
+            f"{op.id} is {op.status.value}: its review asks a person to check for a "
+            f"duplicate, not to settle it; {chosen.value} would move a settled operation. "
+            "Resolve it as acknowledged, saying in the note what you found and did",
+            op_id=op.id,
+            status=op.status.value,
+            resolution=chosen.value,
+        )
+    if not op.status.final and chosen is Resolution.ACKNOWLEDGED:
+        raise ResolutionNotAllowed(
+            f"{op.id} is {op.status.value}: acknowledged resolves only the review of a "
+            "settled operation; this one needs confirmed, rejected, retry or cancel",
+            op_id=op.id,
+            status=op.status.value,
+            resolution=chosen.value,
+        )
 
 
 def contradicted(

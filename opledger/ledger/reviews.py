@@ -44,7 +44,14 @@ from .models import (
     Review,
     Status,
 )
-from .resolution import Resolution, changes_since, contradicted, resolution_of, retry_terms
+from .resolution import (
+    Resolution,
+    changes_since,
+    check_fits,
+    contradicted,
+    resolution_of,
+    retry_terms,
+)
 from .store import Store
 
 
@@ -234,7 +241,8 @@ class Reviews:
         now = datetime.now(UTC)
         effects = (
             consequences(contract, history.operation, history.attempts, now, history.evidence)
-            if contract
+            # a settled operation's review moves nothing: no resolution has consequences
+            if contract and not history.operation.status.final
             else None
         )
         view = ReviewView(
@@ -285,7 +293,10 @@ class Reviews:
           `RetryNeedsNewKey`);
         - a resolution that contradicts evidence on record binding this operation
           (rejected or retry over a receipt that confirms it, confirmed over a definitive
-          refusal) needs `override_evidence=True` (`ContradictsEvidence`).
+          refusal) needs `override_evidence=True` (`ContradictsEvidence`);
+        - the review of a settled operation (a possible duplicate) is resolved as
+          `acknowledged`, which moves nothing, and only so; an unknown operation's review
+          never is (`ResolutionNotAllowed`).
 
         The audit row keeps the view the operator was shown, and both acknowledgements.
         """
@@ -343,6 +354,7 @@ class Reviews:
         for a contradiction not overridden, and (`retry_terms`) for a retry whose risk was
         not acknowledged. The evidence it contradicts ('' for none), a retry's new key and
         whether its risk was acknowledged."""
+        check_fits(op, chosen)
         contract = self._contract(op.action)
         overriding = contradicted(contract, op, history.attempts, history.evidence, chosen)
         if overriding and not override_evidence:
@@ -394,7 +406,11 @@ class Reviews:
             )
         shown: dict[str, Any] = dict(view.shown)
         history = self._db.history(conn, op_id)  # under the lock just taken
-        if seen != op.record_version or op.status is not Status.UNKNOWN:
+        # an unknown operation's review decides its status; a settled one's (a possible
+        # duplicate) stands on a status nothing moves any more (every move of a status
+        # bumps the record's version, so one shown another status is refused either way)
+        settled = op.status.final
+        if seen != op.record_version or not (settled or op.status is Status.UNKNOWN):
             changes = changes_since(shown, history)
             raise StaleView(
                 f"{op_id} changed since it was shown (version {seen}, now "
@@ -417,7 +433,10 @@ class Reviews:
         key: str | None,
         reason: str,
     ) -> Operation:
-        """The resolution's one fenced transition: a retry authorized, or the status set."""
+        """The resolution's one fenced transition: a retry authorized, or the status set;
+        none for an acknowledgement (the operation stays as it is)."""
+        if chosen is Resolution.ACKNOWLEDGED:
+            return op
         params = {"op_id": op.id, "fence": op.fence, "operator": operator, "reason": reason}
         if chosen is Resolution.RETRY:
             moved = conn.execute(q.AUTHORIZE_RETRY, {**params, "new_key": key}).one_or_none()

@@ -369,8 +369,11 @@ CREATE TABLE review_actions (
     at timestamp with time zone DEFAULT now() NOT NULL,
     override_evidence boolean DEFAULT false NOT NULL,
     risk_acknowledged boolean DEFAULT false NOT NULL,
+    -- acknowledged (0021): the review of a settled operation (a possible duplicate), which
+    -- moves nothing
     CONSTRAINT ck_review_actions_resolution_kind CHECK ((resolution = ANY (
-        ARRAY['confirmed'::text, 'rejected'::text, 'retry'::text, 'cancel'::text])))
+        ARRAY['confirmed'::text, 'rejected'::text, 'retry'::text, 'cancel'::text,
+              'acknowledged'::text])))
 );
 ALTER TABLE ONLY review_actions ADD CONSTRAINT pk_review_actions PRIMARY KEY (id);
 ALTER TABLE ONLY review_actions

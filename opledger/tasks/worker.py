@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from opledger.adapters.base import Adapter, sending
 from opledger.adapters.registry import Registry
@@ -58,6 +58,7 @@ from opledger.ledger.facades import WorkerLedger
 from .held import announce_held, hold_until
 from .hooks import HOOKS, Hooks
 from .notices import notify_review
+from .outcomes import flag_duplicate, not_sent
 from .results import Step, StepResult
 from .snapshots import snapshot
 
@@ -231,19 +232,24 @@ class Worker:
 
     # -- the provider call and its outcome ---------------------------------------------------
 
-    def send(self, adapter: Adapter, claim: Claim) -> StepResult:
+    def send(self, adapter: Adapter, claim: Claim, history: History | None = None) -> StepResult:
         """Cross the boundary under `claim` and record what came back.
 
         Nothing is sent once the claim's send-by window has passed: the window is checked
         here, and again at the wire (the shared HTTP client after connection set-up, SMTP
         after the envelope). A refused check is recorded as not sent (`NOT_SENT`), whatever
-        the adapter made of it: the attempt provably carried no request."""
+        the adapter made of it: the attempt provably carried no request. A fresh success
+        that may repeat an earlier attempt is saved with a review (`flag_duplicate`; the
+        decision's `history`, if the caller has it, spares reading it again)."""
         outcome = self._call(adapter, claim)
+        outcome, review = flag_duplicate(
+            self.ledger, adapter, claim, outcome, history, self.clock()
+        )
         provider = adapter.contract.provider
         with self.hooks.record(claim.op_id, claim.fence, "provider", provider) as recording:
             recording.outcome(outcome)
             try:
-                op = self._save(claim, outcome, provider)
+                op = self._save(claim, outcome, provider, review=review)
             except StaleFence as exc:
                 recording.fenced()
                 self.hooks.fenced_out("outcome")
@@ -258,6 +264,8 @@ class Worker:
                     self.follow_ups.reconcile(claim.op_id)
                 return StepResult(Step.FENCED)
             recording.status(op.status)
+        if review is not None and op.status is Status.CONFIRMED:
+            self.follow_ups.review_opened(op.id)
         return StepResult(Step.DISPATCHED, op)
 
     def _call(self, adapter: Adapter, claim: Claim) -> Outcome:
@@ -271,14 +279,14 @@ class Worker:
                     outcome = adapter.dispatch(claim)
                 call.answered()
             except SendWindowPassed:
-                outcome = _not_sent(claim)
+                outcome = not_sent(claim)
             except Exception as exc:  # an adapter bug must not leave the row dispatching
                 log.exception("adapter %s raised on %s", type(adapter).__name__, claim.op_id)
                 call.error(exc)
                 reason = f"{type(exc).__name__}: {exc}"[:500]
                 outcome = Ambiguous(code="adapter_error", reason=reason)
             if claim.window.refused:  # the check raised inside the adapter: no byte left
-                outcome = _not_sent(claim)
+                outcome = not_sent(claim)
             call.outcome(outcome)
         return admit(adapter.contract, claim, outcome)
 
@@ -289,6 +297,7 @@ class Worker:
         provider: str,
         recheck: timedelta = timedelta(0),
         tries: int = 6,
+        review: dict[str, Any] | None = None,
     ) -> Operation:
         """Record the outcome under the limits enforced for `provider` (the registry's: the
         worker's one source of them), riding out a short database outage: the provider
@@ -299,7 +308,7 @@ class Worker:
         for n in range(tries):
             try:
                 return self.ledger.record_outcome(
-                    claim, outcome, recheck=recheck, limits=limits, wake=self._wake
+                    claim, outcome, recheck=recheck, limits=limits, wake=self._wake, review=review
                 )
             except DatabaseUnavailable:
                 if n == tries - 1:
@@ -505,7 +514,7 @@ class Worker:
                 self.follow_ups.review_opened(op.id)
             return StepResult(Step.REVIEW, self.ledger.get(op.id), decision)
         assert isinstance(decision, Dispatch)
-        return self._retry(adapter, op, decision)
+        return self._retry(adapter, history, decision)
 
     def _check_at(self, op: Operation, at: datetime, decision: Decision) -> StepResult:
         checked = self.ledger.schedule_check(op.id, fence=op.fence, at=at)
@@ -534,8 +543,9 @@ class Worker:
             recording.status(settled.status)
         return StepResult(Step(to.value), settled, decision)
 
-    def _retry(self, adapter: Adapter, op: Operation, decision: Dispatch) -> StepResult:
+    def _retry(self, adapter: Adapter, history: History, decision: Dispatch) -> StepResult:
         """Send again under a new claim taken at the fence the decision saw."""
+        op = history.operation
         with self.hooks.claim(op.id, retry=True) as span:
             try:
                 claim = self.ledger.claim_retry(
@@ -557,7 +567,7 @@ class Worker:
                 span.fenced()
                 return StepResult(Step.FENCED, decision=decision)
             span.claim(claim)
-        result = self.send(adapter, claim)
+        result = self.send(adapter, claim, history)
         return StepResult(result.action, result.operation, decision)
 
     # -- a review's notification -------------------------------------------------------------
@@ -572,19 +582,6 @@ class Worker:
             dispatch=self.follow_ups.dispatch,
             traceparent=traceparent,
         )
-
-
-def _not_sent(claim: Claim) -> Ambiguous:
-    log.warning("%s: send-by window passed (send by %s); nothing sent", claim.op_id, claim.send_by)
-    return Ambiguous(
-        code=NOT_SENT,
-        reason="not sent: the send-by window had passed",
-        detail={
-            "why": "window_passed",
-            "send_by": claim.send_by.isoformat() if claim.send_by else None,
-            "late_s": round(-claim.window.remaining(), 3),
-        },
-    )
 
 
 def _spread(retry_in: timedelta) -> timedelta:

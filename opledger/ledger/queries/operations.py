@@ -448,6 +448,15 @@ RECORD_OUTCOME = text(
                CAST(:detail AS jsonb), EXISTS (SELECT 1 FROM op)
         FROM attempt
     ),
+    -- a fresh success that may repeat an earlier attempt (`evidence.possible_duplicate`):
+    -- confirmed, and a person asked to check for a duplicate in the same commit (NULL
+    -- reason on every other outcome: nothing is inserted)
+    duplicate AS (
+        INSERT INTO reviews (op_id, reason, snapshot)
+        SELECT op.id, :review_reason, CAST(:review_snapshot AS jsonb) FROM op
+        WHERE CAST(:review_reason AS text) IS NOT NULL AND op.status = 'confirmed'
+        ON CONFLICT (op_id) WHERE resolved_at IS NULL DO NOTHING
+    ),
     -- the call's concurrency slot goes back once it answered (a lost answer keeps it until
     -- the attempt's in-flight deadline, which it was taken for)
     slot AS (
