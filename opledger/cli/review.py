@@ -54,13 +54,19 @@ def review_list(
         str | None, typer.Option(help="Only reviews older than, e.g. 2h.")
     ] = None,
     action: Annotated[str | None, typer.Option(help="An action, or a prefix ending in *.")] = None,
+    reason: Annotated[
+        str | None,
+        typer.Option(help="Part of the reason, e.g. possible_duplicate (any case)."),
+    ] = None,
     limit: Annotated[int, typer.Option(help="At most this many, oldest first.")] = 100,
     as_json: JsonOption = False,
 ) -> None:
     """Open reviews of one tenant, oldest first."""
     age = parse_age(older_than) if older_than else None
     with open_ledger() as ledger:
-        rows = ledger.reviews.list(tenant=tenant, older_than=age, action=action, limit=limit)
+        rows = ledger.reviews.list(
+            tenant=tenant, older_than=age, action=action, reason=reason, limit=limit
+        )
     if as_json:
         emit_json([r.model_dump(mode="json") | {"reason": scrub_text(r.reason)} for r in rows])
         return

@@ -256,3 +256,23 @@ def test_an_unknown_operations_review_is_never_just_acknowledged(ledger: Ledger)
             op.id, tenant="acme", operator="ana", resolution="acknowledged", note="x"
         )
     assert led.get(op.id).status is Status.UNKNOWN
+
+
+def test_the_cli_lists_shows_and_acknowledges_a_possible_duplicate(
+    ledger: Ledger, invoke: Callable[..., Any]
+) -> None:
+    led, clock, advance = _postgres(ledger)
+    _, op_id, _, _ = _charge_twice(led, clock, advance, lose=True)
+    (listed,) = invoke(
+        "review", "list", "--tenant", "acme", "--reason", POSSIBLE_DUPLICATE, "--json"
+    ).json()
+    assert listed["op_id"] == op_id
+    none = invoke("review", "list", "--tenant", "acme", "--reason", "nothing like it", "--json")
+    assert none.json() == []
+    shown = invoke("review", "show", op_id, "--tenant", "acme", "--operator", "ana")
+    assert shown.code == 0 and "acknowledged" in shown.out
+    base = ("review", "resolve", op_id, "--tenant", "acme", "--operator", "ana", "--note", "x")
+    refused = invoke(*base, "--as", "retry")
+    assert refused.code == 3 and "acknowledged" in refused.err, refused
+    done = invoke(*base, "--as", "acknowledged")
+    assert done.code == 0 and f"acknowledged; {op_id} stays confirmed" in done.out, done
