@@ -129,4 +129,6 @@ def test_a_500_after_commit_and_a_restart_duplicate_only_under_an_over_promising
         history, op = histories[NAIVE, fault], ops[NAIVE, fault]
         assert len(crm.with_ref(op.marker)) == 2, fault
         assert history.operation.status is Status.CONFIRMED, fault
-        assert len(history.attempts) == 2 and not history.reviews, fault
+        # (two attempts at least: on a loaded machine a resend may also time out, and the
+        # next resend under the same key is answered from the middleware's store)
+        assert len(history.attempts) >= 2 and not history.reviews, (fault, history.attempts)

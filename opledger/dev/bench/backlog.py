@@ -217,38 +217,3 @@ class _Sampler:
 
 def _ready(proc: Proc) -> bool:
     return "ready." in proc.output()
-
-
-def backlog(
-    cfg: BenchConfig, server_url: str, work: Path, progress: Callable[[str], None]
-) -> dict[str, float]:
-    """The backlog benchmark: guarded drain beside a drain without relay and sweep, then
-    a guarded drain whose broker is wiped halfway; then a healthy provider's drain alone
-    and beside a hanging one (`pressure`)."""
-    from .pressure import pressure
-
-    redis = PrivateRedis(work)  # one broker URL for every run (the producer pool)
-    try:
-        guarded = backlog_drain(cfg, server_url, work, "guarded", redis, progress)
-        off = backlog_drain(cfg, server_url, work, "off", redis, progress)
-        wipe = backlog_drain(cfg, server_url, work, "wipe", redis, progress)
-        # a healthy provider's drain beside a hanging one (`pressure`)
-        beside_hung = pressure(cfg, server_url, work, redis, progress)
-    finally:
-        redis.kill()
-    return {
-        **beside_hung,
-        "backlog_ops": cfg.backlog,
-        "backlog_drain_ops_s": guarded["ops_s"],
-        "backlog_drain_off_ops_s": off["ops_s"],
-        "backlog_ratio": guarded["ops_s"] / off["ops_s"],
-        "backlog_msgs_per_op_max": guarded["msgs_per_op_max"],
-        "backlog_queued_max": guarded["queued_max"],
-        "backlog_duplicates": guarded["duplicates"] + off["duplicates"] + wipe["duplicates"],
-        "backlog_wipe_settled": wipe["settled"],
-        # how many were still to settle when the broker was wiped: above 0, the wipe
-        # took messages that the relay and the sweeps had to make up for
-        "backlog_wipe_unsettled": wipe["wiped_unsettled"],
-        "backlog_wipe_drain_ops_s": wipe["ops_s"],
-        "backlog_wipe_msgs_per_op_max": wipe["msgs_per_op_max"],
-    }
