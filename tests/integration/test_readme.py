@@ -488,7 +488,7 @@ assert current_app._get_current_object() is theirs
 """,
     ),
     "ebfb315962": Covered("pip install 'opledger[console,metrics,sandbox]'", PIP_QUICKSTART_TEST),
-    "51f12d56c8": NotCode(
+    "01c3955b65": NotCode(
         "opledger/ledger/     the core, one module per part",
         "the directory layout",
     ),
