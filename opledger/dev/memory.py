@@ -528,7 +528,10 @@ class MemoryLedger:
         actor: str,
         reason: str,
         receipt_id: str | None = None,
+        review: Mapping[str, Any] | None = None,
     ) -> Operation:
+        """`review` (a possible duplicate, confirming only): the open review becomes it
+        (reason replaced, snapshot merged, notified anew), or one is opened."""
         row = self._row(op_id)
         if to not in (Status.CONFIRMED, Status.REJECTED):
             raise ForbiddenTransition(f"settle moves to confirmed or rejected, not {to}")
@@ -538,19 +541,31 @@ class MemoryLedger:
             e.model_copy(update={"applied": True}) if e.id == evidence_id else e
             for e in row.evidence
         ]
-        row.reviews = [
-            r.model_copy(
+        duplicate = review if to is Status.CONFIRMED else None
+        why = str((duplicate or {}).get("reason") or "possible_duplicate")[:2000]
+        for i, r in enumerate(row.reviews):
+            if r.resolved_at is not None:
+                continue
+            row.reviews[i] = r.model_copy(
                 update={
+                    "reason": why,
+                    "snapshot": {
+                        **r.snapshot,
+                        **duplicate,
+                        "review_before": {"reason": r.reason, "opened_at": r.opened_at.isoformat()},
+                    },
+                    "notified_at": None,
+                }
+                if duplicate is not None
+                else {
                     "resolution": to.value,
                     "resolved_by": actor,
                     "resolved_at": self.clock(),
                     "note": reason,
                 }
             )
-            if r.resolved_at is None
-            else r
-            for r in row.reviews
-        ]
+        if duplicate is not None:
+            self._open(row, why, duplicate)  # none open: one opened (else turned above)
         return self._move(
             row,
             actor,

@@ -22,7 +22,7 @@ from . import store
 from .base import ActionResolver, LedgerBase, PrefixResolver
 from .beats import Beats
 from .canonical import DEFAULT_MAX_PAYLOAD_BYTES
-from .claims import Claims
+from .claims import Claims, _review_params
 from .connector import ledger_engine
 from .errors import (
     ForbiddenTransition,
@@ -168,11 +168,18 @@ class Ledger(Prepare, Claims, Grants, Maintenance, Providers, Beats, LedgerBase)
         actor: str,
         reason: str,
         receipt_id: str | None = None,
+        review: Mapping[str, Any] | None = None,
     ) -> Operation:
         """Settle an unknown operation as confirmed or rejected, citing the evidence.
 
         Conditional on `fence` (what the caller saw when it decided): when anyone moved
         the operation since, `StaleFence` is raised and nothing changes.
+
+        `review`, given when the evidence is marked as a possible duplicate (kept from a
+        fenced-out worker), is the snapshot of the review of a possible duplicate (its
+        "reason" says why), opened in the same statement should this confirm: a review a
+        person has open is not closed but becomes that review (reason replaced, snapshot
+        merged). Ignored on a rejection.
         """
         check_operation_id(op_id)
         if to not in (Status.CONFIRMED, Status.REJECTED):
@@ -190,6 +197,7 @@ class Ledger(Prepare, Claims, Grants, Maintenance, Providers, Beats, LedgerBase)
                     "receipt_id": receipt_id,
                     "actor": actor,
                     "reason": reason,
+                    **_review_params(review if to is Status.CONFIRMED else None),
                 },
             ).one_or_none()
         if row is None:

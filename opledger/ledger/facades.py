@@ -116,6 +116,7 @@ class WorkerLedger(Protocol):
         actor: str,
         reason: str,
         receipt_id: str | None = None,
+        review: Mapping[str, Any] | None = None,
     ) -> Operation: ...
 
     def schedule_check(self, op_id: str, *, fence: int, at: datetime) -> Operation: ...

@@ -1,17 +1,21 @@
 """What an attempt's outcome becomes before the worker saves it, besides `admit`: an
 attempt that provably sent nothing (`not_sent`), and a fresh success that may repeat an
-earlier attempt (`flag_duplicate`), saved with the review that asks a person to check."""
+earlier attempt (`flag_duplicate`), saved with the review that asks a person to check;
+and the same review when a reconcile confirms on such a success kept as evidence
+(`duplicate_settled`)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from opledger.adapters.base import Adapter
-from opledger.ledger import Ambiguous, Attempt, Claim, History, Outcome
+from opledger.ledger import Ambiguous, Attempt, Claim, Evidence, History, Outcome
 from opledger.ledger.evidence import NOT_SENT, POSSIBLE_DUPLICATE, fresh_resend, possible_duplicate
 from opledger.ledger.facades import WorkerLedger
+from opledger.ledger.models import Verdict
 
 from .snapshots import snapshot
 
@@ -57,7 +61,7 @@ def flag_duplicate(
         return outcome, None
     flag = {"attempts": [a.n for a in earlier], "key": claim.idempotency_key}
     marked = outcome.model_copy(update={"detail": {**outcome.detail, POSSIBLE_DUPLICATE: flag}})
-    reason = _reason(adapter, claim, earlier)
+    reason = _reason(adapter, claim.attempt_n, [a.n for a in earlier])
     log.error(
         "%s: %s",
         claim.op_id,
@@ -78,12 +82,42 @@ def flag_duplicate(
     }
 
 
-def _reason(adapter: Adapter, claim: Claim, earlier: tuple[Attempt, ...]) -> str:
+def duplicate_settled(
+    adapter: Adapter, history: History, evidence: Evidence, now: datetime
+) -> dict[str, Any] | None:
+    """The snapshot of the review to open when a reconcile confirms on `evidence` marked
+    as a possible duplicate (`flag_duplicate`'s mark, kept on a fenced-out worker's fresh
+    success); None for any other evidence. Built like the outcome path's: same reason form,
+    the success's attempt, the earlier attempts it may have repeated."""
+    mark = evidence.detail.get(POSSIBLE_DUPLICATE)
+    if evidence.verdict is not Verdict.CONFIRMED or not isinstance(mark, dict):
+        return None
+    ns = [int(n) for n in mark.get("attempts") or []]
+    n = evidence.attempt_n or 0
+    reason = _reason(adapter, n, ns)
+    log.error("%s: %s (settled on evidence %s)", evidence.op_id, reason, evidence.id)
+    own = next((a for a in history.attempts if a.n == n), None)
+    return {
+        **snapshot(history, adapter, reason, now),
+        "kind": POSSIBLE_DUPLICATE,
+        "fresh_success": {
+            "attempt": n,
+            "idempotency_key": mark.get("key"),
+            "started_at": own.started_at.isoformat() if own else None,
+            "outcome": own.response if own and own.response else evidence.detail,
+            "evidence_id": evidence.id,
+        },
+        "earlier_attempts": [_earlier(a, history) for a in history.attempts if a.n in ns],
+        "what_it_could_mean": _meaning(adapter),
+    }
+
+
+def _reason(adapter: Adapter, attempt_n: int, earlier: Sequence[int]) -> str:
     contract = adapter.contract
-    which = ", ".join(str(a.n) for a in earlier)
+    which = ", ".join(str(n) for n in earlier)
     many = "s" if len(earlier) > 1 else ""
     return (
-        f"{POSSIBLE_DUPLICATE}: attempt {claim.attempt_n} was answered with a fresh success, "
+        f"{POSSIBLE_DUPLICATE}: attempt {attempt_n} was answered with a fresh success, "
         f"not a replay, under the key of attempt{many} {which}, which may have applied it: "
         f"{contract.provider} may have applied the {contract.effect} twice; check for a "
         f"second {contract.effect} and undo the extra one"

@@ -58,7 +58,7 @@ from opledger.ledger.facades import WorkerLedger
 from .held import announce_held, hold_until
 from .hooks import HOOKS, Hooks
 from .notices import notify_review
-from .outcomes import flag_duplicate, not_sent
+from .outcomes import duplicate_settled, flag_duplicate, not_sent
 from .results import Step, StepResult
 from .snapshots import snapshot
 
@@ -497,7 +497,7 @@ class Worker:
         """Do what the decision says: settle, wait, look again later, ask a person, retry."""
         op = history.operation
         if isinstance(decision, Confirm | Reject):
-            return self._settle(history, decision)
+            return self._settle(history, decision, adapter)
         if isinstance(decision, Wait | HoldUnknown):
             at = decision.until if isinstance(decision, Wait) else decision.next_check
             return self._check_at(op, at, decision)
@@ -520,11 +520,12 @@ class Worker:
         checked = self.ledger.schedule_check(op.id, fence=op.fence, at=at)
         return StepResult(Step.WAITING, checked, decision)
 
-    def _settle(self, history: History, decision: Confirm | Reject) -> StepResult:
-        """Settle on the evidence the decision cites."""
+    def _settle(self, history: History, decision: Confirm | Reject, adapter: Adapter) -> StepResult:
+        """Settle on the evidence the decision cites (a possible duplicate's review with it)."""
         op = history.operation
         evidence = next(e for e in history.evidence if e.id == decision.evidence_id)
         to = Status.CONFIRMED if isinstance(decision, Confirm) else Status.REJECTED
+        review = duplicate_settled(adapter, history, evidence, self.clock())  # or None
         with self.hooks.record(op.id, op.fence, "evidence", op.provider) as recording:
             recording.set("opledger.outcome", to.value)
             try:
@@ -536,11 +537,14 @@ class Worker:
                     receipt_id=evidence.binding.receipt_id,
                     actor=self.owner,
                     reason=f"{evidence.source} evidence {evidence.id}",
+                    review=review,
                 )
             except StaleFence:
                 recording.fenced()
                 raise
             recording.status(settled.status)
+        if review is not None and settled.status is Status.CONFIRMED:
+            self.follow_ups.review_opened(op.id)
         return StepResult(Step(to.value), settled, decision)
 
     def _retry(self, adapter: Adapter, history: History, decision: Dispatch) -> StepResult:

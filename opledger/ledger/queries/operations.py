@@ -570,11 +570,37 @@ SETTLE_ON_EVIDENCE = text(
         UPDATE evidence SET applied = true
         WHERE id = :evidence_id AND op_id = :op_id AND EXISTS (SELECT 1 FROM op)
     ),
-    -- evidence that arrived while a person was reviewing it settles the review too
+    -- evidence that arrived while a person was reviewing it settles the review too; not
+    -- evidence of a possible duplicate (a review reason given): see `turned`
     closed AS (
         UPDATE reviews SET resolution = :to_status, resolved_by = :actor, resolved_at = now(),
                            note = :reason
         WHERE op_id = :op_id AND resolved_at IS NULL AND EXISTS (SELECT 1 FROM op)
+          AND CAST(:review_reason AS text) IS NULL
+    ),
+    -- a confirmation on evidence marked possible_duplicate (`evidence.possible_duplicate`,
+    -- kept from a fenced-out worker): the review a person has open becomes the review of
+    -- the possible duplicate (its snapshot merged, notified anew) ...
+    turned AS (
+        UPDATE reviews AS r
+        SET reason = :review_reason,
+            snapshot = r.snapshot || CAST(:review_snapshot AS jsonb)
+                       || jsonb_build_object('review_before', jsonb_build_object(
+                              'reason', r.reason, 'opened_at', r.opened_at)),
+            notified_at = NULL, notify_due_at = NULL
+        FROM op
+        WHERE r.op_id = op.id AND r.resolved_at IS NULL AND op.status = 'confirmed'
+          AND CAST(:review_reason AS text) IS NOT NULL
+        RETURNING r.id
+    ),
+    -- ... or, none open, one is opened: in the same statement as the confirmation (NULL
+    -- reason on every other settlement: nothing is inserted)
+    duplicate AS (
+        INSERT INTO reviews (op_id, reason, snapshot)
+        SELECT op.id, :review_reason, CAST(:review_snapshot AS jsonb) FROM op
+        WHERE CAST(:review_reason AS text) IS NOT NULL AND op.status = 'confirmed'
+          AND NOT EXISTS (SELECT 1 FROM turned)
+        ON CONFLICT (op_id) WHERE resolved_at IS NULL DO NOTHING
     )
     SELECT {columns_of("op")} FROM op
     """
