@@ -8,7 +8,7 @@ workers, the metrics and the agents' answers read it.
 
 Revision ID: 0018
 Revises: 0017
-Create Date: 2026-12-10
+Create Date: 2026-12-03
 
 """
 

@@ -12,7 +12,7 @@ operations waiting for room are found by provider
 
 Revision ID: 0019
 Revises: 0018
-Create Date: 2026-12-10
+Create Date: 2026-12-03
 
 """
 

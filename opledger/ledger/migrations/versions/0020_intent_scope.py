@@ -11,7 +11,7 @@ asked a tenant-wide act first is its `workflow_id`.
 
 Revision ID: 0020
 Revises: 0019
-Create Date: 2026-12-11
+Create Date: 2026-12-03
 
 """
 

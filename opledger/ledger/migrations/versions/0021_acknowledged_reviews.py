@@ -8,7 +8,7 @@ they found. This revision lets `review_actions` record that resolution.
 
 Revision ID: 0021
 Revises: 0020
-Create Date: 2026-12-12
+Create Date: 2026-12-03
 
 """
 
