@@ -287,7 +287,7 @@ assert ledger.get(op.id).status is Status.PREPARED
 """
 
 BLOCKS: dict[str, Verdict] = {
-    "2ec3bac971": Shell(
+    "74bacb3078": Shell(
         "make demo    # creates .venv",
         covered={
             "make demo": (DEMO_TEST,),
