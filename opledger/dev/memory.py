@@ -368,24 +368,7 @@ class MemoryLedger:
         called. `review` opens a review of a possible duplicate when it confirms."""
         row = self._row(claim.op_id)
         outcome = admit(None, claim, outcome)
-        at = next(
-            (
-                i
-                for i, a in enumerate(row.attempts)
-                if a.fence == claim.fence and row.tokens.get(a.n) == claim.token
-            ),
-            None,
-        )
-        open_ = at is not None and row.attempts[at].finished_at is None
-        if open_:
-            assert at is not None
-            row.attempts[at] = row.attempts[at].model_copy(
-                update={
-                    "finished_at": self.clock(),
-                    "outcome": outcome.kind,
-                    "response": outcome.model_dump(mode="json"),
-                }
-            )
+        open_ = self._finish_attempt(row, claim, outcome)
         holds = (
             open_
             and row.op.fence == claim.fence
@@ -436,6 +419,27 @@ class MemoryLedger:
         if review is not None and to is Status.CONFIRMED:
             self._open(row, str(review.get("reason") or "possible_duplicate")[:2000], review)
         return moved
+
+    def _finish_attempt(self, row: _Row, claim: Claim, outcome: Outcome) -> bool:
+        """Close the claim's attempt with `outcome`; whether it was still open."""
+        at = next(
+            (
+                i
+                for i, a in enumerate(row.attempts)
+                if a.fence == claim.fence and row.tokens.get(a.n) == claim.token
+            ),
+            None,
+        )
+        if at is None or row.attempts[at].finished_at is not None:
+            return False
+        row.attempts[at] = row.attempts[at].model_copy(
+            update={
+                "finished_at": self.clock(),
+                "outcome": outcome.kind,
+                "response": outcome.model_dump(mode="json"),
+            }
+        )
+        return True
 
     def defer(self, op_id: str, *, until: datetime) -> bool:
         row = self._row(op_id)
