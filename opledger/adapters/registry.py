@@ -16,6 +16,7 @@ from opledger.ledger import ClaimTerms, UnknownAction
 from opledger.ledger.contract import Contract, Limits
 from opledger.ledger.ids import LONGEST_KEY, check_action
 from opledger.ledger.intents import RUN, check_fields, check_scope, parse_scopes
+from opledger.ledger.payload_schemas import check_schema
 from opledger.settings import Settings, SettingsInvalid
 
 from .base import Adapter, extra
@@ -70,8 +71,9 @@ class Registry:
                     f"{member} names actions the adapter does not serve: {', '.join(unserved)}"
                 )
         for action, schema in schemas.items():
-            if not isinstance(schema, Mapping) or schema.get("type") != "object":
+            if not isinstance(schema, Mapping):
                 raise ValueError(f"the payload schema of {action} must be a JSON Schema object")
+            check_schema(action, schema)
         for action in adapter.actions:
             check_action(action)
             if action in self._by_action and self._by_action[action] is not adapter:

@@ -25,6 +25,7 @@ from .models import (
     Operation,
 )
 from .payload_keys import PayloadKeys
+from .payload_schemas import PayloadSchemas
 from .store import Store
 
 #: how long a claim may start its request when no provider-specific window is given
@@ -37,7 +38,9 @@ class ActionResolver(Protocol):
     A resolver may also declare what makes another act of an action, as
     `intent_fields(action) -> tuple[str, ...]` (the adapter registry does): the payload
     fields an agent's intent is derived from (`opledger.ledger.intents`). Without it,
-    `Ledger.intent_fields` raises `IntentFieldsUndeclared`."""
+    `Ledger.intent_fields` raises `IntentFieldsUndeclared`. It may declare each action's
+    payload schema too, as `payload_schema(action) -> JSON Schema`: `prepare` refuses a
+    payload that breaks it (`opledger.ledger.payload_schemas`)."""
 
     def provider_for(self, action: str) -> str: ...
 
@@ -87,6 +90,9 @@ class LedgerBase:
         self._single = self._store.statement
         self.actions: ActionResolver = actions or PrefixResolver()
         self.max_payload_bytes = max_payload_bytes
+        # the action resolver's payload schemas (the adapter registry's), checked by prepare
+        schema_of = getattr(self.actions, "payload_schema", None)
+        self.payload_schemas = PayloadSchemas(schema_of if callable(schema_of) else None)
         self.send_window = send_window
 
     # -- reads -------------------------------------------------------------------------

@@ -50,6 +50,15 @@ class PayloadTooDeep(InvalidInput):
     """The payload nests objects and arrays deeper than the limit."""
 
 
+class PayloadSchemaViolation(InvalidInput):
+    """The payload does not fit its action's declared schema: `field` names the first
+    problem's place (`payload.amount`), `problems` each one."""
+
+    field: str
+    action: str
+    problems: tuple[str, ...]
+
+
 class IntentConflict(LedgerError):
     """This intent key already names a different action, target, payload or authorization.
 

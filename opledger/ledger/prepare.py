@@ -228,6 +228,7 @@ class Prepare(LedgerBase):
         deps = _check_after(intent.after)
         provider = self.actions.provider_for(action)
         frozen = canonicalize(intent.payload, max_bytes=self.max_payload_bytes)
+        self.payload_schemas.check(action, frozen.loads)
         # derived from the intent, never random: asked again after the ledger lost its
         # record (a failover, a restore), the act reaches the provider under the same key —
         # a tenant-wide act under the same key whatever run asks it then (no run is "")
