@@ -11,6 +11,18 @@ transition row.
 
 from __future__ import annotations
 
+from .claims import (
+    CANCEL,
+    CLAIM,
+    CLAIM_REFUSAL,
+    FENCE_STATE,
+    INSERT_EVIDENCE,
+    OPEN_REVIEW,
+    RECORD_OUTCOME,
+    RELEASE_SLOT,
+    SCHEDULE_CHECK,
+    SETTLE_ON_EVIDENCE,
+)
 from .columns import (
     AUTH_COLUMNS,
     OPERATION_COLUMNS,
@@ -45,25 +57,16 @@ from .maintenance import (
     SELECT_QUEUE_GUARD,
 )
 from .operations import (
-    CANCEL,
-    CLAIM,
-    CLAIM_REFUSAL,
-    FENCE_STATE,
     INSERT_ASK,
     INSERT_AUTHORIZATION,
     INSERT_DEPENDENCIES,
-    INSERT_EVIDENCE,
     INSERT_GRANTED_OPERATION,
     INSERT_OPERATION,
     LIST_AUTHORIZATIONS,
     LIST_OPERATIONS,
     LOCK_DEPENDENCIES,
-    OPEN_REVIEW,
     REACHES,
-    RECORD_OUTCOME,
-    RELEASE_SLOT,
     REVOKE_AUTHORIZATION,
-    SCHEDULE_CHECK,
     SELECT_ANSWERS,
     SELECT_ASKS,
     SELECT_ATTEMPTS,
@@ -77,7 +80,6 @@ from .operations import (
     SELECT_PAYLOAD,
     SELECT_REVIEWS,
     SELECT_TRANSITIONS,
-    SETTLE_ON_EVIDENCE,
     WATCH,
 )
 from .reviews import (
