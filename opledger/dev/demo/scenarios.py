@@ -115,9 +115,9 @@ def two_workers(story: Story) -> Row:
 
 
 def unsafe_retries(story: Story) -> Row:
-    close = story.prepare("unsafe", "close", payload={"status": "closed", "note": "first"})
+    close = story.prepare("unsafe", "close", payload={"note": "first"})
     try:
-        story.prepare("unsafe", "close", payload={"status": "closed", "note": "changed"})
+        story.prepare("unsafe", "close", payload={"note": "changed"})
         conflict = "accepted (wrong!)"
     except IntentConflict:
         conflict = "refused: IntentConflict"

@@ -152,7 +152,7 @@ class Story:
                 payload={"to": OWNER, "subject": "Case 318 is closed", "text": "All set."},
             )
         else:
-            intent = dict(target=CASE, payload={"status": "closed", "note": "Onboarding complete"})
+            intent = dict(target=CASE, payload={"note": "Onboarding complete"})
         intent.update(over)
         op = self.ledger.prepare(
             tenant="acme",
