@@ -10,6 +10,7 @@ from . import (  # noqa: F401
     adapters,
     contracts,
     dev,
+    examples,
     grants,
     mcp,
     operators,
