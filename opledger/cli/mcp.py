@@ -10,7 +10,7 @@ import typer
 
 from opledger.adapters.mcp import Upstream, load_upstream
 from opledger.adapters.registry import Registry
-from opledger.mcp.clients import Caller, Clients, add_client
+from opledger.mcp.clients import META, RUN_MODES, Caller, Clients, add_client
 from opledger.settings import NotConfigured, get_settings
 
 from .app import app, err_console, missing_extra, open_ledger
@@ -104,7 +104,14 @@ def _serve(
     import uvicorn
 
     from opledger.agents.effects import Effects
-    from opledger.mcp.server import Gateway, http_app, identify_as, identify_by_token, serve_stdio
+    from opledger.mcp.server import (
+        Gateway,
+        http_app,
+        identify_as,
+        identify_by_token,
+        proxied_actions,
+        serve_stdio,
+    )
     from opledger.observability import tracing
 
     if tracing.wanted():
@@ -117,6 +124,13 @@ def _serve(
         gateway: Gateway
         if upstream is None:
             gateway = Gateway(effects, registry, identify, wait=wait)
+            proxied = proxied_actions(registry)
+            if proxied:
+                err_console.print(
+                    f"opledger mcp: {', '.join(proxied)} not offered: an MCP upstream's tools "
+                    "are `opledger mcp proxy`'s, with the upstream's own input schemas",
+                    markup=False,
+                )
         else:
             from opledger.mcp.proxy import Proxy, upstream_tools
 
@@ -163,13 +177,27 @@ def token_command(
         str | None,
         typer.Option("--file", help="The clients file (default: OPLEDGER_MCP_CLIENTS)."),
     ] = None,
+    run: Annotated[
+        str,
+        typer.Option(
+            "--run",
+            help="How its calls name their run: meta (the call's _meta['opledger/run']), "
+            "token (no naming: every call of this agent is in one run of its own, each act "
+            "once for good) or argument (each tool has a required run argument the host or "
+            "the model sets). A call's _meta, when set, wins over token and argument.",
+        ),
+    ] = META,
 ) -> None:
     """Make a bearer token for an agent and add it to the clients file; the token is
     printed once (the file keeps its sha256 only)."""
     target = clients_file or get_settings().mcp_clients
     if not target:
         raise typer.BadParameter("name the clients file: --file or OPLEDGER_MCP_CLIENTS")
-    caller = Caller(agent=agent, tenant=tenant, grant=grant)
+    if run not in RUN_MODES:
+        raise typer.BadParameter(f"--run is one of {', '.join(RUN_MODES)}")
+    caller = Caller(agent=agent, tenant=tenant, grant=grant, run_mode=run)
     made = add_client(target, caller)
-    err_console.print(f"added {agent} ({tenant}, grant {grant}) to {target}", markup=False)
+    err_console.print(
+        f"added {agent} ({tenant}, grant {grant}, run: {run}) to {target}", markup=False
+    )
     typer.echo(made)

@@ -4,6 +4,11 @@ The clients file (`OPLEDGER_MCP_CLIENTS`, JSON) keeps each token's sha256, never
 token: `opledger mcp token` makes a token, prints it once and adds its entry. The tenant
 and the grant of every call come from here, never from the call's arguments. The file is
 read again when it changes, so removing an entry refuses that token at once.
+
+Each entry says how that client's calls name their run (`run`, see `RUN_MODES`): a host
+that can set a call's `_meta` names it there (`meta`, the default); a host that cannot
+(a desktop host configured by a JSON file) has the gateway derive it (`token`: every call
+of the client is in one run of its own) or has the model pass it (`argument`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,15 @@ from opledger.ledger.ids import check_identifier, check_key
 TOKEN_PREFIX = "opl_mcp_"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
+#: the run is the call's `_meta["opledger/run"]`; a call without one is refused
+META = "meta"
+#: every call of the client is in the one run of its own (`Caller.own_run`) unless its
+#: `_meta` names another: an act is done once per client, for good
+TOKEN = "token"
+#: each tool declares a required `run` argument the host (or the model) sets
+ARGUMENT = "argument"
+RUN_MODES = (META, TOKEN, ARGUMENT)
+
 
 @dataclass(frozen=True)
 class Caller:
@@ -34,11 +48,24 @@ class Caller:
     agent: str
     tenant: str
     grant: str
+    #: how its calls name their run: one of `RUN_MODES`
+    run_mode: str = META
 
     def workflow_id(self, run: str) -> str:
         """The ledger's run of this caller's `run` (another agent's run of the same name is
         another run)."""
         return f"mcp:{self.agent}:{run}"
+
+    @property
+    def own_run(self) -> str:
+        """The ledger's run of a `token` client's calls that name none: `mcp:<agent>`, which
+        no named run (`mcp:<agent>:<run>`) can be. It is the agent's, not the token's, so a
+        new token for the same agent keeps its acts."""
+        return f"mcp:{self.agent}"
+
+    def owns(self, workflow_id: str) -> bool:
+        """Whether `workflow_id` is one of this caller's runs."""
+        return workflow_id == self.own_run or workflow_id.startswith(self.workflow_id(""))
 
 
 def new_token() -> tuple[str, str]:
@@ -89,11 +116,18 @@ def _entry(entry: Any, where: str) -> tuple[Caller, str]:
         raise ClientsInvalid(f"{where}: token_sha256 must be 64 hex digits (a sha256)")
     if ":" in str(entry["agent"]):  # the agent prefixes its runs: mcp:<agent>:<run>
         raise ClientsInvalid(f"{where}: an agent's name cannot contain ':'")
+    mode = entry.get("run", META)
+    if mode not in RUN_MODES:
+        raise ClientsInvalid(
+            f"{where}: run must be one of {', '.join(RUN_MODES)} (how its calls name their "
+            f"run), not {str(mode)[:40]!r}"
+        )
     try:
         caller = Caller(
             agent=check_key("agent", str(entry["agent"])),
             tenant=check_key("tenant", str(entry["tenant"])),
             grant=check_identifier("grant", str(entry["grant"])),
+            run_mode=mode,
         )
     except InvalidInput as exc:
         raise ClientsInvalid(f"{where}: {exc}") from None
@@ -137,7 +171,7 @@ def add_client(path: str | os.PathLike[str], caller: Caller) -> str:
     """Make a token for `caller`, add its entry to the clients file (created if missing)
     and return the token (shown once: only its sha256 is kept)."""
     target = Path(path)
-    entries: list[dict[str, str]] = []
+    entries: list[dict[str, Any]] = []
     if target.exists():
         parse(target.read_text(), f"the clients file {target}")
         entries = json.loads(target.read_text())["clients"]
@@ -150,6 +184,8 @@ def add_client(path: str | os.PathLike[str], caller: Caller) -> str:
         "grant": caller.grant,
         "token_sha256": hashed,
     }
+    if caller.run_mode != META:  # an entry without one is `meta`, as before modes existed
+        entry["run"] = caller.run_mode
     _entry(entry, f"the new client {caller.agent!r}")  # the rules the gateway reads it by
     entries.append(entry)
     tmp = target.with_name(target.name + ".tmp")

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import mcp_types as types
-from jsonschema import Draft202012Validator
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import INTERNAL_ERROR
@@ -26,7 +25,7 @@ from opledger.adapters.registry import Registry
 from opledger.agents.answers import REPEAT, REPEAT_HELP
 from opledger.agents.effects import Effects
 
-from .server import Gateway, Identify, problems, refusal
+from .server import EFFECT_ANNOTATIONS, Gateway, Identify, refusal
 
 
 async def upstream_tools(upstream: Upstream) -> list[types.Tool]:
@@ -64,41 +63,34 @@ class Proxy(Gateway):
                 "OPLEDGER_ADAPTERS=opledger.adapters.mcp:build_registry"
             )
         self._effectful: dict[str, UpstreamTool] = dict(upstream.effects)
-        self._proxy_schemas: dict[str, Mapping[str, Any]] = {}
+        self._passthrough = set(upstream.passthrough)
+        for name in sorted(self._passthrough):
+            self.offer(by_name[name], effect=False)
         for name, spec in upstream.effects.items():
             schema = _with_repeat(name, by_name[name].input_schema)
-            self._proxy_schemas[name] = schema
-            self.tools.insert(0, _effect_tool(by_name[name], schema, spec))
-        self._proxy_validators = {
-            n: Draft202012Validator(s) for n, s in self._proxy_schemas.items()
-        }
-        self._passthrough = set(upstream.passthrough)
-        self.tools[:0] = [by_name[n] for n in sorted(self._passthrough)]
-
-    def input_schema(self, name: str) -> Mapping[str, Any] | None:
-        return self._proxy_schemas.get(name) or super().input_schema(name)
+            self.offer(_effect_tool(by_name[name], schema, spec))
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        name, args = params.name, dict(params.arguments or {})
-        if name in self._passthrough:
+        if params.name in self._passthrough:
             self.identify()
-            return await self._forward(name, args)
-        spec = self._effectful.get(name)
-        if spec is None:  # the status tool, or no such tool
-            return await super().call_tool(ctx, params)
-        caller = self.identify()
-        wrong = problems(self._proxy_validators[name], args)
-        if wrong:
-            return refusal(name, "InvalidArguments", f"the arguments do not fit: {wrong}")
+            return await self._forward(params.name, dict(params.arguments or {}))
+        return await super().call_tool(ctx, params)  # an effect, the status tool, or none
+
+    def act_of(
+        self, name: str, args: dict[str, Any]
+    ) -> tuple[str, str, dict[str, Any], int | None] | types.CallToolResult:
+        """The upstream tool's arguments are the payload; the file names the one that says
+        what the act is done to."""
+        spec = self._effectful[name]
         repeat = args.pop(REPEAT, None)
         target = name if spec.target is None else args.get(spec.target)
         if not isinstance(target, str | int) or isinstance(target, bool) or target == "":
             return refusal(
                 name, "InvalidArguments", f"{spec.target} (what the act is done to) is missing"
             )
-        return await self.effect(ctx, params, caller, spec.action, str(target), args, repeat)
+        return spec.action, str(target), args, repeat
 
     async def _forward(self, name: str, args: dict[str, Any]) -> types.CallToolResult:
         try:
@@ -130,14 +122,13 @@ def _effect_tool(tool: types.Tool, schema: dict[str, Any], spec: UpstreamTool) -
     )
     note = (
         f" (Through opledger: done at most once per act in your run — an act is {act}; "
-        "asked again it answers how the first call's act stands. Set _meta['opledger/run'].)"
+        "asked again it answers how the first call's act stands. Name your run as the "
+        "server's instructions say.)"
     )
     return types.Tool(
         name=tool.name,
         title=tool.title,
         description=(tool.description or "") + note,
         input_schema=schema,
-        annotations=types.ToolAnnotations(
-            read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=True
-        ),
+        annotations=EFFECT_ANNOTATIONS,
     )

@@ -2,7 +2,8 @@
 
 Each `tools/call` of an action's tool becomes an `Intent` asked through `Effects.aask`: the
 tenant and the grant are the caller's (`clients`), the run is the call's
-`_meta["opledger/run"]` under the caller's name, the intent is the act — so a call re-issued
+`_meta["opledger/run"]` under the caller's name (or, for a host that cannot set `_meta`,
+what its client's run mode says: `workflow_of`), the intent is the act — so a call re-issued
 under a new request id, after a lost answer or from a restarted agent, is answered with the
 operation it recorded (an act of the tenant's scope, whichever caller's run recorded it:
 the status tool follows it for any caller of the tenant). The answer is structured
@@ -34,6 +35,7 @@ from mcp_types.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
 from starlette.applications import Starlette
 
 from opledger import __version__
+from opledger.adapters.mcp import McpToolAdapter
 from opledger.adapters.registry import Registry
 from opledger.agents import answers
 from opledger.agents.answers import REFUSED, REPEAT, UNFIXABLE, purpose_of, refused, summary
@@ -43,14 +45,16 @@ from opledger.ledger.ids import check_operation_id
 from opledger.ledger.intents import TENANT, Intent
 from opledger.observability import metrics
 
-from .clients import Caller, Clients
+from .clients import ARGUMENT, TOKEN, Caller, Clients
 from .tools import (
+    RUN_ARGUMENT,
     RUN_META,
     STATUS_DESCRIPTION,
     STATUS_SCHEMA,
     STATUS_TOOL,
     description,
     input_schema,
+    with_run_argument,
 )
 
 log = logging.getLogger(__name__)
@@ -58,9 +62,20 @@ log = logging.getLogger(__name__)
 INSTRUCTIONS = (
     "Each tool causes one external effect at most once per act in your run (or, where its "
     "description says so, whoever asks): set "
-    f"_meta['{RUN_META}'] to your run's id (the same on every retry and restart). Asking "
-    "again for an act answers how it stands; an unknown answer means it may have happened: "
-    f"never do it another way. Ask {STATUS_TOOL} about a pending one."
+    f"_meta['{RUN_META}'] to your run's id (the same on every retry and restart), or, where "
+    f"the tools have a '{RUN_ARGUMENT}' argument, set that. Asking again for an act answers "
+    "how it stands; an unknown answer means it may have happened: never do it another way. "
+    f"Ask {STATUS_TOOL} about a pending one, and about an unknown one until it names a "
+    "review_id."
+)
+EFFECT_ANNOTATIONS = types.ToolAnnotations(
+    read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=True
+)
+STATUS = types.Tool(
+    name=STATUS_TOOL,
+    description=STATUS_DESCRIPTION,
+    input_schema=STATUS_SCHEMA,
+    annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
 )
 
 Identify = Callable[[], Caller]
@@ -78,34 +93,54 @@ class Gateway:
         wait: float,
         actions: Sequence[str] | None = None,
     ) -> None:
-        """`actions`: the actions offered as tools (default: every one `registry` serves)."""
+        """`actions`: the actions offered as tools (default: every one `registry` serves
+        but an MCP upstream's, which are `opledger mcp proxy`'s: `gateway_actions`)."""
         self.effects = effects
         self.registry = registry
         self.identify = identify
         self.wait = wait
-        offered = registry.actions if actions is None else tuple(actions)
-        self._schemas = {a: input_schema(registry, a) for a in offered}
-        self._validators = {a: Draft202012Validator(s) for a, s in self._schemas.items()}
+        offered = gateway_actions(registry) if actions is None else tuple(actions)
+        self._schemas: dict[str, Mapping[str, Any]] = {}
+        #: by run mode: the tools a caller is offered and what its calls are checked by
+        self._tools: dict[bool, list[types.Tool]] = {False: [], True: []}
+        self._checks: dict[bool, dict[str, Draft202012Validator]] = {False: {}, True: {}}
         self._status_validator = Draft202012Validator(STATUS_SCHEMA)
-        annotations = types.ToolAnnotations(
-            read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=True
-        )
-        self.tools = [
-            types.Tool(
+        for a in offered:
+            tool = types.Tool(
                 name=a,
                 description=description(registry, a),
-                input_schema=self._schemas[a],
-                annotations=annotations,
+                input_schema=input_schema(registry, a),
+                annotations=EFFECT_ANNOTATIONS,
             )
-            for a in offered
-        ] + [
-            types.Tool(
-                name=STATUS_TOOL,
-                description=STATUS_DESCRIPTION,
-                input_schema=STATUS_SCHEMA,
-                annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
-            )
-        ]
+            self.offer(tool)
+
+    def offer(self, tool: types.Tool, *, effect: bool = True) -> None:
+        """Offer `tool`; an effect's calls are checked against its input schema, and a
+        client of the `argument` run mode is offered it with a required `run` argument
+        (not at all when the schema has a `run` of its own: which would be the run?)."""
+        self._tools[False].append(tool)
+        if not effect:
+            self._tools[True].append(tool)
+            return
+        schema = tool.input_schema
+        self._schemas[tool.name] = schema
+        self._checks[False][tool.name] = Draft202012Validator(schema)
+        try:
+            shown = with_run_argument(schema, required=True)
+        except ValueError:
+            log.warning("%s has an argument named %r: not offered", tool.name, RUN_ARGUMENT)
+            return
+        checked = with_run_argument(schema, required=False)  # a _meta run needs none
+        self._tools[True].append(tool.model_copy(update={"input_schema": shown}))
+        self._checks[True][tool.name] = Draft202012Validator(checked)
+
+    @property
+    def tools(self) -> list[types.Tool]:
+        """The tools a client that names its run in `_meta` (or by its token) is offered."""
+        return [*self._tools[False], STATUS]
+
+    def tools_for(self, caller: Caller) -> list[types.Tool]:
+        return [*self._tools[caller.run_mode == ARGUMENT], STATUS]
 
     def input_schema(self, name: str) -> Mapping[str, Any] | None:
         return STATUS_SCHEMA if name == STATUS_TOOL else self._schemas.get(name)
@@ -113,25 +148,33 @@ class Gateway:
     async def list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        self.identify()
-        return types.ListToolsResult(tools=self.tools)
+        return types.ListToolsResult(tools=self.tools_for(self.identify()))
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         caller = self.identify()
-        name, args = params.name, params.arguments or {}
+        name, args = params.name, dict(params.arguments or {})
         if name == STATUS_TOOL:
             return await self._status(caller, args)
-        validator = self._validators.get(name)
+        validator = self._checks[caller.run_mode == ARGUMENT].get(name)
         if validator is None:
             raise MCPError(INVALID_PARAMS, f"no tool {name!r}: tools/list names them")
         wrong = problems(validator, args)
         if wrong:
             return refusal(name, "InvalidArguments", f"the arguments do not fit: {wrong}")
-        return await self.effect(
-            ctx, params, caller, name, args["target"], args["payload"], args.get(REPEAT)
-        )
+        claimed = args.pop(RUN_ARGUMENT, None) if caller.run_mode == ARGUMENT else None
+        act = self.act_of(name, args)
+        if isinstance(act, types.CallToolResult):
+            return act
+        return await self.effect(ctx, params, caller, *act, claimed=claimed)
+
+    def act_of(
+        self, name: str, args: dict[str, Any]
+    ) -> tuple[str, str, dict[str, Any], int | None] | types.CallToolResult:
+        """The act a call's checked arguments ask for (action, target, payload, repeat), or
+        the refusal of a call that names none."""
+        return name, args["target"], args["payload"], args.get(REPEAT)
 
     async def effect(
         self,
@@ -142,21 +185,19 @@ class Gateway:
         target: str,
         payload: dict[str, Any],
         repeat: int | None,
+        *,
+        claimed: str | None = None,
     ) -> types.CallToolResult:
-        """A call as an effect of the caller's run (the call's arguments already checked)."""
+        """A call as an effect of the caller's run (the call's arguments already checked;
+        `claimed`: its `run` argument, for a client of the `argument` run mode)."""
         name = params.name
-        run = (params.meta or {}).get(RUN_META)
-        if not isinstance(run, str) or not run.strip():
-            return refusal(
-                name,
-                "MissingRun",
-                f"the call names no run: set _meta['{RUN_META}'] to your run's id, the same "
-                "on every retry and restart",
-            )
+        workflow_id = workflow_of(caller, params.meta, claimed)
+        if workflow_id is None:
+            return refusal(name, "MissingRun", missing_run(caller))
         try:
             intent = Intent(
                 tenant=caller.tenant,
-                workflow_id=caller.workflow_id(run),
+                workflow_id=workflow_id,
                 action=action,
                 target=target,
                 payload=payload,
@@ -192,13 +233,59 @@ class Gateway:
         return answer(STATUS_TOOL, result)
 
 
+def gateway_actions(registry: Registry) -> tuple[str, ...]:
+    """The actions `opledger mcp serve` offers: every one `registry` serves but an MCP
+    upstream's (`proxied_actions`)."""
+    proxied = set(proxied_actions(registry))
+    return tuple(a for a in registry.actions if a not in proxied)
+
+
+def proxied_actions(registry: Registry) -> tuple[str, ...]:
+    """The actions of an MCP upstream's tools (`McpToolAdapter`): `opledger mcp proxy`
+    offers them under the tools' own names and input schemas, which only the upstream
+    knows. `serve` does not offer them: as target and payload with no schema, a call would
+    skip the schema the upstream enforces, and a second name for one act is a second way
+    to ask it."""
+    return tuple(a for a in registry.actions if isinstance(registry.adapter_for(a), McpToolAdapter))
+
+
+def workflow_of(caller: Caller, meta: Mapping[str, Any] | None, claimed: str | None) -> str | None:
+    """The ledger's run of a call, or None when the call names none it may have.
+
+    The call's `_meta["opledger/run"]` wins whenever it is there (a host that can name its
+    run always may); without it, the caller's run mode decides: a `token` client's own run,
+    an `argument` client's `run` argument. Never anything a retry or a new connection
+    changes (a request id, a session, the time of day)."""
+    meta = meta or {}
+    if RUN_META in meta:
+        run = meta[RUN_META]
+        return caller.workflow_id(run) if isinstance(run, str) and run.strip() else None
+    if caller.run_mode == TOKEN:
+        return caller.own_run
+    if caller.run_mode == ARGUMENT and claimed is not None and claimed.strip():
+        return caller.workflow_id(claimed)
+    return None
+
+
+def missing_run(caller: Caller) -> str:
+    if caller.run_mode == ARGUMENT:
+        return (
+            f"the call names no run: set the {RUN_ARGUMENT!r} argument to your run's id, the "
+            "same on every retry and restart"
+        )
+    return (
+        f"the call names no run: set _meta['{RUN_META}'] to your run's id, the same on every "
+        "retry and restart"
+    )
+
+
 def _readable(op: Operation, caller: Caller) -> bool:
     """Whether `caller` may read `op`: one of its own runs' operations, or a tenant-wide act
     of its tenant (one act whoever asks: a call of any of the tenant's callers is answered
     with it, so its status is theirs to follow)."""
     if op.tenant != caller.tenant:
         return False
-    return op.intent_scope == TENANT or op.workflow_id.startswith(caller.workflow_id(""))
+    return op.intent_scope == TENANT or caller.owns(op.workflow_id)
 
 
 def problems(validator: Draft202012Validator, args: dict[str, Any]) -> str:
@@ -260,7 +347,7 @@ class ClientVerifier:
             token=token,
             client_id=caller.agent,
             scopes=[],
-            claims={"tenant": caller.tenant, "grant": caller.grant},
+            claims={"tenant": caller.tenant, "grant": caller.grant, "run": caller.run_mode},
         )
 
 
@@ -271,7 +358,12 @@ def identify_by_token() -> Caller:
     claims = (token.claims or {}) if token is not None else {}
     if token is None or "tenant" not in claims:
         raise MCPError(INVALID_REQUEST, "no credentials: send Authorization: Bearer <token>")
-    return Caller(agent=token.client_id, tenant=claims["tenant"], grant=claims["grant"])
+    return Caller(
+        agent=token.client_id,
+        tenant=claims["tenant"],
+        grant=claims["grant"],
+        run_mode=claims["run"],
+    )
 
 
 def identify_as(clients: Clients, token: str) -> Identify:
@@ -290,10 +382,16 @@ def identify_as(clients: Clients, token: str) -> Identify:
 def http_app(
     gateway: Gateway, clients: Clients, *, host: str, path: str, public_url: str
 ) -> Starlette:
-    """Streamable HTTP at `path`, every request authenticated by its bearer token."""
+    """Streamable HTTP at `path`, every request authenticated by its bearer token.
+
+    Each request is answered with one JSON body, never an SSE stream: a client sees a
+    gateway that dies mid-call as a failed request at once (a broken SSE stream is one a
+    client may wait to resume until its own timeout), and the gateway sends nothing else
+    on a call's stream (no server-initiated requests, no progress) that JSON would drop."""
     server = build_server(gateway)
     return server.streamable_http_app(
         streamable_http_path=path,
+        json_response=True,
         stateless_http=True,  # any replica answers any call: no session to lose
         host=host,
         auth=AuthSettings(

@@ -8,6 +8,8 @@ same ones, the tool answers with the recorded operation instead of acting again.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from typing import Any
 
 from opledger.adapters.registry import Registry
@@ -19,6 +21,12 @@ from opledger.ledger.intents import TENANT
 STATUS_TOOL = "opledger.status"
 #: the `_meta` entry of a call that names the caller's run
 RUN_META = "opledger/run"
+#: the argument that names the run, for a client whose run mode is `argument`
+RUN_ARGUMENT = "run"
+RUN_HELP = (
+    "Your run's id: the conversation's, job's or task's id, the same on every retry, "
+    "restart and re-issue of this call (a new id is a new run: its acts are done again)."
+)
 #: the longest a status call may wait, in seconds
 MAX_STATUS_WAIT = 60.0
 
@@ -40,6 +48,25 @@ def input_schema(registry: Registry, action: str) -> dict[str, Any]:
         "required": ["target", "payload"],
         "additionalProperties": False,
     }
+
+
+def with_run_argument(schema: Mapping[str, Any], *, required: bool) -> dict[str, Any]:
+    """`schema` with the `run` argument a client of the `argument` run mode sets (required
+    in what tools/list shows; optional in what a call is checked against, since a call whose
+    `_meta` names its run needs none)."""
+    out = copy.deepcopy(dict(schema))
+    props = out.setdefault("properties", {})
+    if RUN_ARGUMENT in props:
+        raise ValueError(f"the schema already has an argument named {RUN_ARGUMENT!r}")
+    props[RUN_ARGUMENT] = {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_IDENTIFIER_LENGTH,
+        "description": RUN_HELP,
+    }
+    if required:
+        out["required"] = [*out.get("required", []), RUN_ARGUMENT]
+    return out
 
 
 def description(registry: Registry, action: str) -> str:
