@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -71,9 +71,16 @@ def gw(ledger: Ledger, grant: str, tmp_path: Path) -> Iterator[Gw]:
     published: list[str] = []
     effects = Effects(Ledger(ledger.engine, actions=registry), publish=published.append)
     gateway = Gateway(effects, registry, identify_by_token, wait=0.2)
+    with serving(gateway, Clients(path)) as url:
+        yield Gw(url, tokens, published, ledger)
+
+
+@contextmanager
+def serving(gateway: Gateway, clients: Clients) -> Iterator[str]:
+    """`gateway` over streamable HTTP on a loopback port (uvicorn in a thread): its URL."""
     port = free_port()
     app = http_app(
-        gateway, Clients(path), host="127.0.0.1", path="/mcp", public_url=f"http://127.0.0.1:{port}"
+        gateway, clients, host="127.0.0.1", path="/mcp", public_url=f"http://127.0.0.1:{port}"
     )
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -83,7 +90,7 @@ def gw(ledger: Ledger, grant: str, tmp_path: Path) -> Iterator[Gw]:
         assert time.monotonic() < deadline, "the gateway did not start"
         time.sleep(0.02)
     try:
-        yield Gw(f"http://127.0.0.1:{port}/mcp", tokens, published, ledger)
+        yield f"http://127.0.0.1:{port}/mcp"
     finally:
         server.should_exit = True
         thread.join(10)

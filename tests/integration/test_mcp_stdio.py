@@ -16,7 +16,7 @@ from mcp import Client, StdioServerParameters
 from mcp_types import RequestParamsMeta
 
 from opledger.ledger import Ledger
-from opledger.mcp.clients import Caller, add_client
+from opledger.mcp.clients import TOKEN, Caller, add_client
 from opledger.mcp.tools import RUN_META
 
 pytestmark = pytest.mark.timeout(120)
@@ -69,3 +69,26 @@ def test_stdio_refuses_to_start_without_a_clients_token(
         assert done.returncode == 4, done.stderr
         assert "set OPLEDGER_MCP_TOKEN to a client's token" in done.stderr
         assert not token or token not in done.stderr  # a token is never echoed
+
+
+def test_a_host_that_cannot_set_meta_gets_one_act_across_launches_of_stdio(
+    ledger: Ledger, grant: str, database_url: str, redis_server: str, tmp_path: Path
+) -> None:
+    """A desktop host names no run: its client's run mode is `token`. The host launched
+    again (a new server process, a new request id) asks for the same act: the same
+    operation, nothing new."""
+    clients = tmp_path / "clients.json"
+    token = add_client(clients, Caller("desk", "acme", grant, run_mode=TOKEN))
+    env = _env(database_url, redis_server, clients, OPLEDGER_MCP_TOKEN=token)
+    args = {"target": "case-5", "payload": {"fields": {"priority": "high"}}}
+
+    async def launch() -> Any:
+        params = StdioServerParameters(command=sys.executable, args=SERVE, env=env)
+        async with Client(params) as client:
+            return await client.call_tool("crm.update_case.v1", args)  # no _meta at all
+
+    first, again = anyio.run(launch), anyio.run(launch)
+    assert not first.is_error, first.structured_content
+    assert again.structured_content["op_id"] == first.structured_content["op_id"]
+    assert again.structured_content["asked_before"] is True
+    assert [op.workflow_id for op in ledger.list(limit=10)] == ["mcp:desk"]
