@@ -18,7 +18,7 @@ import os
 import time
 from datetime import UTC, datetime, timedelta
 from itertools import count
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import httpx
 import pytest
@@ -43,6 +43,12 @@ FAULTS = (
 )
 _accounts = count(1)
 Lookup = Literal["status_api", "search", "none"]
+
+#: each verb's payload, as its schema takes it
+PAYLOADS: dict[str, dict[str, Any]] = {
+    "close": {"note": "resolved"},
+    "update": {"fields": {"priority": "high"}, "note": "resolved"},
+}
 
 
 @st.composite
@@ -225,7 +231,7 @@ def _run(ledger: Ledger, sandbox: Sandbox, world: dict[str, object]) -> tuple[St
             intent_key=f"{world['verb']}-{account}",
             action=f"crm.{world['verb']}_case.v1",
             target=target,
-            payload={"note": "resolved"},
+            payload=PAYLOADS[world["verb"]],
             authorization_ref=ref,
         )
         key = op.idempotency_key
