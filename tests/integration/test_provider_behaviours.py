@@ -231,7 +231,7 @@ def _run(ledger: Ledger, sandbox: Sandbox, world: dict[str, object]) -> tuple[St
             intent_key=f"{world['verb']}-{account}",
             action=f"crm.{world['verb']}_case.v1",
             target=target,
-            payload=PAYLOADS[world["verb"]],
+            payload=PAYLOADS[str(world["verb"])],
             authorization_ref=ref,
         )
         key = op.idempotency_key
