@@ -26,8 +26,9 @@ What the Contacts app behind it does (our own code):
 - Its routes never answer 409 or 417 themselves, and every error, the middleware's
   included, is answered by its own error handler with `res.status(...).json(...)`.
 
-Configure it with OPLEDGER_ADAPTERS=examples.adapter_contacts:build_registry and
-CONTACTS_URL in the environment of every opledger process.
+Configure it with OPLEDGER_ADAPTERS=opledger.examples.adapter_contacts:build_registry (the
+example as installed with opledger) and CONTACTS_URL in the environment of every opledger
+process.
 """
 
 from __future__ import annotations

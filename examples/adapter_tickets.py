@@ -16,8 +16,9 @@ What the Tickets documentation promises, and the contract below declares:
   (`processing`; `succeeded` with the ticket; `failed` with the error), or 404
   `no_such_request` for a key it never saw.
 
-Configure it with OPLEDGER_ADAPTERS=examples.adapter_tickets:build_registry and TICKETS_URL,
-TICKETS_TOKEN (and TICKETS_ACCOUNT) in the environment of every opledger process.
+Configure it with OPLEDGER_ADAPTERS=opledger.examples.adapter_tickets:build_registry (the
+example as installed with opledger) and TICKETS_URL, TICKETS_TOKEN (and TICKETS_ACCOUNT) in
+the environment of every opledger process.
 """
 
 from __future__ import annotations

@@ -14,15 +14,16 @@ The chat model here is a stand-in (`OnboardingModel`: no network) that behaves l
 real one where it matters: every time it is asked it invents **new tool-call ids** and
 words its email anew. Put any LangChain chat model in its place (`make_graph(model=...)`).
 It needs `pip install 'opledger[langgraph]'`, the ledger migrated, a broker and a worker
-running (`opledger worker`):
+running (`opledger worker`). It is installed with opledger (`opledger example
+langgraph_onboarding` writes a copy of this file):
 
-    python examples/langgraph_onboarding.py run    --thread t1 [--case case-318]
-    python examples/langgraph_onboarding.py resume --thread t1      # after a crash
-    python examples/langgraph_onboarding.py travel --thread t1 --to first-turn
-    python examples/langgraph_onboarding.py travel --thread t1 --to first-tools
-    python examples/langgraph_onboarding.py fork   --thread t1 --owner new@acme.test \\
+    python -m opledger.examples.langgraph_onboarding run    --thread t1 [--case case-318]
+    python -m opledger.examples.langgraph_onboarding resume --thread t1      # after a crash
+    python -m opledger.examples.langgraph_onboarding travel --thread t1 --to first-turn
+    python -m opledger.examples.langgraph_onboarding travel --thread t1 --to first-tools
+    python -m opledger.examples.langgraph_onboarding fork   --thread t1 --owner new@acme.test \\
         --authorization auth_onboarding_fork
-    python examples/langgraph_onboarding.py show   --thread t1
+    python -m opledger.examples.langgraph_onboarding show   --thread t1
 
 `run` grants `auth_onboarding` (crm.*, email.*) if it does not exist; `fork` grants the
 authorization it names the same way (a grant that exists is used as it stands, revoked

@@ -8,7 +8,7 @@ operations back and sends nothing twice. Start the gateway and a worker first:
 
     opledger mcp token --agent onboarding --tenant acme --grant auth_acme --file clients.json
     OPLEDGER_MCP_CLIENTS=clients.json opledger mcp serve --port 8765
-    OPLEDGER_MCP_TOKEN=<the token> python examples/mcp_onboarding.py --run onboarding-42
+    OPLEDGER_MCP_TOKEN=<the token> python -m opledger.examples.mcp_onboarding --run onboarding-42
 
 Prints each tool's answer (its structured content) as one JSON line.
 """
