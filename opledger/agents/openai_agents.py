@@ -46,9 +46,10 @@ per process or per deployment, or every conversation in it is one run.
 A refusal the call itself caused (a revoked or missing grant, an argument the ledger or the
 tool's schema refuses) is the tool's output, which the model reads (`kind: "refused"`), and
 the run goes on; what no call can fix (no run, the database down, an action no adapter
-serves, intent fields nobody declared) is raised and ends the run: the tools are made with
-no `failure_error_function`, so the SDK never answers such an error with "Please try
-again".
+serves, intent fields nobody declared) is raised and ends the run (`Runner.run` raises the
+SDK's `UserError`, the error as its `__cause__`). The tools have no failure formatter
+(`failure_error_function`): the SDK's default would answer a cancelled call "An error
+occurred while running the tool. Please try again." and go on.
 
 Needs the `[openai-agents]` extra; nothing else in opledger imports this module.
 """
@@ -329,7 +330,7 @@ def effect_tool(
         strict_json_schema=strict,
         needs_approval=needs_approval,
     )
-    # no formatter: an error raised ends the run, never "An error occurred ... try again"
+    # no formatter: a cancelled call ends the run, never "An error occurred ... try again"
     return set_function_tool_failure_error_function(tool, None)
 
 
