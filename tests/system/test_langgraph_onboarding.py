@@ -1,6 +1,7 @@
-"""The onboarding example (examples/langgraph_onboarding.py): a ReAct LangGraph agent whose
-chat model invents new tool-call ids (and rewords its email) every time it is asked,
-against real workers, with real SIGKILLs.
+"""The onboarding example (`opledger.examples.langgraph_onboarding`, the repository's
+examples/langgraph_onboarding.py): a ReAct LangGraph agent whose chat model invents new
+tool-call ids (and rewords its email) every time it is asked, against real workers, with
+real SIGKILLs.
 
 Counted at the sandbox providers per business act (a close of a case, an update of its
 priority — which the CRM applies again under any new key — and an email to a recipient):
@@ -10,9 +11,10 @@ tool node, forks with the same and with a new recipient, two parallel tool calls
 between their answers, and each durability mode.
 
 Every run of the agent is a process of its own, ended by its own exit or by a SIGKILL. The
-first is started as users start it (`python examples/langgraph_onboarding.py run ...`);
-the others are forked, each with its command line, from one process that imported the
-example and did nothing else (`Agents`): importing LangGraph is most of a run's CPU.
+first is started as docs/agents.md starts it (`python -m
+opledger.examples.langgraph_onboarding run ...`); the others are forked, each with its
+command line, from one process that imported the example module and did nothing else
+(`Agents`): importing LangGraph is most of a run's CPU.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ from .conftest import settings_of
 pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[2]
-AGENT = ROOT / "examples" / "langgraph_onboarding.py"
+#: the example as users run it: a module of the installed package
+AGENT = "opledger.examples.langgraph_onboarding"
 CRM = KINDS[0]  # crm.*: keys and a status API
 
 #: Imports the example (LangGraph, LangChain, opledger: most of an agent process's CPU)
@@ -50,12 +53,9 @@ CRM = KINDS[0]  # crm.*: keys and a status API
 #: SIGKILL now — and answers with its exit code once it reaped it (so the pid is the run's
 #: until then).
 FORK_SERVER = r"""
-import importlib.util, json, os, signal, sys
+import importlib, json, os, signal, sys
 
-spec = importlib.util.spec_from_file_location("langgraph_onboarding", sys.argv[1])
-example = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = example
-spec.loader.exec_module(example)
+example = importlib.import_module(sys.argv[1])
 print("ready", flush=True)
 for line in sys.stdin:
     argv, out, err = json.loads(line)
@@ -65,7 +65,7 @@ for line in sys.stdin:
         os.dup2(sys.stdin.fileno(), 0)
         for fd, path in ((1, out), (2, err)):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-        sys.argv = [sys.argv[1], *argv]
+        sys.argv = [example.__file__, *argv]
         sys.exit(example.main(argv))
     print(pid, flush=True)
     if sys.stdin.readline() == "kill\n":
@@ -81,7 +81,7 @@ class Agents:
     def __init__(self, env: dict[str, str], workdir: Path) -> None:
         self.workdir = workdir
         self.server = subprocess.Popen(
-            [sys.executable, "-c", FORK_SERVER, str(AGENT)],
+            [sys.executable, "-c", FORK_SERVER, AGENT],
             env=env,
             cwd=ROOT,
             stdin=subprocess.PIPE,
@@ -177,9 +177,10 @@ def _state(stdout: str) -> dict[str, Any]:
 
 
 def _script(stack: Stack, *args: str, timeout: float = 90) -> dict[str, Any]:
-    """A run of the example as users start it: `python examples/langgraph_onboarding.py`."""
+    """A run of the example as docs/agents.md starts it: `python -m
+    opledger.examples.langgraph_onboarding`."""
     done = subprocess.run(
-        [sys.executable, str(AGENT), *args],
+        [sys.executable, "-m", AGENT, *args],
         env=stack.env,
         cwd=ROOT,
         capture_output=True,
