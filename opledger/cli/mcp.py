@@ -63,6 +63,9 @@ def _caller_setup(transport: str, wait: float) -> tuple[Clients, str]:
     if wait < 0:
         raise typer.BadParameter("--wait cannot be negative")
     _require_extra()
+    settings = get_settings()
+    if not settings.dev:  # it publishes each new operation to the workers: never late
+        settings.require_broker_url()
     clients = _clients()
     token = os.environ.get(TOKEN_ENV, "")
     if transport == "stdio" and clients.caller_for(token) is None:

@@ -92,3 +92,25 @@ def test_a_host_that_cannot_set_meta_gets_one_act_across_launches_of_stdio(
     assert again.structured_content["op_id"] == first.structured_content["op_id"]
     assert again.structured_content["asked_before"] is True
     assert [op.workflow_id for op in ledger.list(limit=10)] == ["mcp:desk"]
+
+
+@pytest.mark.parametrize("unset", ["OPLEDGER_DATABASE_URL", "OPLEDGER_BROKER_URL"])
+def test_stdio_launched_without_a_variable_it_needs_exits_naming_it(
+    ledger: Ledger, database_url: str, redis_server: str, tmp_path: Path, unset: str
+) -> None:
+    """What a host that passes the server too little environment sees: an exit before any
+    answer, and the variable named on stderr (which hosts show in their logs)."""
+    clients = tmp_path / "clients.json"
+    token = add_client(clients, Caller("bot", "acme", "auth_acme"))
+    env = _env(database_url, redis_server, clients, OPLEDGER_MCP_TOKEN=token)
+    del env[unset]
+    done = subprocess.run(
+        [sys.executable, *SERVE],
+        env=env,
+        stdin=subprocess.DEVNULL,  # a server that started would read EOF and end
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 4, done.stderr
+    assert f"{unset} is not set" in done.stderr
