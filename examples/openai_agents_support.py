@@ -1,5 +1,7 @@
-"""The support agent on the OpenAI Agents SDK: close a case, then — once the close is
-confirmed — tag the case as onboarded and email its owner, in one turn.
+"""The support agent on the OpenAI Agents SDK: each act once, whatever the model asks again.
+
+It closes a case, then — once the close is confirmed — tags the case as onboarded and
+emails its owner, in one turn.
 
 Built the way Agents SDK agents are built: an `Agent` with function tools, `Runner.run`
 with a session that keeps the conversation (`SQLAlchemySession`, in the ledger's own
