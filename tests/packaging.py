@@ -1,6 +1,7 @@
 """The package's sdist and wheel, built once per test run for the tests that install it
-(tests/system/test_wheel.py checks and installs both, tests/system/test_pip_quickstart.py
-installs the wheel as the README's pip user would).
+(tests/system/test_wheel.py checks and installs both, and runs the LangGraph example's
+documented command from a virtualenv with the wheel's `[langgraph]` extra;
+tests/system/test_pip_quickstart.py installs the wheel as the README's pip user would).
 
 `scripts/check_wheel.py --build-only DIR` builds them (from a copy of the working tree's
 files: the sdist, then the wheel from the unpacked sdist, in an isolated build
