@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from agents import FunctionTool, RunConfig, Runner, RunResult, Session
+from agents import Agent, FunctionTool, RunConfig, Runner, RunResult, RunState, Session
 from agents.tool import set_function_tool_failure_error_function
 from agents.tool_context import ToolContext
 from pydantic import BaseModel, Field, ValidationError, create_model
@@ -152,8 +152,8 @@ def bind_run(
 
 
 async def run_agent(
-    agent: Any,
-    input: Any,
+    agent: Agent[Any],
+    input: str | list[Any] | RunState[Any],
     *,
     session: Session | None = None,
     conversation_id: str | None = None,

@@ -11,7 +11,8 @@ between their answers; an approved call killed mid-tool and approved again from 
 saved `RunState`.
 
 Every run of the agent is a process of its own, ended by its own exit or by a SIGKILL. The
-first is started as users start it (`python examples/openai_agents_support.py run ...`);
+first is started as the docs start it (`python -m opledger.examples.openai_agents_support
+run ...`);
 the others are forked, each with its command line, from one process that imported the
 example and did nothing else (`Agents`): importing the SDK is most of a run's CPU.
 """
@@ -42,6 +43,7 @@ pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "examples" / "openai_agents_support.py"
+MODULE = "opledger.examples.openai_agents_support"  # as the docs start it
 CRM = KINDS[0]  # crm.*: keys and a status API
 
 #: Imports the example (the Agents SDK, SQLAlchemy's asyncio, opledger) once and nothing
@@ -230,9 +232,20 @@ def test_a_run_then_a_retry_with_new_ids_and_wording_cause_each_act_once(
     agent: Agents, running: Stack, sys_ledger: Ledger, sandbox: Sandbox
 ) -> None:
     session, case, owner = "oa-1", "case-601", "owner-601@acme.test"
-    # the first run as a user starts the script; the others are forked (`Agents`)
+    # the first run as the docs start it; the others are forked (`Agents`)
     done = subprocess.run(
-        [sys.executable, str(AGENT), "run", "--session", session, "--case", case, "--owner", owner],
+        [
+            sys.executable,
+            "-m",
+            MODULE,
+            "run",
+            "--session",
+            session,
+            "--case",
+            case,
+            "--owner",
+            owner,
+        ],
         env=running.env,
         cwd=ROOT,
         capture_output=True,
