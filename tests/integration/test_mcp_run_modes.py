@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 import httpx2
+import mcp_types as types
 import pytest
 
 from opledger.adapters.crm import CrmAdapter
@@ -35,6 +36,7 @@ from opledger.mcp.clients import (
     add_client,
     parse,
 )
+from opledger.mcp.proxy import Proxy
 from opledger.mcp.server import Gateway, identify_by_token
 from opledger.mcp.tools import RUN_ARGUMENT, STATUS_TOOL
 from tests.clirun import Run
@@ -196,3 +198,41 @@ def test_serve_leaves_an_mcp_upstreams_tools_to_the_proxy(ledger: Ledger) -> Non
     gateway = Gateway(Effects(Ledger(ledger.engine, actions=registry)), registry, refuse, wait=0)
     names = {t.name for t in gateway.tools}
     assert names == {"crm.close_case.v1", "crm.update_case.v1", STATUS_TOOL}
+
+
+def test_the_proxy_gives_an_argument_client_a_run_argument_on_its_effects_only(
+    ledger: Ledger,
+) -> None:
+    """An upstream tool with a `run` argument of its own is not offered to an `argument`
+    client (which would be the run?); a passthrough tool is offered as it is."""
+    upstream = Upstream.model_validate(
+        {
+            "url": "http://127.0.0.1:9/mcp",
+            "provider": "tickets",
+            "effects": {
+                "create_ticket": {"action": "tickets.create_ticket.v1", "target": "project"},
+                "start_run": {"action": "tickets.start_run.v1", "target": "pipeline"},
+            },
+            "passthrough": ["count_tickets"],
+        }
+    )
+    registry = Registry([McpToolAdapter(upstream)])
+
+    def tool(name: str, *args: str) -> types.Tool:
+        props = {a: {"type": "string"} for a in args}
+        return types.Tool(name=name, input_schema={"type": "object", "properties": props})
+
+    tools = [
+        tool("create_ticket", "project", "title"),
+        tool("start_run", "pipeline", RUN_ARGUMENT),
+        tool("count_tickets", "project"),
+    ]
+    effects = Effects(Ledger(ledger.engine, actions=registry))
+    proxy = Proxy(effects, registry, identify_by_token, wait=0, upstream=upstream, tools=tools)
+    chat = {t.name: t for t in proxy.tools_for(Caller("chat", "acme", "g", run_mode=ARGUMENT))}
+    assert set(chat) == {"create_ticket", "count_tickets", STATUS_TOOL}
+    assert RUN_ARGUMENT in chat["create_ticket"].input_schema["required"]
+    assert RUN_ARGUMENT not in chat["count_tickets"].input_schema["properties"]
+    bot = {t.name: t for t in proxy.tools_for(Caller("bot", "acme", "g"))}
+    assert set(bot) == {"create_ticket", "start_run", "count_tickets", STATUS_TOOL}
+    assert RUN_ARGUMENT not in bot["create_ticket"].input_schema["properties"]
