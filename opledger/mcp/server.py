@@ -45,7 +45,7 @@ from opledger.ledger.ids import check_operation_id
 from opledger.ledger.intents import TENANT, Intent
 from opledger.observability import metrics
 
-from .clients import ARGUMENT, TOKEN, Caller, Clients
+from .clients import ARGUMENT, META, TOKEN, Caller, Clients
 from .tools import (
     RUN_ARGUMENT,
     RUN_META,
@@ -362,7 +362,7 @@ def identify_by_token() -> Caller:
         agent=token.client_id,
         tenant=claims["tenant"],
         grant=claims["grant"],
-        run_mode=claims["run"],
+        run_mode=claims.get("run", META),
     )
 
 
