@@ -11,10 +11,10 @@ model reads, and the run goes on); a kill while the close executes, then the age
 again in the ticket's run, or under DBOS the workflow recovered (its model step replayed,
 the interrupted tool run again: answered with the recorded operation).
 
-The first run is started as users start it (`python examples/pydantic_ai_support.py`);
-the others are forked, each with its command line, from one process that imported the
-example and did nothing else (`Agents` of the LangGraph test): importing Pydantic AI is
-most of a run's CPU.
+The first run is started as the docs start it (`python -m
+opledger.examples.pydantic_ai_support`); the others are forked, each with its command
+line, from one process that imported the example and did nothing else
+(`tests.agentruns`): importing Pydantic AI is most of a run's CPU.
 """
 
 from __future__ import annotations
@@ -32,35 +32,16 @@ from opledger.dev.chaos.variants import EMAIL_ACCOUNT, KINDS
 from opledger.dev.processes import Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
+from tests.agentruns import Agents
 from tests.conftest import PostgresServer
 
 from .conftest import settings_of
-from .test_langgraph_onboarding import FORK_SERVER, Agents
 
 pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "pydantic_ai_support.py"
+MODULE = "opledger.examples.pydantic_ai_support"  # as the docs start it
 CRM = KINDS[0]  # crm.*: keys and a status API
-
-
-class SupportAgents(Agents):
-    """Runs of the Pydantic AI example, forked from one process that imported it."""
-
-    def __init__(self, env: dict[str, str], workdir: Path) -> None:
-        self.workdir = workdir
-        self.server = subprocess.Popen(
-            [sys.executable, "-c", FORK_SERVER, str(EXAMPLE)],
-            env=env,
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            bufsize=0,
-            start_new_session=True,  # its runs are in its group: reaped with it
-        )
-        self._buffer = b""
-        self.runs = 0
-        assert self.line(120) == "ready"
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +57,7 @@ def agents(
     stack: Stack, dbos_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Agents]:
     env = {**stack.env, "DBOS_SYSTEM_DATABASE_URL": dbos_url}
-    forks = SupportAgents(env, tmp_path_factory.mktemp("pai-agents"))
+    forks = Agents(MODULE, env, tmp_path_factory.mktemp("pai-agents"))
     try:
         yield forks
     finally:
@@ -132,8 +113,8 @@ def test_a_run_then_the_model_asked_again_causes_each_act_once(
 ) -> None:
     ticket, case, customer = "pai-1", "case-601", "c601@acme.test"
     args = ("--ticket", ticket, "--case", case, "--customer", customer)
-    done = subprocess.run(  # as users start it
-        [sys.executable, str(EXAMPLE), "run", *args],
+    done = subprocess.run(  # as the docs start it
+        [sys.executable, "-m", MODULE, "run", *args],
         env=running.env,
         cwd=ROOT,
         capture_output=True,
