@@ -8,6 +8,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 COPY pyproject.toml README.md LICENSE ./
 COPY opledger ./opledger
+COPY examples ./examples
 # The sandbox providers, the review console and traces are extras; an image for production
 # builds without the sandbox:
 #   docker build --build-arg EXTRAS=console,tracing .

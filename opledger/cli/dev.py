@@ -267,8 +267,8 @@ def _print_demo_summary(summary: dict[str, Any], keep: bool, started: float) -> 
             "file removed.[/dim]"
         )
     console.print(
-        "The same story told by an agent: examples/langgraph_onboarding.py runs it as a "
-        "LangGraph graph whose thread is killed, replayed and forked without repeating an "
+        "The same story told by an agent: python -m opledger.examples.langgraph_onboarding "
+        "runs it as a LangGraph graph whose thread is killed, replayed and forked without repeating an "
         "effect (docs/agents.md)."
     )
     return style == "green"

@@ -84,7 +84,7 @@ def test_the_demo_runs_from_a_clean_clone_with_zero_duplicates(tmp_path: Path) -
     assert "the story" in stdout and "Redis restarted" in stdout
     assert "Postgres restarted" in stdout  # it owned its embedded Postgres, so it could
     assert "scenario 1/9" in stdout  # the phases, one line each when not on a terminal
-    assert "examples/langgraph_onboarding.py" in stdout  # where the agent's version is
+    assert "opledger.examples.langgraph_onboarding" in stdout  # where the agent's version is
     # Each operation is labelled with what it does: its own action and target.
     rows = {row["scenario"]: row for row in summary["rows"]}
     assert len(rows) == 9
