@@ -36,6 +36,13 @@ REFUSED = (AuthorizationError, InvalidInput)
 UNFIXABLE = (UnknownAction, IntentFieldsUndeclared)
 
 
+class UnnamedRun(ValueError):
+    """An agent framework's effect asked with no run to key it by (no durable workflow,
+    conversation or session, and none named): its only ids are the run's and the call's,
+    which the next run does not have. Raised, never answered to the model (no call can fix
+    it): the run ends rather than an effect be keyed by an id a retry changes."""
+
+
 def purpose_of(repeat: int | None) -> str | None:
     """The intent's purpose for a `repeat` argument (none for the first time)."""
     return f"repeat {repeat}" if repeat is not None and repeat > 1 else None

@@ -77,6 +77,7 @@ from .answers import (
     REPEAT,
     REPEAT_HELP,
     UNFIXABLE,
+    UnnamedRun,
     purpose_of,
     refusal,
     refused,
@@ -102,12 +103,6 @@ __all__ = [
 RunOf = Callable[[ToolContext[Any]], str]
 #: what every run this module names starts with
 PREFIX = "openai-agents"
-
-
-class UnnamedRun(ValueError):
-    """An Agents SDK effect asked with no conversation to key it by: no run named, no
-    conversation or session bound, no group id. Raised (never answered to the model: no
-    call can fix it), and the run ends."""
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,16 @@ from pydantic_ai.exceptions import ToolFailed
 from opledger.ledger.ids import evidence_text
 from opledger.ledger.intents import Intent
 
-from .answers import REFUSED, REPEAT, REPEAT_HELP, UNFIXABLE, purpose_of, refused, summary
+from .answers import (
+    REFUSED,
+    REPEAT,
+    REPEAT_HELP,
+    UNFIXABLE,
+    UnnamedRun,
+    purpose_of,
+    refused,
+    summary,
+)
 from .effects import Effects
 from .results import EffectResult, _Result
 
@@ -77,12 +86,6 @@ __all__ = [
 
 #: the run of a tool call, from its context
 RunOf = Callable[[RunContext[Any]], str]
-
-
-class UnnamedRun(ValueError):
-    """A Pydantic AI effect asked outside a durable workflow with no run named: its only
-    ids are the run's and the call's, which the next run does not have. Raised (never
-    answered to the model: no call can fix it)."""
 
 
 def durable_run() -> str | None:

@@ -268,8 +268,8 @@ def _print_demo_summary(summary: dict[str, Any], keep: bool, started: float) -> 
         )
     console.print(
         "The same story told by an agent: python -m opledger.examples.langgraph_onboarding "
-        "runs it as a LangGraph graph whose thread is killed, replayed and forked without repeating an "
-        "effect (docs/agents.md)."
+        "runs it as a LangGraph graph whose thread is killed, replayed and forked without "
+        "repeating an effect (docs/agents.md)."
     )
     return style == "green"
 
