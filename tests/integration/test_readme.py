@@ -250,7 +250,27 @@ LANGGRAPH_KILL_TEST = (
     "tests/system/test_langgraph_onboarding.py::"
     "test_a_kill_mid_tool_then_resume_or_rerun_causes_each_act_once"
 )
-EXAMPLE = "python examples/langgraph_onboarding.py"
+EXAMPLE = "python -m opledger.examples.langgraph_onboarding"
+WHEEL_LANGGRAPH_TEST = (
+    "tests/system/test_wheel.py::test_the_langgraph_example_runs_from_the_wheel_as_the_docs_say"
+)
+PAI_RUN = (
+    "tests/system/test_pydantic_ai.py::test_a_run_then_the_model_asked_again_causes_each_act_once"
+)
+PAI_KILL = "tests/system/test_pydantic_ai.py::test_a_kill_mid_tool_then_resume_causes_each_act_once"
+OAI = "python -m opledger.examples.openai_agents_support"
+OAI_RUN = (
+    "tests/system/test_openai_agents.py::"
+    "test_a_run_then_a_retry_with_new_ids_and_wording_cause_each_act_once"
+)
+OAI_KILL = (
+    "tests/system/test_openai_agents.py::"
+    "test_a_kill_mid_tool_then_resume_with_the_session_causes_each_act_once"
+)
+OAI_APPROVAL = (
+    "tests/system/test_openai_agents.py::"
+    "test_an_approved_call_killed_mid_tool_and_approved_again_is_one_close"
+)
 TRACES_TEST = (
     "tests/system/test_traces.py::"
     "test_one_operations_trace_is_whole_and_a_crash_is_reconciled_with_a_lookup"
@@ -393,7 +413,7 @@ assert "case-319" in rows, rows
             "--restart-postgres --chaos-seconds 300 --settle-timeout 900 --json": (CHAOS_TEST,),
         },
     ),
-    "db20721c52": Shell(
+    "9211daa6be": Shell(
         "opledger migrate                      # apply the ledger's migrations",
         long_running=("opledger sandbox --port 8025",),
         covered={
@@ -418,12 +438,16 @@ assert "case-319" in rows, rows
             ("[--operator alice]", "--operator alice"),
         ),
     ),
-    "b78bbb7360": Shell(
+    "f75f8648aa": Shell(
         f"{EXAMPLE} run --thread t1",
         # it needs a worker on the ledger and the broker: the system test runs every
         # command with the shared worker and kills the agent mid-tool
         covered={
-            f"{EXAMPLE} run --thread t1": (LANGGRAPH_TEST, LANGGRAPH_KILL_TEST),
+            f"{EXAMPLE} run --thread t1": (
+                LANGGRAPH_TEST,
+                LANGGRAPH_KILL_TEST,
+                WHEEL_LANGGRAPH_TEST,
+            ),
             f"{EXAMPLE} resume --thread t1": (LANGGRAPH_KILL_TEST,),
             f"{EXAMPLE} travel --thread t1 --to first-turn": (LANGGRAPH_TEST,),
             f"{EXAMPLE} travel --thread t1 --to first-tools": (LANGGRAPH_TEST,),
@@ -488,12 +512,12 @@ assert current_app._get_current_object() is theirs
 """,
     ),
     "ebfb315962": Covered("pip install 'opledger[console,metrics,sandbox]'", PIP_QUICKSTART_TEST),
-    "01c3955b65": NotCode(
+    "04690317d6": NotCode(
         "opledger/ledger/     the core, one module per part",
         "the directory layout",
     ),
     # -- docs/architecture.md
-    "9c35a08bfd": NotCode("opledger.cli          the `opledger` command", "the layers"),
+    "cb269fa2a7": NotCode("opledger.cli          the `opledger` command", "the layers"),
     "8dc7437641": NotCode("facades        the narrow protocols each caller", "the ledger's layers"),
     # -- docs/adapters.md
     "62bea7c34c": Shell("opledger adapter new tickets --dir myapp"),
@@ -506,13 +530,13 @@ assert current_app._get_current_object() is theirs
     "5502e9d46f": Covered("class TicketsAdapter:", ADAPTER_EXCERPT),
     "9d2d435688": Covered("    def search_hint(self, operation", ADAPTER_EXCERPT),
     "02702d44b9": Covered("def build_registry(settings: Settings)", ADAPTER_EXCERPT),
-    "0a9d094578": Covered('"""An adapter for Tickets', ADAPTER_EXCERPT),
+    "81b36718aa": Covered('"""An adapter for Tickets', ADAPTER_EXCERPT),
     "12191047ac": Covered("def contacts_contract(", ADAPTER_EXCERPT),
     "e9fc204376": Covered("def middleware_outcome(", ADAPTER_EXCERPT),
     "89ba27d262": Covered("    def lookup(self, operation: Operation", ADAPTER_EXCERPT),
     "cfe75c6e8f": NotCode("the contract disagrees with the provider on:", "sample output"),
-    "d96ebbb200": Shell(
-        "export OPLEDGER_ADAPTERS=examples.adapter_tickets:build_registry",
+    "fd7425f47e": Shell(
+        "export OPLEDGER_ADAPTERS=opledger.examples.adapter_tickets:build_registry",
         # a Tickets server at that URL, and the example importable: the guide's test runs
         # the contract check with this very setting against a server of its own
         covered={
@@ -545,6 +569,18 @@ assert current_app._get_current_object() is theirs
             ),
         },
     ),
+    "12db333489": Shell(
+        "opledger mcp token --agent desk --tenant acme --grant auth_acme --run token"
+    ),
+    "b6b5abeaa2": NotCode(
+        "{",
+        "a desktop host's configuration: its stdio launch with these variables is "
+        "tests/system/test_mcp_hosts.py's",
+    ),
+    "0c8856d716": NotCode(
+        "const result = await client.callTool({",
+        "an excerpt of examples/mcp_host.mjs, which tests/system/test_mcp_hosts.py runs on node",
+    ),
     "9053811b13": NotCode('{"url": "http://127.0.0.1:9000/mcp"', "the upstream file's format"),
     "1b46e2e4bb": Shell(
         "export OPLEDGER_ADAPTERS=opledger.adapters.mcp:build_registry",
@@ -553,6 +589,50 @@ assert current_app._get_current_object() is theirs
         covered={
             "opledger worker &": MCP_PROXY_TESTS,
             "opledger mcp proxy --port 8766": MCP_PROXY_TESTS,
+        },
+    ),
+    # -- docs/pydantic-ai.md
+    "6b758b6341": Python(
+        "from dataclasses import dataclass",
+        then="""
+from pydantic_ai import Tool
+assert isinstance(close_case, Tool) and close_case.name == "close_case"
+assert set(close_case.tool_def.parameters_json_schema["properties"]) == {"case_id", "repeat"}
+""",
+    ),
+    "61ce33e1e4": Shell(
+        "python -m opledger.examples.pydantic_ai_support run --ticket t1",
+        # it needs a worker on the ledger and the broker: the system test runs each command
+        # with the shared worker, kills the agent mid-tool and lets DBOS recover it
+        covered={
+            "python -m opledger.examples.pydantic_ai_support run --ticket t1": (PAI_RUN, PAI_KILL),
+            "python -m opledger.examples.pydantic_ai_support resume --ticket t1": (PAI_KILL,),
+            "python -m opledger.examples.pydantic_ai_support run --ticket t2 --dbos": (PAI_KILL,),
+            "python -m opledger.examples.pydantic_ai_support resume --ticket t2 --dbos": (
+                PAI_KILL,
+            ),
+        },
+    ),
+    # -- docs/openai-agents.md
+    "871d18cfed": Python(
+        "from agents import Agent",
+        then="""
+from agents import FunctionTool
+assert isinstance(close_case, FunctionTool) and close_case.name == "close_case"
+assert "case_id" in close_case.params_json_schema["properties"]
+assert agent.tools == [close_case]
+""",
+    ),
+    "e63b032605": Shell(
+        "python -m opledger.examples.openai_agents_support run --session s1",
+        # a worker on the ledger and the broker: the system test runs each command with the
+        # shared worker and kills the agent mid-tool
+        covered={
+            f"{OAI} run --session s1": (OAI_RUN, OAI_KILL),
+            f"{OAI} resume --session s1": (OAI_KILL,),
+            f"{OAI} retry --session s1": (OAI_RUN,),
+            f"{OAI} run --session s2 --approval --state s2.json": (OAI_APPROVAL,),
+            f"{OAI} approve --session s2 --state s2.json": (OAI_APPROVAL,),
         },
     ),
     # -- docs/webhooks.md
@@ -785,15 +865,15 @@ for block in json.load(open(sys.argv[1])):
 """
 
 
-#: parses argument lists of examples/langgraph_onboarding.py (a JSON list of lists, argv[2])
-#: with the example's own parser, in one process (the example imports LangGraph: seconds of
+#: parses argument lists of an example agent, the module argv[1] (a JSON list of lists, argv[2])
+#: with the example's own parser, in one process (the example imports its framework: seconds of
 #: CPU each time): `main` is stopped right after its parse, before it touches anything. A
 #: list that does not parse is named on stderr, with argparse's message, and exits 1.
 EXAMPLE_PARSES = r"""
-import argparse, json, runpy, sys
+import argparse, importlib, json, sys
 
 sys.argv[0] = sys.argv[1]  # argparse names it in its messages
-example = runpy.run_path(sys.argv[1], run_name="example")  # defines, does not run
+example = vars(importlib.import_module(sys.argv[1]))  # defines, does not run
 
 
 class Parsed(Exception):
@@ -986,7 +1066,7 @@ def test_the_shell_blocks_run_as_written(
 
 def test_covered_commands_name_real_tests_and_still_parse() -> None:
     values = dict.fromkeys(("op", "port", "flower_port", "flower_password"), "1")
-    example_argvs: list[list[str]] = []  # parsed together below, in one process
+    example_argvs: dict[str, list[list[str]]] = {}  # per example, parsed in one process each
     for block in all_blocks():
         verdict = verdict_of(block)
         if isinstance(verdict, Covered):
@@ -1002,26 +1082,25 @@ def test_covered_commands_name_real_tests_and_still_parse() -> None:
                 words = words[:-1]
             if words[0] == "opledger" or words[0].endswith("/bin/opledger"):
                 parses(["opledger", *words[1:]])
-            elif words[:2] == ["python", "examples/langgraph_onboarding.py"]:
-                example_argvs.append(words[2:])
+            elif words[:2] == ["python", "-m"] and words[2].startswith("opledger.examples."):
+                example_argvs.setdefault(words[2], []).append(words[3:])
             elif words[0] == "make":
                 dry = make_dry_run(*words[1:])
                 assert dry.returncode == 0, (key, dry.stderr)
                 if words[1:] in (["demo"], ["bench"]):  # what the demo's and bench's tests run
                     assert f"bin/opledger {words[1]}" in dry.stdout, dry.stdout
-    if example_argvs:
+    assert sorted(example_argvs) == [  # each agent example's documented commands
+        "opledger.examples.langgraph_onboarding",
+        "opledger.examples.openai_agents_support",
+        "opledger.examples.pydantic_ai_support",
+    ]
+    for module, argvs in example_argvs.items():
         example = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                EXAMPLE_PARSES,
-                str(REPO / "examples/langgraph_onboarding.py"),
-                json.dumps(example_argvs),
-            ],
+            [sys.executable, "-c", EXAMPLE_PARSES, module, json.dumps(argvs)],
             capture_output=True,
             text=True,
         )
-        assert example.returncode == 0, example.stderr
+        assert example.returncode == 0, (module, example.stderr)
 
 
 def test_make_test_runs_lint_types_contracts_and_the_suite() -> None:
