@@ -337,7 +337,7 @@ class Settings(BaseSettings):
     mcp_clients: str | None = Field(
         default=None,
         description="The MCP gateway's clients file (JSON): each agent's token sha256, "
-        "tenant and grant (`opledger mcp token` adds one).",
+        "tenant, grant and run mode (`opledger mcp token` adds one).",
     )
     mcp_upstream: str | None = Field(
         default=None,

@@ -4,8 +4,9 @@
 target, intent fields and purpose), never by an id the model or the transport chose —,
 enqueues it and (optionally) waits for it to settle; an act asked again gets its recorded
 operation back. `opledger.agents.langgraph` makes LangChain tools of it, run by a LangGraph
-thread (the `[langgraph]` extra); this package itself imports neither LangGraph nor
-LangChain.
+thread (the `[langgraph]` extra), `opledger.agents.pydantic_ai` Pydantic AI tools (the
+`[pydantic-ai]` extra) and `opledger.agents.openai_agents` OpenAI Agents SDK tools (the
+`[openai-agents]` extra); this package itself imports none of those frameworks.
 """
 
 from .effects import (

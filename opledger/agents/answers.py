@@ -25,7 +25,7 @@ from .results import EffectPending, EffectResult
 #: would give the reason
 REPEAT = "repeat"
 REPEAT_HELP = (
-    "Leave this out. Only to do again, on purpose, an act this conversation already did "
+    "Leave this out (or null). Only to do again, on purpose, an act this conversation already did "
     "(the tool said so): 2 for the second time, 3 for the third. Never set it to retry, "
     "to correct a call or to get an answer sooner."
 )

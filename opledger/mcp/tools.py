@@ -27,8 +27,10 @@ RUN_HELP = (
     "Your run's id: the conversation's, job's or task's id, the same on every retry, "
     "restart and re-issue of this call (a new id is a new run: its acts are done again)."
 )
-#: the longest a status call may wait, in seconds
-MAX_STATUS_WAIT = 60.0
+#: the longest a status call may wait, in seconds: well under a host's request timeout (the
+#: TypeScript SDK's is 60 s) and a proxy's read timeout (nginx's is 60 s), since the answer
+#: is one JSON body held open until then
+MAX_STATUS_WAIT = 30.0
 
 
 def input_schema(registry: Registry, action: str) -> dict[str, Any]:
