@@ -53,7 +53,7 @@ def test_messages_and_events_reach_redis_over_one_client(
 
     app = _app(own_redis.url)
     app.send_task("t.noop", (0,))  # the connection and its channel set up
-    events = redis.Redis.from_url(own_redis.url).pubsub()  # type: ignore[no-untyped-call]
+    events = redis.Redis.from_url(own_redis.url).pubsub()  # type: ignore[no-untyped-call,unused-ignore]
     events.psubscribe("*celeryev*")
     with monkeypatch.context() as counting:
         counting.setattr(redis.Redis, "__init__", counted)
