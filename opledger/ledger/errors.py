@@ -197,3 +197,36 @@ class SchemaMissing(LedgerError):
 
 class SendWindowPassed(LedgerError):
     """The claim's send-by window has passed: nothing may be sent under it any more."""
+
+
+class ApprovalPolicyInvalid(InvalidInput):
+    """An action's approval policy is malformed: `action` names it, the message says what."""
+
+
+class ApprovalError(LedgerError):
+    """The approval request was refused; nothing changed."""
+
+
+class ApprovalNotFound(ApprovalError, LookupError):
+    """No approval is asked for this operation: its action's policy did not require one
+    when it was recorded (or there is no such operation)."""
+
+
+class ApprovalAlreadyDecided(ApprovalError):
+    """This approval was already decided (approved, denied or expired), or its operation is
+    no longer waiting for it; `status` says how it stands."""
+
+
+class StaleApproval(ApprovalError):
+    """The digest you were shown is not the operation's frozen payload's: look at it again
+    (`opledger approvals show`) before deciding."""
+
+
+class NotAnApprover(ApprovalError):
+    """This operator may not approve this operation: unknown or disabled, not acting for its
+    tenant, no approval scope covering its action, or the one who asked for it."""
+
+
+class ApprovalAlreadyGiven(ApprovalError):
+    """This operator has approved already; the same person twice counts once, and another
+    person must approve."""
