@@ -202,6 +202,8 @@ class SendWindowPassed(LedgerError):
 class ApprovalPolicyInvalid(InvalidInput):
     """An action's approval policy is malformed: `action` names it, the message says what."""
 
+    action: str
+
 
 class ApprovalError(LedgerError):
     """The approval request was refused; nothing changed."""
