@@ -24,6 +24,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from opledger import variables
+from opledger.ledger.approval_policy import policies_setting
 from opledger.ledger.canonical import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit
 from opledger.ledger.contract import Limits
 from opledger.ledger.errors import InvalidInput
@@ -205,6 +206,15 @@ class Settings(BaseSettings):
         "action=run|tenant pairs separated by ',' (e.g. 'stripe.payment_intent.v1=tenant'). "
         "'tenant': one act whatever run or agent of the tenant asks; 'run': one act per run. "
         "Every process must give the same.",
+    )
+
+    approval_policies: str | None = Field(
+        default=None,
+        description="A deployment's approval policy per action, over what its adapter "
+        "declares: inline JSON (starting with '{') or the path of a JSON file, e.g. "
+        '{"stripe.refund.v1": {"when": [{"field": "amount", "above": 10000}], '
+        '"approvers": 2}}; "always", "never" or rules (docs/approvals.md). Every process '
+        "that records acts must give the same.",
     )
 
     switch_suspect_seconds: float = Field(
@@ -399,6 +409,16 @@ class Settings(BaseSettings):
         if raw is not None:
             try:
                 parse_scopes(raw)  # the ledger's own parser: one rule for both
+            except InvalidInput as exc:
+                raise ValueError(str(exc)) from None
+        return raw
+
+    @field_validator("approval_policies")
+    @classmethod
+    def _approval_policies(cls, raw: str | None) -> str | None:
+        if raw is not None:
+            try:
+                policies_setting(raw)  # the ledger's own reader: one rule for both
             except InvalidInput as exc:
                 raise ValueError(str(exc)) from None
         return raw

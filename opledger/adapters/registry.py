@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from opledger.ledger import ClaimTerms, UnknownAction
+from opledger.ledger.approval_policy import NEVER, Policy, parse_policy, policies_setting
 from opledger.ledger.contract import Contract, Limits
 from opledger.ledger.ids import LONGEST_KEY, check_action
 from opledger.ledger.intents import RUN, check_fields, check_scope, parse_scopes
@@ -39,6 +40,9 @@ class Registry:
         #: the deployment's own scopes (`scope`), over what the adapters declare
         self._scoped: dict[str, str] = {}
         self._schemas: dict[str, dict[str, Any]] = {}
+        self._policies: dict[str, Policy] = {}
+        #: the deployment's own approval policies (`require_approval`), over the adapters'
+        self._approvals: dict[str, Policy] = {}
         self._descriptions: dict[str, str] = {}
         self._limits: dict[str, Limits] = {}
         for adapter in adapters:
@@ -59,10 +63,13 @@ class Registry:
         scopes = dict(extra(adapter, "intent_scopes") or {})
         schemas = dict(extra(adapter, "payload_schemas") or {})
         descriptions = dict(extra(adapter, "descriptions") or {})
+        # read as `extra` reads the others (AdapterExtras should list it: see docs/approvals.md)
+        approvals = dict(getattr(adapter, "approval_policies", None) or {})
         for member, named in (
             ("intent_fields", declared),
             ("intent_scopes", scopes),
             ("payload_schemas", schemas),
+            ("approval_policies", approvals),
             ("descriptions", descriptions),
         ):
             unserved = sorted(set(named) - set(adapter.actions))
@@ -74,6 +81,8 @@ class Registry:
             if not isinstance(schema, Mapping):
                 raise ValueError(f"the payload schema of {action} must be a JSON Schema object")
             check_schema(action, schema)
+        # a malformed policy is refused here, naming its action (ApprovalPolicyInvalid)
+        policies = {action: parse_policy(action, raw) for action, raw in approvals.items()}
         for action in adapter.actions:
             check_action(action)
             if action in self._by_action and self._by_action[action] is not adapter:
@@ -82,6 +91,7 @@ class Registry:
             self._intent_fields[action] = check_fields(declared.get(action, ()))
             self._intent_scopes[action] = check_scope(scopes.get(action, RUN))
             self._schemas[action] = dict(schemas.get(action, ANY_OBJECT))
+            self._policies[action] = policies.get(action, NEVER)
             self._descriptions[action] = str(descriptions.get(action, "")) or (
                 f"{action} ({adapter.contract.effect}, at {adapter.contract.provider})"
             )
@@ -124,6 +134,20 @@ class Registry:
         declared: any JSON object)."""
         self.adapter_for(action)
         return dict(self._schemas[action])
+
+    def approval_policy(self, action: str) -> Policy:
+        """Which acts of `action` a person approves before anything is sent (the
+        deployment's `require_approval`, else its adapter's `approval_policies`, else
+        never): read by the ledger when it records an act (`opledger.ledger.approval_policy`)."""
+        self.adapter_for(action)
+        return self._approvals.get(action, self._policies[action])
+
+    def require_approval(self, action: str, policy: Any) -> None:
+        """Make `policy` (as `approval_policies` spells one) `action`'s whatever its adapter
+        declares: a deployment's own choice (`OPLEDGER_APPROVAL_POLICIES`, which
+        `load_registry` applies). Refused when malformed (`ApprovalPolicyInvalid`)."""
+        self.adapter_for(action)
+        self._approvals[action] = parse_policy(action, policy)
 
     def description(self, action: str) -> str:
         """What `action` does, for an agent (its adapter's `descriptions`, or its effect)."""
@@ -298,6 +322,7 @@ def load_registry(settings: Settings) -> Registry:
         )
     _apply_limits(registry, settings, where)
     _apply_scopes(registry, settings, where)
+    _apply_approval_policies(registry, settings, where)
     return registry
 
 
@@ -323,6 +348,18 @@ def _apply_scopes(registry: Registry, settings: Settings, where: str) -> None:
                 f"serves (its actions: {', '.join(registry.actions) or 'none'})"
             )
         registry.scope(action, scope)
+
+
+def _apply_approval_policies(registry: Registry, settings: Settings, where: str) -> None:
+    """The deployment's own approval policies (`OPLEDGER_APPROVAL_POLICIES`) over the
+    adapters'; an action no adapter serves is refused (a typo would otherwise ask nobody)."""
+    for action, policy in policies_setting(settings.approval_policies or "").items():
+        if action not in registry.actions:
+            raise SettingsInvalid(
+                f"OPLEDGER_APPROVAL_POLICIES names action {action!r}, which no adapter of "
+                f"{where} serves (its actions: {', '.join(registry.actions) or 'none'})"
+            )
+        registry.require_approval(action, policy)
 
 
 def _import(where: str, module_name: str) -> ModuleType:
