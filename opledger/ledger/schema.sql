@@ -62,6 +62,8 @@ CREATE TABLE operators (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     disabled_at timestamp with time zone,
     disabled_by text,
+    -- the actions (patterns, as a grant's scope) whose approvals the operator may give (0022)
+    approves text[] DEFAULT '{}'::text[] NOT NULL,
     CONSTRAINT ck_operators_has_tenants CHECK ((all_tenants OR (cardinality(tenants) > 0)))
 );
 ALTER TABLE ONLY operators ADD CONSTRAINT pk_operators PRIMARY KEY (name);
@@ -398,6 +400,68 @@ ALTER TABLE ONLY review_views
     ADD CONSTRAINT fk_review_views_review_id_reviews FOREIGN KEY (review_id)
         REFERENCES reviews(id) ON DELETE CASCADE;
 CREATE INDEX ix_review_views_review_operator ON review_views USING btree (review_id, operator);
+
+-- Approvals (0022): an act its action's policy asks a person (or two) to approve, bound to
+-- its operation, the frozen payload's digest and the grant; it holds the operation
+-- (`waiting_on` + 1) until approved, and the first claim consumes it (`consumed_at`,
+-- `consumed_fence`). `approval_decisions`: every decision, with the digest and the payload
+-- (secrets hidden) the operator was shown.
+CREATE TABLE approvals (
+    op_id text NOT NULL,
+    tenant text NOT NULL,
+    action text NOT NULL,
+    target text NOT NULL,
+    payload_digest text NOT NULL,
+    authorization_ref text NOT NULL,
+    requested_by text NOT NULL,
+    asked_by text,
+    reasons text[] DEFAULT '{}'::text[] NOT NULL,
+    approvers_required smallint NOT NULL,
+    approved_by text[] DEFAULT '{}'::text[] NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    requested_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    decided_at timestamp with time zone,
+    decided_by text,
+    consumed_at timestamp with time zone,
+    consumed_fence bigint,
+    CONSTRAINT ck_approvals_status CHECK ((status = ANY (ARRAY['pending'::text,
+        'approved'::text, 'denied'::text, 'expired'::text]))),
+    CONSTRAINT ck_approvals_approvers CHECK (((approvers_required >= 1)
+        AND (approvers_required <= 2))),
+    CONSTRAINT ck_approvals_consumed_once CHECK (((consumed_at IS NULL)
+        = (consumed_fence IS NULL))),
+    CONSTRAINT ck_approvals_consumed_approved CHECK (((consumed_at IS NULL)
+        OR (status = 'approved'::text)))
+);
+ALTER TABLE ONLY approvals ADD CONSTRAINT pk_approvals PRIMARY KEY (op_id);
+ALTER TABLE ONLY approvals
+    ADD CONSTRAINT fk_approvals_op_id_operations FOREIGN KEY (op_id)
+        REFERENCES operations(id) ON DELETE CASCADE;
+CREATE INDEX ix_approvals_pending ON approvals USING btree (tenant, requested_at)
+    WHERE (status = 'pending'::text);
+CREATE INDEX ix_approvals_expiring ON approvals USING btree (expires_at)
+    WHERE (status = 'pending'::text);
+
+CREATE TABLE approval_decisions (
+    id bigint GENERATED ALWAYS AS IDENTITY,
+    op_id text NOT NULL,
+    tenant text NOT NULL,
+    operator text NOT NULL,
+    decision text NOT NULL,
+    payload_digest text NOT NULL,
+    authorization_ref text NOT NULL,
+    shown jsonb NOT NULL,
+    note text,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT ck_approval_decisions_decision CHECK ((decision = ANY (ARRAY['approved'::text,
+        'denied'::text])))
+);
+ALTER TABLE ONLY approval_decisions ADD CONSTRAINT pk_approval_decisions PRIMARY KEY (id);
+ALTER TABLE ONLY approval_decisions
+    ADD CONSTRAINT fk_approval_decisions_op_id_approvals FOREIGN KEY (op_id)
+        REFERENCES approvals(op_id) ON DELETE CASCADE;
+CREATE INDEX ix_approval_decisions_op_id ON approval_decisions USING btree (op_id);
 
 -- The ledger's own history of where it runs (migration 0017): epoch 0 is the database the
 -- ledger was created on; every later epoch is a switch some process saw, a promotion to
