@@ -21,6 +21,7 @@ from .errors import (
     IntentConflict,
     IntentFieldsUndeclared,
     InvalidInput,
+    PayloadSchemaViolation,
     UnknownDependency,
 )
 from .grants import _check_grant
@@ -228,7 +229,6 @@ class Prepare(LedgerBase):
         deps = _check_after(intent.after)
         provider = self.actions.provider_for(action)
         frozen = canonicalize(intent.payload, max_bytes=self.max_payload_bytes)
-        self.payload_schemas.check(action, frozen.loads)
         # derived from the intent, never random: asked again after the ledger lost its
         # record (a failover, a restore), the act reaches the provider under the same key —
         # a tenant-wide act under the same key whatever run asks it then (no run is "")
@@ -263,7 +263,15 @@ class Prepare(LedgerBase):
     def _prepare(self, recording: _Recording, session: Session | None) -> Asked:
         """Record the checked intent (in the caller's transaction with `session`), or answer
         with the operation already recorded under it."""
-        if session is None and not recording.deps:
+        try:
+            # the action's declared schema, checked only for what would be a new
+            # operation: an ask of an act already recorded is answered with it (`differs`
+            # naming the payload), never refused as if nothing had been done
+            self.payload_schemas.check(recording.values["action"], recording.frozen.loads)
+            misfit: PayloadSchemaViolation | None = None
+        except PayloadSchemaViolation as exc:
+            misfit = exc
+        if session is None and not recording.deps and misfit is None:
             # a new intent under a good grant: recorded in one statement (one round trip);
             # anything else takes the full path below, which says what it was. So does a
             # kept connection found broken (a restarted server): the insert is of an intent,
@@ -275,11 +283,14 @@ class Prepare(LedgerBase):
             if fresh is not None:
                 return Asked(operation=fresh, first=True)
         with self._tx(session) as conn:
-            return self._granted(conn, recording)
+            return self._granted(conn, recording, misfit)
 
-    def _granted(self, conn: Connection, recording: _Recording) -> Asked:
+    def _granted(
+        self, conn: Connection, recording: _Recording, misfit: PayloadSchemaViolation | None
+    ) -> Asked:
         """The intent recorded under its grant, or the operation it already names; a new
-        one waits on its dependencies (locked)."""
+        one waits on its dependencies (locked). A payload that does not fit the action's
+        schema (`misfit`) is refused unless its intent is recorded already."""
         values = recording.values
         ref, tenant = values["authorization_ref"], values["tenant"]
         grant = conn.execute(q.SELECT_AUTHORIZATION, {"ref": ref}).one_or_none()
@@ -291,6 +302,11 @@ class Prepare(LedgerBase):
             recorded = self._recorded(conn, recording) if recording.asking else None
             if recorded is None:
                 raise
+            return recorded
+        if misfit is not None:
+            recorded = self._recorded(conn, recording)
+            if recorded is None:
+                raise misfit
             return recorded
         blocking, doomed = 0, None
         if recording.deps:

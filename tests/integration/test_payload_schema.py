@@ -89,6 +89,21 @@ def test_a_payload_that_fits_is_recorded(checked: Ledger, effects: Effects) -> N
     assert _rows(checked) == (1, 1)
 
 
+def test_an_act_already_recorded_is_answered_not_refused_when_asked_again_misfit(
+    checked: Ledger, effects: Effects
+) -> None:
+    """A re-ask whose wording breaks the schema (a model's extra field, a schema tightened
+    since) gets the recorded act back with what differs, never "nothing was sent"."""
+    first = _refund(effects, {"amount": 500, "reason": "duplicate"})
+    again = _refund(effects, {"amount": 500, "reason": "duplicate", "note": "sorry"})
+    assert (again.op_id, again.asked_before) == (first.op_id, True)
+    assert "payload.note" in again.differs
+    assert _rows(checked) == (1, 2)
+    with pytest.raises(PayloadSchemaViolation):  # another act with a misfit: refused
+        _refund(effects, {"amount": 700, "reason": "duplicate", "note": "sorry"})
+    assert _rows(checked) == (1, 2)
+
+
 def test_the_ledgers_own_prepare_checks_it_too(checked: Ledger) -> None:
     with pytest.raises(PayloadSchemaViolation) as refused_:
         checked.prepare(
