@@ -112,27 +112,38 @@ class Gateway:
                 input_schema=input_schema(registry, a),
                 annotations=EFFECT_ANNOTATIONS,
             )
-            self.offer(tool)
+            # the payload is the ledger's to check (`prepare`, against the same schema):
+            # an act already recorded, asked again in other words, is answered with it
+            # rather than refused as if nothing had been done
+            loose = dict(tool.input_schema)
+            loose["properties"] = {**loose["properties"], "payload": {"type": "object"}}
+            self.offer(tool, checked=loose)
 
-    def offer(self, tool: types.Tool, *, effect: bool = True) -> None:
-        """Offer `tool`; an effect's calls are checked against its input schema, and a
-        client of the `argument` run mode is offered it with a required `run` argument
-        (not at all when the schema has a `run` of its own: which would be the run?)."""
+    def offer(
+        self, tool: types.Tool, *, effect: bool = True, checked: Mapping[str, Any] | None = None
+    ) -> None:
+        """Offer `tool`; an effect's calls are checked against its input schema (or
+        `checked`), and a client of the `argument` run mode is offered it with a required
+        `run` argument (not at all when the schema has a `run` of its own: which would be
+        the run?)."""
         self._tools[False].append(tool)
         if not effect:
             self._tools[True].append(tool)
             return
         schema = tool.input_schema
         self._schemas[tool.name] = schema
-        self._checks[False][tool.name] = Draft202012Validator(schema)
+        check = schema if checked is None else checked
+        self._checks[False][tool.name] = Draft202012Validator(check)
         try:
             shown = with_run_argument(schema, required=True)
         except ValueError:
             log.warning("%s has an argument named %r: not offered", tool.name, RUN_ARGUMENT)
             return
-        checked = with_run_argument(schema, required=False)  # a _meta run needs none
         self._tools[True].append(tool.model_copy(update={"input_schema": shown}))
-        self._checks[True][tool.name] = Draft202012Validator(checked)
+        # a _meta run needs no run argument
+        self._checks[True][tool.name] = Draft202012Validator(
+            with_run_argument(check, required=False)
+        )
 
     @property
     def tools(self) -> list[types.Tool]:

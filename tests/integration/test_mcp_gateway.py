@@ -228,7 +228,8 @@ def _count(ledger: Ledger) -> int:
     ("args", "run", "token", "error"),
     [
         ({"target": "case-1"}, "run-1", "bot", "InvalidArguments"),  # no payload
-        ({"target": "case-1", "payload": {"note": 5}}, "run-1", "bot", "InvalidArguments"),
+        # the payload is the ledger's to check: refused with the field it names
+        ({"target": "case-1", "payload": {"note": 5}}, "run-1", "bot", "PayloadSchemaViolation"),
         ({"target": "", "payload": {}}, "run-1", "bot", "InvalidArguments"),
         (
             {"target": "case-1", "payload": {}, "tenant": "globex"},
@@ -260,6 +261,20 @@ def test_a_call_that_cannot_be_an_effect_is_refused_and_writes_nothing(
     assert result.structured_content["error"] == error, result.structured_content
     assert "nothing was sent" in result.structured_content["message"]
     assert _count(gw.ledger) == before and gw.published == []
+
+
+def test_an_act_asked_again_in_words_its_schema_refuses_is_answered_with_the_act(gw: Gw) -> None:
+    first = call(gw, "crm.close_case.v1", CLOSE, run="run-1")
+    assert not first.is_error, first
+    misfit = {**CLOSE, "payload": {**CLOSE["payload"], "reason": "the model added it"}}
+    again = call(gw, "crm.close_case.v1", misfit, run="run-1")
+    assert not again.is_error, again  # never "nothing was sent": it was recorded
+    answer = again.structured_content
+    assert answer["op_id"] == first.structured_content["op_id"] and answer["asked_before"]
+    assert "payload.reason" in answer["differs"]
+    other = call(gw, "crm.close_case.v1", {**misfit, "target": "case-2"}, run="run-1")
+    assert other.is_error and other.structured_content["error"] == "PayloadSchemaViolation"
+    assert "'reason' was unexpected" in other.structured_content["message"]
 
 
 def test_an_unknown_tool_is_a_protocol_error(gw: Gw) -> None:
