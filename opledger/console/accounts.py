@@ -25,10 +25,12 @@ from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatc
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 from sqlalchemy import Engine
 
+from opledger.ledger.approvals import check_approves
 from opledger.ledger.connector import Connector
 from opledger.ledger.errors import InvalidInput, LedgerError
 from opledger.ledger.ids import check_key, check_operator
 from opledger.ledger.queries import accounts as q
+from opledger.ledger.queries import approvals as qa
 
 from .throttle import Failures
 
@@ -70,6 +72,9 @@ class Operator(BaseModel):
     created_at: AwareDatetime
     disabled_at: AwareDatetime | None = None
     disabled_by: str | None = None
+    #: the actions (patterns: `stripe.*`) whose acts this operator may approve before they
+    #: are sent (`opledger.ledger.approvals`); none by default
+    approves: tuple[str, ...] = ()
 
     def can_act_for(self, tenant: str) -> bool:
         return self.disabled_at is None and (self.all_tenants or tenant in self.tenants)
@@ -94,9 +99,10 @@ class Session(BaseModel):
 ATTEMPT_RETENTION = timedelta(days=90)
 
 
-def _operator(row: Any) -> Operator:
+def _operator(row: Any, approves: Any = None) -> Operator:
     m = row._mapping
     return Operator(
+        approves=tuple(approves if approves is not None else (m.get("approves") or ())),
         name=m["name"],
         all_tenants=m["all_tenants"],
         tenants=tuple(m["tenants"]),
@@ -141,8 +147,10 @@ class Accounts:
         all_tenants: bool = False,
         password: str | None,
         by: str,
+        approves: list[str] | tuple[str, ...] = (),
     ) -> Operator:
-        """A new operator. `password=None`: signs in only through the trusted SSO header."""
+        """A new operator. `password=None`: signs in only through the trusted SSO header.
+        `approves`: the action patterns whose acts they may approve (none by default)."""
         name = check_operator("operator", name)
         by = check_operator("by", by)
         scope = sorted({check_key("tenant", t) for t in tenants})
@@ -150,6 +158,7 @@ class Accounts:
             raise InvalidInput("an operator acts for every tenant or for the ones listed: not both")
         if not all_tenants and not scope:
             raise InvalidInput("name at least one tenant (--tenant), or --all-tenants")
+        patterns = check_approves(approves)
         hashed = None if password is None else self.hasher.hash(check_password(password))
         with self._db.transaction() as conn:
             row = conn.execute(
@@ -162,9 +171,28 @@ class Accounts:
                     "by": by,
                 },
             ).one_or_none()
+            if row is not None and patterns:
+                conn.execute(qa.SET_OPERATOR_APPROVES, {"name": name, "approves": list(patterns)})
         if row is None:
             raise OperatorExists(f"an operator named {name!r} exists already", operator=name)
-        return _operator(row)
+        return _operator(row, patterns)
+
+    def set_approves(
+        self, name: str, approves: list[str] | tuple[str, ...], *, by: str
+    ) -> Operator:
+        """Set what `name` may approve (action patterns; empty: nothing), replacing what
+        they could approve before."""
+        name = check_operator("operator", name)
+        check_operator("by", by)
+        patterns = check_approves(approves)
+        with self._db.transaction() as conn:
+            found = conn.execute(
+                qa.SET_OPERATOR_APPROVES, {"name": name, "approves": list(patterns)}
+            ).one_or_none()
+            row = conn.execute(q.SELECT_LOGIN, {"name": name}).one_or_none()
+        if found is None or row is None:
+            raise OperatorNotFound(f"no operator named {name!r}", operator=name)
+        return _operator(row, patterns)
 
     def disable(self, name: str, *, by: str) -> Operator:
         """Disable `name` and end its sessions; disabling twice keeps the first time."""
@@ -178,7 +206,10 @@ class Accounts:
 
     def list(self) -> tuple[Operator, ...]:
         with self._db.statement() as conn:
-            return tuple(_operator(r) for r in conn.execute(q.SELECT_OPERATORS))
+            approves = {r.name: r.approves for r in conn.execute(qa.SELECT_OPERATOR_APPROVES)}
+            return tuple(
+                _operator(r, approves.get(r.name)) for r in conn.execute(q.SELECT_OPERATORS)
+            )
 
     def enabled_count(self) -> int:
         with self._db.statement() as conn:

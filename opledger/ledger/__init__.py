@@ -5,9 +5,15 @@ an agent or an operator needs from the ledger is re-exported here.
 """
 
 from .api import ActionResolver, Ledger, PrefixResolver
+from .approvals import Approval, ApprovalDecision
 from .canonical import DEFAULT_MAX_PAYLOAD_BYTES, CanonicalPayload, canonicalize
 from .claims import DEFAULT_LEASE
 from .errors import (
+    ApprovalAlreadyDecided,
+    ApprovalAlreadyGiven,
+    ApprovalError,
+    ApprovalNotFound,
+    ApprovalPolicyInvalid,
     AuthorizationError,
     AuthorizationRevoked,
     ClaimForgotten,
@@ -25,6 +31,7 @@ from .errors import (
     InvalidInput,
     LedgerError,
     MalformedOperationId,
+    NotAnApprover,
     OperationNotFound,
     OutOfScope,
     PayloadNotCanonicalizable,
@@ -40,6 +47,7 @@ from .errors import (
     ReviewNotFound,
     SchemaMissing,
     SendWindowPassed,
+    StaleApproval,
     StaleFence,
     StaleView,
     UnknownAction,
@@ -85,6 +93,13 @@ __all__ = [
     "ActionResolver",
     "Ambiguous",
     "Answer",
+    "Approval",
+    "ApprovalAlreadyDecided",
+    "ApprovalAlreadyGiven",
+    "ApprovalDecision",
+    "ApprovalError",
+    "ApprovalNotFound",
+    "ApprovalPolicyInvalid",
     "Ask",
     "Asked",
     "Attempt",
@@ -117,6 +132,7 @@ __all__ = [
     "LedgerEpoch",
     "LedgerError",
     "MalformedOperationId",
+    "NotAnApprover",
     "Operation",
     "OperationNotFound",
     "OrphanReceipt",
@@ -142,6 +158,7 @@ __all__ = [
     "SchemaMissing",
     "SendWindow",
     "SendWindowPassed",
+    "StaleApproval",
     "StaleFence",
     "StaleView",
     "Status",

@@ -10,7 +10,8 @@ from sqlalchemy import Engine
 
 from . import queries as q
 from . import store
-from .canonical import DEFAULT_MAX_PAYLOAD_BYTES
+from .approval_policy import Requirement, parse_policy, requirement
+from .canonical import DEFAULT_MAX_PAYLOAD_BYTES, CanonicalPayload
 from .errors import (
     InvalidInput,
     OperationNotFound,
@@ -40,7 +41,9 @@ class ActionResolver(Protocol):
     fields an agent's intent is derived from (`opledger.ledger.intents`). Without it,
     `Ledger.intent_fields` raises `IntentFieldsUndeclared`. It may declare each action's
     payload schema too, as `payload_schema(action) -> JSON Schema`: `prepare` refuses a
-    payload that breaks it (`opledger.ledger.payload_schemas`)."""
+    payload that breaks it (`opledger.ledger.payload_schemas`); and its approval policy, as
+    `approval_policy(action) -> policy`: an act the policy requires approval of waits for a
+    person (`opledger.ledger.approval_policy`, `opledger.ledger.approvals`)."""
 
     def provider_for(self, action: str) -> str: ...
 
@@ -93,7 +96,23 @@ class LedgerBase:
         # the action resolver's payload schemas (the adapter registry's), checked by prepare
         schema_of = getattr(self.actions, "payload_schema", None)
         self.payload_schemas = PayloadSchemas(schema_of if callable(schema_of) else None)
+        # the action resolver's approval policies (the adapter registry's), read by prepare
+        policy_of = getattr(self.actions, "approval_policy", None)
+        self._approval_policy = policy_of if callable(policy_of) else None
         self.send_window = send_window
+
+    def approval_requirement(
+        self, action: str, target: str, frozen: CanonicalPayload
+    ) -> Requirement | None:
+        """What approval the act on `target` with the `frozen` payload needs before it is
+        sent, as its action's policy (the resolver's `approval_policy`) decides; None when
+        none (no policy declared: never)."""
+        if self._approval_policy is None:
+            return None
+        policy = parse_policy(action, self._approval_policy(action))
+        if not policy.tiers:
+            return None
+        return requirement(policy, target, frozen.loads() if policy.reads_payload else {})
 
     # -- reads -------------------------------------------------------------------------
 

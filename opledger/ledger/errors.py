@@ -221,7 +221,9 @@ class ApprovalAlreadyDecided(ApprovalError):
 
 class StaleApproval(ApprovalError):
     """The digest you were shown is not the operation's frozen payload's: look at it again
-    (`opledger approvals show`) before deciding."""
+    (`opledger approvals show`) before deciding. `digest` is the operation's."""
+
+    digest: str
 
 
 class NotAnApprover(ApprovalError):

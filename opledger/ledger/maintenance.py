@@ -1,5 +1,6 @@
-"""Maintenance, for beat: expired leases, due checks, the relay and its backlog guard,
-payload purges and review notifications; and, for an operator, payload key rotation.
+"""Maintenance, for beat: expired leases (and approvals), due checks, the relay and its
+backlog guard, payload purges and review notifications; and, for an operator, payload key
+rotation.
 
 No lock is held across a stall. Every maintenance transaction is bounded (`Bounds`, set by
 its first statement, `SET LOCAL` through `set_config(..., true)`): it waits for a lock at
@@ -117,14 +118,29 @@ class Maintenance(LedgerBase):
 
         The stalled or dead worker can no longer write; the operations are due for
         reconciliation after `backoff`. Safe to run from two sweepers at once. `interval`:
-        the sweep's, which bounds its transaction.
+        the sweep's, which bounds its transaction. In the same transaction, approvals past
+        their time expire and their operations are cancelled (`expire_approvals`), so the
+        sweep that expires leases expires them too; only the leases' ids are returned (an
+        expired approval has nothing to reconcile).
         """
 
         def expire(conn: Connection) -> list[str]:
             params = {"limit": limit, "backoff": backoff, "actor": actor}
-            return [r.id for r in conn.execute(q.EXPIRE_LEASES, params)]
+            expired = [r.id for r in conn.execute(q.EXPIRE_LEASES, params)]
+            _expire_approvals(conn, limit, actor)
+            return expired
 
         return self._cycle("the lease expiry", interval, expire, [])
+
+    def expire_approvals(
+        self, *, limit: int = 500, actor: str = "sweeper", interval: timedelta | None = None
+    ) -> list[str]:
+        """Expire pending approvals past their `expires_at` and cancel their operations
+        ("approval expired: ..."): the ids expired. Safe to run from two sweepers at once;
+        `expire_leases` runs it in its own transaction, every sweep."""
+        return self._cycle(
+            "the approval expiry", interval, lambda c: _expire_approvals(c, limit, actor), []
+        )
 
     def due_checks(self, *, limit: int = 500, backoff: timedelta) -> list[str]:
         """Unknown operations whose check is due; each is pushed `backoff` into the future
@@ -400,6 +416,13 @@ class Maintenance(LedgerBase):
         """Record that the notification of a review is prepared (it is an operation itself)."""
         with self._single() as conn:
             conn.execute(q.MARK_NOTIFIED, {"review_id": review_id})
+
+
+def _expire_approvals(conn: Connection, limit: int, actor: str) -> list[str]:
+    expired = [r.op_id for r in conn.execute(q.EXPIRE_APPROVALS, {"limit": limit, "actor": actor})]
+    if expired:
+        log.info("approvals expired, their operations cancelled: %s", ", ".join(expired))
+    return expired
 
 
 def _guard_state(row: Any) -> backlog.GuardState:

@@ -12,7 +12,8 @@ from sqlalchemy.orm import Session
 
 from . import queries as q
 from . import store
-from .base import LedgerBase
+from .approval_policy import Requirement
+from .approvals import Approvals
 from .canonical import CanonicalPayload, canonicalize
 from .errors import (
     AuthorizationRevoked,
@@ -54,6 +55,8 @@ class _Recording:
     frozen: CanonicalPayload
     #: the operations it runs after, checked and sorted
     deps: tuple[str, ...]
+    #: the approval its action's policy requires before it is sent (None: none)
+    approval: Requirement | None = None
 
     @property
     def names(self) -> dict[str, str]:
@@ -74,7 +77,7 @@ class _Recording:
         return bool(self.values["record_ask"])
 
 
-class Prepare(LedgerBase):
+class Prepare(Approvals):
     """Recording intents: `prepare`, `ask`, their dependencies and who asked."""
 
     def prepare(
@@ -229,6 +232,7 @@ class Prepare(LedgerBase):
         deps = _check_after(intent.after)
         provider = self.actions.provider_for(action)
         frozen = canonicalize(intent.payload, max_bytes=self.max_payload_bytes)
+        approval = self.approval_requirement(action, target, frozen)
         # derived from the intent, never random: asked again after the ledger lost its
         # record (a failover, a restore), the act reaches the provider under the same key —
         # a tenant-wide act under the same key whatever run asks it then (no run is "")
@@ -258,7 +262,7 @@ class Prepare(LedgerBase):
             "record_ask": asking,
             "idempotency_key": key,
         }
-        return _Recording(values=values, frozen=frozen, deps=deps)
+        return _Recording(values=values, frozen=frozen, deps=deps, approval=approval)
 
     def _prepare(self, recording: _Recording, session: Session | None) -> Asked:
         """Record the checked intent (in the caller's transaction with `session`), or answer
@@ -271,7 +275,8 @@ class Prepare(LedgerBase):
             misfit: PayloadSchemaViolation | None = None
         except PayloadSchemaViolation as exc:
             misfit = exc
-        if session is None and not recording.deps and misfit is None:
+        fast = misfit is None and recording.approval is None
+        if session is None and not recording.deps and fast:
             # a new intent under a good grant: recorded in one statement (one round trip);
             # anything else takes the full path below, which says what it was. So does a
             # kept connection found broken (a restarted server): the insert is of an intent,
@@ -320,7 +325,8 @@ class Prepare(LedgerBase):
             "id": op_id,
             # sealed under the current key (if any); the digest is the clear text's
             **sealed_columns(self._store.payload_keys, op_id, recording.frozen.text),
-            "waiting_on": blocking,
+            # an act a person must approve first waits for them too (`approvals`)
+            "waiting_on": blocking + (recording.approval is not None),
         }
         return self._insert(conn, values, recording, doomed)
 
@@ -365,6 +371,16 @@ class Prepare(LedgerBase):
         op_id = values["id"]
         if recording.deps:
             conn.execute(q.INSERT_DEPENDENCIES, {"op_id": op_id, "after": list(recording.deps)})
+        if recording.approval is not None and doomed is None:  # bound to the row as inserted
+            conn.execute(
+                q.INSERT_APPROVAL,
+                self.approval_params(
+                    op_id,
+                    recording.approval,
+                    requested_by=values["actor"],
+                    asked_by=values["asked_by"],
+                ),
+            )
         if doomed is not None:
             row = conn.execute(
                 q.CANCEL, {"op_id": op_id, "actor": "dependency", "reason": doomed}

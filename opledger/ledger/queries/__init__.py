@@ -11,6 +11,18 @@ transition row.
 
 from __future__ import annotations
 
+from .approvals import (
+    APPROVAL_REFUSAL,
+    APPROVE,
+    DENY,
+    EXPIRE_APPROVALS,
+    INSERT_APPROVAL,
+    LIST_APPROVALS,
+    SELECT_APPROVAL,
+    SELECT_APPROVAL_DECISIONS,
+    SELECT_OPERATOR_APPROVES,
+    SET_OPERATOR_APPROVES,
+)
 from .claims import (
     CANCEL,
     CLAIM,
@@ -103,6 +115,8 @@ from .reviews import (
 )
 
 __all__ = [
+    "APPROVAL_REFUSAL",
+    "APPROVE",
     "AUTHORIZE_RETRY",
     "AUTH_COLUMNS",
     "CANCEL",
@@ -111,12 +125,15 @@ __all__ = [
     "CLAIM_REFUSAL",
     "CLOSE_REVIEW",
     "COUNT_REVIEWS",
+    "DENY",
     "DUE_CHECKS",
     "DUE_NOTIFICATIONS",
     "END_SUSPICION",
     "ENSURE_QUEUE_GUARD",
+    "EXPIRE_APPROVALS",
     "EXPIRE_LEASES",
     "FENCE_STATE",
+    "INSERT_APPROVAL",
     "INSERT_ASK",
     "INSERT_AUTHORIZATION",
     "INSERT_DEPENDENCIES",
@@ -128,6 +145,7 @@ __all__ = [
     "INSERT_VIEW",
     "LAST_RESOLVED_REVIEW",
     "LAST_VIEW",
+    "LIST_APPROVALS",
     "LIST_AUTHORIZATIONS",
     "LIST_EPOCHS",
     "LIST_OPERATIONS",
@@ -162,6 +180,8 @@ __all__ = [
     "SCHEDULE_CHECK",
     "SEARCH_OPERATIONS",
     "SELECT_ANSWERS",
+    "SELECT_APPROVAL",
+    "SELECT_APPROVAL_DECISIONS",
     "SELECT_ASKS",
     "SELECT_ATTEMPTS",
     "SELECT_AUTHORIZATION",
@@ -172,6 +192,7 @@ __all__ = [
     "SELECT_OPERATION",
     "SELECT_OPERATION_BY_INTENT",
     "SELECT_OPERATION_BY_TENANT_INTENT",
+    "SELECT_OPERATOR_APPROVES",
     "SELECT_PAYLOAD",
     "SELECT_QUEUE_GUARD",
     "SELECT_REVIEWS",
@@ -179,6 +200,7 @@ __all__ = [
     "SELECT_TRANSITIONS",
     "SETTLE_BY_OPERATOR",
     "SETTLE_ON_EVIDENCE",
+    "SET_OPERATOR_APPROVES",
     "WATCH",
     "grant_active",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
+from .approvals import CONSUME_APPROVAL, approval_cleared
 from .columns import columns_of, grant_active
 from .epochs import FRESH
 
@@ -11,7 +12,9 @@ from .epochs import FRESH
 # is re-checked in the same WHERE, so a revoked authorization can never win a claim.
 # The claim is good for starting a request until send_by = now() + the provider's send
 # window; the attempt's in-flight deadline is send_by + the provider's max in-flight time,
-# so no retry starts while a late sender could still be sending.
+# so no retry starts while a late sender could still be sending. An operation with an
+# approval is claimed only once it is approved for exactly its digest and grant
+# (`approvals.approval_cleared`); the first claim consumes it.
 CLAIM = text(
     f"""
     WITH {FRESH},
@@ -54,7 +57,7 @@ CLAIM = text(
           AND r.status = CAST(:from_status AS op_status)
           AND (r.lease_expires_at IS NULL OR r.lease_expires_at < now())
           AND (CAST(:expected_fence AS bigint) IS NULL OR r.fence = :expected_fence)
-          AND r.waiting_on = 0
+          AND r.waiting_on = 0 AND {approval_cleared("r")}
           AND {grant_active("auth")}
           AND (SELECT ok FROM fresh) AND NOT EXISTS (SELECT 1 FROM suspect)
     ),
@@ -81,6 +84,10 @@ CLAIM = text(
           AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
           AND (CAST(:expected_fence AS bigint) IS NULL OR o.fence = :expected_fence)
           AND o.waiting_on = 0  -- ordered effects: every dependency confirmed (0008)
+          -- approvals (0022): approved for exactly this digest and grant, and a first
+          -- claim only while unconsumed; checked beside the hold, so a broken binding is
+          -- never claimed even if `waiting_on` were wrong
+          AND {approval_cleared("o")}
           AND a.ref = o.authorization_ref AND {grant_active("a")}
           AND coalesce((SELECT admitted FROM gate), true)
           AND (SELECT ok FROM fresh) AND NOT EXISTS (SELECT 1 FROM suspect)
@@ -99,7 +106,9 @@ CLAIM = text(
                :authorized_by
         FROM op CROSS JOIN win
         RETURNING n, started_at, send_by, deadline_at
-    )
+    ),
+    -- the first claim consumes its approval, once (a retry finds it consumed)
+    consumed AS ({CONSUME_APPROVAL})
     SELECT {columns_of("op")}, attempt.n AS attempt_n, attempt.started_at AS attempt_started_at,
            attempt.deadline_at AS attempt_deadline_at, attempt.send_by AS attempt_send_by,
            now() AS db_now, p.canonical, p.key_id, p.sealed,
