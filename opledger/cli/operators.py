@@ -46,6 +46,11 @@ def require_console_extra(command: str) -> None:
 
 OPERATOR_HINT = "opledger operator add NAME --tenant TENANT --by YOU"
 
+ApprovesOption = Annotated[
+    list[str] | None,
+    typer.Option(help="An action pattern whose acts they may approve, e.g. 'stripe.*' (repeat)."),
+]
+
 
 @app.command("console")
 def console_command(
@@ -193,10 +198,12 @@ def operator_add(
         bool,
         typer.Option("--sso-only", help="No password: signs in only through the SSO proxy."),
     ] = False,
+    approves: ApprovesOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Add an operator of the review console (the password is asked for, hidden, unless
-    --password-stdin or --sso-only); only its argon2 hash is stored."""
+    --password-stdin or --sso-only); only its argon2 hash is stored. With --approves, they
+    may approve the acts of those actions that wait for a person (`opledger approvals`)."""
     require_console_extra("operator add")
     from opledger.console.accounts import Accounts
 
@@ -205,13 +212,51 @@ def operator_add(
     password = None if sso_only else _read_password(password_stdin)
     with open_ledger() as ledger:
         added = Accounts(ledger.engine).add(
-            name, tenants=tenant or [], all_tenants=all_tenants, password=password, by=by
+            name,
+            tenants=tenant or [],
+            all_tenants=all_tenants,
+            password=password,
+            by=by,
+            approves=approves or [],
         )
     if as_json:
         emit_json(added.model_dump(mode="json"))
         return
     how = "through the SSO proxy only" if sso_only else "with a password"
-    console.print(Text(f"operator {added.name} added: acts for {added.scope}, signs in {how}"))
+    console.print(
+        Text(
+            f"operator {added.name} added: acts for {added.scope}, signs in {how}"
+            + _approving(added.approves)
+        )
+    )
+
+
+def _approving(patterns: tuple[str, ...]) -> str:
+    return f"; approves {', '.join(patterns)}" if patterns else "; approves nothing"
+
+
+@operator_app.command("update")
+def operator_update(
+    name: Annotated[str, typer.Argument(help="The operator's name.")],
+    by: ByOption,
+    approves: ApprovesOption = None,
+    approves_nothing: Annotated[
+        bool, typer.Option("--approves-nothing", help="Take every approval scope away.")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Change what an operator may approve: the action patterns given replace theirs."""
+    require_console_extra("operator update")
+    from opledger.console.accounts import Accounts
+
+    if approves_nothing == bool(approves):
+        raise typer.BadParameter("give --approves PATTERN (repeat) or --approves-nothing")
+    with open_ledger() as ledger:
+        updated = Accounts(ledger.engine).set_approves(name, approves or [], by=by)
+    if as_json:
+        emit_json(updated.model_dump(mode="json"))
+        return
+    console.print(Text(f"operator {updated.name} updated" + _approving(updated.approves)))
 
 
 @operator_app.command("disable")
@@ -245,11 +290,12 @@ def operator_list(as_json: JsonOption = False) -> None:
         return
     console.print(
         records_table(
-            ("name", "tenants", "sign-in", "added", "by", "disabled"),
+            ("name", "tenants", "approves", "sign-in", "added", "by", "disabled"),
             [
                 (
                     o.name,
                     o.scope,
+                    ", ".join(o.approves),
                     "password" if o.has_password else "SSO only",
                     _when(o.created_at),
                     o.created_by,
