@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.orm import Session
 
 from opledger.adapters.crm import CrmAdapter
 from opledger.adapters.registry import Registry
@@ -365,3 +366,21 @@ def test_a_revoked_grant_is_refused_with_the_reason(approving: Ledger) -> None:
     with pytest.raises(AuthorizationRevoked):
         approving.claim(other.id, owner="w")
     assert count(approving, "SELECT count(*) FROM attempts") == 0
+
+
+def test_the_request_is_written_in_the_transaction_that_records_the_act(
+    approving: Ledger,
+) -> None:
+    """Through the outbox (the caller's session): the operation and its approval request
+    commit together, or neither does."""
+    with Session(approving.engine) as session:
+        dropped = charge(approving, 50_000, key="dropped", session=session)
+        session.rollback()
+    with Session(approving.engine) as session:
+        kept = charge(approving, 50_000, key="kept", session=session)
+        session.commit()
+    assert count(approving, "SELECT count(*) FROM operations WHERE id = :id", id=dropped.id) == 0
+    with pytest.raises(ApprovalNotFound):
+        approving.approval(dropped.id)
+    assert approving.approval(kept.id).status == "pending"
+    assert approving.get(kept.id).waiting_on == 1
