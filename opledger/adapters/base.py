@@ -129,8 +129,8 @@ class AdapterExtras(Protocol):
     """What an adapter may offer beyond `Adapter`: every member is optional, and opledger
     reads each only through `extra(adapter, name)`, so this class is the one list of them.
 
-    `Registry` reads `intent_fields`, `intent_scopes`, `payload_schemas` and
-    `descriptions` (and calls `close` on shutdown); the review snapshot calls
+    `Registry` reads `intent_fields`, `intent_scopes`, `payload_schemas`,
+    `approval_policies` and `descriptions` (and calls `close` on shutdown); the review snapshot calls
     `search_hint`; `opledger contract check` sends `contract_probe`'s requests, and only to
     an endpoint that is loopback or the declared `test_base_url` (`base_url`, `url` or
     `host` say where the adapter's requests go); the check's sandbox settings name the
@@ -148,6 +148,11 @@ class AdapterExtras(Protocol):
     #: action -> the JSON Schema of its payload (what an agent's tool offers, e.g. the MCP
     #: gateway's input schema); an action left out takes any JSON object
     payload_schemas: Mapping[str, Mapping[str, Any]]
+    #: action -> when a person must approve an act of it before anything is sent
+    #: ("never", the default; "always"; or rules over the target and the payload: see
+    #: `opledger.ledger.approval_policy`); a deployment may say otherwise
+    #: (`OPLEDGER_APPROVAL_POLICIES`)
+    approval_policies: Mapping[str, Any]
     #: action -> what it does, in a sentence an agent's model reads (the target included)
     descriptions: Mapping[str, str]
     #: where the adapter's requests go: an HTTP base URL, a URL, or a host (SMTP)
@@ -174,7 +179,7 @@ class AdapterExtras(Protocol):
 
 #: the optional members `extra` reads
 EXTRAS = frozenset(
-    {"intent_fields", "intent_scopes", "payload_schemas", "descriptions"}
+    {"intent_fields", "intent_scopes", "payload_schemas", "approval_policies", "descriptions"}
     | {"base_url", "url", "host", "test_base_url", "account"}
     | {"search_hint", "contract_probe", "close"}
 )

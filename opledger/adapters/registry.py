@@ -63,8 +63,7 @@ class Registry:
         scopes = dict(extra(adapter, "intent_scopes") or {})
         schemas = dict(extra(adapter, "payload_schemas") or {})
         descriptions = dict(extra(adapter, "descriptions") or {})
-        # read as `extra` reads the others (AdapterExtras should list it: see docs/approvals.md)
-        approvals = dict(getattr(adapter, "approval_policies", None) or {})
+        approvals = dict(extra(adapter, "approval_policies") or {})
         for member, named in (
             ("intent_fields", declared),
             ("intent_scopes", scopes),

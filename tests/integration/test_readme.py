@@ -635,6 +635,25 @@ assert agent.tools == [close_case]
             f"{OAI} approve --session s2 --state s2.json": (OAI_APPROVAL,),
         },
     ),
+    # -- docs/approvals.md
+    "107ea1775f": Python(
+        "from opledger.adapters.stripe import StripeAdapter",
+        then="""
+from opledger.adapters.registry import Registry
+registry = Registry([RefundsAdapter("http://127.0.0.1:9", api_key="sk_test_123")])
+policy = registry.approval_policy("stripe.refund.v1")
+from opledger.ledger.approval_policy import requirement
+assert requirement(policy, "ch_1", {"amount": 20000}) is not None
+assert requirement(policy, "ch_1", {"amount": 500}) is None
+assert requirement(policy, "ent-7", {"amount": 500}) is not None
+""",
+    ),
+    "111bd40ed6": NotCode("{", "OPLEDGER_APPROVAL_POLICIES' document: read by its unit tests"),
+    "cf32577fc7": NotCode(
+        "$ opledger approvals list --tenant acme",
+        "the commands with a made-up op id and digest: "
+        "tests/integration/test_cli_approvals.py runs each with a real one",
+    ),
     # -- docs/webhooks.md
     "24bcd652d0": NotCode("POST /your/path HTTP/1.1", "a request as the receiver gets it"),
     "2890f30fcd": Covered(
