@@ -66,9 +66,13 @@ def crashed(
                 tenant="acme",
                 workflow_id="onboarding-42",
                 intent_key=f"close-{i}",
-                action=no_dedup.action,
+                # an update: its payload's fields may hold a secret (a close takes a note)
+                action=f"{no_dedup.namespace}.update_case.v1",
                 target=f"case-31{i}",
-                payload={"note": f"closed by the agent ({i})", "customer": {"token": "tok_secret"}},
+                payload={
+                    "note": f"closed by the agent ({i})",
+                    "fields": {"status": "closed", "token": "tok_secret"},
+                },
                 authorization_ref="auth_acme",
             ).id
             for i in range(3)
@@ -163,7 +167,7 @@ def test_sign_in_open_the_queue_and_a_crash_review_resolve_it_and_see_the_audit_
     assert "ambiguous" in evidence or "no evidence" in evidence
     payload = d.find_element(By.ID, "payload").text
     assert "closed by the agent (0)" in payload and "tok_secret" not in payload
-    assert "customer.token" in d.find_element(By.ID, "hidden-fields").text
+    assert "fields.token" in d.find_element(By.ID, "hidden-fields").text
     # every run takes the screenshot; OPLEDGER_UPDATE_SCREENSHOT=1 puts it in docs/ (the
     # copy docs/console.md shows), so a plain run leaves the checkout unchanged
     shot = (
