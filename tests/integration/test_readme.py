@@ -512,13 +512,13 @@ assert current_app._get_current_object() is theirs
 """,
     ),
     "ebfb315962": Covered("pip install 'opledger[console,metrics,sandbox]'", PIP_QUICKSTART_TEST),
-    "04690317d6": NotCode(
+    "8fb43f02c4": NotCode(
         "opledger/ledger/     the core, one module per part",
         "the directory layout",
     ),
     # -- docs/architecture.md
     "cb269fa2a7": NotCode("opledger.cli          the `opledger` command", "the layers"),
-    "8dc7437641": NotCode("facades        the narrow protocols each caller", "the ledger's layers"),
+    "d7cfa6963b": NotCode("facades        the narrow protocols each caller", "the ledger's layers"),
     # -- docs/adapters.md
     "62bea7c34c": Shell("opledger adapter new tickets --dir myapp"),
     "0a1c91b3f8": Covered("def tickets_contract(", ADAPTER_EXCERPT),
