@@ -413,7 +413,7 @@ assert "case-319" in rows, rows
             "--restart-postgres --chaos-seconds 300 --settle-timeout 900 --json": (CHAOS_TEST,),
         },
     ),
-    "5b7a900d05": Shell(
+    "6f01e3a8ab": Shell(
         "opledger migrate                      # apply the ledger's migrations",
         long_running=("opledger sandbox --port 8025",),
         covered={
