@@ -4,6 +4,7 @@ deliberately repeated act. One wording for every agent surface."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -48,8 +49,19 @@ def purpose_of(repeat: int | None) -> str | None:
     return f"repeat {repeat}" if repeat is not None and repeat > 1 else None
 
 
-def summary(result: EffectResult, *, repeatable: bool = True) -> dict[str, Any]:
-    """The result as a model reads it: what it is, how it stands, and a `message` in words."""
+def repeat_of(purpose: str | None) -> int:
+    """The `repeat` an intent's purpose names (`purpose_of`'s inverse): 1 for the first
+    time (no purpose) and for a purpose that names no repeat."""
+    found = re.fullmatch(r"repeat ([0-9]+)", (purpose or "").strip().casefold())
+    return int(found.group(1)) if found else 1
+
+
+def summary(
+    result: EffectResult, *, repeatable: bool = True, purpose: str | None = None
+) -> dict[str, Any]:
+    """The result as a model reads it: what it is, how it stands, and a `message` in words.
+    `purpose` is the asked intent's (`purpose_of(repeat)`): the act recorded under it is
+    that repeat, so a deliberate repeat after it is the next number."""
     op = result.operation
     out: dict[str, Any] = {
         "kind": result.kind,
@@ -71,9 +83,10 @@ def summary(result: EffectResult, *, repeatable: bool = True) -> dict[str, Any]:
         if not result.final:  # it may still happen: a repeat now could make it twice
             message += " Wait for it; never ask for it again another way."
         elif repeatable:
+            again = repeat_of(purpose) + 1
             message += (
                 f" Only to do it again as a separate act on purpose, call again with "
-                f"`{REPEAT}` set to 2 (3 for a third time)."
+                f"`{REPEAT}` set to {again} ({again + 1} the time after that)."
             )
         else:
             message += " It happens at most once in this run."

@@ -29,23 +29,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, InjectedToolCallId, StructuredTool, ToolException
-from pydantic import BaseModel, Field, create_model
+from pydantic import BaseModel, create_model
 
 from opledger.ledger import (
     InvalidInput,
 )
-from opledger.ledger.ids import evidence_text
-from opledger.ledger.intents import Intent
 
-from .answers import REFUSED, REPEAT, REPEAT_HELP, UNFIXABLE, purpose_of, refused, summary
+from .answers import refused, summary
 from .effects import Effects
 from .results import EffectResult, _Result
+from .tooling import EffectCall, EffectOf, arguments_of, asker
+
+#: what a LangGraph tool call is asked in: the run's config and the tool call's id
+_Call = tuple[RunnableConfig, str]
 
 
 def run_of(config: RunnableConfig | Mapping[str, Any]) -> str:
@@ -69,9 +70,9 @@ def asker_of(
     if not isinstance(tool_call_id, str) or not tool_call_id.strip():
         raise InvalidInput("a tool call needs its id", field="tool_call_id")
     node = node or (config.get("metadata") or {}).get("langgraph_node")
-    asker = evidence_text(f"{node}:{tool_call_id}" if node else tool_call_id)
-    assert asker is not None  # the id is not blank
-    return asker
+    asked_by = asker(node, tool_call_id)
+    assert asked_by is not None  # the id is not blank
+    return asked_by
 
 
 def node_effect(
@@ -120,7 +121,7 @@ def effect_tool(
     tenant: str,
     action: str,
     authorization_ref: str | Callable[[RunnableConfig], str],
-    effect_of: Callable[[dict[str, Any]], tuple[str, dict[str, Any]]],
+    effect_of: EffectOf,
     wait: float | timedelta | None = 30.0,
     intent_fields: Sequence[str] | None = None,
     repeatable: bool = True,
@@ -131,10 +132,12 @@ def effect_tool(
     with `invoke` (in `ToolNode`'s threads) and natively with `ainvoke` (`Effects.aask`: the
     wait never holds a thread).
 
-    `effect_of(args)` gives the target and the payload of the tool call's arguments; the
-    action's intent fields (`intent_fields`, else what its adapter declares) are payload
-    fields. `authorization_ref` may depend on the run's config (a forked thread under its
-    own grant); `run(config)` names the workflow run (the thread by default). With
+    `effect_of(args)` gives the target and the payload of the tool call's validated
+    arguments as JSON-ready values (a dict, `model_dump(mode="json")`: a date as ISO text,
+    a Decimal as text, a nested model as a dict); the action's intent fields
+    (`intent_fields`, else what its adapter declares) are payload fields.
+    `authorization_ref` may depend on the run's config (a forked thread under its own
+    grant); `run(config)` names the workflow run (the thread by default). With
     `repeatable` (the default) the tool takes an optional integer `repeat` argument the
     model sets only to ask for the same act again on purpose (2 for the second time);
     without it, the act happens at most once per run (per tenant, for an action of the
@@ -149,27 +152,27 @@ def effect_tool(
     A refusal the call itself caused (a revoked or missing grant, an argument the ledger
     refuses) is answered as an error ToolMessage the model reads (`kind: "refused"`); what
     no call can fix (no thread, the database down, an action no adapter serves, intent
-    fields nobody declared) is raised.
+    fields nobody declared, a payload `effect_of` built that the ledger cannot record) is
+    raised.
     """
-    if repeatable and REPEAT in args_schema.model_fields:
-        raise ValueError(
-            f"{args_schema.__name__} has a field named {REPEAT!r}, the argument a repeatable "
-            "tool adds for deliberate repeats: rename it, or pass repeatable=False"
-        )
+    arguments = arguments_of(args_schema, repeatable=repeatable)
     extra: dict[str, Any] = {"tool_call_id": (Annotated[str, InjectedToolCallId], ...)}
-    if repeatable:
-        extra[REPEAT] = (int | None, Field(default=None, ge=1, le=1000, description=REPEAT_HELP))
-    injected = create_model(f"{args_schema.__name__}WithToolCallId", __base__=args_schema, **extra)
+    injected = create_model(f"{args_schema.__name__}WithToolCallId", __base__=arguments, **extra)
+    ref = authorization_ref
     tool = _EffectTool(
-        effects,
-        tenant=tenant,
-        action=action,
-        authorization_ref=authorization_ref,
-        effect_of=effect_of,
-        wait=wait,
-        intent_fields=intent_fields,
-        repeatable=repeatable,
-        run=run,
+        EffectCall(
+            effects,
+            tenant=tenant,
+            action=action,
+            authorization_ref=ref if isinstance(ref, str) else lambda call: ref(call[0]),
+            effect_of=effect_of,
+            wait=wait,
+            intent_fields=intent_fields,
+            repeatable=repeatable,
+            run=lambda call: run(call[0]),
+            asked_by=lambda call: asker_of(*call),
+        ),
+        arguments,
     )
     return StructuredTool.from_function(
         func=tool.call,
@@ -181,58 +184,31 @@ def effect_tool(
     )
 
 
-@dataclass(frozen=True)
 class _EffectTool:
-    """What an `effect_tool` call does, in its synchronous and its asyncio form."""
+    """What an `effect_tool` call does, in its synchronous and its asyncio form: the
+    arguments LangChain validated (as values, not a model) taken as the model again."""
 
-    effects: Effects
-    tenant: str
-    action: str
-    authorization_ref: str | Callable[[RunnableConfig], str]
-    effect_of: Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]
-    wait: float | timedelta | None
-    intent_fields: Sequence[str] | None
-    repeatable: bool
-    run: Callable[[RunnableConfig], str]
-
-    def ask(self, config: RunnableConfig, tool_call_id: str, args: dict[str, Any]) -> Intent:
-        """The intent of one call (a graph without a thread or a node is misconfigured,
-        not the call: raised)."""
-        repeat = args.pop(REPEAT, None) if self.repeatable else None
-        the_run, asker = self.run(config), asker_of(config, tool_call_id)
-        target, payload = self.effect_of(args)
-        ref = self.authorization_ref
-        return Intent(
-            tenant=self.tenant,
-            workflow_id=the_run,
-            action=self.action,
-            target=target,
-            payload=payload,
-            authorization_ref=ref(config) if callable(ref) else ref,
-            purpose=purpose_of(repeat),
-            intent_fields=self.intent_fields,
-            asked_by=asker,
-        )
+    def __init__(self, call: EffectCall[_Call], arguments: type[BaseModel]) -> None:
+        self._call = call
+        self._arguments = arguments
 
     def call(self, config: RunnableConfig, tool_call_id: str, **args: Any) -> str:
-        intent = self.ask(config, tool_call_id, args)
-        try:
-            result = self.effects.ask(intent, wait=self.wait)
-        except UNFIXABLE:
-            raise
-        except REFUSED as exc:
-            raise ToolException(refusal(exc)) from exc
-        return describe(result, repeatable=self.repeatable)
+        answer = self._call.answer((config, tool_call_id), self._args(args), _refuse)
+        return json.dumps(answer, sort_keys=True, default=str)
 
     async def acall(self, config: RunnableConfig, tool_call_id: str, **args: Any) -> str:
-        intent = self.ask(config, tool_call_id, args)
-        try:
-            result = await self.effects.aask(intent, wait=self.wait)
-        except UNFIXABLE:
-            raise
-        except REFUSED as exc:
-            raise ToolException(refusal(exc)) from exc
-        return describe(result, repeatable=self.repeatable)
+        answer = await self._call.aanswer((config, tool_call_id), self._args(args), _refuse)
+        return json.dumps(answer, sort_keys=True, default=str)
+
+    def _args(self, args: dict[str, Any]) -> BaseModel:
+        """The validated arguments LangChain hands over (each field's value) as the model
+        they were validated as, for `model_dump(mode="json")`."""
+        return self._arguments.model_construct(**args)
+
+
+def _refuse(exc: Exception) -> NoReturn:
+    """A refusal as an error ToolMessage the model reads."""
+    raise ToolException(refusal(exc)) from exc
 
 
 def refusal(exc: Exception) -> str:

@@ -67,24 +67,12 @@ from typing import Any
 from agents import Agent, FunctionTool, RunConfig, Runner, RunResult, RunState, Session
 from agents.tool import set_function_tool_failure_error_function
 from agents.tool_context import ToolContext
-from pydantic import BaseModel, Field, ValidationError, create_model
+from pydantic import BaseModel, ValidationError
 
-from opledger.ledger.ids import evidence_text
-from opledger.ledger.intents import Intent
-
-from .answers import (
-    REFUSED,
-    REPEAT,
-    REPEAT_HELP,
-    UNFIXABLE,
-    UnnamedRun,
-    purpose_of,
-    refusal,
-    refused,
-    summary,
-)
+from .answers import UnnamedRun, refusal, refused
 from .effects import Effects
-from .results import EffectResult, _Result
+from .results import _Result
+from .tooling import EffectCall, EffectOf, aanswer, arguments_of, asker, tool_intent
 
 __all__ = [
     "PREFIX",
@@ -157,9 +145,15 @@ async def run_agent(
 ) -> RunResult:
     """`Runner.run(agent, input, ...)` with its conversation bound for the effect tools
     (`bind_run`): `input` is the user's input, or a `RunState` to resume; every other
-    argument is `Runner.run`'s."""
-    group_id = run_config.group_id if run_config is not None else None
-    with bind_run(session=session, conversation_id=conversation_id, group_id=group_id):
+    argument is `Runner.run`'s. A resumed run binds what the SDK resumes it with: the
+    conversation given, else the state's, and the run config's group, else the state's
+    trace group."""
+    bound_conversation, group_id = conversation_id, None
+    if run_config is not None:
+        group_id = run_config.group_id
+    if isinstance(input, RunState):
+        bound_conversation, group_id = _resumed(input, conversation_id, run_config, kwargs)
+    with bind_run(session=session, conversation_id=bound_conversation, group_id=group_id):
         return await Runner.run(
             agent,
             input,
@@ -168,6 +162,41 @@ async def run_agent(
             run_config=run_config,
             **kwargs,
         )
+
+
+def _resumed(
+    state: RunState[Any],
+    conversation_id: str | None,
+    run_config: RunConfig | None,
+    kwargs: dict[str, Any],
+) -> tuple[str | None, str | None]:
+    """The conversation id and the group a run resumed from `state` runs under, as the SDK
+    resolves them (its own functions, with the arguments `Runner.run` passes them): the
+    conversation given, else the one the state saved; the run config's group, else the
+    state's trace group."""
+    try:
+        from agents.run_internal.agent_runner_helpers import (
+            apply_resumed_conversation_settings,
+            resolve_trace_settings,
+        )
+    except ImportError:  # an SDK that moved them: what they resolve, read as they read it
+        trace = getattr(state, "_trace_state", None)
+        group = run_config.group_id if run_config is not None else None
+        return (
+            conversation_id or getattr(state, "_conversation_id", None),
+            group or getattr(trace, "group_id", None),
+        )
+    # what Runner.run applies to the state first thing on resume, with the same arguments
+    conversation, _, _ = apply_resumed_conversation_settings(
+        run_state=state,
+        conversation_id=conversation_id,
+        previous_response_id=kwargs.get("previous_response_id"),
+        auto_previous_response_id=kwargs.get("auto_previous_response_id", False),
+    )
+    _, _, group, _, _ = resolve_trace_settings(
+        run_state=state, run_config=run_config if run_config is not None else RunConfig()
+    )
+    return conversation, group
 
 
 def run_of(ctx: ToolContext[Any]) -> str:
@@ -192,10 +221,7 @@ def run_of(ctx: ToolContext[Any]) -> str:
 def asker_of(ctx: ToolContext[Any]) -> str | None:
     """Who asked, for the record: `<tool>:<call_id>`. Evidence only: it never decides the
     intent."""
-    call_id = ctx.tool_call_id
-    if not isinstance(call_id, str) or not call_id.strip():
-        return evidence_text(ctx.tool_name)
-    return evidence_text(f"{ctx.tool_name}:{call_id}" if ctx.tool_name else call_id)
+    return asker(ctx.tool_name, ctx.tool_call_id)
 
 
 async def tool_effect(
@@ -219,35 +245,23 @@ async def tool_effect(
     its first parameter a `ToolContext`): the effect this call asks for, keyed by the act
     (see the module's docstring), as the answer the model reads (`answers.summary`), or
     the refusal it reads (`kind: "refused"`). `repeat` is the model's deliberate repeat.
-    `UnnamedRun` and what no call can fix are raised: made without
-    `failure_error_function=None`, the SDK would answer them "Please try again"."""
-    intent = Intent(
+    `UnnamedRun` and what no call can fix (a payload the ledger cannot record among it)
+    are raised: made without `failure_error_function=None`, the SDK would answer them
+    "Please try again"."""
+    intent = tool_intent(
         tenant=tenant,
-        workflow_id=(run or run_of)(ctx),
+        run=(run or run_of)(ctx),
         action=action,
         target=target,
         payload=payload,
         authorization_ref=authorization_ref,
-        purpose=purpose_of(repeat),
+        repeat=repeat,
+        after=after,
         intent_fields=intent_fields,
         intent_key=intent_key,
         asked_by=asker_of(ctx),
-        after=tuple(a.op_id if isinstance(a, _Result) else a for a in after),
     )
-    return await _answer(effects, intent, wait, repeatable)
-
-
-async def _answer(
-    effects: Effects, intent: Intent, wait: float | timedelta | None, repeatable: bool
-) -> dict[str, Any]:
-    """How the act stands, as the model reads it; a refusal as the answer it reads."""
-    try:
-        result: EffectResult = await effects.aask(intent, wait=wait)
-    except UNFIXABLE:
-        raise
-    except REFUSED as exc:
-        return refused(exc)
-    return summary(result, repeatable=repeatable)
+    return await aanswer(effects, intent, wait=wait, repeatable=repeatable, refuse=refused)
 
 
 def effect_tool(
@@ -259,7 +273,7 @@ def effect_tool(
     tenant: str,
     action: str,
     authorization_ref: str | Callable[[ToolContext[Any]], str],
-    effect_of: Callable[[dict[str, Any]], tuple[str, dict[str, Any]]],
+    effect_of: EffectOf,
     wait: float | timedelta | None = 30.0,
     intent_fields: Sequence[str] | None = None,
     repeatable: bool = True,
@@ -273,41 +287,27 @@ def effect_tool(
 
     The model sees `args_schema`'s fields as the tool's arguments (a strict JSON schema
     unless `strict=False`); `effect_of(args)` gives the target and the payload of the
-    validated arguments (a dict, `model_dump`); the action's intent fields (`intent_fields`,
-    else what its adapter declares) are payload fields. `authorization_ref` may depend on
-    the call's context (`ctx.context`); `run(ctx)` names the run (default `run_of`: the
-    conversation bound by `run_agent` or `bind_run`, else the run config's group id, else
-    `UnnamedRun`). With `repeatable` (the default) the tool takes an optional integer
-    `repeat` argument the model sets only to ask for the same act again on purpose (2 for
-    the second time); without it, the act happens at most once per run (per tenant, for an
-    action of the tenant's scope). An `args_schema` with a `repeat` field of its own needs
-    `repeatable=False` (raises `ValueError`). `needs_approval` is the SDK's: the run stops
-    for a person's approval before the call (`RunState.approve`); a call approved and run
-    again after a crash is answered with the recorded operation.
+    validated arguments as JSON-ready values (a dict, `model_dump(mode="json")`); the
+    action's intent fields (`intent_fields`, else what its adapter declares) are payload
+    fields. `authorization_ref` may depend on the call's context (`ctx.context`); `run(ctx)`
+    names the run (default `run_of`: the conversation bound by `run_agent` or `bind_run`,
+    else the run config's group id, else `UnnamedRun`). With `repeatable` (the default)
+    the tool takes an optional integer `repeat` argument the model sets only to ask for the
+    same act again on purpose (2 for the second time); without it, the act happens at most
+    once per run (per tenant, for an action of the tenant's scope). An `args_schema` with a
+    `repeat` field of its own needs `repeatable=False` (raises `ValueError`).
+    `needs_approval` is the SDK's: the run stops for a person's approval before the call
+    (`RunState.approve`); a call approved and run again after a crash is answered with the
+    recorded operation.
 
-    The tool's output (what the model reads) is the result as JSON (`answers.summary`):
-    its kind (confirmed, rejected, cancelled, unknown, pending), the operation, the
-    receipt and the provider's data, or the reason or what it waits for, `asked_before`,
-    `differs`, and a `message` in words. A refusal the call caused is output too, JSON with
-    `kind: "refused"`, and the run goes on; what no call can fix is raised.
+    The tool's output (what the model reads) is the result as JSON (`answers.summary`); a
+    refusal the call caused is output too, JSON with `kind: "refused"`, and the run goes
+    on; what no call can fix (a payload `effect_of` built that the ledger cannot record
+    among it) is raised.
     """
-    if repeatable and REPEAT in args_schema.model_fields:
-        raise ValueError(
-            f"{args_schema.__name__} has a field named {REPEAT!r}, the argument a repeatable "
-            "tool adds for deliberate repeats: rename it, or pass repeatable=False"
-        )
-    arguments = args_schema
-    if repeatable:
-        repeat_field: Any = (
-            int | None,
-            Field(default=None, ge=1, le=1000, description=REPEAT_HELP),
-        )
-        arguments = create_model(
-            args_schema.__name__, __base__=args_schema, **{REPEAT: repeat_field}
-        )
-    call = _EffectTool(
+    arguments = arguments_of(args_schema, repeatable=repeatable)
+    call: EffectCall[ToolContext[Any]] = EffectCall(
         effects,
-        arguments=arguments,
         tenant=tenant,
         action=action,
         authorization_ref=authorization_ref,
@@ -316,12 +316,13 @@ def effect_tool(
         intent_fields=intent_fields,
         repeatable=repeatable,
         run=run or run_of,
+        asked_by=asker_of,
     )
     tool = FunctionTool(
         name=name,
         description=description,
         params_json_schema=arguments.model_json_schema(),
-        on_invoke_tool=call,
+        on_invoke_tool=_Invoke(call, arguments),
         strict_json_schema=strict,
         needs_approval=needs_approval,
     )
@@ -330,39 +331,11 @@ def effect_tool(
 
 
 @dataclass(frozen=True)
-class _EffectTool:
-    """What an `effect_tool` call does: its `on_invoke_tool`."""
+class _Invoke:
+    """An `effect_tool`'s `on_invoke_tool`: its arguments validated, then the call."""
 
-    effects: Effects
+    call: EffectCall[ToolContext[Any]]
     arguments: type[BaseModel]
-    tenant: str
-    action: str
-    authorization_ref: str | Callable[[ToolContext[Any]], str]
-    effect_of: Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]
-    wait: float | timedelta | None
-    intent_fields: Sequence[str] | None
-    repeatable: bool
-    run: RunOf
-
-    def intent(self, ctx: ToolContext[Any], args: BaseModel) -> Intent:
-        """The intent of one call (a call with no run is misconfigured, not the call's
-        fault: raised)."""
-        values = args.model_dump()
-        repeat = values.pop(REPEAT, None) if self.repeatable else None
-        the_run = self.run(ctx)
-        target, payload = self.effect_of(values)
-        ref = self.authorization_ref
-        return Intent(
-            tenant=self.tenant,
-            workflow_id=the_run,
-            action=self.action,
-            target=target,
-            payload=payload,
-            authorization_ref=ref(ctx) if callable(ref) else ref,
-            purpose=purpose_of(repeat),
-            intent_fields=self.intent_fields,
-            asked_by=asker_of(ctx),
-        )
 
     async def __call__(self, ctx: ToolContext[Any], arguments: str) -> str:
         try:
@@ -372,8 +345,7 @@ class _EffectTool:
                 f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors()
             )
             return _json(refusal("InvalidArguments", f"the arguments are not valid: {why}"))
-        answer = await _answer(self.effects, self.intent(ctx, args), self.wait, self.repeatable)
-        return _json(answer)
+        return _json(await self.call.aanswer(ctx, args, refused))
 
 
 def _json(answer: dict[str, Any]) -> str:

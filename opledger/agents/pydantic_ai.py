@@ -46,32 +46,21 @@ Needs the `[pydantic-ai]` extra; nothing else in opledger imports this module.
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
-from pydantic import BaseModel, Field, create_model
+from pydantic import BaseModel
 from pydantic_ai import RunContext, Tool
 from pydantic_ai.exceptions import ToolFailed
 
-from opledger.ledger.ids import evidence_text
-from opledger.ledger.intents import Intent
-
-from .answers import (
-    REFUSED,
-    REPEAT,
-    REPEAT_HELP,
-    UNFIXABLE,
-    UnnamedRun,
-    purpose_of,
-    refused,
-    summary,
-)
+from .answers import UnnamedRun, refused
 from .effects import Effects
-from .results import EffectResult, _Result
+from .results import _Result
+from .tooling import EffectCall, EffectOf, aanswer, arguments_of, asker, tool_intent
 
 __all__ = [
     "RunOf",
@@ -86,12 +75,15 @@ __all__ = [
 
 #: the run of a tool call, from its context
 RunOf = Callable[[RunContext[Any]], str]
+#: `Tool`'s own arguments `effect_tool` sets itself (the function and its schema are ours)
+_OURS = frozenset({"self", "function", "takes_ctx", "name", "description", "function_schema"})
 
 
 def durable_run() -> str | None:
     """The run of the durable workflow this code runs in, if any: `dbos:<workflow id>` in
     a DBOS workflow, `temporal:<workflow id>` in a Temporal workflow or activity. None
-    elsewhere. Neither engine is imported here: code runs in one only once it is."""
+    elsewhere (a standalone Temporal activity, started by no workflow, has none). Neither
+    engine is imported here: code runs in one only once it is."""
     dbos = sys.modules.get("dbos")
     if dbos is not None:
         workflow_id = dbos.DBOS.workflow_id
@@ -99,10 +91,12 @@ def durable_run() -> str | None:
             return f"dbos:{workflow_id}"
     activity = sys.modules.get("temporalio.activity")
     if activity is not None and activity.in_activity():
-        return f"temporal:{activity.info().workflow_id}"
+        workflow_id = activity.info().workflow_id
+        return f"temporal:{workflow_id}" if workflow_id else None
     workflow = sys.modules.get("temporalio.workflow")
     if workflow is not None and workflow.in_workflow():
-        return f"temporal:{workflow.info().workflow_id}"
+        workflow_id = workflow.info().workflow_id
+        return f"temporal:{workflow_id}" if workflow_id else None
     return None
 
 
@@ -133,11 +127,7 @@ def conversation_run(ctx: RunContext[Any]) -> str:
 def asker_of(ctx: RunContext[Any]) -> str | None:
     """Who asked, for the record: `<tool>:<tool_call_id>`. Evidence only: it never decides
     the intent."""
-    if ctx.tool_call_id is None:
-        return evidence_text(ctx.tool_name)
-    return evidence_text(
-        f"{ctx.tool_name}:{ctx.tool_call_id}" if ctx.tool_name else ctx.tool_call_id
-    )
+    return asker(ctx.tool_name, ctx.tool_call_id)
 
 
 async def tool_effect(
@@ -160,34 +150,28 @@ async def tool_effect(
     """Inside a tool function of your own (`@agent.tool`): the effect this call asks for,
     keyed by the act (see the module's docstring), as the answer the model reads
     (`answers.summary`). `repeat` is the model's deliberate repeat (2 for the second time).
-    A refusal is raised as `ToolFailed` (the model reads it; the run goes on)."""
-    intent = Intent(
+    A refusal is raised as `ToolFailed` (the model reads it; the run goes on); a payload
+    the ledger cannot record (not JSON, too deep, too large) is raised as it is: your
+    code built it, no call can fix it."""
+    intent = tool_intent(
         tenant=tenant,
-        workflow_id=(run or run_of)(ctx),
+        run=(run or run_of)(ctx),
         action=action,
         target=target,
         payload=payload,
         authorization_ref=authorization_ref,
-        purpose=purpose_of(repeat),
+        repeat=repeat,
+        after=after,
         intent_fields=intent_fields,
         intent_key=intent_key,
         asked_by=asker_of(ctx),
-        after=tuple(a.op_id if isinstance(a, _Result) else a for a in after),
     )
-    return await _answer(effects, intent, wait, repeatable)
+    return await aanswer(effects, intent, wait=wait, repeatable=repeatable, refuse=_failed)
 
 
-async def _answer(
-    effects: Effects, intent: Intent, wait: float | timedelta | None, repeatable: bool
-) -> dict[str, Any]:
-    """How the act stands, as the model reads it; a refusal as a failed tool result."""
-    try:
-        result: EffectResult = await effects.aask(intent, wait=wait)
-    except UNFIXABLE:
-        raise
-    except REFUSED as exc:
-        raise ToolFailed(json.dumps(refused(exc), sort_keys=True)) from exc
-    return summary(result, repeatable=repeatable)
+def _failed(exc: Exception) -> NoReturn:
+    """A refusal as a failed tool result the model reads (no retry budget spent)."""
+    raise ToolFailed(json.dumps(refused(exc), sort_keys=True)) from exc
 
 
 def effect_tool(
@@ -199,11 +183,12 @@ def effect_tool(
     tenant: str,
     action: str,
     authorization_ref: str | Callable[[RunContext[Any]], str],
-    effect_of: Callable[[dict[str, Any]], tuple[str, dict[str, Any]]],
+    effect_of: EffectOf,
     wait: float | timedelta | None = 30.0,
     intent_fields: Sequence[str] | None = None,
     repeatable: bool = True,
     run: RunOf | None = None,
+    **tool_options: Any,
 ) -> Tool[Any]:
     """A Pydantic AI `Tool` (for `Agent(tools=[...])` or a `FunctionToolset`) whose call is
     an opledger effect, keyed by the act it asks for, never by its tool-call id; it waits
@@ -211,37 +196,29 @@ def effect_tool(
 
     The model sees `args_schema`'s fields as the tool's arguments (validated by Pydantic
     AI: invalid ones get its usual retry prompt); `effect_of(args)` gives the target and the
-    payload of the validated arguments (a dict, `model_dump`); the action's intent fields
-    (`intent_fields`, else what its adapter declares) are payload fields.
+    payload of the validated arguments as JSON-ready values (a dict,
+    `model_dump(mode="json")`: a date as ISO text, a Decimal as text); the action's intent
+    fields (`intent_fields`, else what its adapter declares) are payload fields.
     `authorization_ref` may depend on the call's context (`ctx.deps`); `run(ctx)` names the
     run (default `run_of`: the DBOS or Temporal workflow, else `UnnamedRun`). With
     `repeatable` (the default) the tool takes an optional integer `repeat` argument the
     model sets only to ask for the same act again on purpose (2 for the second time);
     without it, the act happens at most once per run (per tenant, for an action of the
     tenant's scope). An `args_schema` with a `repeat` field of its own needs
-    `repeatable=False` (raises `ValueError`).
+    `repeatable=False` (raises `ValueError`). `tool_options` are `Tool`'s own
+    (`requires_approval`, `strict`, `max_retries`, `sequential`, `timeout`, `metadata`,
+    ...); a name `Tool` does not take, or one this function sets, raises `TypeError`.
 
     The tool's return (what the model reads) is the result as a dict (`answers.summary`):
     its kind (confirmed, rejected, cancelled, unknown, pending), the operation, the
     receipt and the provider's data, or the reason or what it waits for, `asked_before`,
     `differs`, and a `message` in words. A refusal the call caused is a failed tool result
-    (`ToolFailed`, JSON with `kind: "refused"`); what no call can fix is raised.
+    (`ToolFailed`, JSON with `kind: "refused"`); what no call can fix is raised, a payload
+    `effect_of` built that the ledger cannot record among it.
     """
-    if repeatable and REPEAT in args_schema.model_fields:
-        raise ValueError(
-            f"{args_schema.__name__} has a field named {REPEAT!r}, the argument a repeatable "
-            "tool adds for deliberate repeats: rename it, or pass repeatable=False"
-        )
-    arguments = args_schema
-    if repeatable:
-        repeat_field: Any = (
-            int | None,
-            Field(default=None, ge=1, le=1000, description=REPEAT_HELP),
-        )
-        arguments = create_model(
-            args_schema.__name__, __base__=args_schema, **{REPEAT: repeat_field}
-        )
-    call = _EffectTool(
+    _check_options(tool_options)
+    arguments = arguments_of(args_schema, repeatable=repeatable)
+    call: EffectCall[RunContext[Any]] = EffectCall(
         effects,
         tenant=tenant,
         action=action,
@@ -251,49 +228,23 @@ def effect_tool(
         intent_fields=intent_fields,
         repeatable=repeatable,
         run=run or run_of,
+        asked_by=asker_of,
     )
 
     async def function(ctx: RunContext[Any], args: BaseModel) -> dict[str, Any]:
-        return await call(ctx, args)
+        return await call.aanswer(ctx, args, _failed)
 
     # one argument of a model type: Pydantic AI takes the model's fields as the arguments
     function.__annotations__ = {"ctx": RunContext[Any], "args": arguments, "return": dict[str, Any]}
-    return Tool(function, takes_ctx=True, name=name, description=description)
+    return Tool(function, takes_ctx=True, name=name, description=description, **tool_options)
 
 
-@dataclass(frozen=True)
-class _EffectTool:
-    """What an `effect_tool` call does."""
-
-    effects: Effects
-    tenant: str
-    action: str
-    authorization_ref: str | Callable[[RunContext[Any]], str]
-    effect_of: Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]
-    wait: float | timedelta | None
-    intent_fields: Sequence[str] | None
-    repeatable: bool
-    run: RunOf
-
-    def intent(self, ctx: RunContext[Any], args: BaseModel) -> Intent:
-        """The intent of one call (a call with no run is misconfigured, not the call's
-        fault: raised)."""
-        values = args.model_dump()
-        repeat = values.pop(REPEAT, None) if self.repeatable else None
-        the_run = self.run(ctx)
-        target, payload = self.effect_of(values)
-        ref = self.authorization_ref
-        return Intent(
-            tenant=self.tenant,
-            workflow_id=the_run,
-            action=self.action,
-            target=target,
-            payload=payload,
-            authorization_ref=ref(ctx) if callable(ref) else ref,
-            purpose=purpose_of(repeat),
-            intent_fields=self.intent_fields,
-            asked_by=asker_of(ctx),
+def _check_options(options: dict[str, Any]) -> None:
+    """Raise `TypeError` for an option `Tool` does not take, or one `effect_tool` sets."""
+    takes = set(inspect.signature(Tool.__init__).parameters) - _OURS
+    wrong = sorted(set(options) - takes)
+    if wrong:
+        raise TypeError(
+            f"effect_tool() got Tool options it cannot pass: {', '.join(wrong)} (Tool's own "
+            f"it passes: {', '.join(sorted(takes))})"
         )
-
-    async def __call__(self, ctx: RunContext[Any], args: BaseModel) -> dict[str, Any]:
-        return await _answer(self.effects, self.intent(ctx, args), self.wait, self.repeatable)
