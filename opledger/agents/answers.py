@@ -122,7 +122,7 @@ def on_relay(result: EffectResult) -> bool:
     return (
         isinstance(result, EffectPending)
         and result.operation.status is Status.PREPARED
-        and result.awaiting != "dependencies"
+        and result.awaiting in ("worker", "provider")  # not a person's approval, not deps
     )
 
 

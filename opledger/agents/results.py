@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from opledger.ledger import Answer, Dependency, Operation, Review, Status
+from opledger.ledger import Answer, Dependency, Operation, PendingApproval, Review, Status
 from opledger.ledger.contract import Contract
 
 
@@ -123,13 +123,14 @@ class EffectUnknown(_Result):
 
 
 class EffectPending(_Result):
-    """Nothing settled yet: it waits for its dependencies, a worker, or the provider's
-    answer (when the wait ran out, or when nothing was waited for)."""
+    """Nothing settled yet: it waits for a person's approval, its dependencies, a worker,
+    or the provider's answer (when the wait ran out, or when nothing was waited for)."""
 
     kind: Literal["pending"] = "pending"
-    #: what it waits for: its dependencies, a worker to take it, or the provider (its answer
-    #: to the attempt under way, or room for it: its limits, a "not now", an outage)
-    awaiting: Literal["dependencies", "worker", "provider"]
+    #: what it waits for: a person's approval (nothing is sent before it: its action's
+    #: approval policy asks), its dependencies, a worker to take it, or the provider (its
+    #: answer to the attempt under way, or room for it: its limits, a "not now", an outage)
+    awaiting: Literal["approval", "dependencies", "worker", "provider"]
     #: the same, in words
     waiting_for: str
     #: the dependencies not confirmed yet (each with the review holding it, if any)
@@ -148,13 +149,16 @@ EffectResult = EffectConfirmed | EffectRejected | EffectCancelled | EffectUnknow
 
 
 def at_rest(result: EffectResult) -> bool:
-    """Whether waiting longer is pointless: it is final, or a person holds it, or it waits
-    on a dependency a person holds (or that can no longer be confirmed)."""
+    """Whether waiting longer is pointless: it is final, or a person holds it (its review,
+    or the approval it waits for), or it waits on a dependency a person holds (or that can
+    no longer be confirmed)."""
     if result.final:
         return True
     if isinstance(result, EffectUnknown):
         return result.review is not None
     if not isinstance(result, EffectPending):
+        return True
+    if result.awaiting == "approval":
         return True
     return any(
         d.review_id is not None or d.status in (Status.REJECTED, Status.CANCELLED)
@@ -205,8 +209,10 @@ def result_of(answer: Answer, contract: Contract | None = None) -> EffectResult:
             waiting = "evidence: a check is under way"
         return EffectUnknown(operation=op, review=review, waiting_for=waiting)
     blocked = answer.blocked_by
-    on: Literal["dependencies", "worker", "provider"]
-    if blocked:
+    on: Literal["approval", "dependencies", "worker", "provider"]
+    if answer.awaiting_approval is not None:
+        on, waiting = "approval", _approval(answer.awaiting_approval)
+    elif blocked:
         on, waiting = "dependencies", "dependencies: " + "; ".join(_describe(d) for d in blocked)
     elif op.status is Status.DISPATCHING:
         on, waiting = "provider", "the provider's answer to the attempt under way"
@@ -219,6 +225,18 @@ def result_of(answer: Answer, contract: Contract | None = None) -> EffectResult:
     else:
         on, waiting = "worker", "a worker to take it"
     return EffectPending(operation=op, awaiting=on, waiting_for=waiting, blocked_by=blocked)
+
+
+def _approval(pending: PendingApproval) -> str:
+    """What an act held for approval waits for, in words: who must say yes, since when."""
+    people = "a person" if pending.approvers_required == 1 else "two people"
+    so_far = f" ({', '.join(pending.approved_by)} did)" if pending.approved_by else ""
+    why = f" because {'; '.join(pending.reasons)}" if pending.reasons else ""
+    return (
+        f"approval by {people} who may approve it{so_far}, asked "
+        f"{pending.requested_at.isoformat()}{why}; nothing is sent before it, and it is "
+        f"cancelled if nobody approves by {pending.expires_at.isoformat()}"
+    )
 
 
 def _next_check(op: Operation, contract: Contract | None) -> str:

@@ -392,6 +392,18 @@ class History(Record):
         return status.final or (status is Status.UNKNOWN and self.open_review is not None)
 
 
+class PendingApproval(Record):
+    """The approval an operation waits for before any claim (`opledger.ledger.approvals`),
+    as an agent is told: since when, until when, how many people must say yes and who
+    did, and why the action's policy asks."""
+
+    requested_at: AwareDatetime
+    expires_at: AwareDatetime
+    approvers_required: int
+    approved_by: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+
+
 class Answer(Record):
     """How one operation stands, as an agent waiting on it is answered (`Ledger.answers`):
     the operation and what an answer says beside its status, read in one statement."""
@@ -409,6 +421,8 @@ class Answer(Record):
     #: while it is unknown although no attempt may have reached the provider (each one sent
     #: nothing): why the newest sent nothing (`no_adapter`, `no_connection`, ...); else None
     unsent_why: str | None = None
+    #: while it is held for a person's approval (prepared), the pending request
+    awaiting_approval: PendingApproval | None = None
 
 
 class Ask(Record):

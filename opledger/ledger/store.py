@@ -27,6 +27,7 @@ from .models import (
     Evidence,
     History,
     Operation,
+    PendingApproval,
     Review,
     Transition,
 )
@@ -129,12 +130,15 @@ class Store(Connector):
         """The answer a `queries.SELECT_ANSWERS` row (a tuple) gives, its result document
         opened."""
         op = operation_of(values)
-        last_reason, detail, review, blocked_by, unsent = values[len(q.OPERATION_COLUMNS) :]
+        last_reason, detail, review, blocked_by, unsent, approval = values[
+            len(q.OPERATION_COLUMNS) :
+        ]
         detail = detail or {}
         if "result" in detail:  # as `opened` does for a history's evidence
             result = open_result(self.payload_keys, op.id, detail["result"])
             if result is not detail["result"]:
                 detail = {**detail, "result": result}
+        pending = None if approval is None else PendingApproval.model_validate(approval)
         return Answer(
             operation=op,
             last_reason=last_reason,
@@ -142,6 +146,7 @@ class Store(Connector):
             open_review=None if review is None else Review.model_validate(review),
             blocked_by=tuple(Dependency.model_validate(d) for d in blocked_by or ()),
             unsent_why=unsent,
+            awaiting_approval=pending,
         )
 
     def history(self, conn: Connection, op_id: str) -> History:

@@ -217,7 +217,15 @@ SELECT_ANSWERS = text(
                SELECT 1 FROM attempts AS a WHERE a.op_id = o.id AND NOT EXISTS (
                    SELECT 1 FROM evidence AS s WHERE s.op_id = a.op_id AND s.attempt_n = a.n
                      AND s.source = 'dispatch' AND s.detail->>'code' = 'not_sent'))
-         ORDER BY e.id DESC LIMIT 1) AS unsent_why
+         ORDER BY e.id DESC LIMIT 1) AS unsent_why,
+        -- prepared and held for a person's approval: the request, while it is pending
+        (SELECT jsonb_build_object(
+                    'requested_at', ap.requested_at, 'expires_at', ap.expires_at,
+                    'approvers_required', ap.approvers_required,
+                    'approved_by', to_jsonb(ap.approved_by), 'reasons', to_jsonb(ap.reasons))
+         FROM approvals AS ap
+         WHERE o.status = 'prepared' AND ap.op_id = o.id AND ap.status = 'pending')
+            AS awaiting_approval
     FROM operations AS o
     WHERE o.id = ANY(:ids)
     """
