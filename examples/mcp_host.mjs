@@ -6,7 +6,7 @@
 //
 //   npm install @modelcontextprotocol/sdk
 //   OPLEDGER_MCP_TOKEN=<the token> node mcp_host.mjs --url http://127.0.0.1:8765/mcp \
-//       --run onboarding-42 --tool crm.update_case.v1 --target case-318 \
+//       --run onboarding-42 --tool crm_update_case_v1 --target case-318 \
 //       --payload '{"fields": {"status": "resolved"}}'
 //
 // Over stdio (--stdio), everything after -- is the server's command line. The TypeScript SDK's
@@ -29,7 +29,7 @@ import { StdioClientTransport, getDefaultEnvironment } from "@modelcontextprotoc
 import { ErrorCode, McpError } from "@modelcontextprotocol/sdk/types.js";
 
 const RUN_META = "opledger/run";
-const STATUS_TOOL = "opledger.status";
+const STATUS_TOOL = "opledger_status";
 
 const { values: opts, positionals } = parseArgs({
   allowPositionals: true,
@@ -63,7 +63,7 @@ function transport() {
 }
 
 // Final for the host: confirmed, rejected, cancelled, and unknown once a review is open (a
-// person decides). pending, and unknown before a review opens, are not: ask opledger.status.
+// person decides). pending, and unknown before a review opens, are not: ask opledger_status.
 function settled(answer) {
   return answer.kind !== "pending" && !(answer.kind === "unknown" && !answer.review_id);
 }

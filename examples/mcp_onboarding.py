@@ -4,7 +4,9 @@ confirmed, email its owner — from any process that speaks MCP, here the MCP SD
 The agent names its run (`_meta["opledger/run"]`) and nothing else about the effect: the
 gateway keys each call by the run and the act, never by the request id, so running this
 again with the same run (after a crash, a lost answer, a restart) gets the recorded
-operations back and sends nothing twice. Start the gateway and a worker first:
+operations back and sends nothing twice. Each tool is named after its action as a model API
+names a function: `crm.close_case.v1` is the tool `crm_close_case_v1`. Start the gateway
+and a worker first:
 
     opledger mcp token --agent onboarding --tenant acme --grant auth_acme --file clients.json
     OPLEDGER_MCP_CLIENTS=clients.json opledger mcp serve --port 8765
@@ -43,16 +45,16 @@ async def onboard(url: str, token: str, run: str, case: str, owner: str) -> int:
             print(json.dumps({"tool": tool, **answer}, sort_keys=True), flush=True)
             return answer
 
-        closed = await act("crm.close_case.v1", case, {"note": "onboarding complete"})
+        closed = await act("crm_close_case_v1", case, {"note": "onboarding complete"})
         while closed["kind"] == "pending":  # the call waited as long as the gateway does
             result = await client.call_tool(
-                "opledger.status", {"op_id": closed["op_id"], "wait": 20}, meta=meta
+                "opledger_status", {"op_id": closed["op_id"], "wait": 20}, meta=meta
             )
             closed = cast(dict[str, Any], result.structured_content)
         if closed["kind"] != "confirmed":
             return 1  # rejected, or unknown: a person has it; never close it another way
         sent = await act(
-            "email.send.v1",
+            "email_send_v1",
             owner,
             {"to": owner, "subject": f"{case} is closed", "text": "Welcome aboard."},
         )

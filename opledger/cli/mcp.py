@@ -51,7 +51,7 @@ WaitOption = Annotated[
     float,
     typer.Option(
         help="Seconds a call waits for its effect to settle before it answers pending "
-        "(the agent then asks opledger.status)."
+        "(the agent then asks opledger_status)."
     ),
 ]
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from opledger.ledger import InvalidInput
-from opledger.ledger.ids import check_identifier, check_key
+from opledger.ledger.ids import MAX_IDENTIFIER_LENGTH, check_identifier, check_key
 
 #: what a token starts with (a reader of a log line or a leaked file can tell what it is)
 TOKEN_PREFIX = "opl_mcp_"
@@ -39,6 +39,9 @@ TOKEN = "token"
 #: each tool declares a required `run` argument the host (or the model) sets
 ARGUMENT = "argument"
 RUN_MODES = (META, TOKEN, ARGUMENT)
+#: the longest agent name: its runs are `mcp:<agent>:<run>`, a run of the ledger at most
+#: `MAX_IDENTIFIER_LENGTH` (200) characters, so at least 67 are left for the run's own id
+MAX_AGENT_LENGTH = 128
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,12 @@ class Caller:
         """The ledger's run of this caller's `run` (another agent's run of the same name is
         another run)."""
         return f"mcp:{self.agent}:{run}"
+
+    @property
+    def max_run_length(self) -> int:
+        """The longest run (in NFC) this caller may name: what its prefix (`mcp:<agent>:`)
+        leaves of the ledger's 200 characters."""
+        return MAX_IDENTIFIER_LENGTH - len(self.workflow_id(""))
 
     @property
     def own_run(self) -> str:
@@ -124,7 +133,7 @@ def _entry(entry: Any, where: str) -> tuple[Caller, str]:
         )
     try:
         caller = Caller(
-            agent=check_key("agent", str(entry["agent"])),
+            agent=check_key("agent", str(entry["agent"]), max_length=MAX_AGENT_LENGTH),
             tenant=check_key("tenant", str(entry["tenant"])),
             grant=check_identifier("grant", str(entry["grant"])),
             run_mode=mode,

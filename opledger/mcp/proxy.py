@@ -1,7 +1,8 @@
 """`opledger mcp proxy`: an existing MCP server's tools, its effects caused once.
 
 In front of the upstream (`OPLEDGER_MCP_UPSTREAM`, see `adapters.mcp`), the proxy offers the
-tools its file names, with the upstream's own names, descriptions and input schemas:
+tools its file names, with the upstream's own names (theirs, as its hosts know them: not
+renamed as the gateway's tools are), descriptions and input schemas:
 a passthrough (read-only) tool is forwarded as it is; a call of an effectful tool becomes
 an effect of the caller's run — its arguments are the frozen payload, its target the
 argument the file names — dispatched to the upstream by the workers (`McpToolAdapter`),
@@ -12,6 +13,7 @@ the gateway's (`server.Gateway`).
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +28,9 @@ from opledger.agents.answers import REPEAT, REPEAT_HELP
 from opledger.agents.effects import Effects
 
 from .server import EFFECT_ANNOTATIONS, Gateway, Identify, refusal
+from .tools import ACTION_META, LEGACY_STATUS_TOOL, STATUS_TOOL, TOOL_NAME_RE
+
+log = logging.getLogger(__name__)
 
 
 async def upstream_tools(upstream: Upstream) -> list[types.Tool]:
@@ -62,6 +67,7 @@ class Proxy(Gateway):
                 f"no adapter serves {', '.join(unserved)}: run the proxy and the workers with "
                 "OPLEDGER_ADAPTERS=opledger.adapters.mcp:build_registry"
             )
+        _check_names([*upstream.passthrough, *upstream.effects])
         self._effectful: dict[str, UpstreamTool] = dict(upstream.effects)
         self._passthrough = set(upstream.passthrough)
         for name in sorted(self._passthrough):
@@ -102,6 +108,25 @@ class Proxy(Gateway):
             raise MCPError(INTERNAL_ERROR, f"the upstream did not answer: {exc}"[:500]) from None
 
 
+def _check_names(names: list[str]) -> None:
+    """The upstream's tools keep their own names (its hosts, and the upstream file, know them
+    by these). One named as the status tool is refused; one a model API would refuse as a
+    function name is offered with a warning: hosts that pass tool names to the model as they
+    are fail on it (rename it upstream, or prefix it in the host)."""
+    for name in names:
+        if name in (STATUS_TOOL, LEGACY_STATUS_TOOL):
+            raise UpstreamInvalid(
+                f"the upstream tool {name} has the name of the proxy's status tool: leave it "
+                "out of the upstream file"
+            )
+        if not TOOL_NAME_RE.fullmatch(name):
+            log.warning(
+                "the upstream tool %r is not named as model APIs name a function "
+                "(^[a-zA-Z0-9_-]{1,64}$): hosts that pass its name to the model will fail",
+                name,
+            )
+
+
 def _with_repeat(name: str, schema: Mapping[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(dict(schema))
     props = out.setdefault("properties", {})
@@ -131,4 +156,5 @@ def _effect_tool(tool: types.Tool, schema: dict[str, Any], spec: UpstreamTool) -
         description=(tool.description or "") + note,
         input_schema=schema,
         annotations=EFFECT_ANNOTATIONS,
+        meta={ACTION_META: spec.action},
     )

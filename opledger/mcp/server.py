@@ -16,8 +16,10 @@ error.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -41,12 +43,14 @@ from opledger.agents import answers
 from opledger.agents.answers import REFUSED, REPEAT, UNFIXABLE, purpose_of, refused, summary
 from opledger.agents.effects import EffectResult, Effects, at_rest
 from opledger.ledger import InvalidInput, Operation, OperationNotFound
-from opledger.ledger.ids import check_operation_id
+from opledger.ledger.ids import MAX_IDENTIFIER_LENGTH, check_operation_id
 from opledger.ledger.intents import TENANT, Intent
 from opledger.observability import metrics
 
 from .clients import ARGUMENT, META, TOKEN, Caller, Clients
 from .tools import (
+    ACTION_META,
+    LEGACY_STATUS_TOOL,
     RUN_ARGUMENT,
     RUN_META,
     STATUS_DESCRIPTION,
@@ -54,6 +58,7 @@ from .tools import (
     STATUS_TOOL,
     description,
     input_schema,
+    tool_names,
     with_run_argument,
 )
 
@@ -100,17 +105,26 @@ class Gateway:
         self.identify = identify
         self.wait = wait
         offered = gateway_actions(registry) if actions is None else tuple(actions)
+        #: tool name -> action (`ToolNameClash` here, at start, for two actions of one name)
+        self._action_of = tool_names(offered)
+        #: the names 0.1.0 offered (the actions themselves), still served: name -> tool
+        self._aliases = {a: name for name, a in self._action_of.items()}
+        self._aliases[LEGACY_STATUS_TOOL] = STATUS_TOOL
         self._schemas: dict[str, Mapping[str, Any]] = {}
         #: by run mode: the tools a caller is offered and what its calls are checked by
         self._tools: dict[bool, list[types.Tool]] = {False: [], True: []}
         self._checks: dict[bool, dict[str, Draft202012Validator]] = {False: {}, True: {}}
+        #: an `argument` client's tools, by the longest run its name leaves room for
+        self._argument_tools: dict[int, list[types.Tool]] = {}
         self._status_validator = Draft202012Validator(STATUS_SCHEMA)
-        for a in offered:
+        for name, a in self._action_of.items():
             tool = types.Tool(
-                name=a,
+                name=name,
+                title=a,
                 description=description(registry, a),
                 input_schema=input_schema(registry, a),
                 annotations=EFFECT_ANNOTATIONS,
+                meta={ACTION_META: a},
             )
             # the payload is the ledger's to check (`prepare`, against the same schema):
             # an act already recorded, asked again in other words, is answered with it
@@ -151,7 +165,21 @@ class Gateway:
         return [*self._tools[False], STATUS]
 
     def tools_for(self, caller: Caller) -> list[types.Tool]:
-        return [*self._tools[caller.run_mode == ARGUMENT], STATUS]
+        if caller.run_mode != ARGUMENT:
+            return self.tools
+        limit = caller.max_run_length
+        if limit not in self._argument_tools:
+            self._argument_tools[limit] = [self._run_fits(t, limit) for t in self._tools[True]]
+        return [*self._argument_tools[limit], STATUS]
+
+    def _run_fits(self, tool: types.Tool, limit: int) -> types.Tool:
+        """An effect's tool as a caller whose runs leave `limit` characters sees it: its
+        `run` argument declares that as its maxLength."""
+        if tool.name not in self._schemas:  # passed through: no run argument of ours
+            return tool
+        schema = copy.deepcopy(tool.input_schema)
+        schema["properties"][RUN_ARGUMENT]["maxLength"] = limit
+        return tool.model_copy(update={"input_schema": schema})
 
     def input_schema(self, name: str) -> Mapping[str, Any] | None:
         return STATUS_SCHEMA if name == STATUS_TOOL else self._schemas.get(name)
@@ -165,6 +193,8 @@ class Gateway:
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         caller = self.identify()
+        if params.name in self._aliases:  # a name 0.1.0 offered: the tool it now is
+            params = params.model_copy(update={"name": self._aliases[params.name]})
         name, args = params.name, dict(params.arguments or {})
         if name == STATUS_TOOL:
             return await self._status(caller, args)
@@ -185,7 +215,7 @@ class Gateway:
     ) -> tuple[str, str, dict[str, Any], int | None] | types.CallToolResult:
         """The act a call's checked arguments ask for (action, target, payload, repeat), or
         the refusal of a call that names none."""
-        return name, args["target"], args["payload"], args.get(REPEAT)
+        return self._action_of[name], args["target"], args["payload"], args.get(REPEAT)
 
     async def effect(
         self,
@@ -202,9 +232,10 @@ class Gateway:
         """A call as an effect of the caller's run (the call's arguments already checked;
         `claimed`: its `run` argument, for a client of the `argument` run mode)."""
         name = params.name
-        workflow_id = workflow_of(caller, params.meta, claimed)
-        if workflow_id is None:
-            return refusal(name, "MissingRun", missing_run(caller))
+        try:
+            workflow_id = workflow_of(caller, params.meta, claimed)
+        except RunRefused as exc:
+            return refusal(name, exc.error, exc.why)
         try:
             intent = Intent(
                 tenant=caller.tenant,
@@ -260,8 +291,18 @@ def proxied_actions(registry: Registry) -> tuple[str, ...]:
     return tuple(a for a in registry.actions if isinstance(registry.adapter_for(a), McpToolAdapter))
 
 
-def workflow_of(caller: Caller, meta: Mapping[str, Any] | None, claimed: str | None) -> str | None:
-    """The ledger's run of a call, or None when the call names none it may have.
+class RunRefused(Exception):
+    """Why a call names no run it may have: `error`, the refusal's kind, and `why`, in words
+    the caller can act on."""
+
+    def __init__(self, error: str, why: str) -> None:
+        super().__init__(why)
+        self.error = error
+        self.why = why
+
+
+def workflow_of(caller: Caller, meta: Mapping[str, Any] | None, claimed: str | None) -> str:
+    """The ledger's run of a call, or `RunRefused` when the call names none it may have.
 
     The call's `_meta["opledger/run"]` wins whenever it is there (a host that can name its
     run always may); without it, the caller's run mode decides: a `token` client's own run,
@@ -270,12 +311,39 @@ def workflow_of(caller: Caller, meta: Mapping[str, Any] | None, claimed: str | N
     meta = meta or {}
     if RUN_META in meta:
         run = meta[RUN_META]
-        return caller.workflow_id(run) if isinstance(run, str) and run.strip() else None
+        if not isinstance(run, str) or not run.strip():
+            raise RunRefused(
+                "InvalidRun",
+                f"_meta['{RUN_META}'] must be a non-blank string, your run's id (the same on "
+                f"every retry and restart), not {_json_kind(run)}",
+            )
+        return caller.workflow_id(_fitting(caller, run, f"_meta['{RUN_META}']", "InvalidRun"))
     if caller.run_mode == TOKEN:
         return caller.own_run
     if caller.run_mode == ARGUMENT and claimed is not None and claimed.strip():
-        return caller.workflow_id(claimed)
-    return None
+        where = f"the {RUN_ARGUMENT!r} argument"
+        return caller.workflow_id(_fitting(caller, claimed, where, "InvalidArguments"))
+    raise RunRefused("MissingRun", missing_run(caller))
+
+
+def _fitting(caller: Caller, run: str, where: str, error: str) -> str:
+    """`run`, if the ledger's run it makes (`mcp:<agent>:<run>`) is not too long."""
+    length = len(unicodedata.normalize("NFC", run))
+    if length > caller.max_run_length:
+        raise RunRefused(
+            error,
+            f"{where} is {length} characters; at most {caller.max_run_length} fit (the run is "
+            f"kept as {caller.workflow_id('<run>')}, at most {MAX_IDENTIFIER_LENGTH} "
+            "characters): use a shorter id, the same on every retry and restart",
+        )
+    return run
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, str):
+        return "a blank one"
+    kinds = {bool: "a boolean", int: "a number", float: "a number", dict: "an object"}
+    return kinds.get(type(value), "an array" if isinstance(value, list) else "null")
 
 
 def missing_run(caller: Caller) -> str:

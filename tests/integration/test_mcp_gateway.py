@@ -35,7 +35,7 @@ from opledger.dev.processes import free_port
 from opledger.ledger import Ledger
 from opledger.mcp.clients import Caller, Clients, add_client
 from opledger.mcp.server import Gateway, http_app, identify_by_token
-from opledger.mcp.tools import RUN_META, STATUS_TOOL
+from opledger.mcp.tools import ACTION_META, RUN_META, STATUS_TOOL, TOOL_NAME_RE
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -120,7 +120,7 @@ def call(
     return anyio.run(go)
 
 
-CLOSE = {"target": "case-318", "payload": {"note": "resolved by the agent"}}
+CLOSE: dict[str, Any] = {"target": "case-318", "payload": {"note": "resolved by the agent"}}
 
 
 def test_the_tools_are_the_actions_with_their_schemas_and_the_status_tool(gw: Gw) -> None:
@@ -130,22 +130,39 @@ def test_the_tools_are_the_actions_with_their_schemas_and_the_status_tool(gw: Gw
 
     tools = {t.name: t for t in anyio.run(go).tools}
     assert set(tools) == {
-        "crm.close_case.v1",
-        "crm.update_case.v1",
-        "email.send.v1",
+        "crm_close_case_v1",
+        "crm_update_case_v1",
+        "email_send_v1",
         STATUS_TOOL,
     }
-    update = tools["crm.update_case.v1"]
+    update = tools["crm_update_case_v1"]
     assert update.input_schema["required"] == ["target", "payload"]
     assert update.input_schema["properties"]["payload"]["required"] == ["fields"]
     assert "payload's fields" in (update.description or "")
     assert update.annotations is not None and update.annotations.idempotent_hint
+    # named as model APIs name a function; the action is in what a reader of the tool sees
+    assert all(TOOL_NAME_RE.fullmatch(name) for name in tools)
+    assert update.meta is not None and update.meta[ACTION_META] == "crm.update_case.v1"
+    assert "crm.update_case.v1" in (update.description or "")
+
+
+def test_a_call_naming_the_action_or_the_old_status_tool_is_served_as_its_tool(gw: Gw) -> None:
+    """The names 0.1.0 offered (the action itself, `opledger.status`) are not listed, and a
+    call that names them is the same act as its tool's."""
+    first = call(gw, "crm_close_case_v1", CLOSE).structured_content
+    legacy = call(gw, "crm.close_case.v1", CLOSE)
+    assert not legacy.is_error, legacy
+    assert legacy.structured_content["op_id"] == first["op_id"]
+    assert legacy.structured_content["asked_before"] is True
+    status = call(gw, "opledger.status", {"op_id": first["op_id"]})
+    assert not status.is_error and status.structured_content["op_id"] == first["op_id"]
+    assert len(gw.ledger.list(limit=10)) == 1
 
 
 def test_a_call_is_an_effect_and_the_same_call_under_a_new_request_id_is_answered_with_it(
     gw: Gw,
 ) -> None:
-    first = call(gw, "crm.close_case.v1", CLOSE)
+    first = call(gw, "crm_close_case_v1", CLOSE)
     assert not first.is_error
     answer = first.structured_content
     assert answer["kind"] == "pending" and answer["asked_before"] is False
@@ -157,7 +174,7 @@ def test_a_call_is_an_effect_and_the_same_call_under_a_new_request_id_is_answere
     )
     # the client lost the answer and re-issues the call: a new connection, a new request id,
     # reworded: the same act, the same operation, nothing new published
-    again = call(gw, "crm.close_case.v1", {**CLOSE, "payload": {"note": "closing it now"}})
+    again = call(gw, "crm_close_case_v1", {**CLOSE, "payload": {"note": "closing it now"}})
     assert again.structured_content["op_id"] == op.id
     assert again.structured_content["asked_before"] is True
     assert again.structured_content["differs"] == ["payload.note"]
@@ -165,7 +182,7 @@ def test_a_call_is_an_effect_and_the_same_call_under_a_new_request_id_is_answere
     asks = gw.ledger.asks(op.id)  # each ask kept, with the caller and its request id
     assert len(asks) == 2 and all(str(a.asked_by).startswith("mcp:bot:") for a in asks)
     # a deliberate repeat is another act
-    repeat = call(gw, "crm.close_case.v1", {**CLOSE, "repeat": 2})
+    repeat = call(gw, "crm_close_case_v1", {**CLOSE, "repeat": 2})
     assert repeat.structured_content["op_id"] != op.id
 
 
@@ -174,27 +191,27 @@ def test_a_tenant_wide_act_is_one_act_whichever_agent_and_run_asks(gw: Gw) -> No
     agent's run asking it is answered with the first run's operation, whose status it may
     follow; a caller whose grant does not cover the action is refused, never answered; an
     update (one act per run) in another run is another act."""
-    first = call(gw, "crm.close_case.v1", CLOSE).structured_content
+    first = call(gw, "crm_close_case_v1", CLOSE).structured_content
     op = gw.ledger.get(first["op_id"])
     assert op.intent_scope == "tenant" and op.workflow_id == "mcp:bot:run-1"
-    theirs = call(gw, "crm.close_case.v1", CLOSE, run="run-7", token="helper")
+    theirs = call(gw, "crm_close_case_v1", CLOSE, run="run-7", token="helper")
     answer = theirs.structured_content
     assert (answer["op_id"], answer["asked_before"]) == (op.id, True)
     assert "Run mcp:bot:run-1 already asked" in answer["message"]
-    assert call(gw, "crm.close_case.v1", CLOSE, run="run-2").structured_content["op_id"] == op.id
+    assert call(gw, "crm_close_case_v1", CLOSE, run="run-2").structured_content["op_id"] == op.id
     followed = call(gw, STATUS_TOOL, {"op_id": op.id}, token="helper")
     assert not followed.is_error and followed.structured_content["op_id"] == op.id
-    out_of_scope = call(gw, "crm.close_case.v1", CLOSE, token="mailer")
+    out_of_scope = call(gw, "crm_close_case_v1", CLOSE, token="mailer")
     assert out_of_scope.is_error
     assert out_of_scope.structured_content["error"] == "OutOfScope"
     assert op.id not in str(out_of_scope.structured_content)
     assert len(gw.ledger.asks(op.id)) == 3  # the refused call asked nothing of it
     tools = _descriptions(gw)
-    assert "whoever asks" in tools["crm.close_case.v1"]
-    assert "in your run" in tools["crm.update_case.v1"]
+    assert "whoever asks" in tools["crm_close_case_v1"]
+    assert "in your run" in tools["crm_update_case_v1"]
     update = {"target": "case-318", "payload": {"fields": {"priority": "high"}}}
-    mine = call(gw, "crm.update_case.v1", update).structured_content["op_id"]
-    other = call(gw, "crm.update_case.v1", update, run="run-2").structured_content["op_id"]
+    mine = call(gw, "crm_update_case_v1", update).structured_content["op_id"]
+    other = call(gw, "crm_update_case_v1", update, run="run-2").structured_content["op_id"]
     assert mine != other
     # another agent follows a tenant-wide act, never another run's own act
     assert call(gw, STATUS_TOOL, {"op_id": mine}, token="helper").is_error
@@ -209,13 +226,13 @@ def _descriptions(gw: Gw) -> dict[str, str]:
 
 
 def test_the_status_tool_answers_for_the_callers_own_operations_only(gw: Gw) -> None:
-    op_id = call(gw, "crm.close_case.v1", CLOSE).structured_content["op_id"]
+    op_id = call(gw, "crm_close_case_v1", CLOSE).structured_content["op_id"]
     mine = call(gw, STATUS_TOOL, {"op_id": op_id})
     assert not mine.is_error and mine.structured_content["op_id"] == op_id
     theirs = call(gw, STATUS_TOOL, {"op_id": op_id}, token="other")
     assert theirs.is_error and "no operation" in theirs.structured_content["message"]
     # and another tenant's call of the same act in a run of the same name is its own act
-    globex = call(gw, "crm.close_case.v1", CLOSE, token="other")
+    globex = call(gw, "crm_close_case_v1", CLOSE, token="other")
     assert globex.structured_content["op_id"] != op_id
     assert gw.ledger.get(globex.structured_content["op_id"]).tenant == "globex"
 
@@ -255,7 +272,7 @@ def test_a_call_that_cannot_be_an_effect_is_refused_and_writes_nothing(
     gw: Gw, args: dict[str, Any], run: str | None, token: str, error: str
 ) -> None:
     before = _count(gw.ledger)
-    result = call(gw, "crm.close_case.v1", args, run=run, token=token)
+    result = call(gw, "crm_close_case_v1", args, run=run, token=token)
     assert result.is_error, result
     assert result.structured_content["kind"] == "refused"
     assert result.structured_content["error"] == error, result.structured_content
@@ -264,21 +281,21 @@ def test_a_call_that_cannot_be_an_effect_is_refused_and_writes_nothing(
 
 
 def test_an_act_asked_again_in_words_its_schema_refuses_is_answered_with_the_act(gw: Gw) -> None:
-    first = call(gw, "crm.close_case.v1", CLOSE, run="run-1")
+    first = call(gw, "crm_close_case_v1", CLOSE, run="run-1")
     assert not first.is_error, first
     misfit = {**CLOSE, "payload": {**CLOSE["payload"], "reason": "the model added it"}}
-    again = call(gw, "crm.close_case.v1", misfit, run="run-1")
+    again = call(gw, "crm_close_case_v1", misfit, run="run-1")
     assert not again.is_error, again  # never "nothing was sent": it was recorded
     answer = again.structured_content
     assert answer["op_id"] == first.structured_content["op_id"] and answer["asked_before"]
     assert "payload.reason" in answer["differs"]
-    other = call(gw, "crm.close_case.v1", {**misfit, "target": "case-2"}, run="run-1")
+    other = call(gw, "crm_close_case_v1", {**misfit, "target": "case-2"}, run="run-1")
     assert other.is_error and other.structured_content["error"] == "PayloadSchemaViolation"
     assert "'reason' was unexpected" in other.structured_content["message"]
 
 
 def test_an_unknown_tool_is_a_protocol_error(gw: Gw) -> None:
-    error = call(gw, "crm.delete_everything.v1", CLOSE)
+    error = call(gw, "crm_delete_everything_v1", CLOSE)
     assert isinstance(error, MCPError)
     assert error.code == INVALID_PARAMS and "no tool" in error.message
     assert _count(gw.ledger) == 0

@@ -12,6 +12,7 @@ MCP upstream's tools to the proxy, which knows their schemas.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import mcp_types as types
 import pytest
 
 from opledger.adapters.crm import CrmAdapter
-from opledger.adapters.mcp import McpToolAdapter, Upstream
+from opledger.adapters.mcp import McpToolAdapter, Upstream, UpstreamInvalid
 from opledger.adapters.registry import Registry
 from opledger.agents.effects import Effects
 from opledger.ledger import Ledger
@@ -44,7 +45,7 @@ from tests.integration.test_mcp_gateway import Gw, call, client, serving
 
 pytestmark = pytest.mark.timeout(120)
 
-UPDATE = "crm.update_case.v1"  # an act of the run (a close is the tenant's: one act for all)
+UPDATE = "crm_update_case_v1"  # an act of the run (a close is the tenant's: one act for all)
 ACT = {"target": "case-9", "payload": {"fields": {"priority": "high"}}}
 
 
@@ -133,10 +134,48 @@ def test_a_call_whose_meta_names_a_run_is_in_that_run_whatever_the_clients_mode(
     both = {**ACT, RUN_ARGUMENT: "from-the-model"}
     chat = call(gw, UPDATE, both, run="job-7", token="chat").structured_content
     assert gw.ledger.get(chat["op_id"]).workflow_id == "mcp:chat:job-7"
-    # present but empty is no run: never a fall back to another run
+    # present but empty is no run: refused, never a fall back to another run
     empty = call(gw, UPDATE, ACT, run="", token="desk")
-    assert empty.is_error and empty.structured_content["error"] == "MissingRun"
+    assert empty.is_error and empty.structured_content["error"] == "InvalidRun"
     assert len(_ops(gw)) == 3
+
+
+@pytest.mark.parametrize("run", [42, "", "   ", True, {"id": "job-7"}])
+def test_a_meta_run_that_is_not_a_non_blank_string_is_refused_saying_what_it_must_be(
+    gw: Gw, run: Any
+) -> None:
+    refused = call(gw, UPDATE, ACT, run=run, token="desk")  # a token client: no fall back
+    assert refused.is_error
+    answer = refused.structured_content
+    assert answer["error"] == "InvalidRun", answer
+    assert "_meta['opledger/run'] must be a non-blank string" in answer["message"]
+    assert _ops(gw) == [] and gw.published == []
+
+
+def test_each_caller_is_shown_how_long_a_run_may_be_and_a_longer_one_is_refused_so(
+    gw: Gw,
+) -> None:
+    """The run is kept as `mcp:<agent>:<run>`, at most 200 characters: the `run` argument's
+    maxLength is what the caller's prefix leaves, and a longer run (argument or `_meta`) is
+    refused in words that say how long it may be."""
+    fits = 200 - len("mcp:chat:")
+    assert Caller("chat", "acme", "g", run_mode=ARGUMENT).max_run_length == fits
+    shown = _tools(gw, "chat")[UPDATE].input_schema["properties"][RUN_ARGUMENT]
+    assert shown["maxLength"] == fits
+    longest = call(gw, UPDATE, {**ACT, RUN_ARGUMENT: "r" * fits}, run=None, token="chat")
+    assert not longest.is_error, longest.structured_content
+    assert len(gw.ledger.get(longest.structured_content["op_id"]).workflow_id) == 200
+    longer = call(gw, UPDATE, {**ACT, RUN_ARGUMENT: "r" * (fits + 1)}, run=None, token="chat")
+    answer = longer.structured_content
+    assert answer["error"] == "InvalidArguments", answer
+    assert f"the 'run' argument is {fits + 1} characters; at most {fits} fit" in answer["message"]
+    mine = 200 - len("mcp:bot:")
+    assert not call(gw, UPDATE, ACT, run="r" * mine, token="bot").is_error
+    for run in ("r" * (mine + 1), "\u0958" * 100):  # U+0958 is two characters in NFC
+        meta = call(gw, UPDATE, ACT, run=run, token="bot").structured_content
+        assert meta["error"] == "InvalidRun", meta
+        assert f"characters; at most {mine} fit" in meta["message"]
+    assert len(_ops(gw)) == 2
 
 
 def test_an_argument_client_is_offered_a_required_run_argument_and_refused_without_one(
@@ -197,7 +236,7 @@ def test_serve_leaves_an_mcp_upstreams_tools_to_the_proxy(ledger: Ledger) -> Non
 
     gateway = Gateway(Effects(Ledger(ledger.engine, actions=registry)), registry, refuse, wait=0)
     names = {t.name for t in gateway.tools}
-    assert names == {"crm.close_case.v1", "crm.update_case.v1", STATUS_TOOL}
+    assert names == {"crm_close_case_v1", "crm_update_case_v1", STATUS_TOOL}
 
 
 def test_the_proxy_gives_an_argument_client_a_run_argument_on_its_effects_only(
@@ -236,3 +275,37 @@ def test_the_proxy_gives_an_argument_client_a_run_argument_on_its_effects_only(
     bot = {t.name: t for t in proxy.tools_for(Caller("bot", "acme", "g"))}
     assert set(bot) == {"create_ticket", "start_run", "count_tickets", STATUS_TOOL}
     assert RUN_ARGUMENT not in bot["create_ticket"].input_schema["properties"]
+
+
+def _proxy(ledger: Ledger, effect: str, passthrough: str) -> Proxy:
+    upstream = Upstream.model_validate(
+        {
+            "url": "http://127.0.0.1:9/mcp",
+            "effects": {effect: {"action": "tickets.create_ticket.v1"}},
+            "passthrough": [passthrough],
+        }
+    )
+    registry = Registry([McpToolAdapter(upstream)])
+    tools = [types.Tool(name=n, input_schema={"type": "object"}) for n in (effect, passthrough)]
+    effects = Effects(Ledger(ledger.engine, actions=registry))
+    return Proxy(effects, registry, identify_by_token, wait=0, upstream=upstream, tools=tools)
+
+
+def test_the_proxy_keeps_the_upstreams_names_and_warns_of_one_a_model_api_refuses(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The upstream's tools are its own, known by their names to its hosts and to the
+    upstream file: kept, even one a model API would refuse as a function name (a warning
+    at start says so)."""
+    with caplog.at_level(logging.WARNING, logger="opledger.mcp.proxy"):
+        proxy = _proxy(ledger, "tickets.create", "count_tickets")
+    assert {t.name for t in proxy.tools} == {"tickets.create", "count_tickets", STATUS_TOOL}
+    assert [r.args for r in caplog.records] == [("tickets.create",)]
+
+
+@pytest.mark.parametrize("name", [STATUS_TOOL, "opledger.status"])
+def test_the_proxy_refuses_an_upstream_tool_named_as_its_status_tool(
+    ledger: Ledger, name: str
+) -> None:
+    with pytest.raises(UpstreamInvalid, match="the name of the proxy's status tool"):
+        _proxy(ledger, "create_ticket", name)

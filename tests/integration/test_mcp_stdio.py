@@ -47,10 +47,10 @@ def test_stdio_serves_the_caller_its_token_names(
             tools = await client.list_tools()
             meta = cast(RequestParamsMeta, {RUN_META: "run-1"})
             args = {"target": "case-318", "payload": {"note": "done"}}
-            return tools, await client.call_tool("crm.close_case.v1", args, meta=meta)
+            return tools, await client.call_tool("crm_close_case_v1", args, meta=meta)
 
     tools, result = anyio.run(go)
-    assert "crm.close_case.v1" in {t.name for t in tools.tools}
+    assert "crm_close_case_v1" in {t.name for t in tools.tools}
     assert not result.is_error and result.structured_content["kind"] == "pending"
     op = ledger.get(result.structured_content["op_id"])
     assert (op.tenant, op.workflow_id) == ("acme", "mcp:bot:run-1")
@@ -85,7 +85,7 @@ def test_a_host_that_cannot_set_meta_gets_one_act_across_launches_of_stdio(
     async def launch() -> Any:
         params = StdioServerParameters(command=sys.executable, args=SERVE, env=env)
         async with Client(params) as client:
-            return await client.call_tool("crm.update_case.v1", args)  # no _meta at all
+            return await client.call_tool("crm_update_case_v1", args)  # no _meta at all
 
     first, again = anyio.run(launch), anyio.run(launch)
     assert not first.is_error, first.structured_content

@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.system, pytest.mark.timeout(240)]
 
 #: an update, not a close: a second close would be refused by the CRM (the case is closed),
 #: a second update is applied, so a duplicate would show in the count
-UPDATE = "crm.update_case.v1"
+UPDATE = "crm_update_case_v1"
 
 
 @dataclass
@@ -200,7 +200,7 @@ def test_the_example_agent_closes_and_emails_once_however_often_it_runs(
     for run in runs:
         assert run.returncode == 0, run.stderr
     first, second = ([json.loads(line) for line in r.stdout.splitlines()] for r in runs)
-    assert [a["tool"] for a in first] == ["crm.close_case.v1", "email.send.v1"]
+    assert [a["tool"] for a in first] == ["crm_close_case_v1", "email_send_v1"]
     assert all(a["asked_before"] for a in second)  # the second run sent nothing
     assert [a["op_id"] for a in first] == [a["op_id"] for a in second]
     acts = sandbox.by_act()

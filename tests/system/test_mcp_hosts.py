@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "mcp_host.mjs"
 SOURCE = Path(__file__).with_name("mcp_host")
 PREFIX = REPO / ".opledger" / "npm" / "mcp-host"  # gitignored, like the Stripe mock's
-UPDATE = "crm.update_case.v1"
+UPDATE = "crm_update_case_v1"
 #: the host's own request timeout: far longer than any wait of these tests, so a call that
 #: fails before it failed on the transport, not by running out of time
 HOST_TIMEOUT_MS = 120_000

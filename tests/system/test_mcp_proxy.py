@@ -176,7 +176,7 @@ def test_the_proxy_offers_the_named_tools_only_under_their_own_names(rig: Rig) -
             return await client.list_tools()
 
     tools = {t.name: t for t in anyio.run(go).tools}
-    assert set(tools) == {"create_ticket", "count_tickets", "opledger.status"}
+    assert set(tools) == {"create_ticket", "count_tickets", "opledger_status"}
     assert set(tools["create_ticket"].input_schema["properties"]) >= {"project", "title"}
 
 

@@ -75,6 +75,8 @@ def test_one_agent_gets_one_token_and_a_bad_name_none(tmp_path: Path) -> None:
         (json.dumps({"clients": [{**ENTRY, "token_sha256": "xyz"}]}), "64 hex digits"),
         (json.dumps({"clients": [{**ENTRY, "tenant": ""}]}), "tenant"),
         (json.dumps({"clients": [{**ENTRY, "agent": "bot:x"}]}), "cannot contain ':'"),
+        # its runs are mcp:<agent>:<run>, at most 200 characters: room is left for the run
+        (json.dumps({"clients": [{**ENTRY, "agent": "b" * 129}]}), "the limit is 128"),
         (json.dumps({"clients": [ENTRY, ENTRY]}), "listed twice"),
         (json.dumps({"clients": [ENTRY, {**ENTRY, "agent": "b2"}]}), "share one token"),
     ],
