@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from typing import Annotated
 
@@ -20,6 +21,9 @@ app.add_typer(mcp_app, name="mcp")
 
 #: the stdio transport's caller: the token of one client of the clients file
 TOKEN_ENV = "OPLEDGER_MCP_TOKEN"
+#: a `--wait` longer than this is warned about at start: a call's answer is one HTTP body
+#: held open until then, and hosts (the TypeScript SDK) and proxies (nginx) give up at 60 s
+WAIT_WARN_SECONDS = 45.0
 
 
 def _clients() -> Clients:
@@ -51,7 +55,8 @@ WaitOption = Annotated[
     float,
     typer.Option(
         help="Seconds a call waits for its effect to settle before it answers pending "
-        "(the agent then asks opledger_status)."
+        "(the agent then asks opledger_status). Keep it under 45 s: hosts and proxies give "
+        "up at 60 s."
     ),
 ]
 
@@ -60,8 +65,17 @@ def _caller_setup(transport: str, wait: float) -> tuple[Clients, str]:
     """The clients file and, for stdio, the one caller's token (refused when it names none)."""
     if transport not in ("http", "stdio"):
         raise typer.BadParameter("--transport is http or stdio")
-    if wait < 0:
-        raise typer.BadParameter("--wait cannot be negative")
+    if not math.isfinite(wait) or wait < 0:
+        raise typer.BadParameter("--wait is a number of seconds, 0 or more")
+    if wait > WAIT_WARN_SECONDS:
+        err_console.print(
+            f"opledger mcp: warning: --wait {wait:g} is more than {WAIT_WARN_SECONDS:g} s. A "
+            "call's answer is held open that long, and hosts (the TypeScript SDK) and proxies "
+            "(nginx) give up after 60 s by default: the host sees a failed call and must ask "
+            f"again. Keep --wait under {WAIT_WARN_SECONDS:g} s (a slow effect answers pending; "
+            "the agent then asks opledger_status).",
+            markup=False,
+        )
     _require_extra()
     settings = get_settings()
     if not settings.dev:  # it publishes each new operation to the workers: never late

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -18,9 +19,12 @@ from mcp_types import RequestParamsMeta
 from opledger.ledger import Ledger
 from opledger.mcp.clients import TOKEN, Caller, add_client
 from opledger.mcp.tools import RUN_META
+from tests.clirun import Run
 
 pytestmark = pytest.mark.timeout(120)
 
+#: a broker URL no test connects to (the start stops before it would)
+BROKER = "redis://127.0.0.1:1/0"
 SERVE = ["-m", "opledger.cli", "mcp", "serve", "--transport", "stdio", "--wait", "0"]
 
 
@@ -114,3 +118,21 @@ def test_stdio_launched_without_a_variable_it_needs_exits_naming_it(
     )
     assert done.returncode == 4, done.stderr
     assert f"{unset} is not set" in done.stderr
+
+
+@pytest.mark.parametrize("command", ["serve", "proxy"])
+def test_a_wait_longer_than_hosts_wait_for_an_answer_is_warned_about_at_start(
+    invoke: Callable[..., Run], tmp_path: Path, command: str
+) -> None:
+    """A call's answer is held open for `--wait`: over 45 s, the hosts' and proxies' 60 s is
+    near, and the start says so (the command goes on: here it stops at the clients file)."""
+    env = {"OPLEDGER_MCP_CLIENTS": str(tmp_path / "nowhere.json"), "OPLEDGER_BROKER_URL": BROKER}
+    long = invoke("mcp", command, "--wait", "50", **env)
+    assert "warning: --wait 50 is more than 45 s" in long.err
+    assert "Keep --wait under 45 s" in long.err
+    assert long.code != 0 and "clients file" in long.err  # it went on to read it
+    short = invoke("mcp", command, "--wait", "45", **env)
+    assert "warning" not in short.err and "clients file" in short.err
+    for bad in ("-1", "nan", "inf"):
+        refused = invoke("mcp", command, "--wait", bad, **env)
+        assert refused.code == 2 and "--wait is a number of seconds" in refused.err
