@@ -19,8 +19,10 @@
 // Leave --run out when the client's run mode is `token` (the gateway derives the run) or
 // pass --run-argument for a client of the `argument` mode. Prints each answer (its
 // structured content) as one JSON line. Exit codes: 0 an answer (see docs/mcp.md),
-// 1 refused (nothing was written), 3 the gateway was not reached or died mid-call, 4 the
-// host's own request timeout ran out. After 3 or 4, ask again: the same call, the same run.
+// 1 refused: the call (nothing was written) or a status poll (the call was recorded: its
+// op_id is on an earlier line, and it is not settled as far as this host knows), 3 the
+// gateway was not reached or died mid-call, 4 the host's own request timeout ran out.
+// After 3 or 4, ask again: the same call, the same run.
 
 import { parseArgs } from "node:util";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
@@ -89,6 +91,7 @@ async function main() {
       );
       answer = { tool: STATUS_TOOL, isError: Boolean(result.isError), ...result.structuredContent };
       console.log(JSON.stringify(answer));
+      if (result.isError) return 1; // the poll was refused: the call's answer is not known here
     }
     return 0;
   } finally {

@@ -28,7 +28,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
-from opledger.dev.processes import wait_until
+from opledger.dev.processes import free_port, listening, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger
 from opledger.mcp.clients import TOKEN, Caller, add_client
@@ -237,3 +237,35 @@ def test_a_typescript_host_sees_a_killed_gateway_fail_its_call_and_the_reissued_
     again = final(answers(node_host(host, env, "case-host-5", run="run-ts")))
     assert again["op_id"] == op_id
     once(sys_ledger, sandbox, "case-host-5", again, "mcp:bot:run-ts")
+
+
+REFUSING = SOURCE / "refusing_status.py"
+
+
+def test_a_host_whose_status_poll_is_refused_exits_1(host: Path, tmp_path: Path) -> None:
+    """The call was answered pending and the poll that follows it refused: the host says
+    so (exit 1) instead of ending as if it had an answer (no gateway of ours refuses a poll
+    of its own op_id: a stand-in does)."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(REFUSING), "--port", str(port)])
+    try:
+        wait_until(lambda: listening(port) or server.poll() is not None, 30, "the stand-in")
+        assert server.poll() is None, "the stand-in gateway did not start"
+        env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/")}
+        env |= {
+            "OPLEDGER_MCP_TOKEN": "opl_mcp_any",
+            "OPLEDGER_MCP_URL": f"http://127.0.0.1:{port}/mcp",
+        }
+        argv = ["node", str(host), "--tool", UPDATE, "--target", "case-host-6", "--run", "r"]
+        argv += ["--payload", json.dumps(payload("refused poll")), "--polls", "3"]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        server.kill()
+        server.wait()
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [(a["tool"], a["isError"]) for a in lines] == [
+        (UPDATE, False),
+        ("opledger_status", True),  # one refusal, not a poll after it
+    ], done.stderr
+    assert lines[0]["kind"] == "pending"
+    assert done.returncode == 1, lines
