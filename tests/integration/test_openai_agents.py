@@ -291,3 +291,46 @@ def test_a_repeatable_tool_takes_no_repeat_field_of_its_own(effects: Effects) ->
     with pytest.raises(ValueError, match="repeatable=False"):
         tool()
     assert tool(repeatable=False).params_json_schema["required"] == ["repeat"]
+
+
+def _approved(agent: Agent[Any], saved: str) -> Any:
+    """The saved run's state, every call it stopped for approved."""
+    from agents import RunState
+
+    state = asyncio.run(RunState.from_string(agent, saved))
+    for item in state.get_interruptions():
+        state.approve(item)
+    return state
+
+
+def test_a_run_resumed_from_its_state_is_keyed_by_the_conversation_it_resumes(
+    ledger: Ledger, effects: Effects
+) -> None:
+    model = Script()
+    model.calls = [("close_case", {"case_id": "case-5", "repeat": None})]
+    agent = Agent(name="closer", model=model, tools=[_close(effects, needs_approval=True)])
+    stopped = asyncio.run(oa.run_agent(agent, "close it", conversation_id="conv_5"))
+    assert stopped.interruptions and not ledger.list(tenant="acme")
+    saved = stopped.to_state().to_string()
+    # resumed under a run config with a group: the SDK resumes the state's conversation
+    group = RunConfig(group_id="g-5")
+    (closed,) = _answers(
+        asyncio.run(oa.run_agent(agent, _approved(agent, saved), run_config=group))
+    )
+    assert ledger.get(closed["op_id"]).workflow_id == "openai-agents:conversation:conv_5"
+    # killed after the approval, resumed again from the same saved state, nothing else given
+    (again,) = _answers(asyncio.run(oa.run_agent(agent, _approved(agent, saved))))
+    assert again["op_id"] == closed["op_id"] and again["asked_before"]
+    # a run grouped by its run config: resumed under it (with the SDK's tracing off, the
+    # state keeps no trace group), else no run: refused, nothing keyed by another run
+    model.calls = [("close_case", {"case_id": "case-6", "repeat": None})]
+    grouped = asyncio.run(oa.run_agent(agent, "close it", run_config=RunConfig(group_id="g-6")))
+    saved = grouped.to_state().to_string()
+    with pytest.raises(UserError) as raised:
+        asyncio.run(oa.run_agent(agent, _approved(agent, saved)))
+    assert isinstance(raised.value.__cause__, oa.UnnamedRun)
+    group = RunConfig(group_id="g-6")
+    (answer,) = _answers(
+        asyncio.run(oa.run_agent(agent, _approved(agent, saved), run_config=group))
+    )
+    assert ledger.get(answer["op_id"]).workflow_id == "openai-agents:group:g-6"

@@ -133,3 +133,26 @@ def test_a_cancelled_call_ends_the_run_and_is_never_answered_try_again() -> None
     agent = Agent(name="closer", model=Asks(), tools=[tool])
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(Runner.run(agent, "close it", run_config=RunConfig(group_id="g")))
+
+
+def test_a_resumed_run_binds_what_the_sdk_resumes_it_with() -> None:
+    from types import SimpleNamespace
+
+    from agents.tracing.traces import TraceState
+
+    def state(conversation: str | None, group: str | None) -> Any:
+        trace = TraceState(trace_id="trace_1", group_id=group) if group else None
+        return SimpleNamespace(
+            _conversation_id=conversation,
+            _previous_response_id=None,
+            _auto_previous_response_id=False,
+            _trace_state=trace,
+        )
+
+    # the conversation given, else the state's; the run config's group, else the state's
+    assert oa._resumed(state("conv_1", "g-1"), None, None, {}) == ("conv_1", "g-1")
+    assert oa._resumed(state("conv_1", "g-1"), "conv_2", RunConfig(group_id="g-2"), {}) == (
+        "conv_2",
+        "g-2",
+    )
+    assert oa._resumed(state(None, None), None, None, {}) == (None, None)

@@ -72,3 +72,46 @@ def test_a_repeatable_tool_needs_its_repeat_argument_free() -> None:
         pai.effect_tool(None, **options)  # type: ignore[arg-type]
     tool = pai.effect_tool(None, repeatable=False, **options)  # type: ignore[arg-type]
     assert set(tool.tool_def.parameters_json_schema["properties"]) == {"repeat"}
+
+
+def test_a_standalone_temporal_activity_has_no_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    # an activity started by a client, not by a workflow: its info has no workflow id
+    info = types.SimpleNamespace(workflow_id=None, activity_id="act-1")
+    _engine(monkeypatch, "temporalio.activity", in_activity=lambda: True, info=lambda: info)
+    assert pai.durable_run() is None
+    with pytest.raises(pai.UnnamedRun):
+        pai.run_of(_ctx(run_id="01j-run"))
+    _engine(monkeypatch, "temporalio.activity", in_activity=lambda: False)
+    _engine(monkeypatch, "temporalio.workflow", in_workflow=lambda: True, info=lambda: info)
+    assert pai.durable_run() is None
+
+
+def test_pydantic_ais_own_tool_options_are_passed_and_a_typo_is_refused() -> None:
+    class Args(BaseModel):
+        case_id: str
+
+    options: dict[str, Any] = {
+        "name": "close",
+        "description": "Close a case",
+        "args_schema": Args,
+        "tenant": "acme",
+        "action": "crm.close_case.v1",
+        "authorization_ref": "auth_acme",
+        "effect_of": lambda a: (a["case_id"], {}),
+    }
+    tool = pai.effect_tool(
+        None,  # type: ignore[arg-type]
+        requires_approval=True,
+        strict=True,
+        max_retries=4,
+        sequential=True,
+        timeout=12.5,
+        metadata={"team": "support"},
+        **options,
+    )
+    assert (tool.requires_approval, tool.strict, tool.max_retries) == (True, True, 4)
+    assert (tool.sequential, tool.timeout, tool.metadata) == (True, 12.5, {"team": "support"})
+    assert tool.tool_def.kind == "unapproved" and tool.tool_def.strict is True
+    for wrong in ("require_approval", "function_schema", "takes_ctx"):
+        with pytest.raises(TypeError, match=wrong):
+            pai.effect_tool(None, **{wrong: True}, **options)  # type: ignore[arg-type]
