@@ -32,7 +32,9 @@ call's id, the run's context and its `RunConfig`), so the run is taken, in this 
    block around `Runner.run`, `run_sync` or `run_streamed`):
    `openai-agents:conversation:<id>`, else `openai-agents:session:<session_id>`, else
    `openai-agents:group:<group_id>` — read when the tool runs, so an
-   `OpenAIConversationsSession` that creates its conversation on first use has one;
+   `OpenAIConversationsSession` that creates its conversation on first use has one; a run
+   resumed from a `RunState` binds what the SDK resumes it with (the conversation given,
+   else the state's; the run config's group, else the state's trace group);
 3. the `group_id` of the run's `RunConfig` (`openai-agents:group:<group_id>`), which the SDK
    hands every tool: `Runner.run(..., run_config=RunConfig(group_id=thread_id))`;
 4. else none: the tool raises `UnnamedRun`, and the run ends, rather than key an effect by
@@ -46,7 +48,8 @@ per process or per deployment, or every conversation in it is one run.
 A refusal the call itself caused (a revoked or missing grant, an argument the ledger or the
 tool's schema refuses) is the tool's output, which the model reads (`kind: "refused"`), and
 the run goes on; what no call can fix (no run, the database down, an action no adapter
-serves, intent fields nobody declared) is raised and ends the run (`Runner.run` raises the
+serves, intent fields nobody declared, a payload the tool built that the ledger cannot
+record) is raised and ends the run (`Runner.run` raises the
 SDK's `UserError`, the error as its `__cause__`). The tools have no failure formatter
 (`failure_error_function`): the SDK's default would answer a cancelled call "An error
 occurred while running the tool. Please try again." and go on.

@@ -32,13 +32,15 @@ run of an effect is, in this order:
 3. inside a Temporal workflow or activity (`TemporalDurability`, `TemporalAgent`: tools run
    as activities): `temporal:<workflow id>` — kept by retries, resets and continue-as-new,
    unlike Temporal's run id;
-4. else none: the tool raises `UnnamedRun` rather than key an effect by an id that the next
-   run will not have.
+4. else none (Prefect's durability is not detected; a Temporal activity no workflow
+   started has no workflow id): the tool raises `UnnamedRun` rather than key an effect by
+   an id that the next run will not have.
 
 A refusal the call itself caused (a revoked or missing grant, an argument the ledger
 refuses) is answered to the model as a failed tool result (`ToolFailed`: it reads
 `kind: "refused"` and the run goes on, no retry budget spent); what no call can fix (no
-run, the database down, an action no adapter serves, intent fields nobody declared) is
+run, the database down, an action no adapter serves, intent fields nobody declared, a
+payload the tool built that the ledger cannot record: `opledger.agents.tooling`) is
 raised and ends the run.
 
 Needs the `[pydantic-ai]` extra; nothing else in opledger imports this module.
