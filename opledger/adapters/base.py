@@ -130,8 +130,8 @@ class AdapterExtras(Protocol):
     reads each only through `extra(adapter, name)`, so this class is the one list of them.
 
     `Registry` reads `intent_fields`, `intent_scopes`, `payload_schemas`,
-    `approval_policies` and `descriptions` (and calls `close` on shutdown); the review snapshot calls
-    `search_hint`; `opledger contract check` sends `contract_probe`'s requests, and only to
+    `approval_policies` and `descriptions` (and calls `close` on shutdown); the review
+    snapshot calls `search_hint`; `opledger contract check` sends `contract_probe`'s requests, and only to
     an endpoint that is loopback or the declared `test_base_url` (`base_url`, `url` or
     `host` say where the adapter's requests go); the check's sandbox settings name the
     `account`.
