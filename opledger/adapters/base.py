@@ -131,10 +131,10 @@ class AdapterExtras(Protocol):
 
     `Registry` reads `intent_fields`, `intent_scopes`, `payload_schemas`,
     `approval_policies` and `descriptions` (and calls `close` on shutdown); the review
-    snapshot calls `search_hint`; `opledger contract check` sends `contract_probe`'s requests, and only to
-    an endpoint that is loopback or the declared `test_base_url` (`base_url`, `url` or
-    `host` say where the adapter's requests go); the check's sandbox settings name the
-    `account`.
+    snapshot calls `search_hint`; `opledger contract check` sends `contract_probe`'s
+    requests, and only to an endpoint that is loopback or the declared `test_base_url`
+    (`base_url`, `url` or `host` say where the adapter's requests go); the check's sandbox
+    settings name the `account`.
     """
 
     #: action -> the payload fields whose values make another act of it (see
