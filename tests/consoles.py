@@ -164,12 +164,13 @@ _accounts: dict[tuple[str, str], Accounts] = {}
 
 def add_operator(env: dict[str, str], name: str, *args: str, password: str = PASSWORD) -> None:
     """What `opledger operator add NAME ARGS --by test` with `password` on stdin does (ARGS:
-    --tenant T, --all-tenants, --sso-only), through the library call it makes, in this
-    process: `Accounts(engine).add(...)`, its hash the same argon2 one. (The command itself
-    is run by tests/integration/test_console_access.py.)"""
+    --tenant T, --all-tenants, --sso-only, --approves PATTERN), through the library call it
+    makes, in this process: `Accounts(engine).add(...)`, its hash the same argon2 one. (The
+    command itself is run by tests/integration/test_console_access.py.)"""
     from opledger.ledger import Ledger
 
     tenants: list[str] = []
+    approves: list[str] = []
     all_tenants = sso_only = False
     rest = list(args)
     while rest:
@@ -180,6 +181,8 @@ def add_operator(env: dict[str, str], name: str, *args: str, password: str = PAS
             all_tenants = True
         elif arg == "--sso-only":
             sso_only = True
+        elif arg == "--approves":
+            approves.append(rest.pop(0))
         else:
             raise ValueError(f"add_operator: {arg!r} is not an option it knows")
     url = env["OPLEDGER_DATABASE_URL"]
@@ -197,6 +200,7 @@ def add_operator(env: dict[str, str], name: str, *args: str, password: str = PAS
             all_tenants=all_tenants,
             password=None if sso_only else password,
             by="test",
+            approves=approves,
         )
     finally:
         accounts.engine.dispose()  # no connection of it left open between tests
@@ -268,6 +272,20 @@ def sign_in(client: httpx.Client, name: str, password: str = PASSWORD) -> httpx.
     """The sign-in form, fetched and posted as a browser does."""
     nonce = csrf_of(client.get("/login"))
     return client.post("/login", data={"csrf_token": nonce, "name": name, "password": password})
+
+
+def browser_sign_in(driver: WebDriver, url: str, name: str, password: str = PASSWORD) -> None:
+    """Sign `driver` in to the console at `url` as `name`, from no session (its cookies
+    deleted), through the sign-in form the console redirects to."""
+    from selenium.webdriver.common.by import By
+
+    driver.delete_all_cookies()
+    driver.get(url + "/")
+    assert "/login" in driver.current_url
+    driver.find_element(By.ID, "name").send_keys(name)
+    driver.find_element(By.ID, "password").send_keys(password)
+    driver.find_element(By.ID, "sign-in").click()
+    assert driver.find_element(By.ID, "operator-name").text == name
 
 
 @contextmanager

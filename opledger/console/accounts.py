@@ -211,6 +211,15 @@ class Accounts:
                 _operator(r, approves.get(r.name)) for r in conn.execute(q.SELECT_OPERATORS)
             )
 
+    def approves_of(self, name: str) -> tuple[str, ...]:
+        """What `name` may approve (its action patterns; empty: nothing, or no such
+        operator). A session's operator is read without them: the approval pages ask."""
+        with self._db.statement() as conn:
+            for row in conn.execute(qa.SELECT_OPERATOR_APPROVES):
+                if row.name == name:
+                    return tuple(row.approves or ())
+        return ()
+
     def enabled_count(self) -> int:
         with self._db.statement() as conn:
             return int(conn.execute(q.COUNT_ENABLED).scalar_one())

@@ -2,14 +2,16 @@
 
 Its rooms: `sessions` (who a request acts for: the session cookie or the trusted SSO
 header, CSRF tokens), `signin` (signing in and out, throttled by `throttle`), `web`
-(templates, and the wrappers that make a handler a page), `routes` (the pages), `base`
-(configuration, refusals), and two middlewares: `headers` (the security headers of every
-answer) and `origins` (a state-changing request from anywhere but the console's own pages
-is refused before anything runs). Every page acts for one authenticated operator and one
+(templates, and the wrappers that make a handler a page), `routes` (the review pages),
+`approvals` (the approval queue and its decisions), `base` (configuration, refusals), and
+two middlewares: `headers` (the security headers of every answer) and `origins` (a
+state-changing request from anywhere but the console's own pages is refused before
+anything runs). Every page acts for one authenticated operator and one
 tenant named in its URL (`/t/{tenant}/...`); a tenant the operator does not act for, and
 another tenant's operation, are the same "not found". Every decision goes through
-`ledger.reviews` — the same code, checks and audit trail as `opledger review` — with the
-operator taken from the session, never from the form. Every form carries the session's
+`ledger.reviews` — the same code, checks and audit trail as `opledger review` — or, for an
+approval, `Ledger.approve`/`deny` as `opledger approvals` does, with the operator taken
+from the session, never from the form. Every form carries the session's
 CSRF token.
 """
 
@@ -30,6 +32,7 @@ from opledger.ledger.facades import ConsoleLedger
 from opledger.ledger.ids import parse_age
 
 from .accounts import Accounts
+from .approvals import ApprovalPages
 from .base import ConsoleConfig, Refusal
 from .headers import SecurityHeaders
 from .origins import OriginCheck
@@ -53,6 +56,8 @@ def create_app(
     pages = Pages(cfg, sessions)
     signin = SignIn(pages, sessions)
     r = Routes(pages, ledger.reviews, cfg, publish_retry, ledger.providers)
+    a = ApprovalPages(pages, ledger, ledger.reviews, cfg)
+    pages.count_waiting = a.waiting_for
 
     async def health(request: Request) -> Response:
         return PlainTextResponse("ok")
@@ -68,6 +73,10 @@ def create_app(
         Route("/t/{tenant}/ops/{op_id}/review", pages.page(r.review)),
         Route("/t/{tenant}/ops/{op_id}/resolve", pages.form_page(r.resolve), methods=["POST"]),
         Route("/t/{tenant}/ops/{op_id}/audit", pages.page(r.audit)),
+        Route("/approvals", pages.page(a.queue)),
+        Route("/t/{tenant}/ops/{op_id}/approval", pages.page(a.approval)),
+        Route("/t/{tenant}/ops/{op_id}/approve", pages.form_page(a.approve), methods=["POST"]),
+        Route("/t/{tenant}/ops/{op_id}/deny", pages.form_page(a.deny), methods=["POST"]),
         Mount("/static", app=static, name="static"),
     ]
 

@@ -28,6 +28,8 @@ HOST_PREFIX = "__Host-"
 class Auth:
     session: Session
     new_token: str | None = None  #: a session started on this request (trusted header)
+    #: how many approvals wait for this operator (the nav's count; None: not counted)
+    approvals_waiting: int | None = None
 
     @property
     def operator(self) -> Operator:

@@ -83,6 +83,8 @@ class Pages:
         self.config = config
         self.sessions = sessions
         self.env = environment()
+        #: counts the approvals waiting for an operator, for the nav of every page
+        self.count_waiting: Callable[[Auth], int] | None = None
 
     def render(
         self, request: Request, name: str, status: int = 200, auth: Auth | None = None, **ctx: Any
@@ -90,6 +92,7 @@ class Pages:
         ctx.setdefault("operator", auth.operator if auth else None)
         ctx.setdefault("csrf", auth.session.csrf_token if auth else "")
         ctx.setdefault("trusted_header", self.config.trusted_header)
+        ctx.setdefault("approvals_waiting", auth.approvals_waiting if auth else None)
         html = self.env.get_template(name).render(request=request, **ctx)
         response = HTMLResponse(html, status_code=status)
         if auth is not None and auth.new_token:
@@ -106,6 +109,8 @@ class Pages:
                     return RedirectResponse(
                         "/login?" + urlencode({"next": request.url.path}), status_code=303
                     )
+                if self.count_waiting is not None:
+                    auth.approvals_waiting = self.count_waiting(auth)
                 return handler(request, auth)
 
             return await self.guarded(request, run)

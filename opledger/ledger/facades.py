@@ -10,7 +10,8 @@ these, so a fake of a few methods can stand in for it:
 - `BeatLedger`: beat's tasks (the sweep, the relay, the payload purge);
 - `GrantLedger`: grants, their revocation and reading them;
 - `ReviewQueue`: the operator queue (`Ledger.reviews`) as the console and the CLI use it,
-  and `ConsoleLedger`: what the console is handed.
+  `ApprovalDesk`: the approval requests a person decides, and `ConsoleLedger`: what the
+  console is handed.
 
 The guarantees behind each method (every write conditional on the fence and the claim's
 token, the allowed status changes) live in the SQL and are tested against Postgres; a
@@ -26,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from sqlalchemy import Engine
 
+from .approvals import Approval, ApprovalDecision
 from .backlog import Handout
 from .beats import BeatSeen
 from .contract import Limits
@@ -317,8 +319,38 @@ class ReviewQueue(Protocol):
 
 
 @runtime_checkable
-class ConsoleLedger(Protocol):
-    """What the review console is handed: the review queue and the providers' pressure."""
+class ApprovalDesk(Protocol):
+    """The approval requests a person decides (`opledger.ledger.approvals.Approvals`), as
+    the console and `opledger approvals` use them. Each decision is one conditional
+    statement of the ledger's: the caller decides nothing itself."""
+
+    def approvals(
+        self, *, tenant: str | None = None, status: str | None = ..., limit: int = ...
+    ) -> tuple[Approval, ...]: ...
+
+    def approval(self, op_id: str) -> Approval: ...
+
+    def approval_decisions(self, op_id: str) -> tuple[ApprovalDecision, ...]: ...
+
+    def approve(
+        self,
+        op_id: str,
+        *,
+        operator: str,
+        digest: str,
+        note: str | None = None,
+        shown: Any = None,
+    ) -> Approval: ...
+
+    def deny(
+        self, op_id: str, *, operator: str, digest: str, note: str, shown: Any = None
+    ) -> Approval: ...
+
+
+@runtime_checkable
+class ConsoleLedger(ApprovalDesk, Protocol):
+    """What the review console is handed: the review queue, the approval requests and the
+    providers' pressure."""
 
     @property
     def reviews(self) -> ReviewQueue: ...
@@ -327,6 +359,7 @@ class ConsoleLedger(Protocol):
 
 
 __all__ = [
+    "ApprovalDesk",
     "BeatLedger",
     "ConsoleLedger",
     "GrantLedger",

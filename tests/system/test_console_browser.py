@@ -23,7 +23,7 @@ from opledger.dev.processes import Stack, wait_until
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import Ledger, Status
 from tests.conftest import truncate_all
-from tests.consoles import chromium, opledger, running_console
+from tests.consoles import browser_sign_in, chromium, opledger, running_console
 
 from .conftest import crashes, settings_of, settled, worker_with
 
@@ -118,16 +118,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
 
 
 def _sign_in(driver: WebDriver, console: Console, name: str) -> None:
-    from selenium.webdriver.common.by import By
-
-    d = driver
-    d.delete_all_cookies()
-    d.get(console.url + "/")
-    assert "/login" in d.current_url
-    d.find_element(By.ID, "name").send_keys(name)
-    d.find_element(By.ID, "password").send_keys(PASSWORDS[name])
-    d.find_element(By.ID, "sign-in").click()
-    assert d.find_element(By.ID, "operator-name").text == name
+    browser_sign_in(driver, console.url, name, PASSWORDS[name])
 
 
 def _open_review(driver: WebDriver, console: Console, op_id: str) -> None:
