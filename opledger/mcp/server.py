@@ -253,7 +253,7 @@ class Gateway:
             raise MCPError(INTERNAL_ERROR, f"{name} cannot be served: {exc}") from None
         except REFUSED as exc:
             return refused_answer(name, exc)
-        return answer(name, result)
+        return answer(name, result, purpose=intent.purpose)
 
     async def _status(self, caller: Caller, args: dict[str, Any]) -> types.CallToolResult:
         wrong = problems(self._status_validator, args)
@@ -386,9 +386,11 @@ def _content(data: dict[str, Any], *, error: bool) -> types.CallToolResult:
     )
 
 
-def answer(tool: str, result: EffectResult) -> types.CallToolResult:
+def answer(tool: str, result: EffectResult, *, purpose: str | None = None) -> types.CallToolResult:
+    """`result` as the call's answer; `purpose`: the asked intent's (a deliberate repeat's),
+    so the next repeat the answer names is the next number."""
     metrics.MCP_CALLS.labels(tool, result.kind).inc()
-    return _content(summary(result), error=False)
+    return _content(summary(result, purpose=purpose), error=False)
 
 
 def refused_answer(tool: str, exc: Exception) -> types.CallToolResult:

@@ -32,7 +32,7 @@ from opledger.adapters.email import EmailAdapter
 from opledger.adapters.registry import Registry
 from opledger.agents.effects import Effects
 from opledger.dev.processes import free_port
-from opledger.ledger import Ledger
+from opledger.ledger import Binding, Confirmed, Ledger
 from opledger.mcp.clients import Caller, Clients, add_client
 from opledger.mcp.server import Gateway, http_app, identify_by_token
 from opledger.mcp.tools import ACTION_META, RUN_META, STATUS_TOOL, TOOL_NAME_RE
@@ -183,7 +183,16 @@ def test_a_call_is_an_effect_and_the_same_call_under_a_new_request_id_is_answere
     assert len(asks) == 2 and all(str(a.asked_by).startswith("mcp:bot:") for a in asks)
     # a deliberate repeat is another act
     repeat = call(gw, "crm_close_case_v1", {**CLOSE, "repeat": 2})
-    assert repeat.structured_content["op_id"] != op.id
+    second = repeat.structured_content["op_id"]
+    assert second != op.id
+    # once it is done, asking repeat 2 again names the next repeat: 3, never 2 again
+    claim = gw.ledger.claim(second, owner="test-worker")
+    assert claim is not None
+    bound = Binding(idempotency_key=claim.idempotency_key, target=claim.operation.target)
+    gw.ledger.record_outcome(claim, Confirmed(receipt_id="case@v2", binding=bound))
+    told = call(gw, "crm_close_case_v1", {**CLOSE, "repeat": 2}).structured_content
+    assert (told["op_id"], told["kind"]) == (second, "confirmed")
+    assert "`repeat` set to 3" in told["message"], told["message"]
 
 
 def test_a_tenant_wide_act_is_one_act_whichever_agent_and_run_asks(gw: Gw) -> None:
