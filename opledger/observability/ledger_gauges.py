@@ -81,6 +81,8 @@ class _Scrape:
     by_status: Sequence[Any]  #: (status, action, n, age of the oldest) rows
     reviews: int
     oldest_review: float
+    approvals: int
+    oldest_approval: float
     estimated: int | None
     beat_held: bool
     beat: BeatSeen
@@ -105,6 +107,7 @@ class LedgerCollector(Collector):
         with self.db.snapshot() as conn:
             by_status = conn.execute(q.BY_STATUS_AND_ACTION).all()
             reviews, oldest_review = conn.execute(q.OPEN_REVIEWS).one()
+            approvals, oldest_approval = conn.execute(q.PENDING_APPROVALS).one()
             estimated = conn.execute(q.ESTIMATED_ROWS).scalar()
             holder = conn.execute(q.BEAT_LOCK_HOLDER, lock_words(self.beat_lock_key)).first()
             beat = beat_seen_of(conn.execute(BEAT_SEEN).one())
@@ -114,6 +117,8 @@ class LedgerCollector(Collector):
             by_status,
             reviews,
             float(oldest_review),
+            approvals,
+            float(oldest_approval),
             estimated,
             holder is not None,
             beat,
@@ -139,6 +144,16 @@ class LedgerCollector(Collector):
                 "opledger_oldest_open_review_age_seconds",
                 "Age of the oldest open review; 0 when none.",
                 scrape.oldest_review,
+            ),
+            (
+                "opledger_approvals_pending",
+                "Acts held for a person's approval (nothing sent before it).",
+                scrape.approvals,
+            ),
+            (
+                "opledger_oldest_pending_approval_age_seconds",
+                "Age of the oldest approval request still pending; 0 when none.",
+                scrape.oldest_approval,
             ),
             (
                 "opledger_operations_estimated",

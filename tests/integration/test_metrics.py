@@ -63,6 +63,34 @@ def test_gauges_count_open_operations_by_status_and_action_and_reviews(
     assert got[("opledger_oldest_open_review_age_seconds", ())] >= 0
 
 
+def test_the_approval_gauges_count_what_waits_for_a_person(ledger: Ledger, endpoint: str) -> None:
+    from opledger.adapters.registry import Registry
+    from opledger.adapters.stripe import StripeAdapter
+    from opledger.ledger.intents import Intent
+
+    got = samples(httpx.get(f"{endpoint}/metrics", headers=AUTH).text)
+    assert got[("opledger_approvals_pending", ())] == 0
+    assert got[("opledger_oldest_pending_approval_age_seconds", ())] == 0
+    registry = Registry([StripeAdapter("http://127.0.0.1:9", api_key="sk_test_123")])
+    registry.require_approval("stripe.refund.v1", "always")
+    held = Ledger(ledger.engine, actions=registry)
+    held.grant(tenant="acme", scope=["stripe.*"], granted_by="test", ref="auth_s")
+    for charge in ("ch_1", "ch_2"):
+        intent = Intent(
+            tenant="acme",
+            workflow_id="run-1",
+            action="stripe.refund.v1",
+            target=charge,
+            payload={"amount": 500},
+            authorization_ref="auth_s",
+        )
+        held.ask_intent(intent)
+    time.sleep(0.01)  # the oldest request's age is above 0
+    got = samples(httpx.get(f"{endpoint}/metrics", headers=AUTH).text)
+    assert got[("opledger_approvals_pending", ())] == 2
+    assert got[("opledger_oldest_pending_approval_age_seconds", ())] > 0
+
+
 def test_the_status_query_can_be_served_by_the_sweeps_partial_indexes(ledger: Ledger) -> None:
     with ledger.engine.connect() as conn:
         conn.execute(text("SET LOCAL enable_seqscan = off"))

@@ -25,6 +25,12 @@ OPEN_REVIEWS = text(
     "FROM reviews WHERE resolved_at IS NULL"
 )
 
+# Served by the partial index of pending requests (ix_approvals_pending): never the history
+PENDING_APPROVALS = text(
+    "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(requested_at)), 0) "
+    "FROM approvals WHERE status = 'pending'"
+)
+
 #: Postgres's own estimate of the operations table's rows (free)
 ESTIMATED_ROWS = text(
     "SELECT GREATEST(reltuples, 0)::bigint FROM pg_class WHERE oid = 'operations'::regclass"
