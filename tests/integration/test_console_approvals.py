@@ -197,7 +197,7 @@ def test_an_approval_posts_the_digest_shown_and_releases_the_act_once(
     assert len(asking.approval_decisions(op.id)) == 1
 
 
-def test_a_page_shown_before_the_payload_changed_is_refused_as_stale(
+def test_a_page_shown_before_the_payload_or_grant_changed_is_refused_as_stale(
     asking: Ledger, client: httpx.Client
 ) -> None:
     op = refund(asking, 25_000)
@@ -221,6 +221,20 @@ def test_a_page_shown_before_the_payload_changed_is_refused_as_stale(
     assert asking.approval(op.id).status == "pending" and asking.approval_decisions(op.id) == ()
     # looking again shows the digest it is bound to now
     assert shown_digest(client.get(page_of(op))) == other
+
+    # another act, whose operation is under another grant since its page was shown
+    moved = refund(asking, 30_000, target="ch_2")
+    page = client.get(page_of(moved))
+    asking.grant(tenant="acme", scope=["stripe.*"], granted_by="test", ref="auth_acme_2")
+    with asking.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE operations SET authorization_ref = 'auth_acme_2' WHERE id = :id"),
+            {"id": moved.id},
+        )
+    form = {"csrf_token": csrf_of(page), "digest": shown_digest(page)}
+    stale = client.post(f"/t/acme/ops/{moved.id}/approve", data=form)
+    assert stale.status_code == 409 and "this act changed since you opened it" in stale.text
+    assert asking.approval(moved.id).approved_by == ()
 
 
 def test_another_tenants_approval_is_not_found(asking: Ledger, client: httpx.Client) -> None:
