@@ -70,7 +70,8 @@ def summary(
         "target": op.target,
         "asked_before": result.asked_before,
     }
-    for field in ("receipt_id", "accepted_only", "data", "code", "reason", "waiting_for"):
+    fields = ("receipt_id", "accepted_only", "data", "code", "reason", "awaiting", "waiting_for")
+    for field in fields:
         if hasattr(result, field):
             out[field] = getattr(result, field)
     review = getattr(result, "review", None)

@@ -54,7 +54,8 @@ def test_an_act_held_for_approval_is_answered_at_once_and_says_so(held: Ledger) 
     assert "amount" in first.waiting_for  # why the policy asks
     assert "worker" not in first.waiting_for
     told = summary(first)
-    assert told["kind"] == "pending" and "approval" in told["message"]
+    assert (told["kind"], told["awaiting"]) == ("pending", "approval")
+    assert "approval" in told["message"]
     again = _refund(effects, 25000, "call-2")  # the model asked again under a new id
     assert (again.op_id, again.asked_before) == (first.op_id, True)
     assert isinstance(again, EffectPending) and again.awaiting == "approval"
