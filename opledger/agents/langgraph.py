@@ -34,6 +34,7 @@ from typing import Annotated, Any, NoReturn
 
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, InjectedToolCallId, StructuredTool, ToolException
+from langgraph.types import interrupt
 from pydantic import BaseModel, create_model
 
 from opledger.ledger import (
@@ -126,6 +127,7 @@ def effect_tool(
     intent_fields: Sequence[str] | None = None,
     repeatable: bool = True,
     run: Callable[[RunnableConfig], str] = run_of,
+    pause_for_approval: bool = False,
 ) -> BaseTool:
     """A LangChain tool (for `ToolNode`, `create_react_agent`, `bind_tools`) whose call is
     an opledger effect, keyed by the act it asks for, never by its tool call id. It runs
@@ -154,6 +156,13 @@ def effect_tool(
     no call can fix (no thread, the database down, an action no adapter serves, intent
     fields nobody declared, a payload `effect_of` built that the ledger cannot record) is
     raised.
+
+    An act its action's approval policy holds for a person is answered at once (`pending`,
+    `awaiting: "approval"`). With `pause_for_approval`, the tool pauses the graph instead
+    (LangGraph's `interrupt`, with that answer as the interrupt's value; the graph needs a
+    checkpointer): resumed (`Command(resume=...)`, whatever the value) once a person
+    decided, the call asks again — the same act, the same operation, never a second
+    approval request — and pauses again while the approval is still pending.
     """
     arguments = arguments_of(args_schema, repeatable=repeatable)
     extra: dict[str, Any] = {"tool_call_id": (Annotated[str, InjectedToolCallId], ...)}
@@ -173,6 +182,7 @@ def effect_tool(
             asked_by=lambda call: asker_of(*call),
         ),
         arguments,
+        pause_for_approval,
     )
     return StructuredTool.from_function(
         func=tool.call,
@@ -188,22 +198,38 @@ class _EffectTool:
     """What an `effect_tool` call does, in its synchronous and its asyncio form: the
     arguments LangChain validated (as values, not a model) taken as the model again."""
 
-    def __init__(self, call: EffectCall[_Call], arguments: type[BaseModel]) -> None:
+    def __init__(
+        self, call: EffectCall[_Call], arguments: type[BaseModel], pause: bool = False
+    ) -> None:
         self._call = call
         self._arguments = arguments
+        self._pause = pause
 
     def call(self, config: RunnableConfig, tool_call_id: str, **args: Any) -> str:
         answer = self._call.answer((config, tool_call_id), self._args(args), _refuse)
+        while self._pause and _held(answer):
+            # the first pass raises (the graph pauses); resumed, it returns, and the call
+            # asks again: the same operation, approved now or still held (paused again)
+            interrupt(answer)
+            answer = self._call.answer((config, tool_call_id), self._args(args), _refuse)
         return json.dumps(answer, sort_keys=True, default=str)
 
     async def acall(self, config: RunnableConfig, tool_call_id: str, **args: Any) -> str:
         answer = await self._call.aanswer((config, tool_call_id), self._args(args), _refuse)
+        while self._pause and _held(answer):
+            interrupt(answer)
+            answer = await self._call.aanswer((config, tool_call_id), self._args(args), _refuse)
         return json.dumps(answer, sort_keys=True, default=str)
 
     def _args(self, args: dict[str, Any]) -> BaseModel:
         """The validated arguments LangChain hands over (each field's value) as the model
         they were validated as, for `model_dump(mode="json")`."""
         return self._arguments.model_construct(**args)
+
+
+def _held(answer: dict[str, Any]) -> bool:
+    """Whether the answer is of an act held for a person's approval."""
+    return answer.get("kind") == "pending" and answer.get("awaiting") == "approval"
 
 
 def _refuse(exc: Exception) -> NoReturn:
