@@ -65,6 +65,12 @@ def test_an_act_held_for_approval_is_answered_at_once_and_says_so(held: Ledger) 
     held.approve(first.op_id, operator="alice", digest=approval.payload_digest)
     after = effects.result(first.op_id)
     assert isinstance(after, EffectPending) and after.awaiting == "worker"
+    # a retry of the whole tool call, made from scratch in a new process (Temporal's
+    # activity retry): the approved operation, never a new approval request
+    retried = _refund(Effects(held, publish=published.append, poll=30.0), 25000, "call-3")
+    assert (retried.op_id, retried.asked_before) == (first.op_id, True)
+    assert isinstance(retried, EffectPending) and retried.awaiting == "worker"
+    assert len(held.approvals(tenant="acme", status=None)) == 1
 
 
 def test_a_denied_act_is_cancelled_with_the_reason_the_model_reads(held: Ledger) -> None:
