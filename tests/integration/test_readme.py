@@ -581,15 +581,10 @@ assert current_app._get_current_object() is theirs
         "const result = await client.callTool({",
         "an excerpt of examples/mcp_host.mjs, which tests/system/test_mcp_hosts.py runs on node",
     ),
-    "2889f493d2": NotCode(
+    "2889f493d2": Covered(
         "from agents import Agent, Runner",
-        "an Agents SDK agent on a running gateway with a token: "
-        "tests/integration/test_mcp_agents_sdk.py runs it against a gateway of its own",
-    ),
-    "ada72a73c1": NotCode(
-        "from typing import Any",
-        "a Pydantic AI agent on a running gateway; its MCP client needs fastmcp, which the "
-        "dev install does not have",
+        "tests/integration/test_mcp_agents_sdk.py::"
+        "test_the_agents_sdk_lists_the_gateways_tools_for_the_model_and_calls_one_once",
     ),
     "9053811b13": NotCode('{"url": "http://127.0.0.1:9000/mcp"', "the upstream file's format"),
     "1b46e2e4bb": Shell(

@@ -18,15 +18,15 @@ def approval_cleared(o: str) -> str:
     WHERE beside `waiting_on = 0`, so a broken binding is never claimed even if the hold
     were wrong."""
     return f"""NOT EXISTS (
-        SELECT 1 FROM approvals AS ap WHERE ap.op_id = {o}.id AND NOT (
-            ap.status = 'approved' AND ap.payload_digest = {o}.payload_digest
-            AND ap.authorization_ref = {o}.authorization_ref
+        SELECT FROM approvals ap WHERE ap.op_id = {o}.id AND NOT (
+            ap.status = 'approved' AND (ap.payload_digest, ap.authorization_ref)
+            = ({o}.payload_digest, {o}.authorization_ref)
             AND (ap.consumed_at IS NULL OR {o}.status <> 'prepared')))"""
 
 
 # The first claim consumes the approval, once: its time and the fence it was claimed at.
 CONSUME_APPROVAL = """
-    UPDATE approvals AS ap SET consumed_at = now(), consumed_fence = op.fence
+    UPDATE approvals ap SET consumed_at = now(), consumed_fence = op.fence
     FROM op WHERE ap.op_id = op.id AND ap.consumed_at IS NULL
 """
 

@@ -25,41 +25,41 @@ CLAIM = text(
     win AS (
         SELECT coalesce(
             make_interval(
-                secs => (CAST(:window_map AS jsonb) ->> o.provider)::double precision
+                secs => (CAST(:window_map AS jsonb) ->> o.provider)::float8
             ),
             :send_window
         ) AS send_window,
         coalesce(
             make_interval(
-                secs => (CAST(:in_flight_map AS jsonb) ->> o.provider)::double precision
+                secs => (CAST(:in_flight_map AS jsonb) ->> o.provider)::float8
             ),
             :in_flight
         ) AS in_flight,
         o.provider
-        FROM operations AS o WHERE o.id = :op_id
+        FROM operations o WHERE o.id = :op_id
     ),
-    -- the provider's limits and pushback (opledger_admit): looked at only for a provider
+    -- pr: the provider's limits and pushback (opledger_admit): looked at only for a provider
     -- that has limits or has pushed back (a row of pressure), and only for an operation
     -- this claim could take (`op`'s conditions, read without a lock), so a waiting
     -- operation costs no claim, fence or attempt, and nothing is taken for one that is not
     -- claimable. Only the gate's refusal stops `op`: its own conditions stay its guards.
-    pressed AS (
+    pr AS (
         SELECT win.provider FROM win
         WHERE CAST(:limits_map AS jsonb) ? win.provider
-           OR EXISTS (SELECT 1 FROM provider_pressure AS pp WHERE pp.provider = win.provider)
+           OR EXISTS (SELECT 1 FROM provider_pressure pp WHERE pp.provider = win.provider)
     ),
     ready AS (
         SELECT r.provider
-        FROM pressed
-        JOIN operations AS r ON r.provider = pressed.provider
-        JOIN authorizations AS auth ON auth.ref = r.authorization_ref
+        FROM pr
+        JOIN operations r ON r.provider = pr.provider
+        JOIN authorizations gr ON gr.ref = r.authorization_ref
         WHERE r.id = :op_id
           AND r.status = CAST(:from_status AS op_status)
           AND (r.lease_expires_at IS NULL OR r.lease_expires_at < now())
           AND (CAST(:expected_fence AS bigint) IS NULL OR r.fence = :expected_fence)
-          AND r.waiting_on = 0 AND {approval_cleared("r")}
-          AND {grant_active("auth")}
-          AND (SELECT ok FROM fresh) AND NOT EXISTS (SELECT 1 FROM suspect)
+          AND r.waiting_on = 0
+          AND {grant_active("gr")}
+          AND (SELECT ok FROM fresh) AND NOT EXISTS (SELECT FROM suspect)
     ),
     gate AS (
         SELECT ready.provider, g.admitted, g.wait_s, g.why
@@ -67,30 +67,30 @@ CLAIM = text(
         CROSS JOIN LATERAL opledger_admit(
             ready.provider, CAST(:limits_map AS jsonb) -> ready.provider, :token, :op_id,
             win.send_window + win.in_flight
-        ) AS g
+        ) g
     ),
     op AS (
-        UPDATE operations AS o
+        UPDATE operations o
         SET status = 'dispatching', fence = o.fence + 1,
             lease_owner = :owner, lease_token = :token, lease_expires_at = now() + :lease,
             next_check_at = NULL, operator_retry_by = NULL,
             changed_by = :owner, change_reason = :reason,
             record_version = o.record_version + 1, updated_at = now()
-        FROM authorizations AS a
+        FROM authorizations a
         -- deliberate overlap: the status and the lease expiry each refuse a live claim
         -- (tests/integration/test_guards.py, probe_a_live_claim_cannot_be_claimed_again)
         WHERE o.id = :op_id
           AND o.status = CAST(:from_status AS op_status)
           AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
           AND (CAST(:expected_fence AS bigint) IS NULL OR o.fence = :expected_fence)
-          AND o.waiting_on = 0  -- ordered effects: every dependency confirmed (0008)
+          AND o.waiting_on = 0
           -- approvals (0022): approved for exactly this digest and grant, and a first
           -- claim only while unconsumed; checked beside the hold, so a broken binding is
           -- never claimed even if `waiting_on` were wrong
           AND {approval_cleared("o")}
           AND a.ref = o.authorization_ref AND {grant_active("a")}
           AND coalesce((SELECT admitted FROM gate), true)
-          AND (SELECT ok FROM fresh) AND NOT EXISTS (SELECT 1 FROM suspect)
+          AND (SELECT ok FROM fresh) AND NOT EXISTS (SELECT FROM suspect)
         RETURNING o.*
     ),
     attempt AS (
@@ -113,12 +113,12 @@ CLAIM = text(
            attempt.deadline_at AS attempt_deadline_at, attempt.send_by AS attempt_send_by,
            now() AS db_now, p.canonical, p.key_id, p.sealed,
            gate.provider AS gate_provider, gate.admitted, gate.wait_s, gate.why,
-           EXISTS (SELECT 1 FROM suspect) AS suspect,
+           EXISTS (SELECT FROM suspect) AS suspect,
            fresh.epoch, fresh.timeline, fresh.flushed, fresh.ok
     FROM fresh
     LEFT JOIN gate ON true
     LEFT JOIN (op CROSS JOIN attempt) ON true
-    LEFT JOIN operation_payloads AS p ON p.op_id = op.id
+    LEFT JOIN operation_payloads p ON p.op_id = op.id
     """
 )
 
