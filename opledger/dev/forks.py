@@ -12,11 +12,12 @@ by whatever runs it, as ever.
 `ForkServer` is that process: it imports the command and the modules its commands import
 once they run (as `python -m opledger.cli` would, reading no setting: checked; an extra
 that is not installed is left to the command), then serves JSON requests, one a line on
-stdin, each answered with one line: "start" forks a child that leads a session of its own
-and takes the request's directory, environment and standard streams (files), then runs
-the command as `python -m opledger.cli` does, so its exit status and output are a real
-process's; "wait" reaps its children until that one has exited (its exit code) or the
-time is up (null). At EOF — this process exited, however it exited — it kills those left.
+stdin, each answered with one line that repeats its "id": "start" forks a child that
+leads a session of its own and takes the request's directory, environment and standard
+streams (files), then runs the command as `python -m opledger.cli` does, so its exit
+status and output are a real process's; "wait" reaps its children until that one has
+exited (its exit code) or the time is up (null). At EOF — this process exited, however
+it exited — it kills those left.
 
 `ForkedProc` is `opledger.dev.processes.Proc` started that way.
 """
@@ -24,6 +25,7 @@ time is up (null). At EOF — this process exited, however it exited — it kill
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -66,6 +68,7 @@ def reap():
 
 
 def answer(reply):
+    reply["id"] = request["id"]
     sys.stdout.write(json.dumps(reply) + "\n")
     sys.stdout.flush()
 
@@ -154,6 +157,7 @@ class ForkServer:
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self._lock = threading.Lock()
+        self._asked = 0
         self._proc = subprocess.Popen(
             [sys.executable, "-c", _SERVER, json.dumps(PRELOAD)],
             cwd=tempfile.gettempdir(),
@@ -166,14 +170,26 @@ class ForkServer:
         atexit.register(self.close)
 
     def _ask(self, request: Mapping[str, object]) -> dict[str, int | None]:
+        """The server's answer to `request`. Each request carries a number the answer
+        repeats: an ask cut short after its request was written (a signal's handler raised
+        in this thread: `opledger chaos` stopped by SIGTERM) leaves its answer unread, and
+        the next ask passes over it instead of taking it for its own (and kills the
+        process a "start" so cut short forked: nobody else knows of it)."""
         assert self._proc.stdin is not None and self._proc.stdout is not None
         with self._lock:
-            self._proc.stdin.write(json.dumps(request) + "\n")
+            self._asked += 1
+            self._proc.stdin.write(json.dumps({**request, "id": self._asked}) + "\n")
             self._proc.stdin.flush()
-            line = self._proc.stdout.readline()
-        assert line, f"the fork server exited ({self._proc.poll()})"
-        reply: dict[str, int | None] = json.loads(line)
-        return reply
+            while True:
+                line = self._proc.stdout.readline()
+                assert line, f"the fork server exited ({self._proc.poll()})"
+                reply: dict[str, int | None] = json.loads(line)
+                if reply.pop("id") == self._asked:
+                    return reply
+                orphan = reply.get("pid")
+                if orphan is not None:  # forked for an ask that never learned of it: nobody's
+                    with contextlib.suppress(OSError):
+                        os.killpg(orphan, signal.SIGKILL)
 
     def start(
         self,
