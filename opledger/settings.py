@@ -231,6 +231,14 @@ class Settings(BaseSettings):
         "wait for an attached synchronous standby (a failover could then lose claims and "
         "outcomes); `opledger check` reports it as a warning.",
     )
+    inline_dispatch: str = Field(
+        default="off",
+        pattern=r"^\s*(off|on|never|[A-Za-z0-9_.*?\[\]-]+(\s*,\s*[A-Za-z0-9_.*?\[\]-]+)*)\s*$",
+        description="Which acts an agent's `Effects` claims and sends in its own process "
+        "instead of through a worker: `off` (only calls that ask, `inline=True`), `on` "
+        "(every action), action patterns separated by commas (`crm.*,email.*`), or `never` "
+        "(this process sends nothing itself, even when a call asks).",
+    )
 
     check_backoff_seconds: float = Field(
         default=30.0,

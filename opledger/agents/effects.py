@@ -32,7 +32,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from opledger.ledger import (
     Answer,
@@ -43,13 +43,17 @@ from opledger.ledger import (
     UnknownAction,
 )
 from opledger.ledger.connector import conninfo
-from opledger.ledger.facades import IntentLedger
+from opledger.ledger.facades import IntentLedger, WorkerLedger
 from opledger.ledger.ids import check_key
 from opledger.ledger.intents import Intent, act_key, payload_differences
 from opledger.observability import tracing
 
 from .answers import beat_missing_after, waits_for_beat
 from .blocking import Body, Call, Sleep, arun, run
+from .inline import Inline, from_setting
+
+if TYPE_CHECKING:
+    from opledger.adapters.registry import Registry
 from .listener import Waiter, listener_for
 from .results import (
     EffectCancelled,
@@ -85,6 +89,8 @@ DEFAULT_POLL = 5.0
 FALLBACK_POLL = 0.5
 
 Publish = Callable[[str], None]
+#: how a call dispatched its act (the result's `path`)
+Path = Literal["inline", "worker"]
 
 
 def _default_publish(op_id: str) -> None:
@@ -101,6 +107,13 @@ class Effects:
     `publish(op_id)` enqueues the dispatch of a prepared operation (default: opledger's
     Celery `dispatch` task, which needs `OPLEDGER_BROKER_URL`). A failed publish is
     logged, not raised: the operation is recorded, and the beat relay publishes it.
+
+    `inline` dispatches ready acts in the calling thread instead, under the same fenced
+    claim a worker takes (`opledger.agents.inline`): True for every action, action
+    patterns (`["crm.*"]`) for some, False for none, even when a call asks; an `Inline`
+    as built; None (the default) as `OPLEDGER_INLINE_DISPATCH` says (`off`: only calls
+    that ask, `inline=True`). It needs the ledger built with its adapters
+    (`Ledger.from_url(url, actions=load_registry(settings))`).
     """
 
     def __init__(
@@ -109,12 +122,15 @@ class Effects:
         *,
         publish: Publish | None = None,
         poll: float = DEFAULT_POLL,
+        inline: bool | Iterable[str] | Inline | None = None,
     ) -> None:
         if poll <= 0:
             raise InvalidInput("poll must be a positive number of seconds", field="poll")
         self.ledger = ledger
         self._publish = publish if publish is not None else _default_publish
         self.poll = poll
+        #: how ready acts are dispatched in this process (None: never; `inline`)
+        self.inline: Inline | None = _inline(ledger, inline, self._try_publish)
         self._dsn = conninfo(ledger.engine)  # every host the engine's URL names
         self._beat_missing_after = beat_missing_after()
 
@@ -135,6 +151,7 @@ class Effects:
         asked_by: str | None = None,
         after: Sequence[str | _Result] = (),
         wait: float | timedelta | None = None,
+        inline: bool | None = None,
     ) -> EffectResult:
         """Record the intent of this act in workflow run `run`, enqueue it, and return how
         it stands — after waiting up to `wait` seconds for it to settle, if given.
@@ -155,6 +172,10 @@ class Effects:
         acts. `after` (operation ids or earlier results) makes it wait until each of them
         is confirmed. Raises `IntentFieldsUndeclared` when the ledger was built without the
         adapter registry and neither `intent_fields` nor `intent_key` is given.
+
+        `inline=True` claims and sends the act in this thread if it can (see `Effects`),
+        `False` hands it to a worker; None does as this `Effects` does for its action. The
+        result's `path` says which ran.
         """
         timeout = _timeout(wait)
         intent = Intent(
@@ -170,7 +191,7 @@ class Effects:
             asked_by=asked_by,
             after=_ids(after),
         )
-        return self.ask(intent, wait=timeout)
+        return self.ask(intent, wait=timeout, inline=inline)
 
     async def aeffect(
         self,
@@ -187,6 +208,7 @@ class Effects:
         asked_by: str | None = None,
         after: Sequence[str | _Result] = (),
         wait: float | timedelta | None = None,
+        inline: bool | None = None,
     ) -> EffectResult:
         """`effect` for asyncio agents: the wait never blocks the event loop."""
         timeout = _timeout(wait)
@@ -203,16 +225,29 @@ class Effects:
             asked_by=asked_by,
             after=_ids(after),
         )
-        return await self.aask(intent, wait=timeout)
+        return await self.aask(intent, wait=timeout, inline=inline)
 
-    def ask(self, intent: Intent, *, wait: float | timedelta | None = None) -> EffectResult:
+    def ask(
+        self, intent: Intent, *, wait: float | timedelta | None = None, inline: bool | None = None
+    ) -> EffectResult:
         """`effect` for an `Intent` record (its `after` as operation ids), the one path of
         every agent surface: the LangGraph tools and the MCP gateway build the record."""
-        return run(self._effect(intent, _timeout(wait)))
+        return run(self._effect(intent, _timeout(wait), self._inline_for(intent, inline)))
 
-    async def aask(self, intent: Intent, *, wait: float | timedelta | None = None) -> EffectResult:
-        """`ask` for asyncio agents: the wait never blocks the event loop."""
-        return await arun(self._effect(intent, _timeout(wait)))
+    async def aask(
+        self, intent: Intent, *, wait: float | timedelta | None = None, inline: bool | None = None
+    ) -> EffectResult:
+        """`ask` for asyncio agents: the wait never blocks the event loop (an inline
+        dispatch runs in a worker thread)."""
+        return await arun(self._effect(intent, _timeout(wait), self._inline_for(intent, inline)))
+
+    def _inline_for(self, intent: Intent, asked: bool | None) -> Inline | None:
+        """The inline dispatch this act would take if it is ready, or None (a worker)."""
+        if self.inline is None or asked is False:
+            return None
+        if asked is None and not self.inline.covers(intent.action):
+            return None
+        return self.inline
 
     def intent_of(
         self,
@@ -235,29 +270,81 @@ class Effects:
             scoped=self.ledger.intent_scope,
         )
 
-    def _effect(self, intent: Intent, timeout: float | None) -> Body[EffectResult]:
-        """The body of `effect` and `aeffect`: record the act, then how it stands (after
-        the wait, with `timeout`), as the answer to this ask."""
-        asked: Asked = yield Call(self._record, intent, timeout is None)
+    def _effect(
+        self, intent: Intent, timeout: float | None, inline: Inline | None
+    ) -> Body[EffectResult]:
+        """The body of `effect` and `aeffect`: record the act, dispatch it here if `inline`
+        can, then how it stands (after the wait, with `timeout`), as the answer to this
+        ask."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        asked: Asked = yield Call(
+            self._record, intent, timeout is None and inline is None, inline is None
+        )
         op_id = asked.operation.id
+        path: Path | None = "worker" if _publishable(asked) else None
         result: EffectResult
-        if timeout is None:
+        if path is not None and inline is not None:
+            sent = yield Call(self._dispatch_inline, inline, op_id, intent.action)
+            if sent:
+                path = "inline"
+                result = yield from self._after_inline(op_id, deadline)
+            else:  # a worker sends it: published now
+                result = yield from self._handed(op_id, deadline)
+        elif timeout is None:
             result = yield Call(self.result, op_id)
         else:  # the ask made it NOTIFY (`notify=True`): no `watch` needed
             fresh = _fresh(asked)
             result = yield from self._waiting(
                 op_id, timeout, publish=_publishable(asked), known=fresh
             )
+        if path is not None:
+            result = result.model_copy(update={"path": path})
         if not asked.first:
             result = yield Call(self._as_asked, result, asked, intent)
         return result
 
-    def _record(self, intent: Intent, publish: bool) -> Asked:
+    def _dispatch_inline(self, inline: Inline, op_id: str, action: str) -> bool:
+        """Claim and send `op_id` in this thread, as a worker would; False when this
+        process cannot (then a worker does: see `Inline.why_not`)."""
+        ledger = cast(WorkerLedger, self.ledger)
+        why = inline.why_not(ledger, action)
+        if why is not None:
+            log.info("%s is sent by a worker, not inline: %s", op_id, why)
+            self.ledger.watch(op_id)  # its settle NOTIFYs, as an ask with `notify` would
+            return False
+        inline.dispatch(ledger, op_id)
+        return True
+
+    def _after_inline(self, op_id: str, deadline: float | None) -> Body[EffectResult]:
+        """How an act dispatched in this process stands: read once; while it is not at
+        rest (unknown, deferred for its provider's room), waited on as any other, within
+        what is left of the wait."""
+        result: EffectResult = yield Call(self.result, op_id)
+        if deadline is None or at_rest(result):
+            return result
+        waited: EffectResult = yield from self._waiting(
+            op_id, max(0.0, deadline - time.monotonic()), watch=True
+        )
+        return waited
+
+    def _handed(self, op_id: str, deadline: float | None) -> Body[EffectResult]:
+        """Hand a ready `op_id` to a worker and answer as `effect` does without inline."""
+        if deadline is None:
+            yield Call(self._try_publish, op_id)
+            result: EffectResult = yield Call(self.result, op_id)
+            return result
+        waited: EffectResult = yield from self._waiting(
+            op_id, max(0.0, deadline - time.monotonic()), publish=True
+        )
+        return waited
+
+    def _record(self, intent: Intent, publish: bool, notify: bool = True) -> Asked:
         """Ask for the act; with `publish`, also enqueue its dispatch when it is ready
-        (else the caller publishes it once it listens for the answer)."""
+        (else the caller publishes it once it listens for the answer, or sends it itself);
+        with `notify`, its settle NOTIFYs this process's listener."""
         with tracing.prepare(intent.tenant, intent.action) as span:  # the publish: its child
             asked = self.ledger.ask_intent(
-                intent, notify=True, actor="agent", traceparent=span.traceparent()
+                intent, notify=notify, actor="agent", traceparent=span.traceparent()
             )
             op = asked.operation
             span.prepared(op)
@@ -428,6 +515,52 @@ class Effects:
             self._try_publish(result.op_id)
             return True
         return published
+
+
+def _inline(
+    ledger: IntentLedger, inline: bool | Iterable[str] | Inline | None, publish: Publish
+) -> Inline | None:
+    """The inline dispatch an `Effects` over `ledger` is given (see `Effects`), or None."""
+    if isinstance(inline, Inline) or inline is False:
+        return inline or None
+    if isinstance(inline, str):
+        raise InvalidInput("inline names actions as a list of patterns", field="inline")
+    setting, strict = _deployment()
+    patterns = setting if inline is None else ("*",) if inline is True else tuple(inline)
+    if patterns is None:  # `never`: this process sends nothing itself
+        return None
+    registry = getattr(ledger, "actions", None)
+    if not callable(getattr(registry, "adapter_for", None)):
+        if inline is None:  # the deployment's: a process without adapters hands acts on
+            if patterns:
+                log.warning(
+                    "OPLEDGER_INLINE_DISPATCH is set, but this ledger was built without its "
+                    "adapters: every act is sent by a worker"
+                )
+            return None
+        raise InvalidInput(
+            "inline dispatch sends from this process: build the ledger with its adapters "
+            "(Ledger.from_url(url, actions=load_registry(settings)))",
+            field="inline",
+        )
+    return Inline(
+        cast("Registry", registry),
+        actions=patterns,
+        publish_dispatch=publish,
+        require_sync_standby=strict,
+    )
+
+
+def _deployment() -> tuple[tuple[str, ...] | None, bool]:
+    """`OPLEDGER_INLINE_DISPATCH` (`from_setting`) and strict mode, as this process's
+    settings say (off, and not strict, where they cannot be read)."""
+    from opledger.settings import SettingsInvalid, get_settings
+
+    try:
+        settings = get_settings()
+    except SettingsInvalid:
+        return (), False
+    return from_setting(settings.inline_dispatch), settings.require_sync_standby
 
 
 def _timeout(wait: float | timedelta | None) -> float | None:

@@ -28,6 +28,11 @@ class _Result(BaseModel):
     #: the run that asked for the act first, where that is another run than this ask's: an
     #: act of the tenant's scope (one act whatever run asks) that another run recorded
     first_asked_in: str | None = None
+    #: how this call dispatched the act: "inline", claimed and sent in this process
+    #: (`Effects(..., inline=...)`); "worker", handed to opledger's workers (published, or
+    #: left to the relay); None, this call dispatched nothing (asked before, held for a
+    #: person's approval, waiting on its dependencies, or only read)
+    path: Literal["inline", "worker"] | None = None
 
     @property
     def op_id(self) -> str:

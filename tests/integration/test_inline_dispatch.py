@@ -1,0 +1,176 @@
+"""Inline dispatch on a real Postgres and a real CRM on loopback, with no worker running:
+the agent's own thread claims under a fence, sends, records; a worker is published to
+only when this process cannot finish (`opledger.agents.inline`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from opledger.adapters.crm import CrmAdapter
+from opledger.adapters.registry import Registry
+from opledger.agents import EffectConfirmed, EffectPending, EffectResult, Effects, EffectUnknown
+from opledger.agents.inline import Inline, from_setting
+from opledger.dev.sandbox import Sandbox
+from opledger.ledger import InvalidInput, Ledger, Status
+
+from .test_agents import Published
+
+
+@pytest.fixture
+def crm(sandbox: Sandbox) -> Iterator[CrmAdapter]:
+    adapter = CrmAdapter(sandbox.http_url, account="acme")
+    yield adapter
+    adapter.close()
+
+
+@pytest.fixture
+def served(ledger: Ledger, crm: CrmAdapter) -> Ledger:
+    """The ledger as an agent's process builds it with its adapters."""
+    return Ledger(ledger.engine, actions=Registry([crm]))
+
+
+def _close(effects: Effects, case: str = "case-318", **kw: Any) -> EffectResult:
+    args: dict[str, Any] = {
+        "tenant": "acme",
+        "run": "onboarding-42",
+        "action": "crm.close_case.v1",
+        "target": case,
+        "payload": {"note": "resolved"},
+        "authorization_ref": "auth_acme",
+    }
+    return effects.effect(**{**args, **kw})
+
+
+def _requests(sandbox: Sandbox, op: EffectResult) -> int:
+    return len(sandbox.truth()["requests"].get(f"crm:{op.operation.idempotency_key}", []))
+
+
+def test_an_inline_effect_is_claimed_sent_and_recorded_in_the_callers_thread(
+    served: Ledger, grant: str, sandbox: Sandbox
+) -> None:
+    published = Published()
+    effects = Effects(served, publish=published, inline=True)
+    result = _close(effects, wait=10)
+    assert isinstance(result, EffectConfirmed), result
+    assert result.path == "inline"
+    assert published == []  # no worker was asked
+    assert _requests(sandbox, result) == 1
+    attempts = served.history(result.op_id).attempts
+    assert [a.owner.startswith("inline:") for a in attempts] == [True]
+    assert result.operation.fence == 1
+    # asked again (a re-asked model): the recorded operation, nothing sent, no path
+    again = _close(effects, wait=10, asked_by="call_2")
+    assert again.op_id == result.op_id and again.asked_before and again.path is None
+    assert _requests(sandbox, result) == 1
+
+
+def test_without_a_wait_the_inline_answer_is_the_outcome(
+    served: Ledger, grant: str, sandbox: Sandbox
+) -> None:
+    effects = Effects(served, publish=Published(), inline=True)
+    result = _close(effects)
+    assert isinstance(result, EffectConfirmed) and result.path == "inline"
+
+
+def test_asyncio_agents_dispatch_inline_off_the_event_loop(
+    served: Ledger, grant: str, sandbox: Sandbox
+) -> None:
+    effects = Effects(served, publish=Published(), inline=True)
+
+    async def agents() -> list[EffectResult]:
+        return list(
+            await asyncio.gather(
+                *(
+                    effects.aeffect(
+                        tenant="acme",
+                        run="onboarding-42",
+                        action="crm.close_case.v1",
+                        target=f"case-{i}",
+                        payload={"note": "resolved"},
+                        authorization_ref="auth_acme",
+                        wait=10,
+                    )
+                    for i in range(5)
+                )
+            )
+        )
+
+    results = asyncio.run(agents())
+    assert all(isinstance(r, EffectConfirmed) and r.path == "inline" for r in results)
+    assert sorted(sandbox.by_act().values()) == [1] * 5
+
+
+def test_a_call_may_decline_and_a_deployment_may_name_its_actions(
+    served: Ledger, grant: str, sandbox: Sandbox
+) -> None:
+    published = Published()
+    effects = Effects(served, publish=published, inline=["email.*"])
+    handed = _close(effects)  # not an email: a worker's
+    assert isinstance(handed, EffectPending) and handed.path == "worker"
+    assert published == [handed.op_id] and _requests(sandbox, handed) == 0
+    asked = _close(effects, case="case-9", inline=True)  # the call asks for it
+    assert isinstance(asked, EffectConfirmed) and asked.path == "inline"
+    declined = Effects(served, publish=published, inline=True)
+    result = _close(declined, case="case-10", inline=False)
+    assert isinstance(result, EffectPending) and result.path == "worker"
+    never = Effects(served, publish=published, inline=False)
+    refused = _close(never, case="case-11", inline=True)  # a policy: never in this process
+    assert isinstance(refused, EffectPending) and refused.path == "worker"
+
+
+def test_an_action_no_adapter_here_serves_goes_to_a_worker_and_is_waited_on(
+    ledger: Ledger, grant: str, sandbox: Sandbox, crm: CrmAdapter
+) -> None:
+    from opledger.adapters.email import EmailAdapter
+
+    mail = EmailAdapter(sandbox.http_url, account="acme")
+    published = Published()
+    served = Ledger(ledger.engine, actions=Registry([crm, mail]))
+    inline = Inline(Registry([crm]), publish_dispatch=published)  # this process: the CRM only
+    effects = Effects(served, publish=published, inline=inline, poll=30.0)
+    result = effects.effect(
+        tenant="acme",
+        run="onboarding-42",
+        action="email.send.v1",
+        target="owner@acme.test",
+        payload={"to": "owner@acme.test", "subject": "Closed", "text": "done"},
+        authorization_ref="auth_acme",
+        wait=0.2,
+    )
+    mail.close()
+    assert isinstance(result, EffectPending) and result.path == "worker"
+    assert published == [result.op_id]
+    with served.engine.connect() as conn:  # its settle wakes this process's waiters
+        watched = conn.execute(
+            text("SELECT notify_settle FROM operations WHERE id = :id"), {"id": result.op_id}
+        ).scalar_one()
+    assert watched is True
+
+
+def test_an_ambiguous_inline_send_is_unknown_not_failed(
+    served: Ledger, grant: str, sandbox: Sandbox
+) -> None:
+    effects = Effects(served, publish=Published(), inline=True)
+    sandbox.fault("crm", "drop_after_commit")
+    result = _close(effects, wait=0.5)
+    assert isinstance(result, EffectUnknown) and result.path == "inline"
+    assert result.operation.status is Status.UNKNOWN
+    assert sandbox.by_act() == {"crm:acme:close:case-318": 1}
+
+
+def test_inline_needs_the_ledgers_adapters(ledger: Ledger) -> None:
+    with pytest.raises(InvalidInput, match="adapters"):
+        Effects(ledger, inline=True)
+    assert Effects(ledger).inline is None  # the deployment's default: nothing to send here
+
+
+def test_the_setting_reads_as_patterns() -> None:
+    assert from_setting("off") == () and from_setting("") == ()
+    assert from_setting("on") == ("*",)
+    assert from_setting(" crm.* , email.send.v1 ") == ("crm.*", "email.send.v1")
+    assert from_setting("never") is None
