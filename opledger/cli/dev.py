@@ -531,7 +531,7 @@ def _print_agents(result: dict[str, Any]) -> None:
         title="effect() latency, opledger beside DBOS (one run, rounds interleaved)",
     )
     for n, row in result["by_agents"].items():
-        for side in ("opledger", "dbos"):
+        for side in ("opledger", "inline", "dbos"):
             r = row[side]
             table.add_row(
                 n,
@@ -564,6 +564,17 @@ def _print_agents(result: dict[str, Any]) -> None:
             f"effects/s ratio at {n} agents (opledger/DBOS)",
             _cell(row["ratio_effects_s"]),
             ">= 1.0" if n == "100" else "",
+        )
+    for n, row in result["by_agents"].items():  # the inline path's targets
+        ratios.add_row(
+            f"p50 ratio at {n} agents (inline/DBOS)",
+            _cell(row["inline_ratio_p50"]),
+            "<= 0.8" if n in ("1", "10") else "",
+        )
+        ratios.add_row(
+            f"effects/s ratio at {n} agents (inline/DBOS)",
+            _cell(row["inline_ratio_effects_s"]),
+            ">= 1.2" if n in ("10", "100") else "",
         )
     settles = result["settles"]
     ratios.add_row("settles/s without waiters", _cell(settles["settles_s_without"]), "")

@@ -22,6 +22,10 @@ from .config import AgentsConfig
 #: how long the idle rate of transactions is measured for
 IDLE_RATE_S = 5.0
 
+#: the sides, their rounds interleaved in this order: opledger through its worker,
+#: opledger dispatching in the agent's own thread (`Effects(..., inline=True)`), DBOS
+SIDES = ("opledger", "inline", "dbos")
+
 
 class _NotConfirmed(Exception):
     pass
@@ -86,6 +90,8 @@ class Sides:
         self.dbos_db = dbos_db
         self.errors = errors
         self.idle = {ledger_db: 0.0, dbos_db: 0.0}  #: transactions per second, idle
+        #: the same ledger, each effect claimed and sent in the agent's own thread
+        self.inline = Effects(ledger, inline=True)
 
     def idle_rates(self) -> dict[str, float]:
         """Each database's transactions per second with nothing to do, once every backend
@@ -97,9 +103,11 @@ class Sides:
             self.idle[db] = (self.monitor.transactions(db) - before[db]) / IDLE_RATE_S
         return {"opledger": self.idle[self.ledger_db], "dbos": self.idle[self.dbos_db]}
 
-    def ours(self, tag: str) -> Callable[[int, int], str | None]:
+    def ours(self, tag: str, inline: bool = False) -> Callable[[int, int], str | None]:
+        effects = self.inline if inline else self.effects
+
         def call(i: int, k: int) -> str | None:
-            result = self.effects.effect(
+            result = effects.effect(
                 tenant="bench",
                 run=f"agents-{tag}-{i}",
                 action=ACTION,
@@ -127,33 +135,50 @@ class Sides:
     def at(self, n: int, progress: Callable[[str], None]) -> dict[str, Any]:
         """Both sides at `n` agents, their rounds interleaved; each side's summary and the
         ratios."""
-        sides = {"opledger": _Side(), "dbos": _Side()}
+        sides = {name: _Side() for name in SIDES}
         # every backend has reported what it did before (idle_rates, or the previous
         # count's end): the transactions from here to the end are this count's
         datnames = {"opledger": self.ledger_db, "dbos": self.dbos_db}
         before = {name: self.monitor.transactions(db) for name, db in datnames.items()}
+        spent = {name: 0.0 for name in SIDES}
         started = time.monotonic()
         for r in range(self.cfg.rounds):
-            for name in ("opledger", "dbos"):
+            for name in SIDES:
                 progress(f"{n} agents: {name}, round {r + 1} of {self.cfg.rounds}")
                 tag = f"{name}-n{n}-r{r}"
-                call = self.ours(tag) if name == "opledger" else self.theirs(tag)
-                datname = self.ledger_db if name == "opledger" else self.dbos_db
+                call = self.theirs(tag) if name == "dbos" else self.ours(tag, name == "inline")
+                datname = self.dbos_db if name == "dbos" else self.ledger_db
+                at_start = self.monitor.transactions(datname)
                 calls = self._round(n, call, datname, sides[name])
-                if name == "opledger":
+                spent[name] += self.monitor.transactions(datname) - at_start
+                if name != "dbos":
                     self._breakdown(calls, sides[name])
         time.sleep(self.cfg.stats_wait)
         elapsed = time.monotonic() - started
-        for name, db in datnames.items():
-            spent = self.monitor.transactions(db) - before[name]
-            sides[name].xacts = max(0.0, spent - self.idle[db] * elapsed)
-        ours, theirs = sides["opledger"].summary(), sides["dbos"].summary()
+        # the two opledger paths share a database: each is charged what its rounds were
+        # seen to spend, and the stats that came late (`stats_wait`) by those shares
+        late: dict[str, float] = {
+            name: self.monitor.transactions(db) - before[name] for name, db in datnames.items()
+        }
+        late["opledger"] -= spent["opledger"] + spent["inline"]
+        late["dbos"] -= spent["dbos"]
+        ours_spent = spent["opledger"] + spent["inline"] or 1.0
+        for name in SIDES:
+            db = self.dbos_db if name == "dbos" else self.ledger_db
+            share = 1.0 if name == "dbos" else spent[name] / ours_spent
+            extra = late["dbos" if name == "dbos" else "opledger"] * share
+            idle = self.idle[db] * elapsed * (1.0 if name == "dbos" else share)
+            sides[name].xacts = max(0.0, spent[name] + extra - idle)
+        summaries = {name: side.summary() for name, side in sides.items()}
+        ours, inline, theirs = summaries["opledger"], summaries["inline"], summaries["dbos"]
         return {
-            "opledger": ours,
-            "dbos": theirs,
+            **summaries,
             "ratio_p50": _ratio(ours["p50_ms"], theirs["p50_ms"]),
             "ratio_p99": _ratio(ours["p99_ms"], theirs["p99_ms"]),
             "ratio_effects_s": _ratio(ours["effects_s"], theirs["effects_s"]),
+            "inline_ratio_p50": _ratio(inline["p50_ms"], theirs["p50_ms"]),
+            "inline_ratio_p99": _ratio(inline["p99_ms"], theirs["p99_ms"]),
+            "inline_ratio_effects_s": _ratio(inline["effects_s"], theirs["effects_s"]),
         }
 
     def _round(
