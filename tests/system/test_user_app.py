@@ -51,9 +51,17 @@ def test_a_user_app_runs_its_own_task_and_opledgers_in_one_worker(
         )[0]
         assert settled(sys_ledger, [op_id]) == {op_id: Status.CONFIRMED}
         assert sandbox.effects(f"crm:{key_of(sys_ledger, op_id)}") == 1
-        log = worker.output()
+        # the outcome commits before the task returns and its success is logged
+        log = wait_until(
+            lambda: (
+                worker.output()
+                if re.search(r"Task opledger\.dispatch\[[^\]]+\] succeeded", worker.output())
+                else None
+            ),
+            30,
+            "the worker to log the dispatch task's success",
+        )
         assert re.search(r"Task theirs\.close_case\[[^\]]+\] succeeded", log)
-        assert re.search(r"Task opledger\.dispatch\[[^\]]+\] succeeded", log)
     finally:
         client.close()
         worker.kill()
