@@ -228,6 +228,10 @@ class BeatLedger(Protocol):
         self, *, limit: int = ..., backoff: timedelta, interval: timedelta | None = None
     ) -> list[str]: ...
 
+    def due_approval_notifications(
+        self, *, limit: int = ..., backoff: timedelta, interval: timedelta | None = None
+    ) -> list[str]: ...
+
     def relay(
         self,
         *,

@@ -1,6 +1,6 @@
 """Maintenance, for beat: expired leases (and approvals), due checks, the relay and its
-backlog guard, payload purges and review notifications; and, for an operator, payload key
-rotation.
+backlog guard, payload purges and review and approval notifications; and, for an operator,
+payload key rotation.
 
 No lock is held across a stall. Every maintenance transaction is bounded (`Bounds`, set by
 its first statement, `SET LOCAL` through `set_config(..., true)`): it waits for a lock at
@@ -416,6 +416,25 @@ class Maintenance(LedgerBase):
         """Record that the notification of a review is prepared (it is an operation itself)."""
         with self._single() as conn:
             conn.execute(q.MARK_NOTIFIED, {"review_id": review_id})
+
+    def due_approval_notifications(
+        self, *, limit: int = 500, backoff: timedelta, interval: timedelta | None = None
+    ) -> list[str]:
+        """Operations whose pending approval request has not been notified yet (their
+        operation still waiting for it); each is handed out once per `backoff` until
+        `mark_approval_notified`. `interval` bounds its transaction."""
+
+        def due(conn: Connection) -> list[str]:
+            params = {"limit": limit, "backoff": backoff}
+            return [r.op_id for r in conn.execute(q.DUE_APPROVAL_NOTIFICATIONS, params)]
+
+        return self._cycle("the hand-out of approval notifications", interval, due, [])
+
+    def mark_approval_notified(self, op_id: str) -> None:
+        """Record that the notification of `op_id`'s approval request is prepared (an
+        operation itself), or that there is nothing to notify."""
+        with self._single() as conn:
+            conn.execute(q.MARK_APPROVAL_NOTIFIED, {"op_id": op_id})
 
 
 def _expire_approvals(conn: Connection, limit: int, actor: str) -> list[str]:

@@ -425,6 +425,10 @@ CREATE TABLE approvals (
     decided_by text,
     consumed_at timestamp with time zone,
     consumed_fence bigint,
+    -- its `approval.requested` notification prepared (0023), and when the sweep may hand
+    -- it out again until then
+    notified_at timestamp with time zone,
+    notify_due_at timestamp with time zone,
     CONSTRAINT ck_approvals_status CHECK ((status = ANY (ARRAY['pending'::text,
         'approved'::text, 'denied'::text, 'expired'::text]))),
     CONSTRAINT ck_approvals_approvers CHECK (((approvers_required >= 1)
@@ -442,6 +446,8 @@ CREATE INDEX ix_approvals_pending ON approvals USING btree (tenant, requested_at
     WHERE (status = 'pending'::text);
 CREATE INDEX ix_approvals_expiring ON approvals USING btree (expires_at)
     WHERE (status = 'pending'::text);
+CREATE INDEX ix_approvals_unnotified ON approvals USING btree (requested_at)
+    WHERE ((notified_at IS NULL) AND (status = 'pending'::text));
 
 CREATE TABLE approval_decisions (
     id bigint GENERATED ALWAYS AS IDENTITY,

@@ -20,7 +20,14 @@ from typing import Any
 #: the fields an opledger log line carries where they apply
 FIELDS = ("op_id", "tenant", "action", "fence", "attempt", "decision", "task_id")
 #: tasks whose first argument is an operation id
-OPERATION_TASKS = frozenset({"opledger.dispatch", "opledger.reconcile", "opledger.notify_review"})
+OPERATION_TASKS = frozenset(
+    {
+        "opledger.dispatch",
+        "opledger.reconcile",
+        "opledger.notify_review",
+        "opledger.notify_approval",
+    }
+)
 _OP_ID = re.compile(r"op_[0-9A-Za-z]{26}")
 
 

@@ -41,7 +41,7 @@ from opledger.ledger.ids import check_operation_id
 from opledger.observability import logs, metrics, tracing
 from opledger.settings import UNCONFIGURED_BROKER_URL, Settings, get_settings
 
-from . import backlog, beatwatch
+from . import backlog, beatwatch, notices
 from .hooks import HOOKS, Hooks
 from .worker import FollowUps, Worker, WorkerConfig, utcnow
 
@@ -442,15 +442,26 @@ def sweep(self: OperationTask) -> dict[str, int]:
     for handout in handouts:
         reconcile_task.apply_async((handout.op_id,), {"gen": handout.gen})
     generations(self.app).published("check", list(handouts))
-    unnotified = rt.beat.due_notifications(
-        limit=rt.settings.sweep_batch, backoff=backoff, interval=interval
-    )
-    for op_id in unnotified:
-        _sibling(self, "opledger.notify_review").delay(op_id)
+    notify = _hand_out_notifications(self, rt, backoff, interval)
     metrics.SWEEP_DURATION.observe(time.perf_counter() - started)
     if expired or handouts:
         log.info("sweep: %d leases expired, %d checks handed out", len(expired), len(handouts))
-    return {"expired": len(expired), "due": len(handouts), "notify": len(unnotified)}
+    return {"expired": len(expired), "due": len(handouts), **notify}
+
+
+def _hand_out_notifications(
+    task: OperationTask, rt: Runtime, backoff: timedelta, interval: timedelta
+) -> dict[str, int]:
+    """Publish the notification tasks of the reviews and the approval requests not yet
+    notified (each handed out once per backoff until its notification is prepared)."""
+    limit = rt.settings.sweep_batch
+    reviews = rt.beat.due_notifications(limit=limit, backoff=backoff, interval=interval)
+    for op_id in reviews:
+        _sibling(task, "opledger.notify_review").delay(op_id)
+    approvals = rt.beat.due_approval_notifications(limit=limit, backoff=backoff, interval=interval)
+    for op_id in approvals:
+        _sibling(task, "opledger.notify_approval").delay(op_id)
+    return {"notify": len(reviews), "notify_approvals": len(approvals)}
 
 
 @shared_task(name="opledger.notify_review", base=OperationTask, bind=True)
@@ -462,6 +473,24 @@ def notify_review(self: OperationTask, op_id: str) -> str:
     check_operation_id(op_id)
     # this task's span, when traces are on: the notification's trace links back to it
     return runtime().worker(self.app).notify_review(op_id, traceparent=tracing.traceparent())
+
+
+@shared_task(name="opledger.notify_approval", base=OperationTask, bind=True)
+@refusing
+def notify_approval(self: OperationTask, op_id: str) -> str:
+    """Tell the configured webhook that `op_id`'s act waits for a person's approval
+    (`notices.notify_approval`: the notification is an operation of its own, one per
+    approval request, so a crash or a redelivery here can never send it twice). Sent where
+    review notifications go; the approval itself is never taken from a webhook."""
+    check_operation_id(op_id)
+    rt = runtime()
+    return notices.notify_approval(
+        rt.ledger,
+        op_id,
+        webhook_url=rt.settings.review_webhook_url or None,
+        dispatch=_sibling(self, "opledger.dispatch").delay,
+        traceparent=tracing.traceparent(),
+    )
 
 
 @shared_task(name="opledger.relay", base=OperationTask, bind=True)

@@ -22,6 +22,7 @@ ROUTES: Mapping[str, Mapping[str, str]] = MappingProxyType(
         "opledger.relay": {"queue": "maintenance"},
         "opledger.purge_payloads": {"queue": "maintenance"},
         "opledger.notify_review": {"queue": "notifications"},
+        "opledger.notify_approval": {"queue": "notifications"},
     }
 )
 

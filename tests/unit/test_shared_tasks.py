@@ -16,6 +16,7 @@ NAMES = {
     "opledger.relay",
     "opledger.purge_payloads",
     "opledger.notify_review",
+    "opledger.notify_approval",
 }
 
 
@@ -57,7 +58,13 @@ def test_runtime_never_finds_or_starts_a_database_of_its_own(
 
 
 @pytest.mark.parametrize(
-    "name", ["opledger.dispatch", "opledger.reconcile", "opledger.notify_review"]
+    "name",
+    [
+        "opledger.dispatch",
+        "opledger.reconcile",
+        "opledger.notify_review",
+        "opledger.notify_approval",
+    ],
 )
 def test_wrong_arguments_are_refused_when_published_not_in_the_worker(name: str) -> None:
     """Celery checks a call's arguments against the task's signature before it publishes;

@@ -213,6 +213,30 @@ EXPIRE_APPROVALS = text(
     """
 )
 
+# Pending requests whose operation still waits, not yet notified (`approval.requested`),
+# each handed out once per backoff until `MARK_APPROVAL_NOTIFIED`; rows another sweep (or
+# a decision) holds skipped.
+DUE_APPROVAL_NOTIFICATIONS = text(
+    """
+    WITH due AS (
+        SELECT ap.op_id FROM approvals AS ap JOIN operations AS o ON o.id = ap.op_id
+        WHERE ap.notified_at IS NULL AND ap.status = 'pending' AND ap.expires_at > now()
+          AND o.status = 'prepared'
+          AND coalesce(ap.notify_due_at, ap.requested_at) <= now()
+        ORDER BY ap.requested_at
+        LIMIT :limit
+        FOR UPDATE OF ap SKIP LOCKED
+    )
+    UPDATE approvals AS ap SET notify_due_at = now() + :backoff
+    FROM due WHERE ap.op_id = due.op_id
+    RETURNING ap.op_id
+    """
+)
+
+MARK_APPROVAL_NOTIFIED = text(
+    "UPDATE approvals SET notified_at = now() WHERE op_id = :op_id AND notified_at IS NULL"
+)
+
 _WITH_OPERATION = f"""
     SELECT {APPROVAL_COLUMNS}, o.status::text AS operation_status,
            o.change_reason AS operation_reason
