@@ -471,6 +471,16 @@ assert [d.op_id for d in email.blocked_by] == [close.op_id], email
 assert ledger.claim(email.op_id, owner="readme") is None
 """,
     ),
+    "3e7fefc901": Python(
+        "from opledger.adapters.registry import load_registry",
+        then="""
+import os, redis
+assert close.kind == "confirmed" and close.path == "inline", close
+assert [a.owner.split(":")[0] for a in ledger.history(close.op_id).attempts] == ["inline"]
+queued = redis.Redis.from_url(os.environ["OPLEDGER_BROKER_URL"]).lrange("dispatch", 0, -1)
+assert not any(close.op_id.encode() in message for message in queued), queued
+""",
+    ),
     "fb4d824288": Shell(
         "opledger operator add alice --tenant acme --by root",
         # a password prompt, a password on stdin, a server until interrupted: the console's
@@ -660,6 +670,10 @@ assert requirement(policy, "ent-7", {"amount": 500}) is not None
         "tests/integration/test_cli_approvals.py runs each with a real one",
     ),
     # -- docs/webhooks.md
+    "fa56043616": Covered(
+        "{",
+        "tests/integration/test_approval_notices.py::test_the_docs_show_the_body_as_it_is",
+    ),
     "24bcd652d0": NotCode("POST /your/path HTTP/1.1", "a request as the receiver gets it"),
     "2890f30fcd": Covered(
         '"""Verify an opledger review webhook',
