@@ -35,6 +35,7 @@ from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.engine import URL, ExceptionContext
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import QueuePool
 
 from . import dsn
 from .errors import (
@@ -241,15 +242,25 @@ class _HotConnections:
     """Autocommit connections for `Connector.hot_rows`, taken and given back without reset.
 
     Made by the engine (its URL, connect arguments and `connect` events), then detached
-    from its pool; as many as run hot statements at once, at most `keep` kept idle. They
+    from its pool; sized as the engine's pool is: at most its size plus its overflow in
+    use at once (a thread that finds them all taken waits for one, up to the pool's
+    timeout), at most its size kept idle, so many threads of one process (agents sending
+    inline) reuse a few connections instead of opening and closing one per statement. They
     are closed by `engine.dispose()`, or when the connector is garbage-collected. After a
     fork, `drop()` forgets the parent's without touching their sockets (closing them would
     end the parent's sessions).
     """
 
-    def __init__(self, engine: Engine, keep: int = 2) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.keep = keep
+        pool = engine.pool
+        size = pool.size() if isinstance(pool, QueuePool) else 2
+        overflow = max(int(getattr(pool, "_max_overflow", size)), 0)
+        self.keep = max(size, 2)
+        self.limit = max(self.keep, size + overflow)
+        self.timeout = float(getattr(pool, "_timeout", 30.0))
+        self._slots = threading.Semaphore(self.limit)
+        self._pid = os.getpid()
         self._idle: deque[_Held] = deque()
         # `engine.dispose()` closes these too, as it closes the pool's (`_dispose_hot`); a
         # ledger that is dropped without being disposed still lets go of its connections
@@ -258,6 +269,19 @@ class _HotConnections:
         weakref.finalize(self, _close_idle, self._idle)
 
     def take(self) -> _Held:
+        if not self._slots.acquire(timeout=self.timeout):
+            raise DatabaseUnavailable(
+                f"no connection to the ledger free within {self.timeout:g} s: more threads "
+                f"of this process run ledger statements at once than its pool allows "
+                f"({self.limit}: Ledger.from_url(..., pool_size=N))"
+            )
+        try:
+            return self._open()
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def _open(self) -> _Held:
         while self._idle:
             try:
                 held = self._idle.pop()
@@ -281,11 +305,13 @@ class _HotConnections:
     def give(self, held: _Held) -> None:
         if len(self._idle) < self.keep and held.pid == os.getpid():
             self._idle.append(held)
+            self._slots.release()
         else:
             self.discard(held)
 
     def discard(self, held: _Held) -> None:
         _close_idle([held])
+        self._slots.release()
 
     def drop(self) -> None:
         """Let go of every idle connection: closed if this process opened them, else (a
@@ -293,6 +319,8 @@ class _HotConnections:
         idle = list(self._idle)
         self._idle.clear()
         _close_idle(idle)
+        if self._pid != os.getpid():  # a forked child: none of the parent's are in use here
+            self._slots, self._pid = threading.Semaphore(self.limit), os.getpid()
 
 
 def _close_idle(idle: Iterable[_Held]) -> None:
