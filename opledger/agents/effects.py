@@ -54,6 +54,7 @@ from .inline import Inline, from_setting
 
 if TYPE_CHECKING:
     from opledger.adapters.registry import Registry
+    from opledger.tasks.results import StepResult
 from .listener import Waiter, listener_for
 from .results import (
     EffectCancelled,
@@ -284,10 +285,10 @@ class Effects:
         path: Path | None = "worker" if _publishable(asked) else None
         result: EffectResult
         if path is not None and inline is not None:
-            sent = yield Call(self._dispatch_inline, inline, op_id, intent.action)
-            if sent:
+            step = yield Call(self._dispatch_inline, inline, op_id, intent.action)
+            if step is not None:
                 path = "inline"
-                result = yield from self._after_inline(op_id, deadline)
+                result = yield from self._after_inline(op_id, step, deadline)
             else:  # a worker sends it: published now
                 result = yield from self._handed(op_id, deadline)
         elif timeout is None:
@@ -303,23 +304,28 @@ class Effects:
             result = yield Call(self._as_asked, result, asked, intent)
         return result
 
-    def _dispatch_inline(self, inline: Inline, op_id: str, action: str) -> bool:
-        """Claim and send `op_id` in this thread, as a worker would; False when this
-        process cannot (then a worker does: see `Inline.why_not`)."""
+    def _dispatch_inline(self, inline: Inline, op_id: str, action: str) -> StepResult | None:
+        """Claim and send `op_id` in this thread, as a worker would: what the step did;
+        None when this process cannot (then a worker does: see `Inline.why_not`)."""
         ledger = cast(WorkerLedger, self.ledger)
         why = inline.why_not(ledger, action)
         if why is not None:
             log.info("%s is sent by a worker, not inline: %s", op_id, why)
             self.ledger.watch(op_id)  # its settle NOTIFYs, as an ask with `notify` would
-            return False
-        inline.dispatch(ledger, op_id)
-        return True
+            return None
+        return inline.dispatch(ledger, op_id)
 
-    def _after_inline(self, op_id: str, deadline: float | None) -> Body[EffectResult]:
-        """How an act dispatched in this process stands: read once; while it is not at
-        rest (unknown, deferred for its provider's room), waited on as any other, within
-        what is left of the wait."""
-        result: EffectResult = yield Call(self.result, op_id)
+    def _after_inline(
+        self, op_id: str, step: StepResult, deadline: float | None
+    ) -> Body[EffectResult]:
+        """How an act dispatched in this process stands: the answer of the outcome that
+        settled it, else read; while it is not at rest (unknown, deferred for its
+        provider's room), waited on as any other, within what is left of the wait."""
+        result: EffectResult
+        if step.answer is not None:
+            result = self._result_of(step.answer)
+        else:
+            result = yield Call(self.result, op_id)
         if deadline is None or at_rest(result):
             return result
         waited: EffectResult = yield from self._waiting(

@@ -32,6 +32,7 @@ from .ids import (
 )
 from .models import (
     Ambiguous,
+    Answer,
     Binding,
     Claim,
     ClaimTerms,
@@ -449,6 +450,22 @@ _STATUS_OF = {
 
 #: where the claim's row continues after the operation's columns (queries.CLAIM)
 _CLAIM_TAIL = len(q.OPERATION_COLUMNS)
+
+
+def settled_answer(op: Operation, outcome: Outcome) -> Answer | None:
+    """How an agent is answered about `op` just after `record_outcome(claim, outcome)`
+    settled it (confirmed or rejected): what `Ledger.answer` would read back — the
+    transition's reason, the evidence's detail with its result document — without reading
+    it; None when recording `outcome` did not settle it."""
+    if not op.status.final or op.status is not _STATUS_OF[outcome.kind]:
+        return None
+    return Answer(
+        operation=op,
+        last_reason=_reason_of(outcome),
+        settled_detail=_detail_of(outcome),
+        open_review=None,
+        blocked_by=(),
+    )
 
 
 def _detail_of(outcome: Outcome) -> dict[str, Any]:

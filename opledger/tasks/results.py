@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from opledger.ledger import Operation
+from opledger.ledger import Answer, Operation
 from opledger.ledger.decide import Decision
 
 
@@ -38,3 +38,6 @@ class StepResult:
     action: Step
     operation: Operation | None = None
     decision: Decision | None = None
+    #: how an agent is answered about the operation, where the step settled it and knows
+    #: that without reading it (`claims.settled_answer`): an inline dispatch's answer
+    answer: Answer | None = None

@@ -40,6 +40,7 @@ from opledger.ledger import (
     UnknownAction,
     UnknownAuthorization,
 )
+from opledger.ledger.claims import settled_answer
 from opledger.ledger.decide import (
     AskProvider,
     Confirm,
@@ -266,7 +267,7 @@ class Worker:
             recording.status(op.status)
         if review is not None and op.status is Status.CONFIRMED:
             self.follow_ups.review_opened(op.id)
-        return StepResult(Step.DISPATCHED, op)
+        return StepResult(Step.DISPATCHED, op, answer=settled_answer(op, outcome))
 
     def _call(self, adapter: Adapter, claim: Claim) -> Outcome:
         """The adapter's dispatch under the claim's window, and what it may count as

@@ -174,3 +174,15 @@ def test_the_setting_reads_as_patterns() -> None:
     assert from_setting("on") == ("*",)
     assert from_setting(" crm.* , email.send.v1 ") == ("crm.*", "email.send.v1")
     assert from_setting("never") is None
+
+
+@pytest.mark.parametrize("case", ["case-318", "missing-7"])  # confirmed; rejected (no case)
+def test_the_inline_answer_is_what_reading_the_ledger_answers(
+    served: Ledger, grant: str, sandbox: Sandbox, case: str
+) -> None:
+    effects = Effects(served, publish=Published(), inline=True)
+    result = _close(effects, case=case, wait=10)
+    assert result.final and result.path == "inline"
+    assert result.model_copy(update={"path": None}) == effects.result(result.op_id)
+    if case == "case-318":
+        assert isinstance(result, EffectConfirmed) and result.data  # the provider's document
