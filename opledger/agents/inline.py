@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from opledger.ledger import Status
 from opledger.ledger.facades import WorkerLedger
 
 if TYPE_CHECKING:
@@ -49,6 +50,10 @@ log = logging.getLogger("opledger.agents")
 
 #: how long strict mode trusts what it read of the ledger's replication
 REPLICATION_TTL_S = 5.0
+
+#: how many threads of one process dispatch inline at once, by default (each uses one of
+#: the ledger's connections for its claim and its outcome)
+DEFAULT_CONCURRENCY = 8
 
 
 def owner() -> str:
@@ -64,7 +69,8 @@ class Inline:
     a dispatch reads (lease, provider wait; default: from the OPLEDGER_ environment);
     `hooks`: what observes its boundaries (traces and metrics by default); `publish_dispatch`
     publishes a dispatch to the workers (the `Effects`' own); `require_sync_standby`: strict
-    mode, as the workers'."""
+    mode, as the workers'; `concurrency`: how many threads of this process dispatch at
+    once (the others wait, unclaimed)."""
 
     def __init__(
         self,
@@ -75,8 +81,13 @@ class Inline:
         hooks: Hooks | None = None,
         publish_dispatch: Callable[[str], None] | None = None,
         require_sync_standby: bool = False,
+        concurrency: int = DEFAULT_CONCURRENCY,
     ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency is at least 1")
         self.registry = registry
+        self.concurrency = concurrency
+        self._slots = threading.BoundedSemaphore(concurrency)
         self.actions = tuple(actions)
         self._config = config
         self._hooks = hooks
@@ -119,8 +130,19 @@ class Inline:
 
     def dispatch(self, ledger: WorkerLedger, op_id: str) -> StepResult:
         """A worker's dispatch of the prepared `op_id`, in this thread (a no-op, `NOOP`,
-        when it is no longer prepared: a worker took it first)."""
-        return self._worker(ledger).dispatch(op_id)
+        when it is no longer prepared: a worker took it first).
+
+        At most `concurrency` of this process's threads dispatch at once; the others wait
+        before they claim, so no claim waits on a crowd of busy threads past its send-by
+        window. An act left unknown (an ambiguous answer, nothing sent in time) is handed
+        to a worker's reconcile at once: its lookup, wait or retry is a task's."""
+        worker = self._worker(ledger)
+        with self._slots:
+            step = worker.dispatch(op_id)
+        op = step.operation
+        if op is not None and op.status is Status.UNKNOWN:
+            worker.follow_ups.reconcile(op_id)
+        return step
 
     def _worker(self, ledger: WorkerLedger) -> Worker:
         """This process's worker over `ledger` (one per process: its owner is the pid)."""

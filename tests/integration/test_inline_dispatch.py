@@ -5,7 +5,9 @@ only when this process cannot finish (`opledger.agents.inline`)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ from sqlalchemy import text
 from opledger.adapters.crm import CrmAdapter
 from opledger.adapters.registry import Registry
 from opledger.agents import EffectConfirmed, EffectPending, EffectResult, Effects, EffectUnknown
+from opledger.agents import inline as inline_module
 from opledger.agents.inline import Inline, from_setting
 from opledger.dev.sandbox import Sandbox
 from opledger.ledger import InvalidInput, Ledger, Status
@@ -152,15 +155,41 @@ def test_an_action_no_adapter_here_serves_goes_to_a_worker_and_is_waited_on(
     assert watched is True
 
 
-def test_an_ambiguous_inline_send_is_unknown_not_failed(
-    served: Ledger, grant: str, sandbox: Sandbox
+def test_an_ambiguous_inline_send_is_unknown_and_a_workers_reconcile_is_asked_at_once(
+    served: Ledger, grant: str, sandbox: Sandbox, crm: CrmAdapter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    asked: dict[str, Published] = {}
+
+    def recorded(task: str) -> Published:
+        return asked.setdefault(task, Published())
+
+    monkeypatch.setattr(inline_module, "_best_effort", recorded)
     effects = Effects(served, publish=Published(), inline=True)
     sandbox.fault("crm", "drop_after_commit")
     result = _close(effects, wait=0.5)
     assert isinstance(result, EffectUnknown) and result.path == "inline"
-    assert result.operation.status is Status.UNKNOWN
+    assert result.operation.status is Status.UNKNOWN  # never "failed"
     assert sandbox.by_act() == {"crm:acme:close:case-318": 1}
+    assert asked["opledger.reconcile"] == [result.op_id]
+
+
+def test_at_most_concurrency_threads_dispatch_at_once(
+    served: Ledger, grant: str, sandbox: Sandbox, crm: CrmAdapter
+) -> None:
+    inline = Inline(Registry([crm]), publish_dispatch=Published(), concurrency=2)
+    effects = Effects(served, publish=Published(), inline=inline)
+    sandbox.configure("acme", processing_s=0.2)  # each call takes a while
+    started = time.monotonic()
+
+    def one(i: int) -> EffectResult:
+        return _close(effects, case=f"case-{i}", wait=10)
+
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(one, range(6)))
+    assert all(isinstance(r, EffectConfirmed) for r in results)
+    peak = sandbox.limited("acme")["max_in_flight"]
+    assert peak == 2, peak  # six threads asked; two sent at a time
+    assert time.monotonic() - started >= 0.6  # three rounds of two
 
 
 def test_inline_needs_the_ledgers_adapters(ledger: Ledger) -> None:
