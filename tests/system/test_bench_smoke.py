@@ -101,8 +101,9 @@ def test_a_tiny_bench_run(own_env: dict[str, str]) -> None:
 
 @pytest.mark.timeout(300)
 def test_a_tiny_agents_bench_run(own_env: dict[str, str]) -> None:
-    """`opledger bench --agents` on a tiny run: both sides answered every effect, DBOS ran,
-    every waiter was answered, and the counts are there (timings are reported only)."""
+    """`opledger bench --agents` on a tiny run: every side (the worker path, the inline
+    path, DBOS) answered every effect, every waiter was answered, and the counts are there
+    (timings are reported only)."""
     waiters = 50
     run = subprocess.run(
         [
@@ -143,7 +144,7 @@ def test_a_tiny_agents_bench_run(own_env: dict[str, str]) -> None:
     assert result["agent_counts"] == [1, 3] and result["concurrency"] == 2
     assert set(result["by_agents"]) == {"1", "3"}
     for n, row in result["by_agents"].items():
-        for side in ("opledger", "dbos"):
+        for side in ("opledger", "inline", "dbos"):
             measured = row[side]
             assert measured["effects"] > 0, (n, side)  # DBOS ran too
             assert measured["xacts_per_effect"] > 0, (n, side)
@@ -151,9 +152,9 @@ def test_a_tiny_agents_bench_run(own_env: dict[str, str]) -> None:
             for key in ("p50_ms", "p95_ms", "p99_ms", "effects_s"):
                 assert measured[key] > 0, (n, side, key)
         for key in ("start_to_confirmed_ms", "confirmed_to_return_ms"):
-            assert key in row["opledger"], (n, key)
+            assert key in row["opledger"] and key in row["inline"], (n, key)
         for key in ("ratio_p50", "ratio_p99", "ratio_effects_s"):
-            assert row[key] > 0, (n, key)
+            assert row[key] > 0 and row[f"inline_{key}"] > 0, (n, key)
     assert set(result["idle_xacts_s"]) == {"opledger", "dbos"}
     settles = result["settles"]
     assert settles["ops"] == waiters
