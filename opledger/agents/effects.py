@@ -92,6 +92,15 @@ FALLBACK_POLL = 0.5
 Publish = Callable[[str], None]
 #: how a call dispatched its act (the result's `path`)
 Path = Literal["inline", "worker"]
+#: the path an inline dispatch's step says ran: claimed here (and sent, or fenced out
+#: after sending); left for a worker (no room at its provider yet, quarantined); none
+#: (another took it first, its grant was revoked)
+_PATHS: dict[str, Path | None] = {
+    "dispatched": "inline",
+    "fenced": "inline",
+    "busy": "worker",
+    "quarantined": "worker",
+}
 
 
 def _default_publish(op_id: str) -> None:
@@ -278,25 +287,25 @@ class Effects:
         can, then how it stands (after the wait, with `timeout`), as the answer to this
         ask."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        asked: Asked = yield Call(
-            self._record, intent, timeout is None and inline is None, inline is None
-        )
+        # an act this call may send itself is not made to NOTIFY: nobody need wait for it
+        notify = inline is None
+        asked: Asked = yield Call(self._record, intent, timeout is None and notify, notify)
         op_id = asked.operation.id
         path: Path | None = "worker" if _publishable(asked) else None
         result: EffectResult
         if path is not None and inline is not None:
             step = yield Call(self._dispatch_inline, inline, op_id, intent.action)
             if step is not None:
-                path = "inline"
+                path = _PATHS.get(step.action)
                 result = yield from self._after_inline(op_id, step, deadline)
             else:  # a worker sends it: published now
                 result = yield from self._handed(op_id, deadline)
         elif timeout is None:
             result = yield Call(self.result, op_id)
-        else:  # the ask made it NOTIFY (`notify=True`): no `watch` needed
+        else:  # with `notify`, the ask made it NOTIFY; else it is watched now
             fresh = _fresh(asked)
             result = yield from self._waiting(
-                op_id, timeout, publish=_publishable(asked), known=fresh
+                op_id, timeout, watch=not notify, publish=_publishable(asked), known=fresh
             )
         if path is not None:
             result = result.model_copy(update={"path": path})

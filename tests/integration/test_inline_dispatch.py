@@ -5,6 +5,7 @@ only when this process cannot finish (`opledger.agents.inline`)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +20,8 @@ from opledger.agents import EffectConfirmed, EffectPending, EffectResult, Effect
 from opledger.agents import inline as inline_module
 from opledger.agents.inline import Inline, from_setting
 from opledger.dev.sandbox import Sandbox
-from opledger.ledger import InvalidInput, Ledger, Status
+from opledger.ledger import Binding, Confirmed, InvalidInput, Ledger, Status
+from opledger.ledger.intents import Intent
 
 from .test_agents import Published
 
@@ -215,3 +217,47 @@ def test_the_inline_answer_is_what_reading_the_ledger_answers(
     assert result.model_copy(update={"path": None}) == effects.result(result.op_id)
     if case == "case-318":
         assert isinstance(result, EffectConfirmed) and result.data  # the provider's document
+
+
+def test_an_act_another_process_is_sending_is_waited_on_and_woken_by_its_settle(
+    served: Ledger, grant: str, sandbox: Sandbox
+) -> None:
+    effects = Effects(served, publish=Published(), inline=True, poll=30.0)
+    op = served.ask_intent(  # recorded elsewhere, nobody asked to be told when it settles
+        Intent(
+            tenant="acme",
+            workflow_id="onboarding-42",
+            action="crm.close_case.v1",
+            target="case-318",
+            payload={"note": "x"},
+            authorization_ref="auth_acme",
+        ),
+        notify=False,
+    ).operation
+    claim = served.claim(op.id, owner="a-worker")  # and a worker is sending it
+    assert claim is not None
+    answers: list[EffectResult] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(_close(effects, payload={"note": "x"}, wait=20))
+    )
+    started = time.monotonic()
+    waiting.start()
+    deadline = time.monotonic() + 10
+    while not _watched(served, op.id) and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the asker has asked to be told
+    served.record_outcome(
+        claim, Confirmed(receipt_id="r1", binding=Binding(idempotency_key=claim.idempotency_key))
+    )
+    waiting.join(25)
+    assert len(answers) == 1 and isinstance(answers[0], EffectConfirmed), answers
+    assert answers[0].asked_before and answers[0].path is None  # this call sent nothing
+    assert time.monotonic() - started < 10  # woken by the settle, not by its 30 s poll
+
+
+def _watched(ledger: Ledger, op_id: str) -> bool:
+    with ledger.engine.connect() as conn:
+        return bool(
+            conn.execute(
+                text("SELECT notify_settle FROM operations WHERE id = :id"), {"id": op_id}
+            ).scalar_one()
+        )
