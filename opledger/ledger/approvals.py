@@ -34,7 +34,7 @@ from .errors import (
     NotAnApprover,
     StaleApproval,
 )
-from .ids import check_identifier, check_key, check_operation_id, check_operator
+from .ids import check_identifier, check_key, check_operation_id, check_operator, check_text
 from .models import Record
 from .sensitive import scrub
 
@@ -206,7 +206,7 @@ class Approvals(LedgerBase):
         if not isinstance(note, str) or not note.strip():
             raise InvalidInput("a denial says why (note)", field="note")
         params = self._decision_params(op_id, operator, digest, note, shown)
-        params["reason"] = f"denied by {params['operator']}: {note.strip()}"[:2000]
+        params["reason"] = f"denied by {params['operator']}: {params['note'].strip()}"[:2000]
         with self._single() as conn:
             row = conn.execute(q.DENY, params).one_or_none()
         if row is None:
@@ -221,8 +221,8 @@ class Approvals(LedgerBase):
         check_operation_id(op_id)
         operator = check_operator("operator", operator)
         check_identifier("digest", digest, max_length=200)
-        if note is not None:
-            check_identifier("note", note, max_length=2000)
+        if note is not None:  # a person's words: line breaks kept, CRLF as LF
+            note = check_text("note", note, max_length=2000)
         if shown is None:
             shown = self.payload(op_id)
         # the record keeps what was shown, its secrets hidden whatever the caller did

@@ -26,6 +26,7 @@ from opledger.ledger import (
     ApprovalError,
     ApprovalNotFound,
     AuthorizationRevoked,
+    InvalidInput,
     Ledger,
     NotAnApprover,
     Operation,
@@ -336,6 +337,24 @@ def test_a_denial_cancels_the_act_and_what_runs_after_it(approving: Ledger) -> N
         approving.approve(op.id, operator="alice", digest=op.payload_digest)
     assert approving.claim(op.id, owner="w") is None
     assert approving.approvals(tenant="acme") == ()
+
+
+def test_a_persons_note_keeps_its_lines_and_refuses_control_characters(
+    approving: Ledger,
+) -> None:
+    op, other = refund(approving, 25_000), refund(approving, 26_000)
+    with pytest.raises(InvalidInput, match="control"):
+        approving.approve(op.id, operator="alice", digest=op.payload_digest, note="ok\x07")
+    assert approving.approval(op.id).status == "pending"  # nothing was decided
+    approving.approve(
+        op.id, operator="alice", digest=op.payload_digest, note="checked the charge\r\nticket 12"
+    )
+    note = "wrong customer:\nthe card is another's"
+    approving.deny(other.id, operator="alice", digest=other.payload_digest, note=note)
+    assert [d.note for d in approving.approval_decisions(op.id)] == [
+        "checked the charge\nticket 12"
+    ]
+    assert approving.answer(other.id).last_reason == f"denied by alice: {note}"
 
 
 def test_an_approval_not_given_in_time_expires_and_cancels(approving: Ledger) -> None:
