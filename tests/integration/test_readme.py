@@ -522,7 +522,7 @@ assert current_app._get_current_object() is theirs
 """,
     ),
     "ebfb315962": Covered("pip install 'opledger[console,metrics,sandbox]'", PIP_QUICKSTART_TEST),
-    "8fb43f02c4": NotCode(
+    "57ecd2faaf": NotCode(
         "opledger/ledger/     the core, one module per part",
         "the directory layout",
     ),
