@@ -233,9 +233,9 @@ class Settings(BaseSettings):
     )
     inline_dispatch: str = Field(
         default="off",
-        pattern=r"^\s*(off|on|never|[A-Za-z0-9_.*?\[\]-]+(\s*,\s*[A-Za-z0-9_.*?\[\]-]+)*)\s*$",
+        pattern=r"^\s*(off|on|never|[A-Za-z0-9_.*?\[\]-]+(\s*,\s*[A-Za-z0-9_.*?\[\]-]+)*)?\s*$",
         description="Which acts an agent's `Effects` claims and sends in its own process "
-        "instead of through a worker: `off` (only calls that ask, `inline=True`), `on` "
+        "instead of through a worker: `off` or empty (only calls that ask, `inline=True`), `on` "
         "(every action), action patterns separated by commas (`crm.*,email.*`), or `never` "
         "(this process sends nothing itself, even when a call asks).",
     )

@@ -294,7 +294,7 @@ class Effects:
         path: Path | None = "worker" if _publishable(asked) else None
         result: EffectResult
         if path is not None and inline is not None:
-            step = yield Call(self._dispatch_inline, inline, op_id, intent.action)
+            step = yield Call(self._dispatch_inline, inline, op_id, intent.action, deadline)
             if step is not None:
                 path = _PATHS.get(step.action)
                 result = yield from self._after_inline(op_id, step, deadline)
@@ -313,16 +313,24 @@ class Effects:
             result = yield Call(self._as_asked, result, asked, intent)
         return result
 
-    def _dispatch_inline(self, inline: Inline, op_id: str, action: str) -> StepResult | None:
+    def _dispatch_inline(
+        self, inline: Inline, op_id: str, action: str, deadline: float | None
+    ) -> StepResult | None:
         """Claim and send `op_id` in this thread, as a worker would: what the step did;
-        None when this process cannot (then a worker does: see `Inline.why_not`)."""
+        None when this process cannot (then a worker does: see `Inline.why_not`), or no
+        slot came in time (`Inline.dispatch`)."""
         ledger = cast(WorkerLedger, self.ledger)
         why = inline.why_not(ledger, action)
+        step = None
+        if why is None:
+            wait = None if deadline is None else deadline - time.monotonic()
+            step = inline.dispatch(ledger, op_id, wait=wait)
+            if step is None:
+                why = f"no inline slot came free in time ({inline.concurrency} in use)"
         if why is not None:
             log.info("%s is sent by a worker, not inline: %s", op_id, why)
             self.ledger.watch(op_id)  # its settle NOTIFYs, as an ask with `notify` would
-            return None
-        return inline.dispatch(ledger, op_id)
+        return step
 
     def _after_inline(
         self, op_id: str, step: StepResult, deadline: float | None
@@ -535,15 +543,20 @@ class Effects:
 def _inline(
     ledger: IntentLedger, inline: bool | Iterable[str] | Inline | None, publish: Publish
 ) -> Inline | None:
-    """The inline dispatch an `Effects` over `ledger` is given (see `Effects`), or None."""
-    if isinstance(inline, Inline) or inline is False:
-        return inline or None
+    """The inline dispatch an `Effects` over `ledger` is given (see `Effects`), or None.
+    `OPLEDGER_INLINE_DISPATCH=never` wins over whatever the code asks for."""
+    if inline is False:
+        return None
     if isinstance(inline, str):
         raise InvalidInput("inline names actions as a list of patterns", field="inline")
-    setting, strict = _deployment()
-    patterns = setting if inline is None else ("*",) if inline is True else tuple(inline)
-    if patterns is None:  # `never`: this process sends nothing itself
+    setting = _setting()
+    if setting is None:  # `never`: this process sends nothing itself
+        if inline is not None:
+            log.warning("OPLEDGER_INLINE_DISPATCH=never: every act is sent by a worker")
         return None
+    if isinstance(inline, Inline):
+        return inline
+    patterns = setting if inline is None else ("*",) if inline is True else tuple(inline)
     registry = getattr(ledger, "actions", None)
     if not callable(getattr(registry, "adapter_for", None)):
         if inline is None:  # the deployment's: a process without adapters hands acts on
@@ -558,24 +571,19 @@ def _inline(
             "(Ledger.from_url(url, actions=load_registry(settings)))",
             field="inline",
         )
-    return Inline(
-        cast("Registry", registry),
-        actions=patterns,
-        publish_dispatch=publish,
-        require_sync_standby=strict,
-    )
+    return Inline(cast("Registry", registry), actions=patterns, publish_dispatch=publish)
 
 
-def _deployment() -> tuple[tuple[str, ...] | None, bool]:
-    """`OPLEDGER_INLINE_DISPATCH` (`from_setting`) and strict mode, as this process's
-    settings say (off, and not strict, where they cannot be read)."""
+def _setting() -> tuple[str, ...] | None:
+    """`OPLEDGER_INLINE_DISPATCH` as this process's settings say (`from_setting`): off
+    where they cannot be read (and an `Inline` then sends nothing: `Inline.why_not`)."""
     from opledger.settings import SettingsInvalid, get_settings
 
     try:
         settings = get_settings()
     except SettingsInvalid:
-        return (), False
-    return from_setting(settings.inline_dispatch), settings.require_sync_standby
+        return ()
+    return from_setting(settings.inline_dispatch)
 
 
 def _timeout(wait: float | timedelta | None) -> float | None:

@@ -14,7 +14,7 @@ call goes to Celery, as it would from a worker:
 
 - this process dies after the claim (SIGKILL, OOM, a deploy): the lease expires, the sweep
   fences it out and hands the operation to reconciliation, exactly as for a worker;
-- an ambiguous answer: the operation is unknown, and the sweep hands its check out;
+- an ambiguous answer: the operation is unknown, and a worker's reconcile is published;
 - no room at the provider beyond the short wait a worker would make: deferred, and the relay
   publishes it when room comes; fenced out, quarantined, a review opened: the follow-up a
   worker would publish is published (`opledger.reconcile`, `opledger.notify_review`).
@@ -35,6 +35,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from opledger.ledger import Status
@@ -51,14 +53,26 @@ log = logging.getLogger("opledger.agents")
 #: how long strict mode trusts what it read of the ledger's replication
 REPLICATION_TTL_S = 5.0
 
-#: how many threads of one process dispatch inline at once, by default (each uses one of
+#: how many threads dispatch through one `Inline` at once, by default (each uses one of
 #: the ledger's connections for its claim and its outcome)
 DEFAULT_CONCURRENCY = 8
+#: how long a thread waits for one of those slots at most before a worker sends its act
+SLOT_WAIT_S = 5.0
 
 
 def owner() -> str:
     """The owner an inline claim is taken under: this process."""
     return f"inline:{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class _Deployment:
+    """What an inline dispatch reads of the deployment: the worker settings, strict mode,
+    and how long after a ledger switch an operation's first dispatch is suspect."""
+
+    config: WorkerConfig
+    strict: bool
+    suspect: timedelta
 
 
 class Inline:
@@ -69,8 +83,12 @@ class Inline:
     a dispatch reads (lease, provider wait; default: from the OPLEDGER_ environment);
     `hooks`: what observes its boundaries (traces and metrics by default); `publish_dispatch`
     publishes a dispatch to the workers (the `Effects`' own); `require_sync_standby`: strict
-    mode, as the workers'; `concurrency`: how many threads of this process dispatch at
-    once (the others wait, unclaimed)."""
+    mode (default: `OPLEDGER_REQUIRE_SYNC_STANDBY`); `concurrency`: how many threads
+    dispatch through it at once (the others wait, unclaimed, at most `slot_wait` seconds or
+    what is left of their wait, then a worker sends their act).
+
+    The deployment's settings must be readable (`get_settings()`): where they are not, every
+    act goes to a worker, as it does where strict mode finds no synchronous standby."""
 
     def __init__(
         self,
@@ -80,21 +98,25 @@ class Inline:
         config: WorkerConfig | None = None,
         hooks: Hooks | None = None,
         publish_dispatch: Callable[[str], None] | None = None,
-        require_sync_standby: bool = False,
+        require_sync_standby: bool | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
+        slot_wait: float = SLOT_WAIT_S,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency is at least 1")
         self.registry = registry
-        self.concurrency = concurrency
-        self._slots = threading.BoundedSemaphore(concurrency)
         self.actions = tuple(actions)
+        self.concurrency = concurrency
+        self.slot_wait = slot_wait
         self._config = config
         self._hooks = hooks
         self._publish_dispatch = publish_dispatch
-        self.require_sync_standby = require_sync_standby
+        self._strict = require_sync_standby
+        self._deployment: _Deployment | str | None = None
         self._workers: dict[tuple[int, str], Worker] = {}
         self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._slots = threading.BoundedSemaphore(concurrency)
         self._replication: tuple[float, str | None] = (-REPLICATION_TTL_S, None)
 
     def covers(self, action: str) -> bool:
@@ -110,9 +132,33 @@ class Inline:
             self.registry.adapter_for(action)
         except UnknownAction:
             return f"no adapter of this process serves {action}"
-        if self.require_sync_standby:
+        deployment = self.deployment()
+        if isinstance(deployment, str):
+            return deployment
+        if deployment.strict:
             return self._unreplicated(ledger)
         return None
+
+    def deployment(self) -> _Deployment | str:
+        """The deployment's settings an inline dispatch reads (once), or why they cannot
+        be read."""
+        if self._deployment is None:
+            from opledger.settings import SettingsInvalid, get_settings
+            from opledger.tasks.worker import WorkerConfig
+
+            try:
+                settings = get_settings()
+            except SettingsInvalid as exc:
+                self._deployment = f"this process's settings cannot be read ({exc})"
+            else:
+                self._deployment = _Deployment(
+                    config=self._config or WorkerConfig.from_settings(settings),
+                    strict=(
+                        settings.require_sync_standby if self._strict is None else self._strict
+                    ),
+                    suspect=timedelta(seconds=settings.switch_suspect_seconds),
+                )
+        return self._deployment
 
     def _unreplicated(self, ledger: object) -> str | None:
         """Strict mode: why nothing may be claimed now (read at most every few seconds)."""
@@ -128,21 +174,39 @@ class Inline:
             self._replication = (time.monotonic(), why)
         return why
 
-    def dispatch(self, ledger: WorkerLedger, op_id: str) -> StepResult:
+    def dispatch(
+        self, ledger: WorkerLedger, op_id: str, *, wait: float | None = None
+    ) -> StepResult | None:
         """A worker's dispatch of the prepared `op_id`, in this thread (a no-op, `NOOP`,
-        when it is no longer prepared: a worker took it first).
+        when it is no longer prepared: a worker took it first); None when no slot came
+        within `wait` (at most `slot_wait`): nothing was claimed, and a worker sends it.
 
-        At most `concurrency` of this process's threads dispatch at once; the others wait
-        before they claim, so no claim waits on a crowd of busy threads past its send-by
-        window. An act left unknown (an ambiguous answer, nothing sent in time) is handed
-        to a worker's reconcile at once: its lookup, wait or retry is a task's."""
+        At most `concurrency` threads dispatch at once; the others wait before they claim,
+        so no claim waits on a crowd of busy threads past its send-by window. An act this
+        dispatch left unknown (an ambiguous answer, nothing sent in time) is handed to a
+        worker's reconcile at once: its lookup, wait or retry is a task's."""
         worker = self._worker(ledger)
-        with self._slots:
+        slots = self._slots_here()
+        limit = self.slot_wait if wait is None else max(0.0, min(self.slot_wait, wait))
+        if not slots.acquire(timeout=limit):
+            return None
+        try:
             step = worker.dispatch(op_id)
+        finally:
+            slots.release()
         op = step.operation
-        if op is not None and op.status is Status.UNKNOWN:
+        # (a quarantined claim's reconcile is the worker step's own follow-up already)
+        if step.action == "dispatched" and op is not None and op.status is Status.UNKNOWN:
             worker.follow_ups.reconcile(op_id)
         return step
+
+    def _slots_here(self) -> threading.BoundedSemaphore:
+        """The slots, made anew in a forked child (no thread of the parent holds one here,
+        and the parent's lock may have been taken when it forked)."""
+        if self._pid != os.getpid():
+            self._slots, self._lock = threading.BoundedSemaphore(self.concurrency), threading.Lock()
+            self._pid = os.getpid()
+        return self._slots
 
     def _worker(self, ledger: WorkerLedger) -> Worker:
         """This process's worker over `ledger` (one per process: its owner is the pid)."""
@@ -150,6 +214,7 @@ class Inline:
         found = self._workers.get(key)
         if found is not None:
             return found
+        self._slots_here()
         with self._lock:
             found = self._workers.get(key)
             if found is None:
@@ -158,21 +223,17 @@ class Inline:
 
     def _build(self, ledger: WorkerLedger, name: str) -> Worker:
         from opledger.tasks.hooks import HOOKS
-        from opledger.tasks.worker import FollowUps, Worker, WorkerConfig
+        from opledger.tasks.worker import FollowUps, Worker, claim_as_configured
 
-        config = self._config
-        if config is None:
-            from opledger.settings import SettingsInvalid, get_settings
-
-            try:
-                config = WorkerConfig.from_settings(get_settings())
-            except SettingsInvalid:  # the settings an agent's process cannot read
-                config = WorkerConfig()
+        deployment = self.deployment()
+        assert not isinstance(deployment, str), "why_not is asked first"
+        # a process that claims sees and records a ledger switch as the workers do
+        claim_as_configured(ledger, suspect=deployment.suspect, synchronous=deployment.strict)
         return Worker(
             ledger,
             self.registry,
             owner=name,
-            config=config,
+            config=deployment.config,
             hooks=self._hooks or HOOKS,
             follow_ups=FollowUps(
                 reconcile=_best_effort("opledger.reconcile"),

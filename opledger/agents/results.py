@@ -30,8 +30,8 @@ class _Result(BaseModel):
     first_asked_in: str | None = None
     #: how this call dispatched the act: "inline", claimed and sent in this process
     #: (`Effects(..., inline=...)`); "worker", handed to opledger's workers (published, or
-    #: left to the relay); None, this call dispatched nothing (asked before, held for a
-    #: person's approval, waiting on its dependencies, or only read)
+    #: left to the relay); None, this call dispatched nothing (claimed elsewhere, held for
+    #: a person's approval, waiting on its dependencies, its grant revoked, or only read)
     path: Literal["inline", "worker"] | None = None
 
     @property

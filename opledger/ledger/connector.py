@@ -255,11 +255,17 @@ class _HotConnections:
         self.engine = engine
         pool = engine.pool
         size = pool.size() if isinstance(pool, QueuePool) else 2
-        overflow = max(int(getattr(pool, "_max_overflow", size)), 0)
+        overflow = int(getattr(pool, "_max_overflow", -1))
         self.keep = max(size, 2)
-        self.limit = max(self.keep, size + overflow)
+        #: at most this many at once; None: as many as asked for (a pool without a bound:
+        #: an unlimited overflow, or no pool at all, as behind a pooler)
+        self.limit: int | None = (
+            max(self.keep, size + overflow)
+            if isinstance(pool, QueuePool) and overflow >= 0
+            else None
+        )
         self.timeout = float(getattr(pool, "_timeout", 30.0))
-        self._slots = threading.Semaphore(self.limit)
+        self._slots = _Slots(self.limit)
         self._pid = os.getpid()
         self._idle: deque[_Held] = deque()
         # `engine.dispose()` closes these too, as it closes the pool's (`_dispose_hot`); a
@@ -269,6 +275,8 @@ class _HotConnections:
         weakref.finalize(self, _close_idle, self._idle)
 
     def take(self) -> _Held:
+        if self._pid != os.getpid():  # a forked child: the parent's are not ours to use
+            self.drop()
         if not self._slots.acquire(timeout=self.timeout):
             raise DatabaseUnavailable(
                 f"no connection to the ledger free within {self.timeout:g} s: more threads "
@@ -320,7 +328,21 @@ class _HotConnections:
         self._idle.clear()
         _close_idle(idle)
         if self._pid != os.getpid():  # a forked child: none of the parent's are in use here
-            self._slots, self._pid = threading.Semaphore(self.limit), os.getpid()
+            self._slots, self._pid = _Slots(self.limit), os.getpid()
+
+
+class _Slots:
+    """A semaphore of `limit` (None: no bound at all)."""
+
+    def __init__(self, limit: int | None) -> None:
+        self._semaphore = None if limit is None else threading.Semaphore(limit)
+
+    def acquire(self, timeout: float) -> bool:
+        return self._semaphore is None or self._semaphore.acquire(timeout=timeout)
+
+    def release(self) -> None:
+        if self._semaphore is not None:
+            self._semaphore.release()
 
 
 def _close_idle(idle: Iterable[_Held]) -> None:

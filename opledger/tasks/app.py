@@ -43,7 +43,7 @@ from opledger.settings import UNCONFIGURED_BROKER_URL, Settings, get_settings
 
 from . import backlog, beatwatch, notices
 from .hooks import HOOKS, Hooks
-from .worker import FollowUps, Worker, WorkerConfig, utcnow
+from .worker import FollowUps, Worker, WorkerConfig, claim_as_configured, utcnow
 
 log = logging.getLogger("opledger.tasks")
 
@@ -237,8 +237,11 @@ def runtime() -> Runtime:
             schema=settings.database_schema,
             payload_keys=settings.payload_keys or "",
         )
-        ledger.suspect_window = timedelta(seconds=settings.switch_suspect_seconds)
-        ledger.claims_synchronous = settings.require_sync_standby
+        claim_as_configured(
+            ledger,
+            suspect=timedelta(seconds=settings.switch_suspect_seconds),
+            synchronous=settings.require_sync_standby,
+        )
         _runtime = Runtime(
             settings=settings, ledger=ledger, registry=registry, owner=_owner(), hooks=_hooks
         )

@@ -132,6 +132,16 @@ class WorkerConfig:
         )
 
 
+def claim_as_configured(ledger: Any, *, suspect: timedelta, synchronous: bool) -> None:
+    """Have `ledger` claim as the deployment says: how long after a ledger switch an
+    operation's first dispatch is suspect (`OPLEDGER_SWITCH_SUSPECT_SECONDS`), and whether
+    its commits wait for a synchronous standby (strict mode), which tells a switch that lost
+    nothing from one that may have. Every process that claims (a worker, an agent sending
+    inline) is set so, since whichever sees a switch first records it for all."""
+    ledger.suspect_window = suspect
+    ledger.claims_synchronous = synchronous
+
+
 class Worker:
     """One worker's steps over `ledger` with the adapters of `registry`.
 
@@ -603,6 +613,7 @@ __all__ = [
     "StepResult",
     "Worker",
     "WorkerConfig",
+    "claim_as_configured",
     "snapshot",
     "utcnow",
 ]

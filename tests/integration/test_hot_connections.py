@@ -46,6 +46,7 @@ def test_a_thread_waits_for_a_connection_then_is_told_why_not(database_url: str)
     ledger = Ledger.from_url(database_url, pool_size=1)
     hot = ledger._store._hot
     hot.timeout = 0.2
+    assert hot.limit == 2  # its pool's size and overflow: 1 + 1
     held = [hot.take() for _ in range(hot.limit)]
     try:
         with pytest.raises(DatabaseUnavailable, match="pool allows"):
@@ -56,3 +57,25 @@ def test_a_thread_waits_for_a_connection_then_is_told_why_not(database_url: str)
         for one in held:
             hot.give(one)
         ledger.engine.dispose()
+
+
+def test_a_pool_without_a_bound_puts_none_on_the_hot_path(database_url: str) -> None:
+    from sqlalchemy.pool import NullPool
+
+    from opledger.ledger.connector import ledger_engine
+
+    schema = Ledger.from_url(database_url).schema
+    engines = [
+        ledger_engine(database_url, schema=schema, pool_size=1, max_overflow=-1),  # unlimited
+        ledger_engine(database_url, schema=schema, poolclass=NullPool),  # as behind a pooler
+    ]
+    try:
+        for engine in engines:
+            hot = Ledger(engine)._store._hot
+            assert hot.limit is None
+            held = [hot.take() for _ in range(6)]  # more than any default bound
+            for one in held:
+                hot.give(one)
+    finally:
+        for engine in engines:
+            engine.dispose()

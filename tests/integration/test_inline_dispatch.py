@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -261,3 +261,71 @@ def _watched(ledger: Ledger, op_id: str) -> bool:
                 text("SELECT notify_settle FROM operations WHERE id = :id"), {"id": op_id}
             ).scalar_one()
         )
+
+
+@pytest.fixture
+def environ(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
+    """Set OPLEDGER_ variables for this test; the settings are read again with them."""
+    from opledger.settings import get_settings
+
+    def setting(**values: str) -> None:
+        for name, value in values.items():
+            monkeypatch.setenv(f"OPLEDGER_{name}", value)
+        get_settings.cache_clear()
+
+    yield setting
+    monkeypatch.undo()
+    get_settings.cache_clear()
+
+
+def test_the_deployment_setting_opts_in_and_never_wins_over_the_code(
+    served: Ledger, grant: str, sandbox: Sandbox, environ: Callable[..., None]
+) -> None:
+    environ(INLINE_DISPATCH="crm.*")
+    result = _close(Effects(served, publish=Published()))
+    assert isinstance(result, EffectConfirmed) and result.path == "inline"
+    environ(INLINE_DISPATCH="never")  # a process that must not call providers
+    published = Published()
+    for inline in (True, ["crm.*"], Inline(Registry([]))):
+        effects = Effects(served, publish=published, inline=inline)
+        assert effects.inline is None
+        handed = _close(effects, case="case-2", inline=True)
+        assert isinstance(handed, EffectPending) and handed.path == "worker"
+    assert sandbox.by_act().get("crm:acme:close:case-2") is None
+
+
+def test_strict_mode_without_a_synchronous_standby_hands_every_act_to_a_worker(
+    served: Ledger, grant: str, sandbox: Sandbox, environ: Callable[..., None]
+) -> None:
+    environ(REQUIRE_SYNC_STANDBY="true")  # the test server has no standby at all
+    published = Published()
+    result = _close(Effects(served, publish=published, inline=True))
+    assert isinstance(result, EffectPending) and result.path == "worker"
+    assert published == [result.op_id] and _requests(sandbox, result) == 0
+
+
+def test_unreadable_settings_hand_every_act_to_a_worker(
+    served: Ledger, grant: str, sandbox: Sandbox, environ: Callable[..., None]
+) -> None:
+    environ(LEASE_SECONDS="soon")
+    effects = Effects(served, publish=Published(), inline=True)
+    assert effects.inline is not None
+    assert "cannot be read" in str(effects.inline.why_not(served, "crm.close_case.v1"))
+    result = _close(effects)
+    assert isinstance(result, EffectPending) and result.path == "worker"
+
+
+def test_a_settled_inline_act_is_answered_without_reading_it_back(
+    served: Ledger, grant: str, sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    effects = Effects(served, publish=Published(), inline=True)
+    reads: list[str] = []
+    answer = served.answer
+
+    def read(op_id: str) -> Any:
+        reads.append(op_id)
+        return answer(op_id)
+
+    monkeypatch.setattr(served, "answer", read)
+    result = _close(effects, wait=10)
+    assert isinstance(result, EffectConfirmed) and reads == []
