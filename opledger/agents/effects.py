@@ -50,10 +50,9 @@ from opledger.observability import tracing
 
 from .answers import beat_missing_after, waits_for_beat
 from .blocking import Body, Call, Sleep, arun, run
-from .inline import Inline, from_setting
+from .inline import Inline, configured
 
 if TYPE_CHECKING:
-    from opledger.adapters.registry import Registry
     from opledger.tasks.results import StepResult
 from .listener import Waiter, listener_for
 from .results import (
@@ -140,7 +139,7 @@ class Effects:
         self._publish = publish if publish is not None else _default_publish
         self.poll = poll
         #: how ready acts are dispatched in this process (None: never; `inline`)
-        self.inline: Inline | None = _inline(ledger, inline, self._try_publish)
+        self.inline: Inline | None = configured(ledger, inline, self._try_publish)
         self._dsn = conninfo(ledger.engine)  # every host the engine's URL names
         self._beat_missing_after = beat_missing_after()
 
@@ -538,52 +537,6 @@ class Effects:
             self._try_publish(result.op_id)
             return True
         return published
-
-
-def _inline(
-    ledger: IntentLedger, inline: bool | Iterable[str] | Inline | None, publish: Publish
-) -> Inline | None:
-    """The inline dispatch an `Effects` over `ledger` is given (see `Effects`), or None.
-    `OPLEDGER_INLINE_DISPATCH=never` wins over whatever the code asks for."""
-    if inline is False:
-        return None
-    if isinstance(inline, str):
-        raise InvalidInput("inline names actions as a list of patterns", field="inline")
-    setting = _setting()
-    if setting is None:  # `never`: this process sends nothing itself
-        if inline is not None:
-            log.warning("OPLEDGER_INLINE_DISPATCH=never: every act is sent by a worker")
-        return None
-    if isinstance(inline, Inline):
-        return inline
-    patterns = setting if inline is None else ("*",) if inline is True else tuple(inline)
-    registry = getattr(ledger, "actions", None)
-    if not callable(getattr(registry, "adapter_for", None)):
-        if inline is None:  # the deployment's: a process without adapters hands acts on
-            if patterns:
-                log.warning(
-                    "OPLEDGER_INLINE_DISPATCH is set, but this ledger was built without its "
-                    "adapters: every act is sent by a worker"
-                )
-            return None
-        raise InvalidInput(
-            "inline dispatch sends from this process: build the ledger with its adapters "
-            "(Ledger.from_url(url, actions=load_registry(settings)))",
-            field="inline",
-        )
-    return Inline(cast("Registry", registry), actions=patterns, publish_dispatch=publish)
-
-
-def _setting() -> tuple[str, ...] | None:
-    """`OPLEDGER_INLINE_DISPATCH` as this process's settings say (`from_setting`): off
-    where they cannot be read (and an `Inline` then sends nothing: `Inline.why_not`)."""
-    from opledger.settings import SettingsInvalid, get_settings
-
-    try:
-        settings = get_settings()
-    except SettingsInvalid:
-        return ()
-    return from_setting(settings.inline_dispatch)
 
 
 def _timeout(wait: float | timedelta | None) -> float | None:

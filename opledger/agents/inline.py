@@ -37,9 +37,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-from opledger.ledger import Status
+from opledger.ledger import InvalidInput, Status
 from opledger.ledger.facades import WorkerLedger
 
 if TYPE_CHECKING:
@@ -243,6 +243,53 @@ class Inline:
         )
 
 
+def configured(
+    ledger: object, inline: bool | Iterable[str] | Inline | None, publish: Callable[[str], None]
+) -> Inline | None:
+    """The inline dispatch an `Effects` over `ledger` is given (`Effects(..., inline=)`:
+    True, action patterns, an `Inline`, False, or None for the deployment's), or None.
+    `OPLEDGER_INLINE_DISPATCH=never` wins over whatever the code asks for."""
+    if inline is False:
+        return None
+    if isinstance(inline, str):
+        raise InvalidInput("inline names actions as a list of patterns", field="inline")
+    setting = _setting()
+    if setting is None:  # `never`: this process sends nothing itself
+        if inline is not None:
+            log.warning("OPLEDGER_INLINE_DISPATCH=never: every act is sent by a worker")
+        return None
+    if isinstance(inline, Inline):
+        return inline
+    patterns = setting if inline is None else ("*",) if inline is True else tuple(inline)
+    registry = getattr(ledger, "actions", None)
+    if not callable(getattr(registry, "adapter_for", None)):
+        if inline is None:  # the deployment's: a process without adapters hands acts on
+            if patterns:
+                log.warning(
+                    "OPLEDGER_INLINE_DISPATCH is set, but this ledger was built without its "
+                    "adapters: every act is sent by a worker"
+                )
+            return None
+        raise InvalidInput(
+            "inline dispatch sends from this process: build the ledger with its adapters "
+            "(Ledger.from_url(url, actions=load_registry(settings)))",
+            field="inline",
+        )
+    return Inline(cast("Registry", registry), actions=patterns, publish_dispatch=publish)
+
+
+def _setting() -> tuple[str, ...] | None:
+    """`OPLEDGER_INLINE_DISPATCH` as this process's settings say (`from_setting`): off
+    where they cannot be read (and an `Inline` then sends nothing: `Inline.why_not`)."""
+    from opledger.settings import SettingsInvalid, get_settings
+
+    try:
+        settings = get_settings()
+    except SettingsInvalid:
+        return ()
+    return from_setting(settings.inline_dispatch)
+
+
 def _best_effort(task: str) -> Callable[[str], None]:
     """Publish `task` for an operation through opledger's publishing app; a broker that
     does not take it is logged (the sweep and the relay come back to the operation)."""
@@ -279,4 +326,4 @@ def from_setting(value: str) -> tuple[str, ...] | None:
     return tuple(p.strip() for p in said.split(",") if p.strip())
 
 
-__all__ = ["Inline", "from_setting", "owner"]
+__all__ = ["Inline", "configured", "from_setting", "owner"]
