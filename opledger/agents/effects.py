@@ -503,7 +503,9 @@ class Effects:
             published = publish
             while not at_rest(result):
                 waiter.watch(watched(result))
-                published = self._publish_released(result, published)
+                if not published and _released(result):  # off the event loop, as a call
+                    yield Call(self._try_publish, result.op_id)
+                    published = True
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -525,18 +527,16 @@ class Effects:
             return self.poll
         return min(self.poll, FALLBACK_POLL)
 
-    def _publish_released(self, result: EffectResult, published: bool) -> bool:
-        """A dependent whose dependencies are all confirmed now is published by its
-        waiter at once (the relay would, within a sweep interval)."""
-        if (
-            not published
-            and isinstance(result, EffectPending)
-            and result.operation.status is Status.PREPARED
-            and result.awaiting == "worker"
-        ):
-            self._try_publish(result.op_id)
-            return True
-        return published
+
+def _released(result: EffectResult) -> bool:
+    """Whether a waiter publishes `result`'s operation at once: a dependent whose
+    dependencies are all confirmed now, or an act released by its approval (the relay
+    would, within a sweep interval)."""
+    return (
+        isinstance(result, EffectPending)
+        and result.operation.status is Status.PREPARED
+        and result.awaiting == "worker"
+    )
 
 
 def _timeout(wait: float | timedelta | None) -> float | None:
