@@ -61,7 +61,13 @@ def main(argv: list[str]) -> int:
         settings.require_database_url(), actions=registry, **settings.ledger_options()
     )
     hooks = None if point == "-" else worker_hooks(AllThere(point, len(ACTIONS)))
-    inline = Inline(registry, hooks=hooks, config=WorkerConfig.from_settings(settings))
+    # every act dispatches at once (the barrier waits for all of them)
+    inline = Inline(
+        registry,
+        hooks=hooks,
+        config=WorkerConfig.from_settings(settings),
+        concurrency=len(ACTIONS),
+    )
     effects = Effects(ledger, inline=inline)
     answers: dict[str, EffectResult] = {}
 

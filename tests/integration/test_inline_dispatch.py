@@ -86,8 +86,25 @@ def test_asyncio_agents_dispatch_inline_off_the_event_loop(
     served: Ledger, grant: str, sandbox: Sandbox
 ) -> None:
     effects = Effects(served, publish=Published(), inline=True)
+    sandbox.configure("acme", processing_s=1.0)  # each call holds its thread a second
+    gaps: list[float] = []
+
+    async def heartbeat() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.02)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
 
     async def agents() -> list[EffectResult]:
+        beating = asyncio.create_task(heartbeat())
+        try:
+            return await asking()
+        finally:
+            beating.cancel()
+
+    async def asking() -> list[EffectResult]:
         return list(
             await asyncio.gather(
                 *(
@@ -108,6 +125,8 @@ def test_asyncio_agents_dispatch_inline_off_the_event_loop(
     results = asyncio.run(agents())
     assert all(isinstance(r, EffectConfirmed) and r.path == "inline" for r in results)
     assert sorted(sandbox.by_act().values()) == [1] * 5
+    # the calls ran in threads: the loop kept ticking through each second-long call
+    assert gaps and max(gaps) < 0.8, max(gaps)
 
 
 def test_a_call_may_decline_and_a_deployment_may_name_its_actions(
