@@ -151,12 +151,19 @@ def _registry(settings: Settings) -> tuple[Check, Any]:
 
 def _mcp_clients(path: str, registry: Any) -> Check:
     """The MCP gateway's clients file: readable, well-formed, one token per agent."""
+    from opledger.ledger import InvalidInput
     from opledger.mcp.clients import Clients, ClientsInvalid
+    from opledger.mcp.tools import tool_names
 
     try:
         callers = Clients(path).current()
     except ClientsInvalid as exc:
         return Check("mcp clients", False, str(exc))
+    if registry is not None:
+        try:  # the gateway would refuse to start: two actions named as one tool
+            tool_names(registry.actions)
+        except InvalidInput as exc:
+            return Check("mcp clients", False, str(exc))
     tenants = sorted({c.tenant for c in callers.values()})
     tools = f", {len(registry.actions)} tools" if registry is not None else ""
     detail = f"{len(callers)} agents ({', '.join(tenants) or 'no tenants'}){tools}"

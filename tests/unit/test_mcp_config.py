@@ -175,3 +175,16 @@ def test_the_upstreams_registry_serves_its_effects_under_both_names(
     assert isinstance(adapter, McpToolAdapter)
     assert adapter.contract.idempotency.kind == "none"
     assert adapter.contract.lookup.kind == "none"
+
+
+def test_check_refuses_actions_the_gateway_could_not_name_apart(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from opledger.cli.checks import _mcp_clients
+
+    path = tmp_path / "clients.json"
+    path.write_text(json.dumps({"clients": [ENTRY]}))
+    apart = _mcp_clients(str(path), SimpleNamespace(actions=("crm.close_case.v1",)))
+    assert apart.ok, apart.detail
+    clash = _mcp_clients(str(path), SimpleNamespace(actions=("crm.a_b.v1", "crm_a.b.v1")))
+    assert not clash.ok and "both be the MCP tool" in clash.detail
