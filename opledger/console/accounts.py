@@ -215,10 +215,8 @@ class Accounts:
         """What `name` may approve (its action patterns; empty: nothing, or no such
         operator). A session's operator is read without them: the approval pages ask."""
         with self._db.statement() as conn:
-            for row in conn.execute(qa.SELECT_OPERATOR_APPROVES):
-                if row.name == name:
-                    return tuple(row.approves or ())
-        return ()
+            row = conn.execute(qa.SELECT_APPROVES_OF, {"name": name}).one_or_none()
+        return () if row is None else tuple(row.approves or ())
 
     def enabled_count(self) -> int:
         with self._db.statement() as conn:

@@ -272,3 +272,4 @@ SET_OPERATOR_APPROVES = text(
 ).bindparams(bindparam("approves", type_=ARRAY(Text)))
 
 SELECT_OPERATOR_APPROVES = text("SELECT name, approves FROM operators")
+SELECT_APPROVES_OF = text("SELECT approves FROM operators WHERE name = :name")
