@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -23,7 +21,7 @@ import pytest
 from pydantic import SecretStr
 from sqlalchemy import text
 
-from examples.verify_webhook import verify
+from examples.verify_webhook import BadSignature, verify
 from opledger.adapters.registry import Registry
 from opledger.adapters.stripe import StripeAdapter
 from opledger.adapters.webhook import WebhookAdapter, webhook_contract
@@ -35,6 +33,7 @@ from opledger.signatures import HEADER
 from opledger.tasks import app as tasks
 from opledger.tasks.notices import notify_approval
 from opledger.tasks.worker import Worker
+from tests.posts import receiving
 
 REFUND, NOTIFY = "stripe.refund.v1", "webhook.post.v1"
 #: a refund above 10000, or of a target that looks like an API key, asks one person
@@ -57,38 +56,18 @@ class Receiver:
 
     def handle(self, headers: dict[str, str], body: bytes) -> int:
         self.requests.append((headers, body))
-        self.verified.append(verify(body, headers.get(HEADER.lower(), ""), [SECRET]))
+        try:
+            self.verified.append(verify(body, headers.get(HEADER.lower(), ""), [SECRET]))
+        except BadSignature:
+            return 401
         return 204
 
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     state = Receiver()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            try:
-                status = state.handle({k.lower(): v for k, v in self.headers.items()}, body)
-            except Exception:
-                status = 401
-            self.send_response(status)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/approvals"
-    try:
+    with receiving(state.handle, "/hooks/approvals") as state.url:
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
 
 
 @pytest.fixture

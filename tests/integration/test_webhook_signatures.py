@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,6 +21,7 @@ from opledger.adapters.webhook import WebhookAdapter
 from opledger.ledger import Claim, Confirmed, Rejected
 from opledger.signatures import HEADER
 from opledger.signatures import TOLERANCE_SECONDS as SENDER_TOLERANCE
+from tests.posts import receiving
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "webhooks.md"
@@ -63,28 +61,8 @@ class Receiver:
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     state = Receiver()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            headers = {k.lower(): v for k, v in self.headers.items()}
-            self.send_response(state.handle(headers, body))
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/reviews"
-    try:
+    with receiving(state.handle, "/hooks/reviews") as state.url:
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
 
 
 def _signed_at(request: Received) -> int:
