@@ -44,9 +44,10 @@ from opledger.ledger.facades import WorkerLedger
 
 if TYPE_CHECKING:
     from opledger.adapters.registry import Registry
+    from opledger.tasks.config import WorkerConfig
     from opledger.tasks.hooks import Hooks
     from opledger.tasks.results import StepResult
-    from opledger.tasks.worker import Worker, WorkerConfig
+    from opledger.tasks.worker import Worker
 
 log = logging.getLogger("opledger.agents")
 
@@ -144,7 +145,7 @@ class Inline:
         be read."""
         if self._deployment is None:
             from opledger.settings import SettingsInvalid, get_settings
-            from opledger.tasks.worker import WorkerConfig
+            from opledger.tasks.config import WorkerConfig
 
             try:
                 settings = get_settings()
@@ -222,8 +223,9 @@ class Inline:
         return found
 
     def _build(self, ledger: WorkerLedger, name: str) -> Worker:
+        from opledger.tasks.config import FollowUps, claim_as_configured
         from opledger.tasks.hooks import HOOKS
-        from opledger.tasks.worker import FollowUps, Worker, claim_as_configured
+        from opledger.tasks.worker import Worker
 
         deployment = self.deployment()
         assert not isinstance(deployment, str), "why_not is asked first"

@@ -42,8 +42,9 @@ from opledger.observability import logs, metrics, tracing
 from opledger.settings import UNCONFIGURED_BROKER_URL, Settings, get_settings
 
 from . import backlog, beatwatch, notices
+from .config import FollowUps, WorkerConfig, claim_as_configured
 from .hooks import HOOKS, Hooks
-from .worker import FollowUps, Worker, WorkerConfig, claim_as_configured, utcnow
+from .worker import Worker, utcnow
 
 log = logging.getLogger("opledger.tasks")
 

@@ -18,20 +18,11 @@ from opledger.adapters.registry import Registry
 from opledger.ledger.decide import ReviewPolicy
 from opledger.ledger.facades import WorkerLedger
 
+from .config import DEFAULT_POLICY, DEFAULT_WAIT, FollowUp, FollowUps, WorkerConfig, _nothing
 from .held import HOLD_MAX, HOLD_MIN, hold_until
 from .hooks import HOOKS, Hooks
 from .results import Step, StepResult
-from .worker import (
-    DEFAULT_POLICY,
-    DEFAULT_WAIT,
-    FollowUp,
-    FollowUps,
-    Worker,
-    WorkerConfig,
-    _nothing,
-    snapshot,
-    utcnow,
-)
+from .worker import Worker, snapshot, utcnow
 
 
 def dispatch(

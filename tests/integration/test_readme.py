@@ -522,7 +522,7 @@ assert current_app._get_current_object() is theirs
 """,
     ),
     "ebfb315962": Covered("pip install 'opledger[console,metrics,sandbox]'", PIP_QUICKSTART_TEST),
-    "57ecd2faaf": NotCode(
+    "f267b4a234": NotCode(
         "opledger/ledger/     the core, one module per part",
         "the directory layout",
     ),
